@@ -1,0 +1,95 @@
+/* Wire format between the BPF programs (gpuscope.bpf.c) and user space.
+ * This header is the one place where the layout of every ring-buffer record is defined;
+ * both sides include it. Change it only together with src/decode. */
+#ifndef GPUSCOPE_BPF_EVENTS_H
+#define GPUSCOPE_BPF_EVENTS_H
+
+#ifndef __VMLINUX_H__
+#include <linux/types.h>
+#endif
+
+#define GS_COMM_LEN 16
+#define GS_PATH_LEN 256
+/* Registers rdi..r9 followed by the first words above the return address: enough for
+ * every probed signature (cuLaunchKernel passes its 9th..11th arguments on the stack). */
+#define GS_NUM_ARGS 10
+#define GS_NUM_REG_ARGS 6
+#define GS_DEREF_LEN 128
+#define GS_MAX_STACK_DEPTH 64
+
+enum gs_record_kind {
+	GS_REC_CALL = 1,     /* one CUDA API call */
+	GS_REC_LIBLOAD = 2,  /* a target is mapping a library that may need probes; it is stopped */
+	GS_REC_EXEC = 3,     /* a target called execve */
+	GS_REC_EXIT = 4,     /* a target process (thread group) exited */
+	GS_REC_FORK = 5,     /* a target created a child process */
+};
+
+/* The BPF cookie of each uprobe, set by user space at attach time:
+ *   bits  0..15  function id (src/decode/functions.h)
+ *   bits 16..19  argument index + 1 to dereference at entry (0: none)
+ *   bit  20      that dereference is a NUL-terminated string
+ *   bits 24..31  bytes to copy at entry (<= GS_DEREF_LEN)
+ *   bits 32..35  argument index + 1 of an out-pointer read (8 bytes) at return (0: none)
+ */
+#define GS_COOKIE_FUNC(c) ((__u32)((c) & 0xffff))
+#define GS_COOKIE_ENTRY_ARG(c) ((__u32)(((c) >> 16) & 0xf))
+#define GS_COOKIE_ENTRY_STR(c) ((__u32)(((c) >> 20) & 0x1))
+#define GS_COOKIE_ENTRY_LEN(c) ((__u32)(((c) >> 24) & 0xff))
+#define GS_COOKIE_RET_ARG(c) ((__u32)(((c) >> 32) & 0xf))
+
+enum gs_call_flags {
+	GS_CALL_HAS_RETURN = 1 << 0,  /* ret and duration are valid */
+	GS_CALL_DEREF_OK = 1 << 1,    /* deref[] holds entry data */
+	GS_CALL_OUT_OK = 1 << 2,      /* out_value holds the out-pointer's value at return */
+};
+
+struct gs_call_record {
+	__u16 kind;          /* GS_REC_CALL */
+	__u16 func;
+	__u32 flags;
+	__u64 ts_ns;         /* CLOCK_MONOTONIC (bpf_ktime_get_ns) at entry */
+	__u64 duration_ns;   /* entry to return; 0 without a return probe */
+	__u32 pid;           /* thread group id */
+	__u32 tid;
+	__s64 ret;           /* the function's return value (rax) */
+	__s32 ustack_id;     /* id in the stacks map, or a negative errno */
+	__u32 deref_len;
+	__u64 out_value;
+	__u64 args[GS_NUM_ARGS];
+	__u8 deref[GS_DEREF_LEN];
+	char comm[GS_COMM_LEN];
+};
+
+struct gs_libload_record {
+	__u16 kind;          /* GS_REC_LIBLOAD */
+	__u16 pad;
+	__u32 pid;
+	__u32 tid;
+	__s32 fd;
+	__u64 ts_ns;
+	char path[GS_PATH_LEN];
+};
+
+struct gs_proc_record {
+	__u16 kind;          /* GS_REC_EXEC, GS_REC_EXIT or GS_REC_FORK */
+	__u16 pad;
+	__u32 pid;
+	__u32 ppid;          /* fork: the parent; exec/exit: 0 */
+	__s32 exit_code;
+	__u64 ts_ns;
+	char comm[GS_COMM_LEN];
+};
+
+/* Causes of lost information, counted per CPU in the `lost` map. */
+enum gs_lost_cause {
+	GS_LOST_RINGBUF_FULL = 0,  /* no room to reserve a record */
+	GS_LOST_PENDING_FULL,      /* no slot to keep an entry until its return */
+	GS_LOST_RETURN_ORPHAN,     /* return without a matching entry (attached mid-call) */
+	GS_LOST_STACK,             /* stack id unavailable (map full or hash collision) */
+	GS_LOST_DEREF,             /* user memory behind an argument could not be read */
+	GS_LOST_TARGETS_FULL,      /* a target's child could not be followed */
+	GS_LOST_NR,
+};
+
+#endif

@@ -1,0 +1,435 @@
+// SPDX-License-Identifier: GPL-2.0
+/* gpuscope's kernel side: uprobes on CUDA API functions and the tracepoints that follow
+ * target processes and catch CUDA libraries as they are loaded.
+ *
+ * Every program does the least it can: filter by target, copy registers, reserve,
+ * submit. Decoding arguments is user space's job (src/decode). */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "events.h"
+
+#define SIGSTOP 19
+
+/* Set by user space between open and load, so the verifier prunes what is off. */
+const volatile bool filter_targets = true;  /* false with --all */
+const volatile bool capture_stacks = true;
+const volatile __u64 wakeup_bytes = 1 << 20;  /* wake the consumer only past this much data */
+const volatile __u32 self_tgid = 0;           /* never trace gpuscope itself */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 16 << 20);  /* resized by user space */
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);   /* tgid, or tid of a thread created by a target */
+	__type(value, __u8);
+} targets SEC(".maps");
+
+struct pending_call {
+	__u64 ts_ns;
+	__s32 ustack_id;
+	__u32 deref_len;
+	__u32 flags;
+	__u32 pad;
+	__u64 args[GS_NUM_ARGS];
+	__u8 deref[GS_DEREF_LEN];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);  /* tid << 16 | function id: runtime and driver calls nest */
+	__type(value, struct pending_call);
+} pending SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pending_call);
+} scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(max_entries, 16384);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, GS_MAX_STACK_DEPTH * sizeof(__u64));
+} stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, GS_LOST_NR);
+	__type(key, __u32);
+	__type(value, __u64);
+} lost SEC(".maps");
+
+/* openat of a CUDA library by a target: the path, kept until that fd is closed. */
+struct lib_open {
+	char path[GS_PATH_LEN];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);  /* tid */
+	__type(value, __u64); /* user pointer to the path being opened */
+} openat_args SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u64);  /* tgid << 32 | fd */
+	__type(value, struct lib_open);
+} lib_fds SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lib_open);
+} path_scratch SEC(".maps");
+
+static __always_inline void count_lost(__u32 cause)
+{
+	__u64 *v = bpf_map_lookup_elem(&lost, &cause);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline bool is_target(__u32 tgid)
+{
+	if (tgid == self_tgid)
+		return false;
+	if (!filter_targets)
+		return true;
+	return bpf_map_lookup_elem(&targets, &tgid) != NULL;
+}
+
+static __always_inline __u64 submit_flags(void)
+{
+	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP
+									      : BPF_RB_NO_WAKEUP;
+}
+
+static __always_inline void read_args(struct pt_regs *ctx, __u64 *args)
+{
+	/* x86-64 System V: rdi, rsi, rdx, rcx, r8, r9. */
+	args[0] = ctx->di;
+	args[1] = ctx->si;
+	args[2] = ctx->dx;
+	args[3] = ctx->cx;
+	args[4] = ctx->r8;
+	args[5] = ctx->r9;
+	/* At a function's first instruction sp points at the return address; the 7th
+	 * argument and on follow it. */
+	bpf_probe_read_user(&args[GS_NUM_REG_ARGS], (GS_NUM_ARGS - GS_NUM_REG_ARGS) * sizeof(__u64),
+			    (void *)(ctx->sp + 8));
+}
+
+/* Copy what an argument points at (a launch config, a copy descriptor, a kernel name). */
+static __always_inline __u32 read_entry_deref(__u64 cookie, const __u64 *args, __u8 *dst, __u32 *flags)
+{
+	__u32 arg = GS_COOKIE_ENTRY_ARG(cookie);
+	if (!arg || arg > GS_NUM_ARGS)
+		return 0;
+	/* The mask only convinces the verifier; arg is already known to be in range. */
+	const void *src = (const void *)args[(arg - 1) & 15];
+	__u32 len = GS_COOKIE_ENTRY_LEN(cookie);
+	if (len > GS_DEREF_LEN)
+		len = GS_DEREF_LEN;
+	long n;
+	if (GS_COOKIE_ENTRY_STR(cookie))
+		n = bpf_probe_read_user_str(dst, GS_DEREF_LEN, src);
+	else
+		n = bpf_probe_read_user(dst, len, src) == 0 ? len : -1;
+	if (n < 0) {
+		count_lost(GS_LOST_DEREF);
+		return 0;
+	}
+	*flags |= GS_CALL_DEREF_OK;
+	return n;
+}
+
+static __always_inline __s32 user_stack_id(struct pt_regs *ctx)
+{
+	if (!capture_stacks)
+		return -1;
+	long id = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
+	if (id < 0)
+		count_lost(GS_LOST_STACK);
+	return id;
+}
+
+/* Launches: entry only, so that a launch costs one trap. */
+SEC("uprobe")
+int call_entry_emit(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!is_target(id >> 32))
+		return 0;
+
+	struct gs_call_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+	if (!r) {
+		count_lost(GS_LOST_RINGBUF_FULL);
+		return 0;
+	}
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	r->kind = GS_REC_CALL;
+	r->func = GS_COOKIE_FUNC(cookie);
+	r->flags = 0;
+	r->ts_ns = bpf_ktime_get_ns();
+	r->duration_ns = 0;
+	r->pid = id >> 32;
+	r->tid = (__u32)id;
+	r->ret = 0;
+	r->out_value = 0;
+	read_args(ctx, r->args);
+	r->deref_len = read_entry_deref(cookie, r->args, r->deref, &r->flags);
+	r->ustack_id = user_stack_id(ctx);
+	bpf_get_current_comm(r->comm, sizeof(r->comm));
+	bpf_ringbuf_submit(r, submit_flags());
+	return 0;
+}
+
+/* Calls whose result matters: keep the entry until the return probe fires. */
+SEC("uprobe")
+int call_entry(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!is_target(id >> 32))
+		return 0;
+
+	__u32 zero = 0;
+	struct pending_call *p = bpf_map_lookup_elem(&scratch, &zero);
+	if (!p)
+		return 0;
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	p->ts_ns = bpf_ktime_get_ns();
+	p->flags = 0;
+	read_args(ctx, p->args);
+	p->deref_len = read_entry_deref(cookie, p->args, p->deref, &p->flags);
+	p->ustack_id = user_stack_id(ctx);
+
+	__u64 key = (id << 16) | GS_COOKIE_FUNC(cookie);
+	if (bpf_map_update_elem(&pending, &key, p, BPF_ANY))
+		count_lost(GS_LOST_PENDING_FULL);
+	return 0;
+}
+
+SEC("uretprobe")
+int call_return(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!is_target(id >> 32))
+		return 0;
+
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u64 key = (id << 16) | GS_COOKIE_FUNC(cookie);
+	struct pending_call *p = bpf_map_lookup_elem(&pending, &key);
+	if (!p) {
+		count_lost(GS_LOST_RETURN_ORPHAN);
+		return 0;
+	}
+	__u64 now = bpf_ktime_get_ns();
+
+	struct gs_call_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+	if (!r) {
+		count_lost(GS_LOST_RINGBUF_FULL);
+		bpf_map_delete_elem(&pending, &key);
+		return 0;
+	}
+	r->kind = GS_REC_CALL;
+	r->func = GS_COOKIE_FUNC(cookie);
+	r->flags = p->flags | GS_CALL_HAS_RETURN;
+	r->ts_ns = p->ts_ns;
+	r->duration_ns = now - p->ts_ns;
+	r->pid = id >> 32;
+	r->tid = (__u32)id;
+	r->ret = ctx->ax;
+	r->ustack_id = p->ustack_id;
+	r->deref_len = p->deref_len;
+	__builtin_memcpy(r->args, p->args, sizeof(r->args));
+	__builtin_memcpy(r->deref, p->deref, sizeof(r->deref));
+	r->out_value = 0;
+	__u32 out_idx = GS_COOKIE_RET_ARG(cookie) - 1;
+	if (out_idx < GS_NUM_REG_ARGS) {
+		if (bpf_probe_read_user(&r->out_value, sizeof(r->out_value), (void *)p->args[out_idx & 7]) == 0)
+			r->flags |= GS_CALL_OUT_OK;
+	}
+	bpf_get_current_comm(r->comm, sizeof(r->comm));
+	bpf_map_delete_elem(&pending, &key);
+	bpf_ringbuf_submit(r, submit_flags());
+	return 0;
+}
+
+/* ---- following targets ---- */
+
+SEC("tracepoint/sched/sched_process_fork")
+int on_fork(struct trace_event_raw_sched_process_fork *ctx)
+{
+	__u32 parent = bpf_get_current_pid_tgid() >> 32;
+	if (!filter_targets || !bpf_map_lookup_elem(&targets, &parent))
+		return 0;
+	__u32 child = BPF_CORE_READ(ctx, child_pid);
+	__u8 one = 1;
+	if (bpf_map_update_elem(&targets, &child, &one, BPF_ANY))
+		count_lost(GS_LOST_TARGETS_FULL);
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_process_exit")
+int on_exit(void *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	if (!is_target(tgid))
+		return 0;
+	if (tid != tgid) {
+		if (filter_targets)
+			bpf_map_delete_elem(&targets, &tid);
+		return 0;
+	}
+	struct gs_proc_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+	if (!r) {
+		count_lost(GS_LOST_RINGBUF_FULL);
+		return 0;
+	}
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	r->kind = GS_REC_EXIT;
+	r->pid = tgid;
+	r->ppid = 0;
+	r->exit_code = BPF_CORE_READ(task, exit_code);
+	r->ts_ns = bpf_ktime_get_ns();
+	bpf_get_current_comm(r->comm, sizeof(r->comm));
+	bpf_ringbuf_submit(r, 0);
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_process_exec")
+int on_exec(void *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!is_target(tgid))
+		return 0;
+	struct gs_proc_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+	if (!r) {
+		count_lost(GS_LOST_RINGBUF_FULL);
+		return 0;
+	}
+	r->kind = GS_REC_EXEC;
+	r->pid = tgid;
+	r->ppid = 0;
+	r->exit_code = 0;
+	r->ts_ns = bpf_ktime_get_ns();
+	bpf_get_current_comm(r->comm, sizeof(r->comm));
+	bpf_ringbuf_submit(r, 0);
+	return 0;
+}
+
+/* ---- catching CUDA libraries before their first call ----
+ * A uprobe on a file applies to every process that maps it afterwards; the window is a
+ * library that nothing has attached to yet. The dynamic loader opens a library, maps it
+ * and closes the descriptor before running any of its code. At that close we stop the
+ * process; user space attaches to the file, snapshots the mappings, and continues it. */
+
+static __always_inline bool has_prefix(const char *s, __u32 off, const char *prefix, __u32 n)
+{
+	for (__u32 i = 0; i < n; i++) {
+		__u32 j = off + i;
+		if (j >= GS_PATH_LEN || s[j & (GS_PATH_LEN - 1)] != prefix[i])
+			return false;
+	}
+	return true;
+}
+
+static __always_inline bool is_cuda_name_at(const char *path, __u32 off)
+{
+	return has_prefix(path, off, "libcudart", 9) || has_prefix(path, off, "libcuda.so", 10);
+}
+
+/* Does any path component start with a CUDA library name? Written as a search with an
+ * early exit (rather than "find the last '/'") so that the verifier sees one state per
+ * iteration. */
+static __always_inline bool is_cuda_library(const char *path, long len)
+{
+	if (is_cuda_name_at(path, 0))
+		return true;
+	for (__u32 i = 0; i < GS_PATH_LEN - 1; i++) {
+		if (i >= len)
+			break;
+		if (path[i] == '/' && is_cuda_name_at(path, i + 1))
+			return true;
+	}
+	return false;
+}
+
+SEC("tracepoint/syscalls/sys_enter_openat")
+int on_openat_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!is_target(id >> 32))
+		return 0;
+	__u32 tid = (__u32)id;
+	__u64 path = ctx->args[1];
+	bpf_map_update_elem(&openat_args, &tid, &path, BPF_ANY);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_openat")
+int on_openat_exit(struct trace_event_raw_sys_exit *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	__u64 *path = bpf_map_lookup_elem(&openat_args, &tid);
+	if (!path)
+		return 0;
+	__u64 user_path = *path;
+	bpf_map_delete_elem(&openat_args, &tid);
+	if (ctx->ret < 0)
+		return 0;
+
+	__u32 zero = 0;
+	struct lib_open *lo = bpf_map_lookup_elem(&path_scratch, &zero);
+	if (!lo)
+		return 0;
+	long len = bpf_probe_read_user_str(lo->path, sizeof(lo->path), (void *)user_path);
+	if (len <= 0 || !is_cuda_library(lo->path, len))
+		return 0;
+	__u64 key = (id & 0xffffffff00000000ULL) | (__u32)ctx->ret;
+	bpf_map_update_elem(&lib_fds, &key, lo, BPF_ANY);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_close")
+int on_close(struct trace_event_raw_sys_enter *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 key = (id & 0xffffffff00000000ULL) | (__u32)ctx->args[0];
+	struct lib_open *lo = bpf_map_lookup_elem(&lib_fds, &key);
+	if (!lo)
+		return 0;
+	struct gs_libload_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+	if (r) {
+		r->kind = GS_REC_LIBLOAD;
+		r->pid = id >> 32;
+		r->tid = (__u32)id;
+		r->fd = (__s32)ctx->args[0];
+		r->ts_ns = bpf_ktime_get_ns();
+		__builtin_memcpy(r->path, lo->path, sizeof(r->path));
+		/* Stop first: the signal is delivered when close returns, before the loader
+		 * can run the library's code. User space continues the process. */
+		bpf_send_signal(SIGSTOP);
+		bpf_ringbuf_submit(r, BPF_RB_FORCE_WAKEUP);
+	} else {
+		count_lost(GS_LOST_RINGBUF_FULL);
+	}
+	bpf_map_delete_elem(&lib_fds, &key);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";

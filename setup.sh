@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what gpuscope needs (Debian 12, as root), builds it, records the bundled CUDA
+# example and prints its report.   Usage: sudo ./setup.sh   (SETUP_NO_EXAMPLE=1 to only build)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PACKAGES=(build-essential cmake pkg-config clang llvm libbpf-dev bpftool libelf-dev libdw-dev zlib1g-dev
+          libzstd-dev libsqlite3-dev sqlite3 libfmt-dev libcli11-dev nlohmann-json3-dev libgtest-dev
+          python3 python3-pytest procps util-linux)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then
+  echo "setup: no CUDA toolkit at ${CUDA_HOME:-/usr/local/cuda}: gpuscope builds, the CUDA example and test targets do not" >&2
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$(nproc)"
+
+if [ -z "${SETUP_NO_EXAMPLE:-}" ] && [ -x build/targets/cuda_ops ]; then
+  echo
+  echo "setup: recording the bundled example: build/gpuscope record -o example.gpuscope -- build/targets/cuda_ops --iterations 3"
+  build/gpuscope record -o example.gpuscope -- build/targets/cuda_ops --iterations 3 || true
+  echo
+  build/gpuscope report example.gpuscope
+fi

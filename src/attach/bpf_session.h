@@ -1,0 +1,87 @@
+// Owns every kernel object gpuscope creates: the loaded BPF programs and maps, the tracepoint
+// and uprobe links, the ring buffer. Destroying it detaches everything, whatever the path out.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "events.h"
+
+struct gpuscope_bpf;
+struct bpf_link;
+struct ring_buffer;
+
+namespace gpuscope::attach {
+
+struct SessionConfig {
+  bool filter_targets = true;  // false: every process on the host
+  bool capture_stacks = true;
+  uint32_t ringbuf_bytes = 64u << 20;
+  uint32_t wakeup_bytes = 4u << 20;
+  uint32_t stack_map_entries = 32768;
+};
+
+struct AttachResult {
+  int runtime_probes = 0;
+  int driver_probes = 0;
+  bool already_attached = false;
+  std::string build_id;
+  std::string error;
+};
+
+// Kernel-side counters of what could not be recorded, by cause (bpf/events.h).
+using LostCounts = std::array<uint64_t, GS_LOST_NR>;
+std::string_view lost_cause_name(int cause);
+
+class BpfSession {
+ public:
+  // Loads the programs and attaches the tracepoints. Throws Error with what to do.
+  explicit BpfSession(const SessionConfig& cfg);
+  ~BpfSession();
+  BpfSession(const BpfSession&) = delete;
+  BpfSession& operator=(const BpfSession&) = delete;
+
+  void add_target(pid_t pid);
+  // Attaches a uprobe to every probed CUDA function the ELF file at `path` defines. Files are
+  // identified by device and inode, so a library reached through several paths is probed once.
+  AttachResult attach_file(const std::string& path);
+  size_t probes_attached() const { return links_.size(); }
+
+  // Called with each record, on the thread that calls poll(). Returns after `timeout_ms` or
+  // once the kernel woke it and everything available was consumed.
+  using RecordHandler = std::function<void(const void* data, size_t size)>;
+  void set_handler(RecordHandler h) { handler_ = std::move(h); }
+  int poll(int timeout_ms);
+
+  // The user stack behind an id, innermost first.
+  std::vector<uint64_t> stack(int32_t id) const;
+  LostCounts lost() const;
+
+ private:
+  struct LinkDeleter {
+    void operator()(bpf_link* l) const;
+  };
+  struct SkelDeleter {
+    void operator()(gpuscope_bpf* s) const;
+  };
+  struct RingDeleter {
+    void operator()(ring_buffer* r) const;
+  };
+  static int on_record(void* ctx, void* data, size_t size);
+  void attach_probe(const std::string& path, uint64_t offset, uint64_t cookie, bool entry_only, bool with_return);
+
+  std::unique_ptr<gpuscope_bpf, SkelDeleter> skel_;
+  std::unique_ptr<ring_buffer, RingDeleter> ring_;
+  std::vector<std::unique_ptr<bpf_link, LinkDeleter>> links_;
+  std::set<std::pair<uint64_t, uint64_t>> attached_files_;  // (st_dev, st_ino)
+  RecordHandler handler_;
+};
+
+}  // namespace gpuscope::attach

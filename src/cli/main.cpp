@@ -1,0 +1,94 @@
+// gpuscope's command line: parses arguments and hands over to a stage. Errors end here, as
+// one line and a non-zero exit.
+#include <CLI/CLI.hpp>
+
+#include <charconv>
+#include <cstdio>
+#include <iostream>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "discover/proc.h"
+#include "record/recorder.h"
+#include "report/report.h"
+#include "store/record_reader.h"
+#include "symbolize/symbolizer.h"
+
+using namespace gpuscope;
+
+namespace {
+
+int run_report(const std::string& path, bool json, size_t top) {
+  store::RecordReader reader(path);
+  symbolize::Symbolizer symbolizer;
+  report::Options opt;
+  opt.top = top;
+  auto doc = report::build_report(reader, symbolizer, opt);
+  if (json)
+    std::cout << doc.dump(2) << "\n";
+  else
+    std::cout << report::render_text(doc);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"gpuscope: where the GPU time, memory and bandwidth of a CUDA program go"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", GPUSCOPE_VERSION);
+
+  record::RecordOptions ropts;
+  std::vector<std::string> pid_args;
+  bool no_stacks = false;
+  auto* rec = app.add_subcommand("record", "Record the CUDA activity of a command, of running processes, or of every process");
+  rec->add_option("-o,--output", ropts.output, "Record file to write")->capture_default_str();
+  rec->add_option("-p,--pid", pid_args, "Attach to running process(es) and their children (comma-separated)")
+      ->delimiter(',');
+  rec->add_flag("-a,--all", ropts.all, "Record every process on the host, including those that start later");
+  rec->add_option("-d,--duration", ropts.duration_s, "Stop after this many seconds");
+  rec->add_flag("--no-stacks", no_stacks, "Do not capture user stacks");
+  rec->add_option("--ringbuf-mb", ropts.ringbuf_mb, "Kernel ring buffer size in MiB")->capture_default_str();
+  rec->add_flag("-q,--quiet", ropts.quiet, "Print only errors");
+  rec->add_flag("-v,--verbose", g_verbose, "Print debugging detail");
+  rec->add_option("command", ropts.command, "Command to run under observation (after --)");
+  rec->positionals_at_end();
+
+  std::string report_path;
+  bool json = false;
+  size_t top = 10;
+  auto* rep = app.add_subcommand("report", "Summarise a record file");
+  rep->add_option("file", report_path, "Record file")->required();
+  rep->add_flag("--json", json, "Print JSON instead of text");
+  rep->add_option("--top", top, "Rows per table")->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (*rec) {
+      for (const auto& p : pid_args) {
+        pid_t pid = 0;
+        auto [end, ec] = std::from_chars(p.data(), p.data() + p.size(), pid);
+        if (ec != std::errc() || end != p.data() + p.size() || pid <= 0)
+          throw Error("--pid '{}' is not a process id", p);
+        ropts.pids.push_back(pid);
+      }
+      const int modes = !ropts.command.empty() + !ropts.pids.empty() + ropts.all;
+      if (modes != 1) throw Error("give exactly one of: a command after --, --pid PID, or --all");
+      for (pid_t p : ropts.pids)
+        if (!discover::process_exists(p)) throw Error("no process with PID {} (check it with ps)", p);
+      if (ropts.duration_s < 0) throw Error("--duration must be positive");
+      if (ropts.ringbuf_mb < 1 || ropts.ringbuf_mb > 2048) throw Error("--ringbuf-mb must be between 1 and 2048");
+      ropts.stacks = !no_stacks;
+      return record::run_record(ropts);
+    }
+    return run_report(report_path, json, top);
+  } catch (const std::exception& e) {
+    log_error("{}", e.what());
+    return 1;
+  }
+}

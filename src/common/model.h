@@ -1,0 +1,49 @@
+// The event model every stage speaks: decode produces it, store writes it, report reads it back.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "decode/functions.h"
+
+namespace gpuscope {
+
+// Where the host side of a copy lives.
+enum class HostMem : uint8_t { NotApplicable = 0, Pageable = 1, Pinned = 2, Unknown = 3 };
+std::string_view to_string(HostMem);
+
+struct CallEvent {
+  uint64_t ts_ns = 0;  // CLOCK_MONOTONIC at entry
+  uint64_t duration_ns = 0;
+  uint32_t pid = 0;
+  uint32_t tid = 0;
+  uint16_t func = 0;
+  bool has_return = false;
+  int64_t ret = 0;
+  int32_t bpf_stack_id = -1;
+  std::string comm;
+
+  // Decoded arguments; which are meaningful depends on the function's kind.
+  uint64_t stream = 0;      // stream, or the event/graph handle the call takes
+  uint64_t ptr = 0;         // allocation result, freed/registered/set pointer, copy destination
+  uint64_t src = 0;         // copy source
+  uint64_t bytes = 0;
+  decode::CopyDir dir = decode::CopyDir::Unknown;
+  HostMem host_mem = HostMem::NotApplicable;
+  uint64_t kernel_handle = 0;  // host stub (runtime) or CUfunction/CUkernel (driver)
+  uint32_t grid[3] = {0, 0, 0};
+  uint32_t block[3] = {0, 0, 0};
+  uint32_t shared_mem = 0;
+  std::string name;            // kernel name carried by lookups and registrations
+  uint64_t name_addr = 0;      // where that name is in the process, when it could not be copied
+  uint64_t out_handle = 0;     // handle a lookup returned
+  bool out_valid = false;
+
+  // Filled by later stages.
+  int64_t call_id = 0;      // row id in the record file
+  int64_t parent_id = 0;    // enclosing runtime call for a driver call made inside it
+  int64_t stack_id = 0;     // deduplicated stack in the record file, 0: none
+  int64_t kernel_id = 0;    // row in the kernels table, 0: unnamed
+};
+
+}  // namespace gpuscope

@@ -1,0 +1,144 @@
+#include "decode/decoder.h"
+
+#include <cstring>
+
+namespace gpuscope::decode {
+namespace {
+
+template <typename T>
+T field(const gs_call_record& r, size_t offset) {
+  T v{};
+  if ((r.flags & GS_CALL_DEREF_OK) && offset + sizeof(T) <= sizeof(r.deref)) std::memcpy(&v, r.deref + offset, sizeof(T));
+  return v;
+}
+
+uint32_t lo(uint64_t v) { return static_cast<uint32_t>(v); }
+uint32_t hi(uint64_t v) { return static_cast<uint32_t>(v >> 32); }
+
+std::string deref_string(const gs_call_record& r) {
+  if (!(r.flags & GS_CALL_DEREF_OK)) return {};
+  const auto* s = reinterpret_cast<const char*>(r.deref);
+  return std::string(s, strnlen(s, sizeof(r.deref)));
+}
+
+// CUmemorytype: 1 host, 2 device, 3 array, 4 unified.
+char mem_side(uint32_t t) { return t == 1 ? 'H' : (t == 2 || t == 3) ? 'D' : '?'; }
+
+CopyDir dir_from_sides(char src, char dst) {
+  if (src == '?' || dst == '?') return CopyDir::Default;
+  if (src == 'H') return dst == 'H' ? CopyDir::HostToHost : CopyDir::HostToDevice;
+  return dst == 'H' ? CopyDir::DeviceToHost : CopyDir::DeviceToDevice;
+}
+
+CopyDir runtime_kind(uint64_t kind) { return kind <= 4 ? static_cast<CopyDir>(kind) : CopyDir::Unknown; }
+
+}  // namespace
+
+bool decode_call(const gs_call_record& r, CallEvent& e) {
+  const FunctionSpec* f = function_by_id(r.func);
+  if (!f) return false;
+  const __u64* a = r.args;
+
+  e.ts_ns = r.ts_ns;
+  e.duration_ns = r.duration_ns;
+  e.pid = r.pid;
+  e.tid = r.tid;
+  e.func = r.func;
+  e.has_return = r.flags & GS_CALL_HAS_RETURN;
+  e.ret = e.has_return ? static_cast<int32_t>(r.ret) : 0;  // cudaError_t/CUresult are 32-bit
+  e.bpf_stack_id = r.ustack_id;
+  e.comm.assign(r.comm, strnlen(r.comm, sizeof(r.comm)));
+  e.out_valid = (r.flags & GS_CALL_OUT_OK) && e.ret == 0;
+  if (e.out_valid) e.out_handle = r.out_value;
+
+  switch (f->sig) {
+    case Signature::RtLaunch:
+      e.kernel_handle = a[0];
+      e.grid[0] = lo(a[1]), e.grid[1] = hi(a[1]), e.grid[2] = lo(a[2]);
+      e.block[0] = lo(a[3]), e.block[1] = hi(a[3]), e.block[2] = lo(a[4]);
+      e.shared_mem = lo(a[6]);
+      e.stream = a[7];
+      break;
+    case Signature::RtLaunchExC:
+    case Signature::DrvLaunchEx:
+      e.kernel_handle = a[1];
+      for (int i = 0; i < 3; ++i) {
+        e.grid[i] = field<uint32_t>(r, 4 * i);
+        e.block[i] = field<uint32_t>(r, 12 + 4 * i);
+      }
+      e.shared_mem = field<uint32_t>(r, 24);
+      e.stream = field<uint64_t>(r, 32);
+      break;
+    case Signature::DrvLaunch:
+      e.kernel_handle = a[0];
+      e.grid[0] = lo(a[1]), e.grid[1] = lo(a[2]), e.grid[2] = lo(a[3]);
+      e.block[0] = lo(a[4]), e.block[1] = lo(a[5]), e.block[2] = lo(a[6]);
+      e.shared_mem = lo(a[7]);
+      e.stream = a[8];
+      break;
+    case Signature::GraphArgs:
+      e.kernel_handle = a[0];
+      e.stream = a[1];
+      break;
+    case Signature::AllocOut:
+      e.bytes = a[1];
+      if (f->async) e.stream = a[2];
+      if (e.out_valid) e.ptr = e.out_handle;
+      break;
+    case Signature::RegisterArgs:
+      e.ptr = a[0];
+      e.bytes = a[1];
+      break;
+    case Signature::PtrOnly:
+      e.ptr = a[0];
+      if (f->async) e.stream = a[1];
+      break;
+    case Signature::RtMemcpy:
+      e.ptr = a[0], e.src = a[1], e.bytes = a[2];
+      e.dir = runtime_kind(a[3]);
+      if (f->async) e.stream = a[4];
+      break;
+    case Signature::RtMemcpy2D:
+      e.ptr = a[0], e.src = a[2];
+      e.bytes = a[4] * a[5];
+      e.dir = runtime_kind(a[6]);
+      if (f->async) e.stream = a[7];
+      break;
+    case Signature::DrvMemcpy:
+      e.ptr = a[0], e.src = a[1], e.bytes = a[2];
+      e.dir = f->fixed_dir;
+      if (f->async) e.stream = a[3];
+      break;
+    case Signature::DrvMemcpy2D: {
+      const uint32_t src_type = field<uint32_t>(r, 16), dst_type = field<uint32_t>(r, 72);
+      e.src = field<uint64_t>(r, src_type == 1 ? 24 : 32);
+      e.ptr = field<uint64_t>(r, dst_type == 1 ? 80 : 88);
+      e.bytes = field<uint64_t>(r, 112) * field<uint64_t>(r, 120);
+      e.dir = (r.flags & GS_CALL_DEREF_OK) ? dir_from_sides(mem_side(src_type), mem_side(dst_type)) : CopyDir::Unknown;
+      if (f->async) e.stream = a[1];
+      break;
+    }
+    case Signature::MemsetArgs:
+      e.ptr = a[0];
+      e.bytes = a[2] * f->elem_size;
+      if (f->async) e.stream = a[3];
+      break;
+    case Signature::StreamArg:
+      e.stream = a[0];
+      break;
+    case Signature::NoArgs:
+      break;
+    case Signature::RegisterFunction:
+    case Signature::NamedLookup:
+      e.kernel_handle = a[1];
+      e.name = deref_string(r);
+      if (e.name.empty()) e.name_addr = a[2];
+      break;
+    case Signature::KernelGetFunction:
+      e.kernel_handle = a[1];
+      break;
+  }
+  return true;
+}
+
+}  // namespace gpuscope::decode

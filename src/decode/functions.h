@@ -1,0 +1,80 @@
+// The probed CUDA API: one row per symbol, with how to probe it and how to read its arguments.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+namespace gpuscope::decode {
+
+enum class Api : uint8_t { Runtime, Driver };
+
+enum class CallKind : uint8_t {
+  Launch,        // a kernel launch
+  GraphLaunch,
+  Alloc,         // device, managed or pinned-host allocation
+  Free,
+  HostRegister,
+  HostUnregister,
+  Memcpy,
+  Memset,
+  Sync,          // a call that waits on the GPU
+  KernelLookup,  // names a kernel handle (driver) or a host stub (runtime registration)
+};
+
+// How the raw argument words of a call are laid out; one decoder per signature.
+enum class Signature : uint8_t {
+  RtLaunch,         // (func, dim3 grid, dim3 block, args, shmem, stream)
+  RtLaunchExC,      // (const cudaLaunchConfig_t*, func, args)
+  DrvLaunch,        // (f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra)
+  DrvLaunchEx,      // (const CUlaunchConfig*, f, params, extra)
+  GraphArgs,        // (exec, stream)
+  AllocOut,         // (T** out, size, ...)            stream at arg 2 for the async forms
+  RegisterArgs,     // (ptr, size, flags)
+  PtrOnly,          // (ptr, ...)                       frees, unregister
+  RtMemcpy,         // (dst, src, count, kind, [stream])
+  RtMemcpy2D,       // (dst, dpitch, src, spitch, width, height, kind, [stream])
+  DrvMemcpy,        // (dst, src, bytes, [stream])      direction fixed by the function
+  DrvMemcpy2D,      // (const CUDA_MEMCPY2D*, [stream])
+  MemsetArgs,       // (ptr, value, count, [stream])    count in elements of elem_size
+  StreamArg,        // (stream, ...)
+  NoArgs,
+  RegisterFunction, // __cudaRegisterFunction(handle, hostFun, deviceFun, deviceName, ...)
+  NamedLookup,      // (Handle* out, parent, const char* name)
+  KernelGetFunction,// (CUfunction* out, CUkernel)
+};
+
+// Direction of a copy, as cudaMemcpyKind numbers it.
+enum class CopyDir : uint8_t { HostToHost = 0, HostToDevice = 1, DeviceToHost = 2, DeviceToDevice = 3, Default = 4, Unknown = 5 };
+
+enum class MemKind : uint8_t { None, Device, Managed, PinnedHost, RegisteredHost };
+
+struct FunctionSpec {
+  uint16_t id;
+  std::string_view symbol;
+  Api api;
+  CallKind kind;
+  Signature sig;
+  bool has_return;               // false: entry probe only (launches: one trap per call)
+  int8_t entry_deref_arg = -1;   // argument whose pointee is copied at entry
+  uint8_t entry_deref_len = 0;
+  bool entry_deref_string = false;
+  int8_t return_out_arg = -1;    // out-pointer read at return
+  bool async = false;            // takes a stream argument after the fixed ones
+  CopyDir fixed_dir = CopyDir::Unknown;  // driver copies name their direction
+  MemKind mem = MemKind::None;   // what an allocation or free is of
+  uint8_t elem_size = 1;         // memset element size
+};
+
+std::span<const FunctionSpec> all_functions();
+const FunctionSpec* function_by_id(uint16_t id);
+const FunctionSpec* function_by_symbol(std::string_view symbol);
+// The cookie a uprobe on this function carries (bpf/events.h explains the bits).
+uint64_t probe_cookie(const FunctionSpec& f);
+std::string_view to_string(Api);
+std::string_view to_string(CallKind);
+std::string_view to_string(CopyDir);
+std::string_view to_string(MemKind);
+
+}  // namespace gpuscope::decode

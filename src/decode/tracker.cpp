@@ -1,0 +1,164 @@
+#include "decode/tracker.h"
+
+namespace gpuscope::decode {
+namespace {
+
+// A thread holds at most this many driver calls waiting for an enclosing runtime call;
+// past it the oldest is handed on as top-level, so memory stays bounded.
+constexpr size_t kMaxHeldPerThread = 256;
+
+bool encloses(const CallEvent& outer, const CallEvent& inner) {
+  return outer.ts_ns <= inner.ts_ns && inner.ts_ns + inner.duration_ns <= outer.ts_ns + outer.duration_ns;
+}
+
+}  // namespace
+
+void AllocationMap::add(uint64_t ptr, uint64_t size, MemKind kind) {
+  if (ptr == 0) return;
+  ranges_[ptr] = Range{size, kind};
+}
+
+void AllocationMap::remove(uint64_t ptr) { ranges_.erase(ptr); }
+
+MemKind AllocationMap::lookup(uint64_t addr) const {
+  auto it = ranges_.upper_bound(addr);
+  if (it == ranges_.begin()) return MemKind::None;
+  --it;
+  return addr - it->first < std::max<uint64_t>(it->second.size, 1) ? it->second.kind : MemKind::None;
+}
+
+HostMem Tracker::host_kind(const ProcessState& p, uint64_t addr) const {
+  switch (p.allocations.lookup(addr)) {
+    case MemKind::PinnedHost:
+    case MemKind::RegisteredHost:
+      return HostMem::Pinned;
+    case MemKind::None:
+      return complete_history_ ? HostMem::Pageable : HostMem::Unknown;
+    default:
+      return HostMem::Unknown;
+  }
+}
+
+void Tracker::resolve_copy(ProcessState& p, CallEvent& e) const {
+  auto side = [&](uint64_t addr) {
+    MemKind k = p.allocations.lookup(addr);
+    return (k == MemKind::Device || k == MemKind::Managed) ? 'D' : 'H';
+  };
+  if (e.dir == CopyDir::Default) {
+    const char s = side(e.src), d = side(e.ptr);
+    e.dir = s == 'H' ? (d == 'H' ? CopyDir::HostToHost : CopyDir::HostToDevice)
+                     : (d == 'H' ? CopyDir::DeviceToHost : CopyDir::DeviceToDevice);
+  }
+  switch (e.dir) {
+    case CopyDir::HostToDevice: e.host_mem = host_kind(p, e.src); break;
+    case CopyDir::DeviceToHost: e.host_mem = host_kind(p, e.ptr); break;
+    case CopyDir::HostToHost: e.host_mem = host_kind(p, e.src); break;
+    default: e.host_mem = HostMem::NotApplicable; break;
+  }
+}
+
+void Tracker::update_state(ProcessState& p, const CallEvent& e) {
+  const FunctionSpec* f = function_by_id(e.func);
+  if (!f || (e.has_return && e.ret != 0)) return;
+  switch (f->kind) {
+    case CallKind::Alloc:
+      if (e.ptr) p.allocations.add(e.ptr, e.bytes, f->mem);
+      break;
+    case CallKind::Free:
+      p.allocations.remove(e.ptr);
+      break;
+    case CallKind::HostRegister:
+      p.allocations.add(e.ptr, e.bytes, MemKind::RegisteredHost);
+      break;
+    case CallKind::HostUnregister:
+      p.allocations.remove(e.ptr);
+      break;
+    case CallKind::KernelLookup:
+      if (f->sig == Signature::RegisterFunction) {
+        if (!e.name.empty()) p.stub_names[e.kernel_handle] = e.name;
+      } else if (f->sig == Signature::NamedLookup) {
+        if (e.out_valid && !e.name.empty()) p.handle_names[e.out_handle] = e.name;
+      } else if (e.out_valid) {  // cuKernelGetFunction: the function is named as its kernel
+        auto it = p.handle_names.find(e.kernel_handle);
+        if (it != p.handle_names.end()) p.handle_names[e.out_handle] = it->second;
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+std::string Tracker::kernel_name(const CallEvent& e) const {
+  auto pit = processes_.find(e.pid);
+  if (pit == processes_.end()) return {};
+  const FunctionSpec* f = function_by_id(e.func);
+  const auto& names = (f && f->api == Api::Runtime) ? pit->second.stub_names : pit->second.handle_names;
+  auto it = names.find(e.kernel_handle);
+  return it == names.end() ? std::string{} : it->second;
+}
+
+void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) {
+  const FunctionSpec* f = function_by_id(e.func);
+  if (!f) return;
+  e.call_id = next_call_id_++;
+  ProcessState& p = processes_[e.pid];
+  ThreadState& t = threads_[e.tid];
+
+  if (f->kind == CallKind::Memcpy) resolve_copy(p, e);
+  update_state(p, e);
+
+  if (f->api == Api::Runtime) {
+    if (e.has_return) {
+      // Driver calls held for this thread either ran inside this call or before it.
+      while (!t.held_driver_calls.empty()) {
+        CallEvent& d = t.held_driver_calls.front();
+        if (encloses(e, d)) d.parent_id = e.call_id;
+        emit(d);
+        t.held_driver_calls.pop_front();
+      }
+      if (e.ts_ns > 0) t.open_runtime_launch = 0;
+    }
+    if (f->kind == CallKind::Launch) {
+      t.open_runtime_launch = e.call_id;
+      t.open_launch_name = kernel_name(e);
+    }
+    emit(e);
+    return;
+  }
+
+  // Driver API.
+  if (f->kind == CallKind::Launch) {
+    if (t.open_runtime_launch) {
+      e.parent_id = t.open_runtime_launch;
+      // The runtime knows this kernel by its stub; the driver handle gets the same name.
+      if (!t.open_launch_name.empty()) p.handle_names.try_emplace(e.kernel_handle, t.open_launch_name);
+      t.open_runtime_launch = 0;
+    }
+    emit(e);
+    return;
+  }
+  if (!e.has_return) {
+    emit(e);
+    return;
+  }
+  t.held_driver_calls.push_back(std::move(e));
+  if (t.held_driver_calls.size() > kMaxHeldPerThread) {
+    emit(t.held_driver_calls.front());
+    t.held_driver_calls.pop_front();
+  }
+}
+
+void Tracker::flush(const std::function<void(CallEvent&)>& emit) {
+  for (auto& [tid, t] : threads_) {
+    for (auto& d : t.held_driver_calls) emit(d);
+    t.held_driver_calls.clear();
+  }
+}
+
+void Tracker::forget_process(uint32_t pid) {
+  processes_.erase(pid);
+  // Threads are keyed by tid; their held calls were flushed by the caller.
+  std::erase_if(threads_, [](const auto& kv) { return kv.second.held_driver_calls.empty(); });
+}
+
+}  // namespace gpuscope::decode

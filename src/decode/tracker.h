@@ -1,0 +1,68 @@
+// Per-process state that decoding needs across calls: live allocations (to resolve copy
+// directions and pinned/pageable host memory), kernel names learnt from registrations and
+// lookups, and which driver calls ran inside which runtime call.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/model.h"
+
+namespace gpuscope::decode {
+
+class AllocationMap {
+ public:
+  void add(uint64_t ptr, uint64_t size, MemKind kind);
+  void remove(uint64_t ptr);
+  // The kind of the allocation containing addr, MemKind::None if none does.
+  MemKind lookup(uint64_t addr) const;
+
+ private:
+  struct Range { uint64_t size; MemKind kind; };
+  std::map<uint64_t, Range> ranges_;
+};
+
+class Tracker {
+ public:
+  // complete_history: the processes were followed from their start, so memory that no
+  // tracked allocation contains is pageable, not merely unknown.
+  explicit Tracker(bool complete_history) : complete_history_(complete_history) {}
+
+  // Resolves what the call's arguments mean in context and updates the state.
+  // Assigns e.call_id. Calls are handed on through `emit`, possibly later than they came in:
+  // a driver call is held until the runtime call around it (if any) is known.
+  void process(CallEvent e, const std::function<void(CallEvent&)>& emit);
+  // Hands on every held call (end of recording, or a process exit).
+  void flush(const std::function<void(CallEvent&)>& emit);
+  void forget_process(uint32_t pid);
+
+  // Kernel name for a launch, from registrations and lookups seen so far; "" if unknown.
+  std::string kernel_name(const CallEvent& launch) const;
+
+ private:
+  struct ThreadState {
+    int64_t open_runtime_launch = 0;   // call id of a runtime launch whose driver launch may follow
+    std::string open_launch_name;
+    std::deque<CallEvent> held_driver_calls;
+  };
+  struct ProcessState {
+    AllocationMap allocations;
+    std::unordered_map<uint64_t, std::string> stub_names;     // host stub -> device function
+    std::unordered_map<uint64_t, std::string> handle_names;   // CUfunction / CUkernel -> name
+  };
+
+  void resolve_copy(ProcessState& p, CallEvent& e) const;
+  void update_state(ProcessState& p, const CallEvent& e);
+  HostMem host_kind(const ProcessState& p, uint64_t addr) const;
+
+  bool complete_history_;
+  int64_t next_call_id_ = 1;
+  std::unordered_map<uint32_t, ProcessState> processes_;
+  std::unordered_map<uint32_t, ThreadState> threads_;
+};
+
+}  // namespace gpuscope::decode

@@ -1,0 +1,137 @@
+#include "discover/proc.h"
+
+#include <signal.h>
+
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+namespace gpuscope::discover {
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string base_name(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+uint64_t hex(std::string_view s) {
+  uint64_t v = 0;
+  std::from_chars(s.data(), s.data() + s.size(), v, 16);
+  return v;
+}
+
+}  // namespace
+
+bool process_exists(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+std::string read_comm(pid_t pid) {
+  std::string s = read_file("/proc/" + std::to_string(pid) + "/comm");
+  if (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+std::string read_cmdline(pid_t pid) {
+  std::string s = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+  while (!s.empty() && s.back() == '\0') s.pop_back();
+  for (char& c : s)
+    if (c == '\0') c = ' ';
+  return s;
+}
+
+std::string read_exe(pid_t pid) {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec);
+  return ec ? std::string() : p.string();
+}
+
+pid_t read_ppid(pid_t pid) {
+  // The command name in /proc/PID/stat may hold spaces and parentheses: parse after the last ')'.
+  std::string s = read_file("/proc/" + std::to_string(pid) + "/stat");
+  auto close = s.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream in(s.substr(close + 2));
+  char state;
+  pid_t ppid = 0;
+  in >> state >> ppid;
+  return ppid;
+}
+
+std::vector<pid_t> list_pids() {
+  std::vector<pid_t> pids;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    pid_t pid = 0;
+    auto [p, err] = std::from_chars(name.data(), name.data() + name.size(), pid);
+    if (err == std::errc() && p == name.data() + name.size()) pids.push_back(pid);
+  }
+  return pids;
+}
+
+std::vector<pid_t> descendants(const std::vector<pid_t>& roots) {
+  std::unordered_map<pid_t, pid_t> parent;
+  for (pid_t p : list_pids()) parent[p] = read_ppid(p);
+  std::set<pid_t> in(roots.begin(), roots.end());
+  std::vector<pid_t> out;
+  for (auto [pid, ppid] : parent) {
+    // Walk up; bounded because pid 1 has parent 0.
+    for (pid_t cur = ppid, hops = 0; cur > 1 && hops < 64; cur = parent.count(cur) ? parent[cur] : 0, ++hops) {
+      if (in.count(cur)) {
+        if (!in.count(pid)) out.push_back(pid);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<Mapping> parse_maps(const std::string& text) {
+  std::vector<Mapping> maps;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    // start-end perms offset major:minor inode   path
+    std::istringstream ls(line);
+    std::string range, perms, offset, dev;
+    Mapping m;
+    if (!(ls >> range >> perms >> offset >> dev >> m.inode)) continue;
+    auto dash = range.find('-');
+    auto colon = dev.find(':');
+    if (dash == std::string::npos || colon == std::string::npos) continue;
+    m.start = hex(std::string_view(range).substr(0, dash));
+    m.end = hex(std::string_view(range).substr(dash + 1));
+    m.offset = hex(offset);
+    m.dev_major = static_cast<uint32_t>(hex(std::string_view(dev).substr(0, colon)));
+    m.dev_minor = static_cast<uint32_t>(hex(std::string_view(dev).substr(colon + 1)));
+    m.executable = perms.size() > 2 && perms[2] == 'x';
+    std::getline(ls >> std::ws, m.path);
+    maps.push_back(std::move(m));
+  }
+  return maps;
+}
+
+std::vector<Mapping> read_maps(pid_t pid) { return parse_maps(read_file("/proc/" + std::to_string(pid) + "/maps")); }
+
+std::string path_in_target(pid_t pid, const std::string& path) {
+  if (path.empty() || path[0] != '/') return "/proc/" + std::to_string(pid) + "/cwd/" + path;
+  return "/proc/" + std::to_string(pid) + "/root" + path;
+}
+
+bool is_cuda_runtime_library(const std::string& path) {
+  const std::string b = base_name(path);
+  return b.starts_with("libcudart.so") || b.starts_with("libcudart-");
+}
+
+bool is_cuda_driver_library(const std::string& path) { return base_name(path).starts_with("libcuda.so"); }
+
+}  // namespace gpuscope::discover

@@ -1,0 +1,278 @@
+#include "record/pipeline.h"
+
+#include <sys/uio.h>
+#include <time.h>
+
+#include <fstream>
+
+#include <cstring>
+
+#include "common/log.h"
+#include "decode/decoder.h"
+#include "discover/proc.h"
+#include "symbolize/elf_file.h"
+
+namespace gpuscope::record {
+namespace {
+
+uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+}  // namespace
+
+Pipeline::Pipeline(store::RecordWriter& writer, attach::BpfSession& bpf, symbolize::ProcessMaps& maps,
+                   const PipelineConfig& cfg)
+    : writer_(writer), bpf_(bpf), maps_(maps), cfg_(cfg), tracker_(cfg.complete_history) {
+  filling_.reserve(1 << 20);
+}
+
+Pipeline::~Pipeline() {
+  if (thread_.joinable()) stop();
+}
+
+void Pipeline::push(const void* data, size_t size) {
+  const uint32_t len = static_cast<uint32_t>(size);
+  const size_t at = filling_.size();
+  filling_.resize(at + sizeof(len) + size);
+  std::memcpy(filling_.data() + at, &len, sizeof(len));
+  std::memcpy(filling_.data() + at + sizeof(len), data, size);
+  ++filling_records_;
+}
+
+void Pipeline::end_batch() {
+  if (filling_.empty()) return;
+  {
+    std::lock_guard lock(mu_);
+    if (queued_bytes_ + filling_.size() > cfg_.max_queued_bytes) {
+      dropped_ += filling_records_;
+    } else {
+      queued_bytes_ += filling_.size();
+      queue_.push_back(std::move(filling_));
+    }
+  }
+  cv_.notify_one();
+  filling_ = {};
+  filling_.reserve(1 << 20);
+  filling_records_ = 0;
+}
+
+void Pipeline::add_library(store::LibraryRow row) {
+  {
+    std::lock_guard lock(mu_);
+    libraries_.push_back(std::move(row));
+  }
+  cv_.notify_one();
+}
+
+void Pipeline::start() {
+  last_commit_ns_ = now_ns();
+  thread_ = std::thread([this] { run(); });
+}
+
+void Pipeline::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+  tracker_.flush([this](CallEvent& e) { emit(e); });
+  write_lost();
+  writer_.commit();
+}
+
+PipelineStats Pipeline::stats() const {
+  return PipelineStats{records_.load(), calls_.load(), launches_.load(), dropped_.load()};
+}
+
+void Pipeline::run() {
+  for (;;) {
+    std::deque<std::vector<uint8_t>> work;
+    std::vector<store::LibraryRow> libraries;
+    bool done;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(100),
+                   [this] { return stopping_ || !queue_.empty() || !libraries_.empty(); });
+      work.swap(queue_);
+      libraries.swap(libraries_);
+      queued_bytes_ = 0;
+      done = stopping_;
+    }
+    try {
+      for (const auto& lib : libraries) writer_.add_library(lib);
+      for (const auto& batch : work) process_batch(batch);
+      maybe_commit(false);
+    } catch (const std::exception& e) {
+      // A store failure (disk full) must not take the recording down silently: say it once
+      // per batch and keep consuming so the ring buffer never backs up into the targets.
+      log_error("writing the record failed: {}", e.what());
+    }
+    if (done && work.empty()) {
+      std::lock_guard lock(mu_);
+      if (queue_.empty() && libraries_.empty()) return;
+    }
+  }
+}
+
+void Pipeline::process_batch(const std::vector<uint8_t>& batch) {
+  size_t at = 0;
+  while (at + sizeof(uint32_t) <= batch.size()) {
+    uint32_t len;
+    std::memcpy(&len, batch.data() + at, sizeof(len));
+    at += sizeof(len);
+    process_record(batch.data() + at, len);
+    at += len;
+  }
+}
+
+void Pipeline::process_record(const uint8_t* data, size_t size) {
+  ++records_;
+  uint16_t kind;
+  std::memcpy(&kind, data, sizeof(kind));
+  switch (kind) {
+    case GS_REC_CALL: {
+      if (size < sizeof(gs_call_record)) return;
+      gs_call_record rec;
+      std::memcpy(&rec, data, sizeof(rec));
+      CallEvent e;
+      if (!decode::decode_call(rec, e)) return;
+      if (e.name_addr) e.name = read_name(e.pid, e.name_addr);
+      tracker_.process(std::move(e), [this](CallEvent& ev) { emit(ev); });
+      break;
+    }
+    case GS_REC_EXIT: {
+      gs_proc_record rec;
+      std::memcpy(&rec, data, std::min(size, sizeof(rec)));
+      tracker_.flush([this](CallEvent& ev) { emit(ev); });
+      if (known_processes_.count(rec.pid)) {
+        // exit_code is the kernel's wait status: code in bits 8..15, or the signal.
+        const int status = rec.exit_code;
+        writer_.set_process_exit(rec.pid, rec.ts_ns, (status & 0x7f) ? -(status & 0x7f) : (status >> 8) & 0xff);
+      }
+      tracker_.forget_process(rec.pid);
+      maps_.forget(rec.pid);
+      break;
+    }
+    case GS_REC_EXEC: {
+      gs_proc_record rec;
+      std::memcpy(&rec, data, std::min(size, sizeof(rec)));
+      maps_.forget(rec.pid);
+      known_processes_.erase(rec.pid);
+      note_process(rec.pid, rec.ts_ns);
+      if (exec_cb_) exec_cb_(rec.pid);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+void Pipeline::note_process(uint32_t pid, uint64_t ts_ns) {
+  if (!known_processes_.insert(pid).second) return;
+  maps_.refresh(pid);
+  writer_.upsert_process(pid, discover::read_ppid(pid), discover::read_comm(pid), discover::read_cmdline(pid),
+                         discover::read_exe(pid), ts_ns);
+}
+
+void Pipeline::emit(CallEvent& e) {
+  note_process(e.pid, e.ts_ns);
+  auto& comm = thread_comms_[e.tid];
+  if (comm != e.comm) {
+    comm = e.comm;
+    writer_.upsert_thread(e.tid, e.pid, e.comm);
+  }
+  e.stack_id = resolve_stack(e);
+  const auto* f = decode::function_by_id(e.func);
+  if (f && f->kind == decode::CallKind::Launch) {
+    e.kernel_id = resolve_kernel(e);
+    if (!e.parent_id) ++launches_;
+  }
+  writer_.add_call(e);
+  ++calls_;
+  ++calls_since_commit_;
+}
+
+const std::string& Pipeline::build_id_of(const std::string& open_path) {
+  auto it = build_ids_.find(open_path);
+  if (it == build_ids_.end()) it = build_ids_.emplace(open_path, symbolize::read_build_id(open_path)).first;
+  return it->second;
+}
+
+std::string Pipeline::read_name(uint32_t pid, uint64_t addr) {
+  char buf[GS_DEREF_LEN * 4] = {};
+  iovec local{buf, sizeof(buf) - 1}, remote{reinterpret_cast<void*>(addr), sizeof(buf) - 1};
+  // Names in read-only data may sit at the end of a mapping; a short read is fine.
+  if (process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0) <= 0) {
+    // The process is gone: the name is in its file, where the mapping says.
+    auto m = maps_.resolve(pid, addr);
+    if (!m) return {};
+    std::ifstream in(m->open_path, std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(m->file_offset));
+    in.read(buf, sizeof(buf) - 1);
+  }
+  return std::string(buf, strnlen(buf, sizeof(buf)));
+}
+
+int64_t Pipeline::resolve_stack(const CallEvent& e) {
+  if (e.bpf_stack_id < 0) return 0;
+  const uint64_t key = (uint64_t(e.pid) << 32) | uint32_t(e.bpf_stack_id);
+  if (auto it = stack_ids_.find(key); it != stack_ids_.end()) return it->second;
+  std::vector<store::StoredFrame> frames;
+  for (uint64_t ip : bpf_.stack(e.bpf_stack_id)) {
+    store::StoredFrame f;
+    f.ip = ip;
+    if (auto m = maps_.resolve(e.pid, ip)) {
+      f.module_id = writer_.intern_module(m->path, build_id_of(m->open_path));
+      f.offset = m->file_offset;
+    }
+    frames.push_back(f);
+  }
+  const int64_t id = frames.empty() ? 0 : writer_.intern_stack(frames);
+  stack_ids_.emplace(key, id);
+  return id;
+}
+
+int64_t Pipeline::resolve_kernel(const CallEvent& e) {
+  const auto* f = decode::function_by_id(e.func);
+  const uint64_t key = std::hash<uint64_t>{}(e.kernel_handle) ^ (uint64_t(e.pid) << 1) ^ (uint64_t(f->api) << 63);
+  std::string name = tracker_.kernel_name(e);
+  if (name.empty()) {
+    if (auto it = kernel_ids_.find(key); it != kernel_ids_.end()) return it->second;
+    // No registration seen (attached to a running process): the runtime's host stub is a
+    // function of the program, named like the kernel.
+    if (f->api == decode::Api::Runtime) {
+      if (auto m = maps_.resolve(e.pid, e.kernel_handle)) {
+        auto frame = symbolizer_.resolve(m->open_path, build_id_of(m->open_path), m->file_offset);
+        if (!frame.function.empty() && frame.offset_in_function == 0) name = frame.raw_function;
+      }
+    }
+    if (name.empty()) {
+      kernel_ids_.emplace(key, 0);
+      return 0;
+    }
+  }
+  const int64_t id = writer_.intern_kernel(name, symbolize::demangle(name));
+  kernel_ids_[key] = id;
+  return id;
+}
+
+void Pipeline::write_lost() {
+  const auto lost = bpf_.lost();
+  for (int cause = 0; cause < GS_LOST_NR; ++cause) writer_.set_lost(std::string(attach::lost_cause_name(cause)), lost[cause]);
+  writer_.set_lost("queue_full", dropped_.load());
+}
+
+void Pipeline::maybe_commit(bool force) {
+  const uint64_t now = now_ns();
+  if (!force && calls_since_commit_ < cfg_.commit_every_calls && now - last_commit_ns_ < cfg_.commit_interval_ns) return;
+  write_lost();
+  writer_.commit();
+  calls_since_commit_ = 0;
+  last_commit_ns_ = now;
+}
+
+}  // namespace gpuscope::record

@@ -1,0 +1,109 @@
+// The stage between the ring buffer and the record file. The ring-buffer thread only copies
+// records into batches (push/end_batch never block); a pipeline thread decodes them, resolves
+// stacks and kernel names, and writes them. Memory is bounded: past `max_queued_bytes` whole
+// batches are dropped and counted as lost.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "attach/bpf_session.h"
+#include "decode/tracker.h"
+#include "store/record_writer.h"
+#include "symbolize/process_maps.h"
+#include "symbolize/symbolizer.h"
+
+namespace gpuscope::record {
+
+struct PipelineConfig {
+  size_t max_queued_bytes = 256u << 20;
+  uint64_t commit_interval_ns = 100'000'000;
+  uint64_t commit_every_calls = 50'000;
+  bool complete_history = true;  // targets followed from their start (see decode::Tracker)
+};
+
+struct PipelineStats {
+  uint64_t records = 0;
+  uint64_t calls = 0;
+  uint64_t launches = 0;
+  uint64_t queue_dropped_records = 0;
+};
+
+class Pipeline {
+ public:
+  Pipeline(store::RecordWriter& writer, attach::BpfSession& bpf, symbolize::ProcessMaps& maps,
+           const PipelineConfig& cfg);
+  ~Pipeline();
+
+  // Ring-buffer thread.
+  void push(const void* data, size_t size);
+  void end_batch();
+
+  // Called on the pipeline thread when a target calls execve (its executable may carry a
+  // statically linked CUDA runtime).
+  void on_exec(std::function<void(pid_t)> cb) { exec_cb_ = std::move(cb); }
+
+  // A library gpuscope attached to (or failed to); written on the pipeline thread.
+  void add_library(store::LibraryRow row);
+
+  void start();
+  // Processes everything queued, flushes held calls, writes the lost counters, and joins.
+  void stop();
+  PipelineStats stats() const;
+
+ private:
+  void run();
+  void process_batch(const std::vector<uint8_t>& batch);
+  void process_record(const uint8_t* data, size_t size);
+  void emit(CallEvent& e);
+  void note_process(uint32_t pid, uint64_t ts_ns);
+  int64_t resolve_stack(const CallEvent& e);
+  int64_t resolve_kernel(const CallEvent& e);
+  const std::string& build_id_of(const std::string& open_path);
+  std::string read_name(uint32_t pid, uint64_t addr);
+  void write_lost();
+  void maybe_commit(bool force);
+
+  store::RecordWriter& writer_;
+  attach::BpfSession& bpf_;
+  symbolize::ProcessMaps& maps_;
+  symbolize::Symbolizer symbolizer_;
+  PipelineConfig cfg_;
+  decode::Tracker tracker_;
+
+  // Ring-buffer thread side.
+  std::vector<uint8_t> filling_;
+  uint64_t filling_records_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::vector<uint8_t>> queue_;
+  std::vector<store::LibraryRow> libraries_;
+  size_t queued_bytes_ = 0;
+  bool stopping_ = false;
+  std::thread thread_;
+
+  // Pipeline thread side.
+  std::unordered_set<uint32_t> known_processes_;
+  std::unordered_map<uint32_t, std::string> thread_comms_;
+  std::unordered_map<uint64_t, int64_t> stack_ids_;    // pid << 32 | BPF stack id
+  std::unordered_map<std::string, std::string> build_ids_;
+  std::unordered_map<uint64_t, int64_t> kernel_ids_;   // hash of (pid, api, handle)
+  uint64_t calls_since_commit_ = 0;
+  uint64_t last_commit_ns_ = 0;
+  std::function<void(pid_t)> exec_cb_;
+
+  std::atomic<uint64_t> records_{0}, calls_{0}, launches_{0}, dropped_{0};
+};
+
+}  // namespace gpuscope::record

@@ -1,0 +1,410 @@
+#include "record/recorder.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "attach/bpf_session.h"
+#include "attach/preflight.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "discover/proc.h"
+#include "record/pipeline.h"
+#include "store/record_writer.h"
+#include "symbolize/elf_file.h"
+#include "symbolize/process_maps.h"
+
+namespace gpuscope::record {
+namespace {
+
+uint64_t clock_ns(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& a : v) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
+std::string driver_version() {
+  std::ifstream in("/proc/driver/nvidia/version");
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// Resolves a command name the way execvp will.
+std::string find_in_path(const std::string& cmd) {
+  if (cmd.find('/') != std::string::npos) return cmd;
+  const char* path = getenv("PATH");
+  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    std::string candidate = dirs.substr(start, end - start) + "/" + cmd;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return {};
+}
+
+// Signals we take through a signalfd, blocked in every thread.
+sigset_t handled_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&set, s);
+  return set;
+}
+
+// Messages from the ring-buffer and pipeline threads to the control loop.
+class ControlQueue {
+ public:
+  ControlQueue() : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+  ~ControlQueue() { close(fd_); }
+  int fd() const { return fd_; }
+  void push_libload(const gs_libload_record& r) {
+    std::lock_guard lock(mu_);
+    libloads_.push_back(r);
+    wake();
+  }
+  void push_exec(pid_t pid) {
+    std::lock_guard lock(mu_);
+    execs_.push_back(pid);
+    wake();
+  }
+  void take(std::vector<gs_libload_record>& libloads, std::vector<pid_t>& execs) {
+    uint64_t v;
+    [[maybe_unused]] auto n = read(fd_, &v, sizeof(v));
+    std::lock_guard lock(mu_);
+    libloads.swap(libloads_);
+    execs.swap(execs_);
+  }
+
+ private:
+  void wake() {
+    uint64_t one = 1;
+    [[maybe_unused]] auto n = write(fd_, &one, sizeof(one));
+  }
+  int fd_;
+  std::mutex mu_;
+  std::vector<gs_libload_record> libloads_;
+  std::vector<pid_t> execs_;
+};
+
+// Processes stopped by the BPF side while we attach; continued however we leave.
+class StoppedProcesses {
+ public:
+  void add(pid_t pid) { pids_.insert(pid); }
+  void resume(pid_t pid) {
+    kill(pid, SIGCONT);
+    pids_.erase(pid);
+  }
+  ~StoppedProcesses() {
+    for (pid_t p : pids_) kill(p, SIGCONT);
+  }
+
+ private:
+  std::set<pid_t> pids_;
+};
+
+class Recorder {
+ public:
+  explicit Recorder(const RecordOptions& opts) : opts_(opts) {}
+  int run();
+
+ private:
+  void attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns);
+  void attach_mapped_libraries(pid_t pid);
+  void check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown);
+  pid_t spawn_command();
+  void handle_control();
+  bool targets_alive() const;
+
+  const RecordOptions& opts_;
+  std::unique_ptr<store::RecordWriter> writer_;
+  std::unique_ptr<attach::BpfSession> bpf_;
+  std::unique_ptr<Pipeline> pipeline_;
+  symbolize::ProcessMaps maps_;
+  ControlQueue control_;
+  StoppedProcesses stopped_;
+  std::set<std::pair<uint64_t, uint64_t>> checked_executables_;
+  int libraries_attached_ = 0;
+  pid_t child_ = 0;
+  int go_fd_ = -1;
+};
+
+void Recorder::attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns) {
+  auto res = bpf_->attach_file(open_path);
+  if (res.already_attached) return;
+  store::LibraryRow row{static_cast<uint32_t>(pid), shown_path, res.build_id, res.runtime_probes, res.driver_probes,
+                        ts_ns, res.error};
+  if (!res.error.empty())
+    log_error("could not probe {} in PID {}: {}", shown_path, pid, res.error);
+  else if (res.runtime_probes + res.driver_probes > 0)
+    ++libraries_attached_;
+  if (!opts_.quiet && res.error.empty())
+    log_info("probing {} ({} runtime, {} driver functions) first used by PID {}", shown_path, res.runtime_probes,
+             res.driver_probes, pid);
+  pipeline_->add_library(std::move(row));
+}
+
+void Recorder::check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown) {
+  struct stat st{};
+  if (stat(exe_path.c_str(), &st) != 0 || !checked_executables_.insert({st.st_dev, st.st_ino}).second) return;
+  if (discover::is_cuda_runtime_library(shown)) return;
+  try {
+    auto elf = symbolize::ElfFile::open(exe_path);
+    if (elf->has_function("cudaLaunchKernel") || elf->has_function("cudaMalloc"))
+      attach_library(pid, exe_path, shown + " (static CUDA runtime)", clock_ns(CLOCK_MONOTONIC));
+  } catch (const std::exception&) {
+    // Not an ELF file we can read (a script): nothing to probe in it.
+  }
+}
+
+void Recorder::attach_mapped_libraries(pid_t pid) {
+  std::set<std::string> seen;
+  bool has_cuda = false;
+  for (const auto& m : discover::read_maps(pid)) {
+    if (m.path.empty() || !seen.insert(m.path).second) continue;
+    if (discover::is_cuda_runtime_library(m.path) || discover::is_cuda_driver_library(m.path)) {
+      has_cuda = true;
+      attach_library(pid, discover::path_in_target(pid, m.path), m.path, clock_ns(CLOCK_MONOTONIC));
+    }
+  }
+  if (has_cuda || !opts_.all) check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid));
+  if (!has_cuda && !opts_.all && !opts_.quiet)
+    log_info("PID {} has no CUDA library loaded yet; its probes attach when it loads one", pid);
+  maps_.refresh(pid);
+}
+
+pid_t Recorder::spawn_command() {
+  int go[2], err[2];
+  if (pipe2(go, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) throw Error("pipe: {}", strerror(errno));
+  std::vector<char*> argv;
+  for (const auto& a : opts_.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+
+  pid_t pid = fork();
+  if (pid < 0) throw Error("fork: {}", strerror(errno));
+  if (pid == 0) {
+    // Wait until the parent has made us a target, so that no CUDA call of ours is missed.
+    close(go[1]);
+    close(err[0]);
+    char c;
+    if (read(go[0], &c, 1) != 1) _exit(127);
+    sigset_t all = handled_signals();
+    sigprocmask(SIG_UNBLOCK, &all, nullptr);
+    execvp(argv[0], argv.data());
+    int e = errno;
+    [[maybe_unused]] auto n = write(err[1], &e, sizeof(e));
+    _exit(127);
+  }
+  close(go[0]);
+  close(err[1]);
+  bpf_->add_target(pid);
+  if (std::string exe = find_in_path(opts_.command[0]); !exe.empty()) check_static_runtime(pid, exe, exe);
+  [[maybe_unused]] auto n = write(go[1], "g", 1);
+  close(go[1]);
+  int child_errno = 0;
+  if (read(err[0], &child_errno, sizeof(child_errno)) == sizeof(child_errno)) {
+    close(err[0]);
+    waitpid(pid, nullptr, 0);
+    throw Error("cannot run '{}': {}", opts_.command[0], strerror(child_errno));
+  }
+  close(err[0]);
+  return pid;
+}
+
+void Recorder::handle_control() {
+  std::vector<gs_libload_record> libloads;
+  std::vector<pid_t> execs;
+  control_.take(libloads, execs);
+  for (const auto& l : libloads) {
+    const pid_t pid = static_cast<pid_t>(l.pid);
+    stopped_.add(pid);
+    const std::string path(l.path, strnlen(l.path, sizeof(l.path)));
+    attach_library(pid, discover::path_in_target(pid, path), path, l.ts_ns);
+    maps_.refresh(pid);  // the library is mapped now: name its frames even if the process dies soon
+    stopped_.resume(pid);
+  }
+  for (pid_t pid : execs) check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid));
+}
+
+bool Recorder::targets_alive() const {
+  for (pid_t p : opts_.pids)
+    if (discover::process_exists(p)) return true;
+  return false;
+}
+
+int Recorder::run() {
+  attach::check_can_trace();
+  writer_ = std::make_unique<store::RecordWriter>(opts_.output);
+
+  utsname u{};
+  uname(&u);
+  const std::string mode = opts_.all ? "all" : !opts_.pids.empty() ? "pid" : "command";
+  std::string what = join(opts_.command);
+  for (pid_t p : opts_.pids) what += (what.empty() ? "" : " ") + std::to_string(p);
+  writer_->set_meta("gpuscope_version", GPUSCOPE_VERSION);
+  writer_->set_meta("host", u.nodename);
+  writer_->set_meta("kernel", u.release);
+  writer_->set_meta("mode", mode);
+  writer_->set_meta("command", what);
+  writer_->set_meta("clock", "CLOCK_MONOTONIC");
+  writer_->set_meta("realtime_offset_ns", std::to_string(clock_ns(CLOCK_REALTIME) - clock_ns(CLOCK_MONOTONIC)));
+  writer_->set_meta("cuda_driver_version", driver_version());
+  writer_->set_meta("stacks", opts_.stacks ? "1" : "0");
+
+  // Every thread inherits this mask; signals arrive through the signalfd only.
+  sigset_t sigs = handled_signals();
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  const int sfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
+
+  attach::SessionConfig cfg;
+  cfg.filter_targets = !opts_.all;
+  cfg.capture_stacks = opts_.stacks;
+  cfg.ringbuf_bytes = opts_.ringbuf_mb << 20;
+  cfg.wakeup_bytes = cfg.ringbuf_bytes / 4;
+  bpf_ = std::make_unique<attach::BpfSession>(cfg);
+
+  PipelineConfig pcfg;
+  pcfg.complete_history = opts_.pids.empty() && !opts_.all;
+  pipeline_ = std::make_unique<Pipeline>(*writer_, *bpf_, maps_, pcfg);
+  bpf_->set_handler([this](const void* data, size_t size) {
+    uint16_t kind;
+    std::memcpy(&kind, data, sizeof(kind));
+    if (kind == GS_REC_LIBLOAD && size >= sizeof(gs_libload_record))
+      control_.push_libload(*static_cast<const gs_libload_record*>(data));
+    else
+      pipeline_->push(data, size);
+  });
+  pipeline_->on_exec([this](pid_t pid) { control_.push_exec(pid); });
+  pipeline_->start();
+
+  std::atomic<bool> consuming{true};
+  std::thread consumer([&] {
+    while (consuming.load(std::memory_order_relaxed)) {
+      bpf_->poll(20);
+      pipeline_->end_batch();
+    }
+  });
+  auto stop_consumer = [&] {
+    if (!consuming.exchange(false)) return;
+    consumer.join();
+    while (bpf_->poll(0) > 0) pipeline_->end_batch();  // drain what is left
+    pipeline_->end_batch();
+  };
+
+  const uint64_t start_ns = clock_ns(CLOCK_MONOTONIC);
+  writer_->set_meta("start_ns", std::to_string(start_ns));
+  int exit_code = 0;
+  try {
+    if (opts_.all) {
+      for (pid_t p : discover::list_pids())
+        if (p != getpid()) attach_mapped_libraries(p);
+    } else if (!opts_.pids.empty()) {
+      std::vector<pid_t> all = opts_.pids;
+      for (pid_t d : discover::descendants(opts_.pids)) all.push_back(d);
+      for (pid_t p : all) {
+        bpf_->add_target(p);
+        attach_mapped_libraries(p);
+      }
+    } else {
+      child_ = spawn_command();
+    }
+    if (!opts_.quiet)
+      log_info("recording {} into {}{}", opts_.all ? "every process" : mode == "pid" ? "PID " + what : what,
+               opts_.output, opts_.duration_s > 0 ? fmt::format(" for {}s", opts_.duration_s) : "");
+
+    const uint64_t deadline = opts_.duration_s > 0 ? start_ns + uint64_t(opts_.duration_s * 1e9) : 0;
+    bool running = true;
+    while (running) {
+      pollfd fds[2] = {{sfd, POLLIN, 0}, {control_.fd(), POLLIN, 0}};
+      ::poll(fds, 2, 100);
+      if (fds[1].revents & POLLIN) handle_control();
+      signalfd_siginfo si{};
+      while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
+        if (si.ssi_signo == SIGCHLD) continue;
+        if (child_) {
+          // Ctrl-C at the terminal reaches the command too; forward only what was sent to us alone.
+          if (si.ssi_code != SI_KERNEL) kill(child_, static_cast<int>(si.ssi_signo));
+        } else {
+          running = false;
+        }
+      }
+      if (child_) {
+        int status = 0;
+        if (waitpid(child_, &status, WNOHANG) == child_) {
+          exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          child_ = 0;
+          running = false;
+        }
+      }
+      if (mode == "pid" && !targets_alive()) {
+        if (!opts_.quiet) log_info("the target process exited");
+        running = false;
+      }
+      if (deadline && clock_ns(CLOCK_MONOTONIC) >= deadline) running = false;
+    }
+    handle_control();
+  } catch (...) {
+    stop_consumer();
+    pipeline_->stop();
+    writer_->set_meta("end_ns", std::to_string(clock_ns(CLOCK_MONOTONIC)));
+    writer_->finish();
+    throw;
+  }
+
+  stop_consumer();
+  pipeline_->stop();
+  writer_->set_meta("end_ns", std::to_string(clock_ns(CLOCK_MONOTONIC)));
+  writer_->finish();
+  close(sfd);
+
+  const auto st = pipeline_->stats();
+  const auto lost = bpf_->lost();
+  uint64_t lost_total = st.queue_dropped_records;
+  for (uint64_t v : lost) lost_total += v;
+  if (!opts_.quiet) {
+    log_info("recorded {} CUDA calls ({} kernel launches) into {}; {} events lost", st.calls, st.launches,
+             opts_.output, lost_total);
+    if (st.calls == 0)
+      log_info("{}", libraries_attached_ == 0 ? "no CUDA library was loaded by the target: nothing to record"
+                                              : "the target loaded CUDA but made no probed call");
+  }
+
+  // A command still running after --duration keeps running, unobserved; we wait for it.
+  if (child_) {
+    int status = 0;
+    pthread_sigmask(SIG_UNBLOCK, &sigs, nullptr);
+    waitpid(child_, &status, 0);
+    exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  return exit_code;
+}
+
+}  // namespace
+
+int run_record(const RecordOptions& opts) {
+  Recorder r(opts);
+  return r.run();
+}
+
+}  // namespace gpuscope::record

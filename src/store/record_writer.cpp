@@ -1,0 +1,175 @@
+#include "store/record_writer.h"
+
+#include <filesystem>
+
+#include "common/error.h"
+#include "decode/functions.h"
+#include "store/schema.h"
+
+namespace gpuscope::store {
+namespace {
+
+Db create_db(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  std::filesystem::remove(path + "-wal", ec);
+  std::filesystem::remove(path + "-shm", ec);
+  try {
+    Db db(path, Db::Mode::Create);
+    // A WAL keeps committed batches safe if we are killed; synchronous=NORMAL is durable
+    // across a crash of this process, which is the failure that matters here.
+    db.exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA temp_store=MEMORY;");
+    db.exec(kSchemaSql);
+    return db;
+  } catch (const Error& e) {
+    throw Error("cannot write the record file '{}': {}; choose a writable path with -o", path, e.what());
+  }
+}
+
+}  // namespace
+
+size_t RecordWriter::FrameVecHash::operator()(const std::vector<StoredFrame>& v) const {
+  size_t h = v.size();
+  for (const auto& f : v) h = (h * 1000003) ^ std::hash<uint64_t>{}(f.ip ^ (uint64_t(f.module_id) << 48) ^ f.offset);
+  return h;
+}
+
+RecordWriter::RecordWriter(const std::string& path)
+    : db_(create_db(path)),
+      insert_call_(db_.prepare(
+          "INSERT INTO calls(id, ts_ns, duration_ns, pid, tid, func, ret, parent_id, stack_id, stream, ptr, src, bytes, "
+          "dir, host_mem, kernel_id, kernel_handle, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem, name) "
+          "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25)")),
+      insert_kernel_(db_.prepare("INSERT INTO kernels(name, demangled) VALUES(?1, ?2)")),
+      insert_module_(db_.prepare("INSERT INTO modules(path, build_id) VALUES(?1, ?2)")),
+      insert_stack_(db_.prepare("INSERT INTO stacks(id, depth) VALUES(?1, ?2)")),
+      insert_frame_(db_.prepare("INSERT INTO stack_frames(stack_id, depth, module_id, offset, ip) VALUES(?1,?2,?3,?4,?5)")),
+      upsert_process_(db_.prepare(
+          "INSERT INTO processes(pid, ppid, comm, cmdline, exe, first_seen_ns) VALUES(?1,?2,?3,?4,?5,?6) "
+          "ON CONFLICT(pid) DO UPDATE SET comm=excluded.comm, cmdline=excluded.cmdline, exe=excluded.exe, "
+          "ppid=COALESCE(processes.ppid, excluded.ppid)")),
+      process_exit_(db_.prepare("UPDATE processes SET exit_ns=?2, exit_code=?3 WHERE pid=?1")),
+      upsert_thread_(db_.prepare("INSERT INTO threads(tid, pid, comm) VALUES(?1,?2,?3) "
+                                 "ON CONFLICT(tid) DO UPDATE SET pid=excluded.pid, comm=excluded.comm")),
+      insert_library_(db_.prepare("INSERT INTO libraries(pid, path, build_id, runtime_probes, driver_probes, ts_ns, error) "
+                                  "VALUES(?1,?2,?3,?4,?5,?6,?7)")),
+      set_lost_(db_.prepare("INSERT INTO lost(cause, count) VALUES(?1, ?2) "
+                            "ON CONFLICT(cause) DO UPDATE SET count=excluded.count")),
+      set_meta_(db_.prepare("INSERT INTO meta(key, value) VALUES(?1, ?2) "
+                            "ON CONFLICT(key) DO UPDATE SET value=excluded.value")) {
+  set_meta("format", kFormatName);
+  set_meta("schema_version", std::to_string(kSchemaVersion));
+  set_meta("complete", "0");
+  auto fn = db_.prepare("INSERT INTO functions(id, name, api, kind) VALUES(?1,?2,?3,?4)");
+  for (const auto& f : decode::all_functions())
+    fn.bind(1, int64_t(f.id)).bind(2, f.symbol).bind(3, decode::to_string(f.api)).bind(4, decode::to_string(f.kind)).run();
+  db_.exec("BEGIN");
+}
+
+RecordWriter::~RecordWriter() {
+  if (!finished_) {
+    try {
+      db_.exec("COMMIT");
+    } catch (...) {
+    }
+  }
+}
+
+void RecordWriter::set_meta(const std::string& key, const std::string& value) {
+  set_meta_.bind(1, key).bind(2, value).run();
+}
+
+void RecordWriter::add_call(const CallEvent& e) {
+  auto& s = insert_call_;
+  auto opt = [&](int i, uint64_t v) {
+    if (v) s.bind(i, v); else s.bind_null(i);
+  };
+  const auto* f = decode::function_by_id(e.func);
+  const bool launch = f && f->kind == decode::CallKind::Launch;
+  s.bind(1, e.call_id).bind(2, e.ts_ns);
+  if (e.has_return) s.bind(3, e.duration_ns).bind(7, e.ret);
+  s.bind(4, e.pid).bind(5, e.tid).bind(6, int64_t(e.func));
+  opt(8, e.parent_id);
+  opt(9, e.stack_id);
+  opt(10, e.stream);
+  opt(11, e.ptr);
+  opt(12, e.src);
+  if (e.bytes || (f && (f->kind == decode::CallKind::Memcpy || f->kind == decode::CallKind::Alloc))) s.bind(13, e.bytes);
+  if (f && f->kind == decode::CallKind::Memcpy) {
+    s.bind(14, decode::to_string(e.dir));
+    if (e.host_mem != HostMem::NotApplicable) s.bind(15, to_string(e.host_mem));
+  }
+  opt(16, e.kernel_id);
+  opt(17, e.kernel_handle);
+  if (launch) {
+    s.bind(18, e.grid[0]).bind(19, e.grid[1]).bind(20, e.grid[2]);
+    s.bind(21, e.block[0]).bind(22, e.block[1]).bind(23, e.block[2]).bind(24, e.shared_mem);
+  }
+  if (!e.name.empty()) s.bind(25, e.name);
+  s.run();
+  ++calls_written_;
+}
+
+int64_t RecordWriter::intern_kernel(const std::string& name, const std::string& demangled) {
+  if (auto it = kernels_.find(name); it != kernels_.end()) return it->second;
+  insert_kernel_.bind(1, name).bind(2, demangled).run();
+  return kernels_[name] = db_.last_insert_rowid();
+}
+
+int64_t RecordWriter::intern_module(const std::string& path, const std::string& build_id) {
+  const std::string key = path + '\0' + build_id;
+  if (auto it = modules_.find(key); it != modules_.end()) return it->second;
+  insert_module_.bind(1, path).bind(2, build_id).run();
+  return modules_[key] = db_.last_insert_rowid();
+}
+
+int64_t RecordWriter::intern_stack(const std::vector<StoredFrame>& frames) {
+  if (auto it = stacks_.find(frames); it != stacks_.end()) return it->second;
+  const int64_t id = next_stack_id_++;
+  insert_stack_.bind(1, id).bind(2, int64_t(frames.size())).run();
+  for (size_t d = 0; d < frames.size(); ++d) {
+    const auto& f = frames[d];
+    insert_frame_.bind(1, id).bind(2, int64_t(d));
+    if (f.module_id) insert_frame_.bind(3, f.module_id).bind(4, f.offset);
+    insert_frame_.bind(5, f.ip).run();
+  }
+  stacks_.emplace(frames, id);
+  return id;
+}
+
+void RecordWriter::upsert_process(uint32_t pid, uint32_t ppid, const std::string& comm, const std::string& cmdline,
+                                  const std::string& exe, uint64_t ts_ns) {
+  upsert_process_.bind(1, pid);
+  if (ppid) upsert_process_.bind(2, ppid);
+  upsert_process_.bind(3, comm).bind(4, cmdline).bind(5, exe).bind(6, ts_ns).run();
+}
+
+void RecordWriter::set_process_exit(uint32_t pid, uint64_t ts_ns, int exit_code) {
+  process_exit_.bind(1, pid).bind(2, ts_ns).bind(3, exit_code).run();
+}
+
+void RecordWriter::upsert_thread(uint32_t tid, uint32_t pid, const std::string& comm) {
+  upsert_thread_.bind(1, tid).bind(2, pid).bind(3, comm).run();
+}
+
+void RecordWriter::add_library(const LibraryRow& l) {
+  insert_library_.bind(1, l.pid).bind(2, l.path).bind(3, l.build_id).bind(4, l.runtime_probes).bind(5, l.driver_probes);
+  insert_library_.bind(6, l.ts_ns);
+  if (!l.error.empty()) insert_library_.bind(7, l.error);
+  insert_library_.run();
+}
+
+void RecordWriter::set_lost(const std::string& cause, uint64_t count) { set_lost_.bind(1, cause).bind(2, count).run(); }
+
+void RecordWriter::commit() { db_.exec("COMMIT; BEGIN"); }
+
+void RecordWriter::finish() {
+  set_meta("complete", "1");
+  db_.exec("COMMIT");
+  finished_ = true;
+  db_.exec(kIndexSql);
+  // Back to a single file: a record is something people copy around.
+  db_.exec("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;");
+}
+
+}  // namespace gpuscope::store

@@ -1,0 +1,72 @@
+// Writes a record file. Not thread-safe: the pipeline thread owns it. Rows accumulate in
+// one transaction that commit() closes, so a recording cut short keeps all committed rows.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/model.h"
+#include "store/sqlite.h"
+
+namespace gpuscope::store {
+
+struct StoredFrame {
+  int64_t module_id = 0;  // 0: the address fell in no file-backed mapping
+  uint64_t offset = 0;    // file offset within the module
+  uint64_t ip = 0;
+  bool operator==(const StoredFrame&) const = default;
+};
+
+struct LibraryRow {
+  uint32_t pid = 0;
+  std::string path;
+  std::string build_id;
+  int runtime_probes = 0;
+  int driver_probes = 0;
+  uint64_t ts_ns = 0;
+  std::string error;
+};
+
+class RecordWriter {
+ public:
+  // Creates (replacing) the file at path. Throws Error when it cannot be written.
+  explicit RecordWriter(const std::string& path);
+  ~RecordWriter();
+
+  void set_meta(const std::string& key, const std::string& value);
+  void add_call(const CallEvent& e);
+  int64_t intern_kernel(const std::string& name, const std::string& demangled);
+  int64_t intern_module(const std::string& path, const std::string& build_id);
+  int64_t intern_stack(const std::vector<StoredFrame>& frames);
+  void upsert_process(uint32_t pid, uint32_t ppid, const std::string& comm, const std::string& cmdline,
+                      const std::string& exe, uint64_t ts_ns);
+  void set_process_exit(uint32_t pid, uint64_t ts_ns, int exit_code);
+  void upsert_thread(uint32_t tid, uint32_t pid, const std::string& comm);
+  void add_library(const LibraryRow& lib);
+  void set_lost(const std::string& cause, uint64_t count);
+
+  void commit();
+  // Indexes, marks the record complete, folds the write-ahead log into the one file.
+  void finish();
+
+  uint64_t calls_written() const { return calls_written_; }
+
+ private:
+  struct FrameVecHash {
+    size_t operator()(const std::vector<StoredFrame>& v) const;
+  };
+
+  Db db_;
+  Stmt insert_call_, insert_kernel_, insert_module_, insert_stack_, insert_frame_, upsert_process_, process_exit_,
+      upsert_thread_, insert_library_, set_lost_, set_meta_;
+  std::unordered_map<std::string, int64_t> kernels_;
+  std::unordered_map<std::string, int64_t> modules_;
+  std::unordered_map<std::vector<StoredFrame>, int64_t, FrameVecHash> stacks_;
+  int64_t next_stack_id_ = 1;
+  uint64_t calls_written_ = 0;
+  bool finished_ = false;
+};
+
+}  // namespace gpuscope::store

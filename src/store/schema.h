@@ -1,0 +1,40 @@
+// The record file's schema (docs/record-format.md explains every table and column).
+#pragma once
+
+namespace gpuscope::store {
+
+inline constexpr int kSchemaVersion = 1;
+inline constexpr const char* kFormatName = "gpuscope-record";
+
+inline constexpr const char* kSchemaSql = R"sql(
+CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE functions(id INTEGER PRIMARY KEY, name TEXT NOT NULL, api TEXT NOT NULL, kind TEXT NOT NULL);
+CREATE TABLE processes(pid INTEGER PRIMARY KEY, ppid INTEGER, comm TEXT, cmdline TEXT, exe TEXT,
+                       first_seen_ns INTEGER, exit_ns INTEGER, exit_code INTEGER);
+CREATE TABLE threads(tid INTEGER PRIMARY KEY, pid INTEGER NOT NULL, comm TEXT);
+CREATE TABLE libraries(id INTEGER PRIMARY KEY, pid INTEGER, path TEXT NOT NULL, build_id TEXT,
+                       runtime_probes INTEGER, driver_probes INTEGER, ts_ns INTEGER, error TEXT);
+CREATE TABLE modules(id INTEGER PRIMARY KEY, path TEXT NOT NULL, build_id TEXT NOT NULL, UNIQUE(path, build_id));
+CREATE TABLE stacks(id INTEGER PRIMARY KEY, depth INTEGER NOT NULL);
+CREATE TABLE stack_frames(stack_id INTEGER NOT NULL, depth INTEGER NOT NULL, module_id INTEGER, offset INTEGER,
+                          ip INTEGER NOT NULL, PRIMARY KEY(stack_id, depth)) WITHOUT ROWID;
+CREATE TABLE kernels(id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, demangled TEXT NOT NULL);
+CREATE TABLE calls(
+  id INTEGER PRIMARY KEY,
+  ts_ns INTEGER NOT NULL, duration_ns INTEGER, pid INTEGER NOT NULL, tid INTEGER NOT NULL,
+  func INTEGER NOT NULL, ret INTEGER, parent_id INTEGER, stack_id INTEGER,
+  stream INTEGER, ptr INTEGER, src INTEGER, bytes INTEGER, dir TEXT, host_mem TEXT,
+  kernel_id INTEGER, kernel_handle INTEGER,
+  grid_x INTEGER, grid_y INTEGER, grid_z INTEGER, block_x INTEGER, block_y INTEGER, block_z INTEGER,
+  shared_mem INTEGER, name TEXT);
+CREATE TABLE lost(cause TEXT PRIMARY KEY, count INTEGER NOT NULL);
+)sql";
+
+// Created when a recording ends; a record cut short is readable without them.
+inline constexpr const char* kIndexSql = R"sql(
+CREATE INDEX IF NOT EXISTS calls_by_time ON calls(ts_ns);
+CREATE INDEX IF NOT EXISTS calls_by_func ON calls(func);
+CREATE INDEX IF NOT EXISTS calls_by_kernel ON calls(kernel_id);
+)sql";
+
+}  // namespace gpuscope::store

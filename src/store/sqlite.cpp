@@ -1,0 +1,79 @@
+#include "store/sqlite.h"
+
+#include "common/error.h"
+
+namespace gpuscope::store {
+
+Db::Db(const std::string& path, Mode mode) : path_(path) {
+  const int flags = mode == Mode::ReadOnly ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  if (sqlite3_open_v2(path.c_str(), &db_, flags, nullptr) != SQLITE_OK) {
+    std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
+    sqlite3_close(db_);
+    db_ = nullptr;
+    throw Error("cannot open record file '{}': {}", path, msg);
+  }
+  sqlite3_busy_timeout(db_, 2000);
+}
+
+Db::~Db() { sqlite3_close(db_); }
+
+void Db::exec(const std::string& sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : sqlite3_errmsg(db_);
+    sqlite3_free(err);
+    throw Error("record file '{}': {}", path_, msg);
+  }
+}
+
+Stmt Db::prepare(std::string_view sql) { return Stmt(db_, sql); }
+
+Stmt::Stmt(sqlite3* db, std::string_view sql) : db_(db) {
+  if (sqlite3_prepare_v3(db, sql.data(), static_cast<int>(sql.size()), SQLITE_PREPARE_PERSISTENT, &st_, nullptr) !=
+      SQLITE_OK)
+    throw Error("record file: {} (in: {})", sqlite3_errmsg(db), sql.substr(0, 80));
+}
+
+Stmt::~Stmt() { sqlite3_finalize(st_); }
+
+Stmt& Stmt::bind(int i, int64_t v) {
+  sqlite3_bind_int64(st_, i, v);
+  return *this;
+}
+Stmt& Stmt::bind(int i, double v) {
+  sqlite3_bind_double(st_, i, v);
+  return *this;
+}
+Stmt& Stmt::bind(int i, std::string_view v) {
+  sqlite3_bind_text(st_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+  return *this;
+}
+Stmt& Stmt::bind_null(int i) {
+  sqlite3_bind_null(st_, i);
+  return *this;
+}
+
+bool Stmt::step() {
+  const int rc = sqlite3_step(st_);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  throw Error("record file: {}", sqlite3_errmsg(db_));
+}
+
+void Stmt::run() {
+  while (step()) {
+  }
+  reset();
+}
+
+void Stmt::reset() {
+  sqlite3_reset(st_);
+  sqlite3_clear_bindings(st_);
+}
+
+std::string Stmt::str(int col) const {
+  const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(st_, col));
+  return p ? std::string(p, sqlite3_column_bytes(st_, col)) : std::string();
+}
+
+}  // namespace gpuscope::store

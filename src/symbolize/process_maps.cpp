@@ -1,0 +1,67 @@
+#include "symbolize/process_maps.h"
+
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace gpuscope::symbolize {
+namespace {
+
+// Addresses outside any file (JIT code, a process already gone) would otherwise make every
+// lookup re-read /proc.
+constexpr uint64_t kMinRefreshIntervalNs = 20'000'000;
+
+uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+}  // namespace
+
+bool ProcessMaps::refresh(pid_t pid) {
+  auto maps = discover::read_maps(pid);
+  if (maps.empty()) return false;
+  std::erase_if(maps, [](const discover::Mapping& m) { return m.path.empty() || m.path[0] != '/'; });
+  std::sort(maps.begin(), maps.end(), [](const auto& a, const auto& b) { return a.start < b.start; });
+  std::lock_guard lock(mu_);
+  maps_[pid] = std::move(maps);
+  last_refresh_ns_[pid] = now_ns();
+  return true;
+}
+
+std::optional<ModuleAddress> ProcessMaps::lookup(pid_t pid, uint64_t addr) const {
+  auto it = maps_.find(pid);
+  if (it == maps_.end()) return std::nullopt;
+  const auto& maps = it->second;
+  auto m = std::upper_bound(maps.begin(), maps.end(), addr, [](uint64_t a, const auto& map) { return a < map.start; });
+  if (m == maps.begin()) return std::nullopt;
+  --m;
+  if (addr >= m->end) return std::nullopt;
+  // After the process exits its root is gone; the same path in ours is the best guess left
+  // (build ids tell a report whether it guessed right).
+  std::string open_path = discover::path_in_target(pid, m->path);
+  if (access(open_path.c_str(), R_OK) != 0) open_path = m->path;
+  return ModuleAddress{m->path, std::move(open_path), addr - m->start + m->offset};
+}
+
+std::optional<ModuleAddress> ProcessMaps::resolve(pid_t pid, uint64_t addr) {
+  {
+    std::lock_guard lock(mu_);
+    if (auto r = lookup(pid, addr)) return r;
+    auto last = last_refresh_ns_.find(pid);
+    if (last != last_refresh_ns_.end() && now_ns() - last->second < kMinRefreshIntervalNs) return std::nullopt;
+  }
+  if (!refresh(pid)) return std::nullopt;
+  std::lock_guard lock(mu_);
+  return lookup(pid, addr);
+}
+
+void ProcessMaps::forget(pid_t pid) {
+  std::lock_guard lock(mu_);
+  maps_.erase(pid);
+  last_refresh_ns_.erase(pid);
+}
+
+}  // namespace gpuscope::symbolize

@@ -1,0 +1,40 @@
+// Address → (file, file offset) for the processes being recorded, from /proc/PID/maps.
+// Snapshots are taken while processes run (at library loads, on first sight, on a miss) so
+// that the record file can name frames after the processes are gone. Thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "discover/proc.h"
+
+namespace gpuscope::symbolize {
+
+struct ModuleAddress {
+  std::string path;       // as the process sees it
+  std::string open_path;  // through the process's root (/proc/PID/root/...), or `path` once it is gone
+  uint64_t file_offset = 0;
+};
+
+class ProcessMaps {
+ public:
+  // Reads the maps now; false if the process is gone.
+  bool refresh(pid_t pid);
+  // Resolves addr; on a miss, refreshes once (a library may have been loaded since).
+  std::optional<ModuleAddress> resolve(pid_t pid, uint64_t addr);
+  void forget(pid_t pid);
+
+ private:
+  std::optional<ModuleAddress> lookup(pid_t pid, uint64_t addr) const;
+  mutable std::mutex mu_;
+  std::unordered_map<pid_t, std::vector<discover::Mapping>> maps_;
+  std::unordered_map<pid_t, uint64_t> last_refresh_ns_;
+};
+
+}  // namespace gpuscope::symbolize

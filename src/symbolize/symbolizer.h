@@ -1,0 +1,41 @@
+// Names frames stored as (file, build id, file offset) when a report is made, keeping a
+// bounded cache of indexed files.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "symbolize/elf_file.h"
+
+namespace gpuscope::symbolize {
+
+struct Frame {
+  std::string module;
+  uint64_t file_offset = 0;
+  std::string function;      // demangled; "" when unknown
+  std::string raw_function;  // as the symbol table has it
+  uint64_t offset_in_function = 0;
+};
+
+class Symbolizer {
+ public:
+  explicit Symbolizer(size_t max_open_files = 64) : max_files_(max_open_files) {}
+  // Never throws: a missing or changed file (build id differs) gives an empty function.
+  Frame resolve(const std::string& path, const std::string& expected_build_id, uint64_t file_offset);
+
+ private:
+  struct Entry {
+    std::unique_ptr<ElfFile> elf;  // null: could not be opened
+    std::list<std::string>::iterator lru;
+  };
+  const ElfFile* file(const std::string& path, const std::string& expected_build_id);
+
+  size_t max_files_;
+  std::unordered_map<std::string, Entry> files_;
+  std::list<std::string> lru_;  // most recent first
+};
+
+}  // namespace gpuscope::symbolize

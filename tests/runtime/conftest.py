@@ -1,0 +1,60 @@
+"""Runtime tests: the real gpuscope, as root, tracing real CUDA programs built against the real libcudart."""
+import os
+import pathlib
+import sqlite3
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BUILD = pathlib.Path(os.environ.get("GPUSCOPE_BUILD", ROOT / "build"))
+GPUSCOPE = BUILD / "gpuscope"
+TARGETS = BUILD / "targets"
+CUDART = pathlib.Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "lib64" / "libcudart.so.13"
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.geteuid() != 0:
+        skip = pytest.mark.skip(reason="runtime tests load BPF programs: run them as root")
+        for item in items:
+            item.add_marker(skip)
+
+
+class Record:
+    """A finished recording, read back with Python's own sqlite3 (not gpuscope's reader)."""
+
+    def __init__(self, path, proc):
+        self.path = path
+        self.returncode = proc.returncode
+        self.stderr = proc.stderr
+        self.stdout = proc.stdout
+
+    def query(self, sql, *args):
+        with sqlite3.connect(self.path) as db:
+            return db.execute(sql, args).fetchall()
+
+    def scalar(self, sql, *args):
+        rows = self.query(sql, *args)
+        return rows[0][0] if rows else None
+
+    def count(self, func, extra=""):
+        return self.scalar(
+            "SELECT count(*) FROM calls c JOIN functions f ON f.id = c.func WHERE f.name = ? " + extra, func)
+
+
+@pytest.fixture
+def record(tmp_path):
+    def run(*args, timeout=120, **kw):
+        out = tmp_path / "run.gpuscope"
+        proc = subprocess.run([str(GPUSCOPE), "record", "-o", str(out), *map(str, args)],
+                              capture_output=True, text=True, timeout=timeout, **kw)
+        return Record(out, proc)
+    return run
+
+
+@pytest.fixture
+def gpuscope():
+    def run(*args, timeout=60, **kw):
+        return subprocess.run([str(GPUSCOPE), *map(str, args)], capture_output=True, text=True,
+                              timeout=timeout, **kw)
+    return run

@@ -1,0 +1,87 @@
+"""Bad input gets one clear line and a non-zero exit."""
+import os
+import shutil
+import subprocess
+
+from conftest import GPUSCOPE, TARGETS
+
+
+def single_error_line(proc):
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode != 0
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("gpuscope: error: ")
+    return lines[0]
+
+
+def test_dead_pid(gpuscope):
+    p = subprocess.Popen(["true"])
+    p.wait()
+    line = single_error_line(gpuscope("record", "-o", "/tmp/x.gpuscope", "--pid", p.pid))
+    assert f"no process with PID {p.pid}" in line
+
+
+def test_not_root(tmp_path):
+    if shutil.which("setpriv") is None:
+        return
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+                           str(GPUSCOPE), "record", "-o", str(tmp_path / "x"), "--", "true"],
+                          capture_output=True, text=True)
+    assert "root" in single_error_line(proc)
+
+
+def test_unwritable_output(gpuscope):
+    line = single_error_line(gpuscope("record", "-o", "/nonexistent-dir/run.gpuscope", "--", "true"))
+    assert "cannot write the record file" in line
+
+
+def test_command_not_found(gpuscope, tmp_path):
+    line = single_error_line(gpuscope("record", "-o", tmp_path / "x", "--", "/no/such/program"))
+    assert "cannot run" in line
+
+
+def test_no_mode(gpuscope):
+    assert "exactly one of" in single_error_line(gpuscope("record"))
+
+
+def test_target_never_loads_cuda(gpuscope, tmp_path):
+    proc = gpuscope("record", "-o", tmp_path / "x", "--", "sh", "-c", "exit 7")
+    assert proc.returncode == 7
+    assert "no CUDA library was loaded" in proc.stderr
+
+
+def test_pid_without_cuda_waits_for_duration(gpuscope, tmp_path):
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        proc = gpuscope("record", "-o", tmp_path / "x", "--pid", sleeper.pid, "--duration", 1)
+        assert proc.returncode == 0, proc.stderr
+        assert "no CUDA library loaded yet" in proc.stderr
+    finally:
+        sleeper.kill()
+
+
+def test_report_missing_file(gpuscope):
+    assert "does not exist" in single_error_line(gpuscope("report", "/tmp/definitely-missing.gpuscope"))
+
+
+def test_report_not_a_record(gpuscope, tmp_path):
+    f = tmp_path / "text.gpuscope"
+    f.write_text("hello\n" * 1000)
+    assert "not a readable gpuscope record" in single_error_line(gpuscope("report", f))
+
+
+def test_report_truncated_record(record, gpuscope, tmp_path):
+    rec = record("--", TARGETS / "cuda_ops", "--iterations", 20)
+    data = rec.path.read_bytes()
+    cut = tmp_path / "cut.gpuscope"
+    cut.write_bytes(data[: len(data) // 2])
+    line = single_error_line(gpuscope("report", cut))
+    assert "truncated" in line
+
+
+def test_report_newer_version(record, gpuscope, tmp_path):
+    import sqlite3
+    rec = record("--", TARGETS / "cuda_ops")
+    with sqlite3.connect(rec.path) as db:
+        db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    assert "upgrade gpuscope" in single_error_line(gpuscope("report", rec.path))

@@ -1,0 +1,179 @@
+"""What `gpuscope record` captures from real processes."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import CUDART, GPUSCOPE, TARGETS, Record
+
+MiB = 1 << 20
+VECADD = "vecAdd(float const*, float const*, float*, int)"
+SCALE = "void scale<float>(float*, float, int)"
+
+
+def kernel_launches(rec):
+    """Launches per demangled kernel name, each launch counted once."""
+    return dict(rec.query(
+        "SELECT k.demangled, count(*) FROM calls c JOIN kernels k ON k.id = c.kernel_id "
+        "WHERE c.parent_id IS NULL GROUP BY k.demangled"))
+
+
+def test_command_records_exact_calls_and_passes_exit_code(record):
+    rec = record("--", TARGETS / "cuda_ops", "--iterations", 2)
+    assert rec.returncode == 3, rec.stderr  # the command's own exit code
+    assert rec.scalar("SELECT value FROM meta WHERE key='complete'") == "1"
+
+    assert sorted(r[0] for r in rec.query(
+        "SELECT bytes FROM calls c JOIN functions f ON f.id=c.func WHERE f.name='cudaMalloc'")) == [MiB, 2 * MiB, 4 * MiB]
+    # cudaMallocHost is an inline wrapper in the header: libcudart sees cudaHostAlloc.
+    assert rec.query("SELECT bytes FROM calls c JOIN functions f ON f.id=c.func WHERE f.name='cudaHostAlloc'") == [(8 * MiB,)]
+    assert rec.count("cudaMemcpy") == 8
+    assert rec.count("cudaMemcpyAsync") == 2
+    assert rec.count("cudaMemset") == 2
+    assert rec.count("cudaStreamSynchronize") == 2
+    assert rec.count("cudaDeviceSynchronize") == 1
+    assert rec.count("cudaFree") == 2
+    assert rec.count("cudaFreeHost") == 1
+
+    copies = dict(((d, b), n) for d, b, n in rec.query(
+        "SELECT dir, bytes, count(*) FROM calls c JOIN functions f ON f.id=c.func "
+        "WHERE f.kind='memcpy' GROUP BY dir, bytes"))
+    assert copies == {("HtoD", MiB): 4, ("DtoH", 2 * MiB): 2, ("DtoH", 3 * MiB): 2, ("DtoD", 4 * MiB): 2}
+    # No driver here: the allocations failed, so no host memory is known to be pinned.
+    assert {r[0] for r in rec.query("SELECT DISTINCT host_mem FROM calls WHERE dir IN ('HtoD','DtoH')")} == {"pageable"}
+
+    assert kernel_launches(rec) == {VECADD: 2, SCALE: 2}
+    shapes = set(rec.query(
+        "SELECT k.demangled, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem "
+        "FROM calls c JOIN kernels k ON k.id = c.kernel_id"))
+    assert shapes == {(VECADD, 4, 2, 1, 128, 1, 1, 0), (SCALE, 8, 1, 1, 64, 2, 1, 256)}
+
+    # Every call failed for lack of a driver, with its real return code.
+    codes = {r[0] for r in rec.query("SELECT DISTINCT ret FROM calls WHERE ret IS NOT NULL")}
+    assert codes and 0 not in codes
+    # Durations are real: every call with a return has one.
+    assert rec.scalar("SELECT count(*) FROM calls WHERE ret IS NOT NULL AND duration_ns IS NULL") == 0
+    # Each call has a user stack, deduplicated.
+    assert rec.scalar("SELECT count(*) FROM calls WHERE stack_id IS NULL AND func != 60") == 0
+    assert rec.scalar("SELECT count(*) FROM stacks") < rec.scalar("SELECT count(*) FROM calls")
+    assert rec.scalar("SELECT sum(count) FROM lost") == 0
+
+
+def test_report_names_kernels_call_sites_and_leaks(record, gpuscope):
+    rec = record("--", TARGETS / "cuda_ops", "--iterations", 2)
+    text = gpuscope("report", rec.path)
+    assert text.returncode == 0, text.stderr
+    assert VECADD in text.stdout
+    doc = json.loads(gpuscope("report", "--json", rec.path).stdout)
+    kernels = {k["name"]: k for k in doc["kernels"]}
+    assert kernels[VECADD]["launches"] == 2
+    assert any("launch_kernels" in site["site"] for site in kernels[VECADD]["call_sites"])
+    assert doc["lost"]["total"] == 0
+
+
+def test_late_dlopen_first_call_is_recorded(record):
+    """Python loads libcudart through ctypes long after start; its very first call is recorded."""
+    rec = record("--", "/usr/bin/python3", TARGETS.parent.parent / "tests/targets/late_dlopen.py", CUDART)
+    assert rec.returncode == 0, rec.stderr
+    assert rec.query("SELECT bytes FROM calls c JOIN functions f ON f.id=c.func WHERE f.name='cudaMalloc'") == [(12345,)]
+    assert rec.count("cudaFree") == 1
+
+
+def test_static_cudart(record):
+    rec = record("--", TARGETS / "cuda_ops_static")
+    assert rec.returncode == 3, rec.stderr
+    assert kernel_launches(rec) == {VECADD: 1, SCALE: 1}
+    assert rec.count("cudaMalloc") == 3
+    assert "static CUDA runtime" in rec.scalar("SELECT path FROM libraries")
+
+
+def test_threads_launching_at_once(record):
+    rec = record("--", TARGETS / "cuda_ops", "--threads", 4, "--iterations", 50)
+    assert rec.returncode == 3, rec.stderr
+    assert kernel_launches(rec) == {VECADD: 200, SCALE: 200}
+    assert rec.scalar("SELECT count(DISTINCT tid) FROM calls") == 4
+    assert rec.scalar("SELECT sum(count) FROM lost") == 0
+
+
+def test_pid_attach_to_running_process(record, tmp_path):
+    go = tmp_path / "go"
+    target = subprocess.Popen([TARGETS / "cuda_ops", "--wait-file", go, "--iterations", 3])
+    try:
+        time.sleep(0.5)  # libcudart is loaded and mapped by now
+        out = tmp_path / "pid.gpuscope"
+        rec_proc = subprocess.Popen([GPUSCOPE, "record", "-o", out, "--pid", str(target.pid)],
+                                    stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 30
+        line = ""
+        while "recording" not in line and time.time() < deadline:
+            line = rec_proc.stderr.readline()
+        go.touch()
+        target.wait(timeout=30)
+        _, err = rec_proc.communicate(timeout=30)
+        assert rec_proc.returncode == 0, err
+        rec = Record(out, rec_proc)
+        assert kernel_launches(rec) == {VECADD: 3, SCALE: 3}
+        assert rec.count("cudaMalloc") == 3
+        # Attached late: host memory not seen allocated is unknown, not assumed pageable.
+        assert {r[0] for r in rec.query("SELECT DISTINCT host_mem FROM calls WHERE dir='HtoD'")} == {"unknown"}
+        assert rec.scalar("SELECT exit_code FROM processes WHERE pid=?", target.pid) == 3
+    finally:
+        target.kill()
+
+
+def test_all_mode_picks_up_processes_started_later(record, tmp_path):
+    out = tmp_path / "all.gpuscope"
+    rec_proc = subprocess.Popen([GPUSCOPE, "record", "-o", out, "--all", "--duration", "4"],
+                                stderr=subprocess.PIPE, text=True)
+    line = ""
+    while "recording" not in line:
+        line = rec_proc.stderr.readline()
+        assert line, "gpuscope ended early"
+    target = subprocess.run([TARGETS / "cuda_ops", "--iterations", 2])
+    _, err = rec_proc.communicate(timeout=30)
+    assert rec_proc.returncode == 0, err
+    rec = Record(out, rec_proc)
+    launches = dict(rec.query(
+        "SELECT k.demangled, count(*) FROM calls c JOIN kernels k ON k.id=c.kernel_id "
+        "JOIN processes p ON p.pid=c.pid WHERE p.comm='cuda_ops' AND c.parent_id IS NULL GROUP BY 1"))
+    assert launches == {VECADD: 2, SCALE: 2}
+    assert target.returncode == 3
+
+
+def test_target_exiting_mid_record_leaves_complete_file(record, tmp_path):
+    target = subprocess.Popen([TARGETS / "cuda_ops", "--sleep-ms", 700, "--iterations", 1])
+    rec = record("--pid", target.pid, "--duration", 30)
+    assert rec.returncode == 0, rec.stderr
+    assert "exited" in rec.stderr
+    assert rec.scalar("SELECT value FROM meta WHERE key='complete'") == "1"
+    assert rec.count("cudaMalloc") == 3
+
+
+def test_sigterm_is_forwarded_and_file_stays_readable(tmp_path, gpuscope):
+    out = tmp_path / "term.gpuscope"
+    proc = subprocess.Popen([GPUSCOPE, "record", "-o", out, "--", TARGETS / "cuda_ops",
+                             "--iterations", 1, "--sleep-ms", 20000], stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, err  # the command died of the forwarded signal
+    assert gpuscope("report", out).returncode == 0
+
+
+def test_killed_recorder_keeps_what_it_committed(tmp_path, gpuscope):
+    out = tmp_path / "killed.gpuscope"
+    proc = subprocess.Popen([GPUSCOPE, "record", "-o", out, "--", TARGETS / "cuda_ops",
+                             "--iterations", 200000], stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    proc.kill()
+    proc.wait()
+    subprocess.run(["pkill", "-f", "cuda_ops --iterations 200000"])
+    rep = gpuscope("report", "--json", out)
+    assert rep.returncode == 0, rep.stderr
+    doc = json.loads(rep.stdout)
+    assert doc["summary"]["complete"] is False
+    assert sum(k["launches"] for k in doc["kernels"]) > 0

@@ -1,0 +1,228 @@
+// Decoding raw call records and the tracker's cross-call state.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+
+#include "decode/decoder.h"
+#include "decode/tracker.h"
+
+using namespace gpuscope;
+using namespace gpuscope::decode;
+
+namespace {
+
+gs_call_record raw(std::string_view symbol, std::initializer_list<uint64_t> args, uint64_t ts = 1000,
+                   uint64_t dur = 10, int64_t ret = 0, uint32_t tid = 7) {
+  gs_call_record r{};
+  const FunctionSpec* f = function_by_symbol(symbol);
+  EXPECT_NE(f, nullptr) << symbol;
+  r.kind = GS_REC_CALL;
+  r.func = f->id;
+  r.flags = f->has_return ? GS_CALL_HAS_RETURN : 0;
+  r.ts_ns = ts;
+  r.duration_ns = f->has_return ? dur : 0;
+  r.pid = 42;
+  r.tid = tid;
+  r.ret = ret;
+  size_t i = 0;
+  for (uint64_t a : args) r.args[i++] = a;
+  std::strcpy(r.comm, "test");
+  return r;
+}
+
+CallEvent decoded(const gs_call_record& r) {
+  CallEvent e;
+  EXPECT_TRUE(decode_call(r, e));
+  return e;
+}
+
+uint64_t pack(uint32_t lo, uint32_t hi) { return uint64_t(hi) << 32 | lo; }
+
+}  // namespace
+
+TEST(Decode, RuntimeLaunchUnpacksDim3RegistersAndStackArguments) {
+  // cudaLaunchKernel(func, dim3 grid, dim3 block, args, shmem, stream): dim3 travels in two registers.
+  auto r = raw("cudaLaunchKernel", {0x401000, pack(4, 2), 1, pack(128, 1), 1, 0x7ff0, 256, 0xabc});
+  auto e = decoded(r);
+  EXPECT_EQ(e.kernel_handle, 0x401000u);
+  EXPECT_EQ(e.grid[0], 4u);
+  EXPECT_EQ(e.grid[1], 2u);
+  EXPECT_EQ(e.grid[2], 1u);
+  EXPECT_EQ(e.block[0], 128u);
+  EXPECT_EQ(e.block[1], 1u);
+  EXPECT_EQ(e.shared_mem, 256u);
+  EXPECT_EQ(e.stream, 0xabcu);
+  EXPECT_FALSE(e.has_return);
+}
+
+TEST(Decode, DriverLaunchReadsNinthArgumentFromStack) {
+  auto e = decoded(raw("cuLaunchKernel", {0xf00, 10, 20, 30, 64, 2, 1, 512, 0x5}));
+  EXPECT_EQ(e.kernel_handle, 0xf00u);
+  EXPECT_EQ(e.grid[2], 30u);
+  EXPECT_EQ(e.block[2], 1u);
+  EXPECT_EQ(e.shared_mem, 512u);
+  EXPECT_EQ(e.stream, 0x5u);
+}
+
+TEST(Decode, LaunchExReadsConfigStruct) {
+  auto r = raw("cudaLaunchKernelExC", {0x1000, 0x401000, 0});
+  uint32_t dims[6] = {3, 2, 1, 32, 4, 1};
+  std::memcpy(r.deref, dims, sizeof(dims));
+  uint64_t smem = 1024, stream = 0x77;
+  std::memcpy(r.deref + 24, &smem, 8);
+  std::memcpy(r.deref + 32, &stream, 8);
+  r.flags |= GS_CALL_DEREF_OK;
+  auto e = decoded(r);
+  EXPECT_EQ(e.kernel_handle, 0x401000u);
+  EXPECT_EQ(e.grid[0], 3u);
+  EXPECT_EQ(e.block[1], 4u);
+  EXPECT_EQ(e.shared_mem, 1024u);
+  EXPECT_EQ(e.stream, 0x77u);
+}
+
+TEST(Decode, MallocTakesPointerFromOutArgumentOnlyOnSuccess) {
+  auto r = raw("cudaMalloc", {0x7ffd000, 1 << 20});
+  r.out_value = 0x7f0000000000;
+  r.flags |= GS_CALL_OUT_OK;
+  EXPECT_EQ(decoded(r).ptr, 0x7f0000000000u);
+  EXPECT_EQ(decoded(r).bytes, 1u << 20);
+  r.ret = 2;  // cudaErrorMemoryAllocation: whatever *devPtr holds is not an allocation
+  EXPECT_EQ(decoded(r).ptr, 0u);
+}
+
+TEST(Decode, ReturnCodeIsThe32BitErrorEvenWithGarbageAbove) {
+  auto e = decoded(raw("cudaFree", {0x1}, 0, 5, int64_t(0xdead000000000023)));
+  EXPECT_EQ(e.ret, 35);
+}
+
+TEST(Decode, Memcpy2DDriverDescriptor) {
+  auto r = raw("cuMemcpy2D_v2", {0x1000});
+  uint32_t host = 1, device = 2;
+  uint64_t src_host = 0x5000, dst_dev = 0x7000, width = 100, height = 3;
+  std::memcpy(r.deref + 16, &host, 4);
+  std::memcpy(r.deref + 24, &src_host, 8);
+  std::memcpy(r.deref + 72, &device, 4);
+  std::memcpy(r.deref + 88, &dst_dev, 8);
+  std::memcpy(r.deref + 112, &width, 8);
+  std::memcpy(r.deref + 120, &height, 8);
+  r.flags |= GS_CALL_DEREF_OK;
+  auto e = decoded(r);
+  EXPECT_EQ(e.dir, CopyDir::HostToDevice);
+  EXPECT_EQ(e.src, 0x5000u);
+  EXPECT_EQ(e.ptr, 0x7000u);
+  EXPECT_EQ(e.bytes, 300u);
+}
+
+TEST(Decode, UnknownFunctionIsRejected) {
+  gs_call_record r{};
+  r.func = 0xffff;
+  CallEvent e;
+  EXPECT_FALSE(decode_call(r, e));
+}
+
+TEST(Functions, CookiesCarryDerefSpecs) {
+  const auto* lookup = function_by_symbol("cuModuleGetFunction");
+  const uint64_t c = probe_cookie(*lookup);
+  EXPECT_EQ(GS_COOKIE_FUNC(c), lookup->id);
+  EXPECT_EQ(GS_COOKIE_ENTRY_ARG(c), 3u);  // the name, third argument
+  EXPECT_EQ(GS_COOKIE_ENTRY_STR(c), 1u);
+  EXPECT_EQ(GS_COOKIE_RET_ARG(c), 1u);    // the CUfunction out-pointer
+  const auto* launch = function_by_symbol("cudaLaunchKernel");
+  EXPECT_EQ(probe_cookie(*launch), launch->id);
+  std::set<uint16_t> ids;
+  for (const auto& f : all_functions()) EXPECT_TRUE(ids.insert(f.id).second) << f.symbol;
+}
+
+class TrackerTest : public ::testing::Test {
+ protected:
+  std::vector<CallEvent> out;
+  std::function<void(CallEvent&)> emit = [this](CallEvent& e) { out.push_back(e); };
+
+  CallEvent alloc(std::string_view fn, uint64_t ptr, uint64_t size, uint64_t ts) {
+    auto r = raw(fn, {0, size}, ts);
+    r.out_value = ptr;
+    r.flags |= GS_CALL_OUT_OK;
+    return decoded(r);
+  }
+};
+
+TEST_F(TrackerTest, ResolvesCopyDefaultAndPinnedHostMemory) {
+  Tracker t(true);
+  t.process(alloc("cudaMalloc", 0x700000000000, 1 << 20, 1), emit);
+  t.process(alloc("cudaMallocHost", 0x500000, 4096, 2), emit);
+  t.process(decoded(raw("cudaMemcpy", {0x700000000100, 0x500010, 64, 4}, 3)), emit);   // default: pinned -> device
+  t.process(decoded(raw("cudaMemcpy", {0x900000, 0x700000000000, 64, 4}, 4)), emit);   // default: device -> pageable
+  t.process(decoded(raw("cudaMemcpy", {0x500000, 0x500100, 64, 4}, 5)), emit);         // host -> host
+  ASSERT_EQ(out.size(), 5u);
+  EXPECT_EQ(out[2].dir, CopyDir::HostToDevice);
+  EXPECT_EQ(out[2].host_mem, HostMem::Pinned);
+  EXPECT_EQ(out[3].dir, CopyDir::DeviceToHost);
+  EXPECT_EQ(out[3].host_mem, HostMem::Pageable);
+  EXPECT_EQ(out[4].dir, CopyDir::HostToHost);
+}
+
+TEST_F(TrackerTest, FreedMemoryIsNoLongerPinnedAndLateAttachIsUnknown) {
+  Tracker t(false);
+  t.process(alloc("cudaHostAlloc", 0x500000, 4096, 1), emit);
+  t.process(decoded(raw("cudaFreeHost", {0x500000}, 2)), emit);
+  t.process(decoded(raw("cudaMemcpy", {0x700000000000, 0x500000, 64, 1}, 3)), emit);
+  EXPECT_EQ(out.back().host_mem, HostMem::Unknown);
+}
+
+TEST_F(TrackerTest, HostRegisterMakesMemoryPinned) {
+  Tracker t(true);
+  t.process(decoded(raw("cudaHostRegister", {0x800000, 1 << 20, 0}, 1)), emit);
+  t.process(decoded(raw("cudaMemcpyAsync", {0x700000000000, 0x800000 + 4096, 64, 1, 0}, 2)), emit);
+  EXPECT_EQ(out.back().host_mem, HostMem::Pinned);
+}
+
+TEST_F(TrackerTest, DriverLaunchNestsUnderRuntimeLaunchAndInheritsItsName) {
+  Tracker t(true);
+  auto reg = raw("__cudaRegisterFunction", {0, 0x401000, 0, 0}, 1);
+  std::strcpy(reinterpret_cast<char*>(reg.deref), "_Z6kernelv");
+  reg.flags |= GS_CALL_DEREF_OK;
+  t.process(decoded(reg), emit);
+  t.process(decoded(raw("cudaLaunchKernel", {0x401000, pack(1, 1), 1, pack(1, 1), 1, 0, 0, 0}, 10)), emit);
+  t.process(decoded(raw("cuLaunchKernel", {0xf00, 1, 1, 1, 1, 1, 1, 0, 0}, 11)), emit);
+  // A later driver launch with no runtime launch around it stands alone.
+  t.process(decoded(raw("cuLaunchKernel", {0xf00, 1, 1, 1, 1, 1, 1, 0, 0}, 20)), emit);
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_EQ(t.kernel_name(out[1]), "_Z6kernelv");
+  EXPECT_EQ(out[2].parent_id, out[1].call_id);
+  EXPECT_EQ(out[3].parent_id, 0);
+  EXPECT_EQ(t.kernel_name(out[3]), "_Z6kernelv");
+}
+
+TEST_F(TrackerTest, DriverCallsInsideARuntimeCallAreItsChildren) {
+  Tracker t(true);
+  // cudaMalloc [100, 200] calls cuMemAlloc_v2 [120, 150]; the return of the inner call comes first.
+  t.process(alloc("cuMemAlloc_v2", 0x700000000000, 64, 120), emit);
+  EXPECT_TRUE(out.empty());  // held until the enclosing call is known
+  auto outer = raw("cudaMalloc", {0, 64}, 100, 100);
+  t.process(decoded(outer), emit);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].func, function_by_symbol("cuMemAlloc_v2")->id);
+  EXPECT_EQ(out[0].parent_id, out[1].call_id);
+  // A driver call that no runtime call encloses is handed on by flush, top-level.
+  t.process(alloc("cuMemAlloc_v2", 0x700000100000, 64, 500), emit);
+  t.flush(emit);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[2].parent_id, 0);
+}
+
+TEST_F(TrackerTest, DriverLookupsNameCuFunctions) {
+  Tracker t(true);
+  auto lib = raw("cuLibraryGetKernel", {0x100, 0x200, 0x300}, 1);
+  std::strcpy(reinterpret_cast<char*>(lib.deref), "triton_kernel");
+  lib.flags |= GS_CALL_DEREF_OK | GS_CALL_OUT_OK;
+  lib.out_value = 0xcafe;  // CUkernel
+  t.process(decoded(lib), emit);
+  auto get = raw("cuKernelGetFunction", {0x100, 0xcafe}, 2);
+  get.flags |= GS_CALL_OUT_OK;
+  get.out_value = 0xbeef;  // CUfunction
+  t.process(decoded(get), emit);
+  t.process(decoded(raw("cuLaunchKernel", {0xbeef, 1, 1, 1, 1, 1, 1, 0, 0}, 3)), emit);
+  t.flush(emit);
+  EXPECT_EQ(t.kernel_name(out.back()), "triton_kernel");
+}

@@ -3,9 +3,12 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "common/error.h"
 #include "decode/functions.h"
@@ -32,6 +35,8 @@ void BpfSession::RingDeleter::operator()(ring_buffer* r) const { ring_buffer__fr
 
 namespace {
 
+constexpr uint32_t kAttachUprobeMulti = 48;  // BPF_TRACE_UPROBE_MULTI, newer than libbpf 1.1's headers
+
 // libbpf prints through this; keep warnings, drop its debug chatter.
 int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
   if (level == LIBBPF_DEBUG) return 0;
@@ -46,8 +51,7 @@ uint32_t round_up_pow2(uint32_t v) {
 
 }  // namespace
 
-BpfSession::BpfSession(const SessionConfig& cfg) {
-  libbpf_set_print(libbpf_print);
+void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   skel_.reset(gpuscope_bpf__open());
   if (!skel_) throw Error("cannot open the BPF object: {}", strerror(errno));
 
@@ -57,10 +61,29 @@ BpfSession::BpfSession(const SessionConfig& cfg) {
   skel_->rodata->self_tgid = static_cast<uint32_t>(getpid());
   bpf_map__set_max_entries(skel_->maps.events, round_up_pow2(cfg.ringbuf_bytes));
   bpf_map__set_max_entries(skel_->maps.stacks, cfg.capture_stacks ? cfg.stack_map_entries : 1);
+  if (multi)
+    for (bpf_program* p : {skel_->progs.call_entry_emit, skel_->progs.call_entry, skel_->progs.call_return})
+      bpf_program__set_expected_attach_type(p, static_cast<bpf_attach_type>(kAttachUprobeMulti));
 
-  if (int err = gpuscope_bpf__load(skel_.get()))
+  if (int err = gpuscope_bpf__load(skel_.get())) {
+    skel_.reset();
     throw Error("cannot load the BPF programs ({}); run as root, on a kernel with BTF and uprobes (5.15+)",
                 strerror(-err));
+  }
+  multi_ = multi;
+}
+
+BpfSession::BpfSession(const SessionConfig& cfg) {
+  libbpf_set_print(libbpf_print);
+  // Kernels before 6.6 refuse uprobe-multi programs: fall back to one perf link per probe.
+  libbpf_set_print(nullptr);
+  try {
+    open_and_load(cfg, true);
+  } catch (const Error&) {
+    libbpf_set_print(libbpf_print);
+    open_and_load(cfg, false);
+  }
+  libbpf_set_print(libbpf_print);
 
   for (bpf_program* prog : {skel_->progs.on_fork, skel_->progs.on_exit, skel_->progs.on_exec,
                             skel_->progs.on_openat_enter, skel_->progs.on_openat_exit, skel_->progs.on_close}) {
@@ -75,8 +98,42 @@ BpfSession::BpfSession(const SessionConfig& cfg) {
   if (!ring_) throw Error("cannot set up the ring buffer: {}", strerror(errno));
 }
 
+void BpfSession::attach_multi(bpf_program* prog, const std::string& path, const ProbeSet& set, bool retprobe) {
+  if (set.offsets.empty()) return;
+  // libbpf 1.1 predates uprobe-multi links: build the BPF_LINK_CREATE attribute by hand
+  // (layout of union bpf_attr's link_create.uprobe_multi, include/uapi/linux/bpf.h).
+  struct {
+    uint32_t prog_fd, target_fd, attach_type, flags;
+    uint64_t path, offsets, ref_ctr_offsets, cookies;
+    uint32_t cnt, multi_flags, pid;
+    uint8_t pad[64];
+  } attr{};
+  attr.prog_fd = static_cast<uint32_t>(bpf_program__fd(prog));
+  attr.attach_type = kAttachUprobeMulti;
+  attr.path = reinterpret_cast<uint64_t>(path.c_str());
+  attr.offsets = reinterpret_cast<uint64_t>(set.offsets.data());
+  attr.cookies = reinterpret_cast<uint64_t>(set.cookies.data());
+  attr.cnt = static_cast<uint32_t>(set.offsets.size());
+  attr.multi_flags = retprobe ? 1 /* BPF_F_UPROBE_MULTI_RETURN */ : 0;
+  const int fd = static_cast<int>(syscall(__NR_bpf, BPF_LINK_CREATE, &attr, sizeof(attr)));
+  if (fd < 0) throw Error("uprobe-multi link on {}: {}", path, strerror(errno));
+  multi_links_.push_back(fd);
+}
+
 BpfSession::~BpfSession() {
-  // Probes go before the maps they write to.
+  for (int fd : multi_links_) close(fd);
+  // Probes go before the maps they write to. Each uprobe's removal waits for an RCU grace
+  // period (~100 ms in a VM); removing them from many threads lets those waits overlap, so
+  // detaching a hundred probes takes a fraction of a second, not ten.
+  constexpr size_t kDetachThreads = 32;
+  std::vector<std::thread> pool;
+  const size_t per_thread = (links_.size() + kDetachThreads - 1) / kDetachThreads;
+  for (size_t start = 0; start < links_.size(); start += per_thread) {
+    pool.emplace_back([this, start, end = std::min(links_.size(), start + per_thread)] {
+      for (size_t i = start; i < end; ++i) links_[i].reset();
+    });
+  }
+  for (auto& t : pool) t.join();
   links_.clear();
 }
 
@@ -132,11 +189,23 @@ AttachResult BpfSession::attach_file(const std::string& path) {
     std::vector<std::string> names;
     for (const auto& f : decode::all_functions()) names.emplace_back(f.symbol);
     auto offsets = elf->function_offsets(names);
+    ProbeSet emit, entry;  // entry-only probes, entry probes of calls with a return probe
     for (const auto& f : decode::all_functions()) {
       auto it = offsets.find(std::string(f.symbol));
       if (it == offsets.end()) continue;
-      attach_probe(path, it->second, decode::probe_cookie(f), !f.has_return, f.has_return);
+      if (multi_) {
+        ProbeSet& set = f.has_return ? entry : emit;
+        set.offsets.push_back(it->second);
+        set.cookies.push_back(decode::probe_cookie(f));
+      } else {
+        attach_probe(path, it->second, decode::probe_cookie(f), !f.has_return, f.has_return);
+      }
       (f.api == decode::Api::Runtime ? result.runtime_probes : result.driver_probes)++;
+    }
+    if (multi_) {
+      attach_multi(skel_->progs.call_entry_emit, path, emit, false);
+      attach_multi(skel_->progs.call_entry, path, entry, false);
+      attach_multi(skel_->progs.call_return, path, entry, true);
     }
   } catch (const std::exception& e) {
     result.error = e.what();

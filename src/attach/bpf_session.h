@@ -17,6 +17,7 @@
 struct gpuscope_bpf;
 struct bpf_link;
 struct ring_buffer;
+struct bpf_program;
 
 namespace gpuscope::attach {
 
@@ -52,7 +53,6 @@ class BpfSession {
   // Attaches a uprobe to every probed CUDA function the ELF file at `path` defines. Files are
   // identified by device and inode, so a library reached through several paths is probed once.
   AttachResult attach_file(const std::string& path);
-  size_t probes_attached() const { return links_.size(); }
 
   // Called with each record, on the thread that calls poll(). Returns after `timeout_ms` or
   // once the kernel woke it and everything available was consumed.
@@ -76,10 +76,19 @@ class BpfSession {
   };
   static int on_record(void* ctx, void* data, size_t size);
   void attach_probe(const std::string& path, uint64_t offset, uint64_t cookie, bool entry_only, bool with_return);
+  struct ProbeSet {
+    std::vector<uint64_t> offsets, cookies;
+  };
+  void attach_multi(bpf_program* prog, const std::string& path, const ProbeSet& set, bool retprobe);
+  void open_and_load(const SessionConfig& cfg, bool multi);
 
   std::unique_ptr<gpuscope_bpf, SkelDeleter> skel_;
   std::unique_ptr<ring_buffer, RingDeleter> ring_;
   std::vector<std::unique_ptr<bpf_link, LinkDeleter>> links_;
+  // One uprobe-multi link (kernel 6.6+) per program and file: attaching and detaching a whole
+  // library's probes costs one system call and one RCU grace period, not one per probe.
+  bool multi_ = false;
+  std::vector<int> multi_links_;
   std::set<std::pair<uint64_t, uint64_t>> attached_files_;  // (st_dev, st_ino)
   RecordHandler handler_;
 };

@@ -32,7 +32,13 @@ uint64_t hex(std::string_view s) {
 
 }  // namespace
 
-bool process_exists(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+bool process_exists(pid_t pid) {
+  if (pid <= 0 || (kill(pid, 0) != 0 && errno != EPERM)) return false;
+  // A zombie has exited; only its parent's wait is missing.
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+}
 
 std::string read_comm(pid_t pid) {
   std::string s = read_file("/proc/" + std::to_string(pid) + "/comm");

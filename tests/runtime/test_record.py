@@ -101,7 +101,7 @@ def test_threads_launching_at_once(record):
 
 def test_pid_attach_to_running_process(record, tmp_path):
     go = tmp_path / "go"
-    target = subprocess.Popen([TARGETS / "cuda_ops", "--wait-file", go, "--iterations", 3])
+    target = subprocess.Popen([TARGETS / "cuda_ops", "--wait-file", go, "--iterations", "3"])
     try:
         time.sleep(0.5)  # libcudart is loaded and mapped by now
         out = tmp_path / "pid.gpuscope"
@@ -133,7 +133,7 @@ def test_all_mode_picks_up_processes_started_later(record, tmp_path):
     while "recording" not in line:
         line = rec_proc.stderr.readline()
         assert line, "gpuscope ended early"
-    target = subprocess.run([TARGETS / "cuda_ops", "--iterations", 2])
+    target = subprocess.run([TARGETS / "cuda_ops", "--iterations", "2"])
     _, err = rec_proc.communicate(timeout=30)
     assert rec_proc.returncode == 0, err
     rec = Record(out, rec_proc)
@@ -145,7 +145,7 @@ def test_all_mode_picks_up_processes_started_later(record, tmp_path):
 
 
 def test_target_exiting_mid_record_leaves_complete_file(record, tmp_path):
-    target = subprocess.Popen([TARGETS / "cuda_ops", "--sleep-ms", 700, "--iterations", 1])
+    target = subprocess.Popen([TARGETS / "cuda_ops", "--sleep-ms", "700", "--iterations", "1"])
     rec = record("--pid", target.pid, "--duration", 30)
     assert rec.returncode == 0, rec.stderr
     assert "exited" in rec.stderr
@@ -156,7 +156,7 @@ def test_target_exiting_mid_record_leaves_complete_file(record, tmp_path):
 def test_sigterm_is_forwarded_and_file_stays_readable(tmp_path, gpuscope):
     out = tmp_path / "term.gpuscope"
     proc = subprocess.Popen([GPUSCOPE, "record", "-o", out, "--", TARGETS / "cuda_ops",
-                             "--iterations", 1, "--sleep-ms", 20000], stderr=subprocess.PIPE, text=True)
+                             "--iterations", "1", "--sleep-ms", "20000"], stderr=subprocess.PIPE, text=True)
     time.sleep(1.5)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
@@ -167,7 +167,7 @@ def test_sigterm_is_forwarded_and_file_stays_readable(tmp_path, gpuscope):
 def test_killed_recorder_keeps_what_it_committed(tmp_path, gpuscope):
     out = tmp_path / "killed.gpuscope"
     proc = subprocess.Popen([GPUSCOPE, "record", "-o", out, "--", TARGETS / "cuda_ops",
-                             "--iterations", 200000], stderr=subprocess.PIPE, text=True)
+                             "--iterations", "200000"], stderr=subprocess.PIPE, text=True)
     time.sleep(3)
     proc.kill()
     proc.wait()

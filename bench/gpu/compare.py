@@ -1,0 +1,58 @@
+"""Checks gpuscope's record of train_step.py against torch.profiler's view of the same steps.
+
+    python3 compare.py RECORD.gpuscope TRUTH.json
+Exit 0 when launches per kernel name are equal and device memory in use at exit equals
+torch.cuda.memory_reserved(); prints every difference otherwise."""
+import json
+import sqlite3
+import sys
+
+
+def main():
+    record, truth_path = sys.argv[1], sys.argv[2]
+    truth = json.load(open(truth_path))
+    db = sqlite3.connect(record)
+    ok = True
+
+    rows = db.execute(
+        "SELECT coalesce(k.demangled, '[unnamed ' || printf('%x', c.kernel_handle) || ']'), count(*) "
+        "FROM calls c JOIN functions f ON f.id = c.func LEFT JOIN kernels k ON k.id = c.kernel_id "
+        "WHERE f.kind = 'launch' AND c.parent_id IS NULL AND c.pid = ? AND c.ts_ns BETWEEN ? AND ? "
+        "GROUP BY 1", (truth["pid"], truth["t0"], truth["t1"])).fetchall()
+    ours = dict(rows)
+    theirs = truth["kernels"]
+    names = sorted(set(ours) | set(theirs), key=lambda n: -max(ours.get(n, 0), theirs.get(n, 0)))
+    same = sum(1 for n in names if ours.get(n) == theirs.get(n))
+    print(f"kernels: {len(names)} names, {same} with equal counts; "
+          f"launches gpuscope={sum(ours.values())} torch.profiler={sum(theirs.values())}")
+    for n in names:
+        if ours.get(n) != theirs.get(n):
+            ok = False
+            print(f"  DIFF gpuscope={ours.get(n, 0):5d} profiler={theirs.get(n, 0):5d}  {n[:150]}")
+
+    # Device memory in use at exit: successful top-level device/managed allocations not freed.
+    live = {}
+    for func, ret, ptr, nbytes in db.execute(
+            "SELECT f.name, c.ret, c.ptr, c.bytes FROM calls c JOIN functions f ON f.id = c.func "
+            "WHERE c.pid = ? AND c.parent_id IS NULL AND f.kind IN ('alloc', 'free') ORDER BY c.ts_ns",
+            (truth["pid"],)):
+        if ret != 0 or ptr is None:
+            continue
+        if func in ("cudaMalloc", "cudaMallocAsync", "cudaMallocManaged", "cuMemAlloc_v2", "cuMemAllocAsync",
+                    "cuMemAllocManaged"):
+            live[ptr] = nbytes
+        elif func in ("cudaFree", "cudaFreeAsync", "cuMemFree_v2", "cuMemFreeAsync"):
+            live.pop(ptr, None)
+    in_use = sum(live.values())
+    print(f"device memory in use at exit: gpuscope={in_use} torch.cuda.memory_reserved()={truth['memory_reserved']}")
+    if in_use != truth["memory_reserved"]:
+        ok = False
+        print("  DIFF memory")
+    lost = db.execute("SELECT coalesce(sum(count), 0) FROM lost").fetchone()[0]
+    print(f"lost events: {lost}")
+    print("RESULT:", "PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""A PyTorch training loop whose middle steps are also profiled by torch.profiler: the
+ground truth that gpuscope's record of the same steps is checked against.
+
+    python3 train_step.py OUT.json [--steps 5] [--warmup 3]
+Writes the profiled window (CLOCK_MONOTONIC ns, the clock gpuscope records in), kernel
+launches per name as torch.profiler saw them, and torch.cuda.memory_reserved() at the end."""
+import argparse
+import collections
+import json
+import os
+import tempfile
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args()
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=8, dim_feedforward=1024, batch_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, num_layers=4), torch.nn.Linear(256, 10)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(32, 128, 256, device=dev)
+    y = torch.randint(0, 10, (32,), device=dev)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x).mean(dim=1), y)
+        loss.backward()
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    torch.cuda.synchronize()
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.monotonic_ns()
+        for _ in range(args.steps):
+            step()
+        torch.cuda.synchronize()
+        t1 = time.monotonic_ns()
+
+    trace = os.path.join(tempfile.mkdtemp(), "trace.json")
+    prof.export_chrome_trace(trace)
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    kernels = collections.Counter(e["name"] for e in events if e.get("cat") == "kernel")
+    torch.cuda.synchronize()
+    result = {"pid": os.getpid(), "t0": t0, "t1": t1, "steps": args.steps, "kernels": kernels,
+              "memory_reserved": torch.cuda.memory_reserved(), "torch": torch.__version__}
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"train_step: {sum(kernels.values())} kernel launches in {args.steps} profiled steps, "
+          f"memory_reserved={result['memory_reserved']}")
+
+
+if __name__ == "__main__":
+    main()

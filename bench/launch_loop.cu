@@ -1,0 +1,60 @@
+// The benchmark workload: threads making probed CUDA calls as fast as they can.
+//   launch_loop --calls N [--threads T] [--mode invalid|real|free-null] [--batches B]
+// invalid:   cudaLaunchKernel of a function that is no kernel (fails inside the runtime, no GPU work)
+// real:      cudaLaunchKernel of an empty <<<1,32>>> kernel (needs a GPU)
+// free-null: cudaFree(nullptr), a call with entry and return probes
+// Prints one JSON line: calls, seconds, ns per call (per thread), calls per second (all threads).
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+__global__ void empty_kernel() {}
+
+static void not_a_kernel() {}
+
+int main(int argc, char** argv) {
+  long calls = 100000;
+  int threads = 1;
+  std::string mode = "invalid";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--calls")) calls = atol(argv[i + 1]);
+    else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--mode")) mode = argv[i + 1];
+  }
+  if (mode == "real") {
+    cudaFree(nullptr);
+    empty_kernel<<<1, 32>>>();
+    cudaDeviceSynchronize();
+  }
+  auto body = [&] {
+    if (mode == "real") {
+      cudaStream_t s;
+      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      for (long i = 0; i < calls; ++i) {
+        empty_kernel<<<1, 32, 0, s>>>();
+        if ((i & 1023) == 1023) cudaStreamSynchronize(s);
+      }
+      cudaStreamSynchronize(s);
+    } else if (mode == "free-null") {
+      for (long i = 0; i < calls; ++i) cudaFree(nullptr);
+    } else {
+      for (long i = 0; i < calls; ++i)
+        cudaLaunchKernel(reinterpret_cast<const void*>(&not_a_kernel), dim3(1), dim3(1), nullptr, 0, nullptr);
+    }
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(body);
+  for (auto& t : pool) t.join();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  printf("{\"mode\": \"%s\", \"threads\": %d, \"calls\": %ld, \"seconds\": %.6f, \"ns_per_call\": %.1f, "
+         "\"calls_per_second\": %.0f}\n",
+         mode.c_str(), threads, calls * threads, secs, secs * 1e9 / calls, calls * threads / secs);
+  return 0;
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Everything issue 2 asks of the GPU machine, in one run: the PyTorch validation against
+# torch.profiler, then the overhead and event-rate benchmarks. Writes to ${OUT:-/tmp/gpuscope-out}.
+#   BUILD=build-static bench/gpu/run_on_gpu.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build-static}
+OUT=${OUT:-/tmp/gpuscope-out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+TORCH_LIB=$($PY -c 'import os, nvidia.cu13 as m; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:${TORCH_LIB}"
+
+{
+  echo "== machine"; date -u; uname -r; nvidia-smi -L; git rev-parse HEAD 2>/dev/null || true
+  echo "== validation: PyTorch training loop vs torch.profiler"
+  $BUILD/gpuscope record -o "$OUT/train.gpuscope" -- $PY bench/gpu/train_step.py "$OUT/truth.json" --steps 5
+  echo "gpuscope exit: $?"
+  $PY bench/gpu/compare.py "$OUT/train.gpuscope" "$OUT/truth.json"
+  $BUILD/gpuscope report --top 8 "$OUT/train.gpuscope" > "$OUT/train-report.txt"
+  head -60 "$OUT/train-report.txt"
+} 2>&1 | tee "$OUT/validation.txt"
+
+{
+  echo "== overhead per call: real <<<1,32>>> launches"
+  $PY bench/uprobe_cost.py --build "$BUILD" --mode real --calls 50000 --rounds 5 --rate-threads 1 \
+      --rate-calls 100000 --json "$OUT/cost-real.json"
+  echo "== overhead per call and event rate: launches that fail in the runtime (no GPU work)"
+  $PY bench/uprobe_cost.py --build "$BUILD" --mode invalid --calls 200000 --rounds 5 --rate-threads 1,4,8,16 \
+      --rate-calls 4000000 --json "$OUT/cost-invalid.json"
+} 2>&1 | tee "$OUT/bench.txt"
+rm -f "$OUT"/*.gpuscope

@@ -36,18 +36,37 @@ def lost_and_calls(record_file):
 
 
 class EmptyProbe:
-    """The floor: an empty program on the same function, attached for the duration."""
+    """The floor: an empty program on the same functions gpuscope probes, attached for the
+    duration ({library: [symbols]})."""
 
-    def __init__(self, build, lib, symbols):
-        self.proc = subprocess.Popen([str(build / "bench" / "empty_probe"), lib, *symbols],
-                                     stderr=subprocess.PIPE, text=True)
-        line = self.proc.stderr.readline()
-        if "attached" not in line:
-            raise RuntimeError(f"empty_probe failed: {line}")
+    def __init__(self, build, targets):
+        self.procs = []
+        for lib, symbols in targets.items():
+            proc = subprocess.Popen([str(build / "bench" / "empty_probe"), lib, *symbols],
+                                    stderr=subprocess.PIPE, text=True)
+            line = proc.stderr.readline()
+            self.procs.append(proc)
+            if "attached" not in line:
+                self.close()
+                raise RuntimeError(f"empty_probe failed: {line}")
 
     def close(self):
-        self.proc.terminate()
-        self.proc.wait()
+        for p in self.procs:
+            p.terminate()
+            p.wait()
+
+
+def driver_library():
+    """The path of libcuda.so.1 as the dynamic loader finds it, or None without a driver."""
+    import ctypes
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    for line in open("/proc/self/maps"):
+        if "libcuda.so" in line:
+            return line.split()[-1]
+    return None
 
 
 def cudart_of(binary):
@@ -71,6 +90,10 @@ def main():
     build = pathlib.Path(args.build)
     lib = cudart_of(build / "bench" / "launch_loop")
     symbol = {"invalid": ["cudaLaunchKernel"], "real": ["cudaLaunchKernel"], "free-null": ["cudaFree"]}[args.mode]
+    floor_targets = {lib: symbol}
+    # A real launch also traps in the driver, where gpuscope probes too: the floor has both.
+    if args.mode == "real" and driver_library():
+        floor_targets[driver_library()] = ["cuLaunchKernel", "cuLaunchKernel_ptsz"]
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="gpuscope-bench-"))
 
     configs = ["baseline", "empty BPF program", "gpuscope --no-stacks", "gpuscope (stacks)"]
@@ -80,7 +103,7 @@ def main():
             if c == "baseline":
                 res = run_loop(build, args.calls, 1, args.mode)
             elif c == "empty BPF program":
-                probe = EmptyProbe(build, lib, symbol)
+                probe = EmptyProbe(build, floor_targets)
                 try:
                     res = run_loop(build, args.calls, 1, args.mode)
                 finally:

@@ -30,11 +30,13 @@ enum gs_record_kind {
  *   bits 16..19  argument index + 1 to dereference at entry (0: none)
  *   bit  20      that dereference is a NUL-terminated string
  *   bits 24..31  bytes to copy at entry (<= GS_DEREF_LEN)
+ *   bit  21      capture no user stack (registrations and lookups: start-up noise)
  *   bits 32..35  argument index + 1 of an out-pointer read (8 bytes) at return (0: none)
  */
 #define GS_COOKIE_FUNC(c) ((__u32)((c) & 0xffff))
 #define GS_COOKIE_ENTRY_ARG(c) ((__u32)(((c) >> 16) & 0xf))
 #define GS_COOKIE_ENTRY_STR(c) ((__u32)(((c) >> 20) & 0x1))
+#define GS_COOKIE_NO_STACK(c) ((__u32)(((c) >> 21) & 0x1))
 #define GS_COOKIE_ENTRY_LEN(c) ((__u32)(((c) >> 24) & 0xff))
 #define GS_COOKIE_RET_ARG(c) ((__u32)(((c) >> 32) & 0xf))
 

@@ -148,16 +148,18 @@ static __always_inline __u32 read_entry_deref(__u64 cookie, const __u64 *args, _
 	else
 		n = bpf_probe_read_user(dst, len, src) == 0 ? len : -1;
 	if (n < 0) {
-		count_lost(GS_LOST_DEREF);
+		/* A name not paged in is read again by user space; only data is lost. */
+		if (!GS_COOKIE_ENTRY_STR(cookie))
+			count_lost(GS_LOST_DEREF);
 		return 0;
 	}
 	*flags |= GS_CALL_DEREF_OK;
 	return n;
 }
 
-static __always_inline __s32 user_stack_id(struct pt_regs *ctx)
+static __always_inline __s32 user_stack_id(struct pt_regs *ctx, __u64 cookie)
 {
-	if (!capture_stacks)
+	if (!capture_stacks || GS_COOKIE_NO_STACK(cookie))
 		return -1;
 	long id = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
 	if (id < 0)
@@ -190,7 +192,7 @@ int call_entry_emit(struct pt_regs *ctx)
 	r->out_value = 0;
 	read_args(ctx, r->args);
 	r->deref_len = read_entry_deref(cookie, r->args, r->deref, &r->flags);
-	r->ustack_id = user_stack_id(ctx);
+	r->ustack_id = user_stack_id(ctx, cookie);
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
 	bpf_ringbuf_submit(r, submit_flags());
 	return 0;
@@ -213,7 +215,7 @@ int call_entry(struct pt_regs *ctx)
 	p->flags = 0;
 	read_args(ctx, p->args);
 	p->deref_len = read_entry_deref(cookie, p->args, p->deref, &p->flags);
-	p->ustack_id = user_stack_id(ctx);
+	p->ustack_id = user_stack_id(ctx, cookie);
 
 	__u64 key = (id << 16) | GS_COOKIE_FUNC(cookie);
 	if (bpf_map_update_elem(&pending, &key, p, BPF_ANY))

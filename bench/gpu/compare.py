@@ -30,22 +30,44 @@ def main():
             ok = False
             print(f"  DIFF gpuscope={ours.get(n, 0):5d} profiler={theirs.get(n, 0):5d}  {n[:150]}")
 
-    # Device memory in use at exit: successful top-level device/managed allocations not freed.
+    # Device memory in use at exit: successful top-level device/managed allocations not freed,
+    # split by who allocated them (the allocation's stack), since torch.cuda.memory_reserved()
+    # counts only PyTorch's caching allocator (libc10_cuda) and not, e.g., cuBLAS's own workspace.
     live = {}
-    for func, ret, ptr, nbytes in db.execute(
-            "SELECT f.name, c.ret, c.ptr, c.bytes FROM calls c JOIN functions f ON f.id = c.func "
+    for func, ret, ptr, nbytes, stack in db.execute(
+            "SELECT f.name, c.ret, c.ptr, c.bytes, c.stack_id FROM calls c JOIN functions f ON f.id = c.func "
             "WHERE c.pid = ? AND c.parent_id IS NULL AND f.kind IN ('alloc', 'free') ORDER BY c.ts_ns",
             (truth["pid"],)):
         if ret != 0 or ptr is None:
             continue
         if func in ("cudaMalloc", "cudaMallocAsync", "cudaMallocManaged", "cuMemAlloc_v2", "cuMemAllocAsync",
                     "cuMemAllocManaged"):
-            live[ptr] = nbytes
+            live[ptr] = (nbytes, stack)
         elif func in ("cudaFree", "cudaFreeAsync", "cuMemFree_v2", "cuMemFreeAsync"):
             live.pop(ptr, None)
-    in_use = sum(live.values())
-    print(f"device memory in use at exit: gpuscope={in_use} torch.cuda.memory_reserved()={truth['memory_reserved']}")
-    if in_use != truth["memory_reserved"]:
+    owner_of_stack = {}
+    for stack_id, in db.execute("SELECT DISTINCT stack_id FROM calls WHERE stack_id IS NOT NULL AND pid = ?",
+                                (truth["pid"],)):
+        paths = [p for p, in db.execute(
+            "SELECT m.path FROM stack_frames sf JOIN modules m ON m.id = sf.module_id WHERE sf.stack_id = ? "
+            "ORDER BY sf.depth", (stack_id,))]
+        owner = "no stack"
+        for p in paths:
+            base = p.rsplit("/", 1)[-1]
+            if not base.startswith(("libcudart", "libcuda.")):
+                owner = base
+                break
+        owner_of_stack[stack_id] = owner
+    by_owner = {}
+    for nbytes, stack in live.values():
+        owner = owner_of_stack.get(stack, "no stack")
+        by_owner[owner] = by_owner.get(owner, 0) + nbytes
+    in_use = sum(by_owner.values())
+    torch_alloc = by_owner.get("libc10_cuda.so", 0)
+    print(f"device memory in use at exit: {in_use} bytes in all; by allocating library: {by_owner}")
+    print(f"  PyTorch's caching allocator (libc10_cuda.so): gpuscope={torch_alloc} "
+          f"torch.cuda.memory_reserved()={truth['memory_reserved']}")
+    if torch_alloc != truth["memory_reserved"]:
         ok = False
         print("  DIFF memory")
     # Traps per launch: each probed launch is one trap; a runtime launch that reaches the

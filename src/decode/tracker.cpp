@@ -97,6 +97,26 @@ std::string Tracker::kernel_name(const CallEvent& e) const {
   return it == names.end() ? std::string{} : it->second;
 }
 
+void Tracker::settle_runtime_launch(ThreadState& t, CallEvent* driver_launch,
+                                    const std::function<void(CallEvent&)>& emit) {
+  if (!t.held_runtime_launch) return;
+  CallEvent& rt = *t.held_runtime_launch;
+  if (driver_launch) {
+    driver_launch->parent_id = rt.call_id;
+    ProcessState& p = processes_[rt.pid];
+    // The runtime names kernels by host stub (registrations); the driver by handle (lookups).
+    // Whichever side knows the name teaches the other, so every later launch is named at once.
+    auto stub = p.stub_names.find(rt.kernel_handle);
+    auto handle = p.handle_names.find(driver_launch->kernel_handle);
+    if (stub == p.stub_names.end() && handle != p.handle_names.end())
+      p.stub_names.emplace(rt.kernel_handle, handle->second);
+    else if (stub != p.stub_names.end() && handle == p.handle_names.end())
+      p.handle_names.emplace(driver_launch->kernel_handle, stub->second);
+  }
+  emit(rt);
+  t.held_runtime_launch.reset();
+}
+
 void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) {
   const FunctionSpec* f = function_by_id(e.func);
   if (!f) return;
@@ -107,6 +127,9 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
   if (f->kind == CallKind::Memcpy) resolve_copy(p, e);
   update_state(p, e);
 
+  const bool driver_launch = f->api == Api::Driver && f->kind == CallKind::Launch;
+  settle_runtime_launch(t, driver_launch ? &e : nullptr, emit);
+
   if (f->api == Api::Runtime) {
     if (e.has_return) {
       // Driver calls held for this thread either ran inside this call or before it.
@@ -116,27 +139,14 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
         emit(d);
         t.held_driver_calls.pop_front();
       }
-      if (e.ts_ns > 0) t.open_runtime_launch = 0;
     }
-    if (f->kind == CallKind::Launch) {
-      t.open_runtime_launch = e.call_id;
-      t.open_launch_name = kernel_name(e);
-    }
-    emit(e);
+    if (f->kind == CallKind::Launch)
+      t.held_runtime_launch = std::move(e);
+    else
+      emit(e);
     return;
   }
 
-  // Driver API.
-  if (f->kind == CallKind::Launch) {
-    if (t.open_runtime_launch) {
-      e.parent_id = t.open_runtime_launch;
-      // The runtime knows this kernel by its stub; the driver handle gets the same name.
-      if (!t.open_launch_name.empty()) p.handle_names.try_emplace(e.kernel_handle, t.open_launch_name);
-      t.open_runtime_launch = 0;
-    }
-    emit(e);
-    return;
-  }
   if (!e.has_return) {
     emit(e);
     return;
@@ -150,6 +160,7 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
 
 void Tracker::flush(const std::function<void(CallEvent&)>& emit) {
   for (auto& [tid, t] : threads_) {
+    settle_runtime_launch(t, nullptr, emit);
     for (auto& d : t.held_driver_calls) emit(d);
     t.held_driver_calls.clear();
   }
@@ -158,7 +169,8 @@ void Tracker::flush(const std::function<void(CallEvent&)>& emit) {
 void Tracker::forget_process(uint32_t pid) {
   processes_.erase(pid);
   // Threads are keyed by tid; their held calls were flushed by the caller.
-  std::erase_if(threads_, [](const auto& kv) { return kv.second.held_driver_calls.empty(); });
+  std::erase_if(threads_,
+                [](const auto& kv) { return kv.second.held_driver_calls.empty() && !kv.second.held_runtime_launch; });
 }
 
 }  // namespace gpuscope::decode

@@ -6,6 +6,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -45,8 +46,9 @@ class Tracker {
 
  private:
   struct ThreadState {
-    int64_t open_runtime_launch = 0;   // call id of a runtime launch whose driver launch may follow
-    std::string open_launch_name;
+    // A runtime launch is held until the thread's next call: if that is the driver launch
+    // it made, the two are tied (and each can name the other's kernel).
+    std::optional<CallEvent> held_runtime_launch;
     std::deque<CallEvent> held_driver_calls;
   };
   struct ProcessState {
@@ -56,6 +58,7 @@ class Tracker {
   };
 
   void resolve_copy(ProcessState& p, CallEvent& e) const;
+  void settle_runtime_launch(ThreadState& t, CallEvent* driver_launch, const std::function<void(CallEvent&)>& emit);
   void update_state(ProcessState& p, const CallEvent& e);
   HostMem host_kind(const ProcessState& p, uint64_t addr) const;
 

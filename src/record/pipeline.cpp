@@ -140,7 +140,10 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       std::memcpy(&rec, data, sizeof(rec));
       CallEvent e;
       if (!decode::decode_call(rec, e)) return;
-      if (e.name_addr) e.name = read_name(e.pid, e.name_addr);
+      if (e.name_addr) {
+        e.name = read_name(e.pid, e.name_addr);
+        if (e.name.empty()) ++names_unread_;
+      }
       tracker_.process(std::move(e), [this](CallEvent& ev) { emit(ev); });
       break;
     }
@@ -239,11 +242,13 @@ int64_t Pipeline::resolve_stack(const CallEvent& e) {
 int64_t Pipeline::resolve_kernel(const CallEvent& e) {
   const auto* f = decode::function_by_id(e.func);
   const uint64_t key = std::hash<uint64_t>{}(e.kernel_handle) ^ (uint64_t(e.pid) << 1) ^ (uint64_t(f->api) << 63);
+  auto cached = kernel_ids_.find(key);
+  if (cached != kernel_ids_.end() && cached->second) return cached->second;
   std::string name = tracker_.kernel_name(e);
   if (name.empty()) {
-    if (auto it = kernel_ids_.find(key); it != kernel_ids_.end()) return it->second;
-    // No registration seen (attached to a running process): the runtime's host stub is a
-    // function of the program, named like the kernel.
+    if (cached != kernel_ids_.end()) return 0;  // the symbol table was already asked
+    // No registration or lookup seen (attached to a running process): the runtime's host
+    // stub is a function of the program, named like the kernel.
     if (f->api == decode::Api::Runtime) {
       if (auto m = maps_.resolve(e.pid, e.kernel_handle)) {
         auto frame = symbolizer_.resolve(m->open_path, build_id_of(m->open_path), m->file_offset);
@@ -264,6 +269,7 @@ void Pipeline::write_lost() {
   const auto lost = bpf_.lost();
   for (int cause = 0; cause < GS_LOST_NR; ++cause) writer_.set_lost(std::string(attach::lost_cause_name(cause)), lost[cause]);
   writer_.set_lost("queue_full", dropped_.load());
+  writer_.set_lost("name_unreadable", names_unread_);
 }
 
 void Pipeline::maybe_commit(bool force) {

@@ -26,7 +26,7 @@
 namespace gpuscope::record {
 
 struct PipelineConfig {
-  size_t max_queued_bytes = 256u << 20;
+  size_t max_queued_bytes = 64u << 20;
   uint64_t commit_interval_ns = 100'000'000;
   uint64_t commit_every_calls = 50'000;
   bool complete_history = true;  // targets followed from their start (see decode::Tracker)
@@ -100,6 +100,7 @@ class Pipeline {
   std::unordered_map<std::string, std::string> build_ids_;
   std::unordered_map<uint64_t, int64_t> kernel_ids_;   // hash of (pid, api, handle)
   uint64_t calls_since_commit_ = 0;
+  uint64_t names_unread_ = 0;
   uint64_t last_commit_ns_ = 0;
   std::function<void(pid_t)> exec_cb_;
 

@@ -35,6 +35,15 @@ def lost_and_calls(record_file):
     return lost, calls
 
 
+def breakdown(record_file):
+    """Lost events by cause and recorded calls by function, to explain a rate."""
+    with sqlite3.connect(record_file) as db:
+        lost = dict(db.execute("SELECT cause, count FROM lost WHERE count > 0"))
+        funcs = dict(db.execute("SELECT f.name, count(*) FROM calls c JOIN functions f ON f.id = c.func "
+                                "GROUP BY f.name ORDER BY 2 DESC LIMIT 5"))
+    return lost, funcs
+
+
 class EmptyProbe:
     """The floor: an empty program on the same functions gpuscope probes, attached for the
     duration ({library: [symbols]})."""
@@ -115,6 +124,7 @@ def main():
                 lost, calls = lost_and_calls(rec)
                 if lost or calls < args.calls:
                     print(f"warning: {c} round {r}: {lost} lost, {calls} of {args.calls} calls recorded")
+                rec.unlink()
             ns[c].append(res["ns_per_call"])
     base = statistics.median(ns["baseline"])
     floor = statistics.median(ns["empty BPF program"]) - base
@@ -139,6 +149,10 @@ def main():
         result["rate"].append({"threads": t, "calls_per_second": res["calls_per_second"], "recorded": calls,
                                "expected": res["calls"], "lost": lost})
         print(f"{t:8d} {res['calls_per_second']:12.0f} {calls:10d} {lost:6d}")
+        lost_by, funcs = breakdown(rec)
+        if lost_by:
+            print(f"{'':8} lost by cause {lost_by}; calls recorded {funcs}")
+        rec.unlink()
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(result, indent=2))
 

@@ -132,7 +132,9 @@ bool decode_call(const gs_call_record& r, CallEvent& e) {
     case Signature::NamedLookup:
       e.kernel_handle = a[1];
       e.name = deref_string(r);
-      if (e.name.empty()) e.name_addr = a[2];
+      // Not copied, or cut at the copy's size (C++ template kernels run to kilobytes): user
+      // space reads it whole from the process.
+      if (e.name.empty() || e.name.size() >= sizeof(r.deref) - 1) e.name_addr = a[2];
       break;
     case Signature::KernelGetFunction:
       e.kernel_handle = a[1];

@@ -141,7 +141,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       CallEvent e;
       if (!decode::decode_call(rec, e)) return;
       if (e.name_addr) {
-        e.name = read_name(e.pid, e.name_addr);
+        e.name = read_name(e.pid, e.name_addr, e.name);
         if (e.name.empty()) ++names_unread_;
       }
       tracker_.process(std::move(e), [this](CallEvent& ev) { emit(ev); });
@@ -205,19 +205,20 @@ const std::string& Pipeline::build_id_of(const std::string& open_path) {
   return it->second;
 }
 
-std::string Pipeline::read_name(uint32_t pid, uint64_t addr) {
-  char buf[GS_DEREF_LEN * 4] = {};
+std::string Pipeline::read_name(uint32_t pid, uint64_t addr, const std::string& partial) {
+  char buf[4096] = {};
   iovec local{buf, sizeof(buf) - 1}, remote{reinterpret_cast<void*>(addr), sizeof(buf) - 1};
   // Names in read-only data may sit at the end of a mapping; a short read is fine.
   if (process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0) <= 0) {
     // The process is gone: the name is in its file, where the mapping says.
     auto m = maps_.resolve(pid, addr);
-    if (!m) return {};
+    if (!m) return partial;
     std::ifstream in(m->open_path, std::ios::binary);
     in.seekg(static_cast<std::streamoff>(m->file_offset));
     in.read(buf, sizeof(buf) - 1);
   }
-  return std::string(buf, strnlen(buf, sizeof(buf)));
+  std::string name(buf, strnlen(buf, sizeof(buf)));
+  return name.size() >= partial.size() ? name : partial;
 }
 
 int64_t Pipeline::resolve_stack(const CallEvent& e) {

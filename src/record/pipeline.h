@@ -70,7 +70,8 @@ class Pipeline {
   int64_t resolve_stack(const CallEvent& e);
   int64_t resolve_kernel(const CallEvent& e);
   const std::string& build_id_of(const std::string& open_path);
-  std::string read_name(uint32_t pid, uint64_t addr);
+  // A name in the target's memory (or, once it is gone, its file); `partial` if neither reads.
+  std::string read_name(uint32_t pid, uint64_t addr, const std::string& partial);
   void write_lost();
   void maybe_commit(bool force);
 

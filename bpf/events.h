@@ -31,12 +31,16 @@ enum gs_record_kind {
  *   bit  20      that dereference is a NUL-terminated string
  *   bits 24..31  bytes to copy at entry (<= GS_DEREF_LEN)
  *   bit  21      capture no user stack (registrations and lookups: start-up noise)
+ *   bit  22      a runtime launch: the driver launch it makes follows on the same thread
+ *   bit  23      a driver launch: skips its stack when a runtime launch just came first
  *   bits 32..35  argument index + 1 of an out-pointer read (8 bytes) at return (0: none)
  */
 #define GS_COOKIE_FUNC(c) ((__u32)((c) & 0xffff))
 #define GS_COOKIE_ENTRY_ARG(c) ((__u32)(((c) >> 16) & 0xf))
 #define GS_COOKIE_ENTRY_STR(c) ((__u32)(((c) >> 20) & 0x1))
 #define GS_COOKIE_NO_STACK(c) ((__u32)(((c) >> 21) & 0x1))
+#define GS_COOKIE_RT_LAUNCH(c) ((__u32)(((c) >> 22) & 0x1))
+#define GS_COOKIE_DRV_LAUNCH(c) ((__u32)(((c) >> 23) & 0x1))
 #define GS_COOKIE_ENTRY_LEN(c) ((__u32)(((c) >> 24) & 0xff))
 #define GS_COOKIE_RET_ARG(c) ((__u32)(((c) >> 32) & 0xf))
 
@@ -44,6 +48,7 @@ enum gs_call_flags {
 	GS_CALL_HAS_RETURN = 1 << 0,  /* ret and duration are valid */
 	GS_CALL_DEREF_OK = 1 << 1,    /* deref[] holds entry data */
 	GS_CALL_OUT_OK = 1 << 2,      /* out_value holds the out-pointer's value at return */
+	GS_CALL_UNDER_RUNTIME = 1 << 3, /* a driver launch right after a runtime launch on its thread */
 };
 
 struct gs_call_record {

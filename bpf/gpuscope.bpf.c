@@ -54,6 +54,20 @@ struct {
 	__type(value, struct pending_call);
 } scratch SEC(".maps");
 
+/* Threads inside a runtime launch: the driver launch it makes has the same stack plus a
+ * few runtime frames, so it skips the walk (the costliest part of a probe) and user space
+ * gives it its parent's stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);    /* tid */
+	__type(value, __u64);  /* entry time of the runtime launch */
+} in_runtime_launch SEC(".maps");
+
+/* A runtime launch reaches the driver within microseconds; older marks are stale (the
+ * launch failed before reaching it). */
+#define RUNTIME_TO_DRIVER_NS 200000
+
 struct {
 	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
 	__uint(max_entries, 16384);
@@ -192,7 +206,19 @@ int call_entry_emit(struct pt_regs *ctx)
 	r->out_value = 0;
 	read_args(ctx, r->args);
 	r->deref_len = read_entry_deref(cookie, r->args, r->deref, &r->flags);
-	r->ustack_id = user_stack_id(ctx, cookie);
+	__u32 tid = (__u32)id;
+	bool skip_stack = false;
+	if (GS_COOKIE_RT_LAUNCH(cookie)) {
+		bpf_map_update_elem(&in_runtime_launch, &tid, &r->ts_ns, BPF_ANY);
+	} else if (GS_COOKIE_DRV_LAUNCH(cookie)) {
+		__u64 *since = bpf_map_lookup_elem(&in_runtime_launch, &tid);
+		if (since && r->ts_ns - *since < RUNTIME_TO_DRIVER_NS) {
+			skip_stack = true;
+			r->flags |= GS_CALL_UNDER_RUNTIME;
+			bpf_map_delete_elem(&in_runtime_launch, &tid);
+		}
+	}
+	r->ustack_id = skip_stack ? -1 : user_stack_id(ctx, cookie);
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
 	bpf_ringbuf_submit(r, submit_flags());
 	return 0;

@@ -184,6 +184,7 @@ uint64_t probe_cookie(const FunctionSpec& f) {
     c |= uint64_t(f.entry_deref_len) << 24;
   }
   if (f.kind == KernelLookup) c |= uint64_t(1) << 21;
+  if (f.kind == Launch) c |= uint64_t(1) << (f.api == Runtime ? 22 : 23);
   if (f.return_out_arg >= 0) c |= uint64_t(f.return_out_arg + 1) << 32;
   return c;
 }

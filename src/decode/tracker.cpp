@@ -103,6 +103,8 @@ void Tracker::settle_runtime_launch(ThreadState& t, CallEvent* driver_launch,
   CallEvent& rt = *t.held_runtime_launch;
   if (driver_launch) {
     driver_launch->parent_id = rt.call_id;
+    // Its stack was not walked (bpf: in_runtime_launch): it is the runtime launch's.
+    if (driver_launch->bpf_stack_id < 0) driver_launch->bpf_stack_id = rt.bpf_stack_id;
     ProcessState& p = processes_[rt.pid];
     // The runtime names kernels by host stub (registrations); the driver by handle (lookups).
     // Whichever side knows the name teaches the other, so every later launch is named at once.

@@ -129,7 +129,9 @@ TEST(Functions, CookiesCarryDerefSpecs) {
   EXPECT_EQ(GS_COOKIE_ENTRY_STR(c), 1u);
   EXPECT_EQ(GS_COOKIE_RET_ARG(c), 1u);    // the CUfunction out-pointer
   const auto* launch = function_by_symbol("cudaLaunchKernel");
-  EXPECT_EQ(probe_cookie(*launch), launch->id);
+  EXPECT_EQ(GS_COOKIE_FUNC(probe_cookie(*launch)), launch->id);
+  EXPECT_EQ(GS_COOKIE_RT_LAUNCH(probe_cookie(*launch)), 1u);
+  EXPECT_EQ(GS_COOKIE_DRV_LAUNCH(probe_cookie(*function_by_symbol("cuLaunchKernel"))), 1u);
   std::set<uint16_t> ids;
   for (const auto& f : all_functions()) EXPECT_TRUE(ids.insert(f.id).second) << f.symbol;
 }
@@ -183,13 +185,18 @@ TEST_F(TrackerTest, DriverLaunchNestsUnderRuntimeLaunchAndInheritsItsName) {
   std::strcpy(reinterpret_cast<char*>(reg.deref), "_Z6kernelv");
   reg.flags |= GS_CALL_DEREF_OK;
   t.process(decoded(reg), emit);
-  t.process(decoded(raw("cudaLaunchKernel", {0x401000, pack(1, 1), 1, pack(1, 1), 1, 0, 0, 0}, 10)), emit);
-  t.process(decoded(raw("cuLaunchKernel", {0xf00, 1, 1, 1, 1, 1, 1, 0, 0}, 11)), emit);
+  auto rt = raw("cudaLaunchKernel", {0x401000, pack(1, 1), 1, pack(1, 1), 1, 0, 0, 0}, 10);
+  rt.ustack_id = 5;
+  t.process(decoded(rt), emit);
+  auto drv = raw("cuLaunchKernel", {0xf00, 1, 1, 1, 1, 1, 1, 0, 0}, 11);
+  drv.ustack_id = -1;  // the BPF side skipped the walk: it is the runtime launch's stack
+  t.process(decoded(drv), emit);
   // A later driver launch with no runtime launch around it stands alone.
   t.process(decoded(raw("cuLaunchKernel", {0xf00, 1, 1, 1, 1, 1, 1, 0, 0}, 20)), emit);
   ASSERT_EQ(out.size(), 4u);
   EXPECT_EQ(t.kernel_name(out[1]), "_Z6kernelv");
   EXPECT_EQ(out[2].parent_id, out[1].call_id);
+  EXPECT_EQ(out[2].bpf_stack_id, 5);
   EXPECT_EQ(out[3].parent_id, 0);
   EXPECT_EQ(t.kernel_name(out[3]), "_Z6kernelv");
 }

@@ -39,6 +39,11 @@ struct CallEvent {
   uint64_t out_handle = 0;     // handle a lookup returned
   bool out_valid = false;
 
+  // A runtime launch that reached the driver: the driver launch, folded into this one row
+  // (one launch, one row; the driver's own row would only repeat it).
+  uint16_t driver_func = 0;
+  uint64_t driver_handle = 0;  // the CUfunction / CUkernel the driver launched
+
   // Filled by later stages.
   int64_t call_id = 0;      // row id in the record file
   int64_t parent_id = 0;    // enclosing runtime call for a driver call made inside it

@@ -102,9 +102,8 @@ void Tracker::settle_runtime_launch(ThreadState& t, CallEvent* driver_launch,
   if (!t.held_runtime_launch) return;
   CallEvent& rt = *t.held_runtime_launch;
   if (driver_launch) {
-    driver_launch->parent_id = rt.call_id;
-    // Its stack was not walked (bpf: in_runtime_launch): it is the runtime launch's.
-    if (driver_launch->bpf_stack_id < 0) driver_launch->bpf_stack_id = rt.bpf_stack_id;
+    rt.driver_func = driver_launch->func;
+    rt.driver_handle = driver_launch->kernel_handle;
     ProcessState& p = processes_[rt.pid];
     // The runtime names kernels by host stub (registrations); the driver by handle (lookups).
     // Whichever side knows the name teaches the other, so every later launch is named at once.
@@ -130,7 +129,11 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
   update_state(p, e);
 
   const bool driver_launch = f->api == Api::Driver && f->kind == CallKind::Launch;
-  settle_runtime_launch(t, driver_launch ? &e : nullptr, emit);
+  if (driver_launch && t.held_runtime_launch) {
+    settle_runtime_launch(t, &e, emit);
+    return;  // folded into the runtime launch's row
+  }
+  settle_runtime_launch(t, nullptr, emit);
 
   if (f->api == Api::Runtime) {
     if (e.has_return) {

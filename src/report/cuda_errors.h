@@ -1,4 +1,4 @@
-// The name of a CUDA error code, "" when unknown.
+// Names of CUDA return codes, for the report's error table.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 
 namespace gpuscope::report {
 
+// The cudaError_t (runtime) or CUresult (driver) name of a code; "" when unknown.
 std::string_view cuda_error_name(int64_t code, decode::Api api);
 
 }  // namespace gpuscope::report

@@ -3,8 +3,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+#include <limits>
 #include <map>
+#include <optional>
 #include <unordered_map>
+#include <vector>
 
 #include "decode/functions.h"
 #include "report/cuda_errors.h"
@@ -13,115 +20,224 @@ namespace gpuscope::report {
 namespace {
 
 using nlohmann::json;
+using store::Db;
 using store::Stmt;
 
-constexpr size_t kSeriesPoints = 50;
-constexpr size_t kLeakFrames = 8;
+constexpr size_t kShapes = 5;       // grid/block shapes shown per kernel
+constexpr size_t kSites = 3;        // call sites shown per kernel
+constexpr size_t kStackFrames = 8;  // frames shown per leak
+constexpr int64_t kSeriesPoints = 50;
 
-std::string base_name(const std::string& path) {
-  auto slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
+std::optional<int64_t> to_i64(const std::string& s) {
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  return ec == std::errc() && end == s.data() + s.size() ? std::optional(v) : std::nullopt;
 }
 
-// Frames inside CUDA's own libraries say how CUDA works, not who called it.
-bool is_cuda_module(const std::string& path) {
+std::string base_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
+
+// ---------------------------------------------------------------------------------------------
+// What the record holds beside the calls.
+
+struct Function {
+  std::string name;
+  decode::Api api;
+  std::string kind;
+};
+using Functions = std::map<int64_t, Function>;
+
+// Read from the record, not decode::all_functions(): a newer gpuscope may have probed more.
+Functions read_functions(Db& db) {
+  Functions fns;
+  auto q = db.prepare("SELECT id, name, api, kind FROM functions");
+  while (q.step())
+    fns[q.i64(0)] = {q.str(1), q.str(2) == "driver" ? decode::Api::Driver : decode::Api::Runtime, q.str(3)};
+  return fns;
+}
+
+// "1,5,7": the ids of the functions of some kinds, for an IN (...) list.
+std::string ids_of(const Functions& fns, std::initializer_list<std::string_view> kinds) {
+  std::string out;
+  for (const auto& [id, f] : fns)
+    if (std::find(kinds.begin(), kinds.end(), f.kind) != kinds.end())
+      out += (out.empty() ? "" : ",") + std::to_string(id);
+  return out;
+}
+
+struct Process {
+  std::string comm, cmdline;
+  std::optional<int64_t> first_seen_ns, exit_ns, exit_code;
+};
+
+struct Record {
+  Db& db;
+  Functions functions;
+  std::map<int64_t, Process> processes;
+  int64_t origin = 0;  // the recording's start: every instant in the report counts from it
+  int64_t end = 0;     // its end, or for one cut short the end of the last committed call
+
+  const Function* function(int64_t id) const {
+    auto it = functions.find(id);
+    return it == functions.end() ? nullptr : &it->second;
+  }
+};
+
+Record read_record(store::RecordReader& rec) {
+  Record r{rec.db(), read_functions(rec.db()), {}, 0, 0};
+  auto p = r.db.prepare("SELECT pid, comm, cmdline, first_seen_ns, exit_ns, exit_code FROM processes ORDER BY pid");
+  auto opt = [&](int col) { return p.is_null(col) ? std::nullopt : std::optional(p.i64(col)); };
+  while (p.step()) r.processes[p.i64(0)] = {p.str(1), p.str(2), opt(3), opt(4), opt(5)};
+
+  // Calls are numbered in order of arrival: the first and last rows bound the recording.
+  auto first = r.db.prepare("SELECT ts_ns FROM calls ORDER BY id LIMIT 1");
+  auto last = r.db.prepare("SELECT ts_ns + coalesce(duration_ns, 0) FROM calls ORDER BY id DESC LIMIT 1");
+  const int64_t first_call = first.step() ? first.i64(0) : 0;
+  int64_t last_event = last.step() ? last.i64(0) : first_call;
+  for (const auto& [pid, proc] : r.processes) last_event = std::max(last_event, proc.exit_ns.value_or(0));
+  r.origin = to_i64(rec.meta("start_ns")).value_or(first_call);
+  r.end = std::max(to_i64(rec.meta("end_ns")).value_or(last_event), r.origin);
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stacks, symbolised when shown.
+
+bool in_cuda_library(const std::string& path) {
   const std::string b = base_name(path);
   return b.starts_with("libcudart") || b.starts_with("libcuda.") || b.starts_with("libcupti") ||
          b.starts_with("libnccl");
 }
 
-// Symbolises stored stacks on demand, each stack once.
+// The name a demangled declaration declares: "cudaError cudaMalloc<float>(float**, unsigned long)" → cudaMalloc.
+std::string_view declared_name(std::string_view decl) {
+  decl = decl.substr(0, decl.find_first_of("(<"));
+  return decl.substr(decl.rfind(' ') + 1);
+}
+
+struct StackFrame {
+  std::string text;  // "function+0xoff (module)", "module+0xoffset" when unnamed, "0xip" outside any file
+  std::string symbol;
+  // Says how CUDA works, not who called it: a frame in CUDA's libraries, in the runtime linked
+  // statically or its inline C++ wrappers (named like the API), or in nvcc's launch glue.
+  bool cuda = false;
+};
+
 class Stacks {
  public:
-  Stacks(store::Db& db, symbolize::Symbolizer& sym)
+  Stacks(Db& db, symbolize::Symbolizer& sym)
       : sym_(sym),
-        frames_(db.prepare("SELECT sf.module_id, sf.offset, sf.ip, m.path, m.build_id FROM stack_frames sf "
-                           "LEFT JOIN modules m ON m.id = sf.module_id WHERE sf.stack_id = ?1 ORDER BY sf.depth")) {}
+        frames_(db.prepare("SELECT f.module_id, f.offset, f.ip, m.path, m.build_id FROM stack_frames f "
+                           "LEFT JOIN modules m ON m.id = f.module_id WHERE f.stack_id = ?1 ORDER BY f.depth")) {}
 
-  struct Entry {
-    std::vector<std::string> frames;  // innermost first
-    std::vector<std::string> functions;
-    std::vector<bool> in_cuda;
-    // The caller that matters: the first frame outside CUDA's libraries and outside the
-    // launch glue nvcc generates (the kernel's host function and its __device_stub_).
-    std::string site(const std::string& kernel = "") const {
-      for (size_t i = 0; i < frames.size(); ++i) {
-        if (in_cuda[i] || functions[i].starts_with("__device_stub_")) continue;
-        if (!kernel.empty() && !functions[i].empty() && kernel.ends_with(functions[i])) continue;
-        return frames[i];
-      }
-      return frames.empty() ? "[no stack]" : frames.back();
-    }
-  };
-
-  const Entry& get(int64_t stack_id) {
-    if (auto it = cache_.find(stack_id); it != cache_.end()) return it->second;
-    Entry e;
+  // Innermost first; empty for stack id 0 (none captured).
+  const std::vector<StackFrame>& frames(int64_t stack_id) {
+    auto [it, added] = cache_.try_emplace(stack_id);
+    if (!added || stack_id == 0) return it->second;
     frames_.bind(1, stack_id);
     while (frames_.step()) {
-      std::string text, function;
-      bool cuda = false;
+      StackFrame f;
       if (frames_.is_null(0)) {
-        text = fmt::format("{:#x}", uint64_t(frames_.i64(2)));
+        f.text = fmt::format("{:#x}", uint64_t(frames_.i64(2)));
       } else {
         const std::string path = frames_.str(3);
-        cuda = is_cuda_module(path);
-        auto f = sym_.resolve(path, frames_.str(4), uint64_t(frames_.i64(1)));
-        function = f.function;
-        text = f.function.empty() ? fmt::format("{}+{:#x}", base_name(path), f.file_offset)
-                                  : fmt::format("{}+{:#x} ({})", f.function, f.offset_in_function, base_name(path));
+        const auto s = sym_.resolve(path, frames_.str(4), uint64_t(frames_.i64(1)));
+        f.symbol = s.raw_function;
+        f.text = s.function.empty() ? fmt::format("{}+{:#x}", base_name(path), s.file_offset)
+                                    : fmt::format("{}+{:#x} ({})", s.function, s.offset_in_function, base_name(path));
+        f.cuda = in_cuda_library(path) || s.function.starts_with("__device_stub_") ||
+                 decode::function_by_symbol(declared_name(s.function)) != nullptr;
       }
-      e.frames.push_back(std::move(text));
-      e.functions.push_back(std::move(function));
-      e.in_cuda.push_back(cuda);
+      it->second.push_back(std::move(f));
     }
     frames_.reset();
-    return cache_.emplace(stack_id, std::move(e)).first->second;
+    return it->second;
+  }
+
+  // The caller that matters: the first frame outside CUDA. For a launch, also past the kernel's
+  // host stub, which nvcc gives the kernel's own symbol.
+  std::string site(int64_t stack_id, const std::string& kernel_symbol = "") {
+    const auto& fs = frames(stack_id);
+    if (fs.empty()) return "[no stack]";
+    for (const auto& f : fs)
+      if (!f.cuda && (kernel_symbol.empty() || f.symbol != kernel_symbol)) return f.text;
+    return fs.back().text;
   }
 
  private:
   symbolize::Symbolizer& sym_;
   Stmt frames_;
-  std::unordered_map<int64_t, Entry> cache_;
+  std::unordered_map<int64_t, std::vector<StackFrame>> cache_;
 };
 
-// Adds up counts per key and keeps the top entries.
-template <typename Key>
-std::vector<std::pair<Key, int64_t>> top_counts(const std::map<Key, int64_t>& m, size_t n) {
-  std::vector<std::pair<Key, int64_t>> v(m.begin(), m.end());
-  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
-  if (v.size() > n) v.resize(n);
-  return v;
+// ---------------------------------------------------------------------------------------------
+// Sections.
+
+struct FunctionStats {
+  int64_t calls = 0, nested = 0, total_ns = 0, max_ns = 0;
+};
+
+struct ArrayHash {
+  template <size_t N>
+  size_t operator()(const std::array<int64_t, N>& a) const {
+    size_t h = 0;
+    for (int64_t v : a) h = (h ^ std::hash<int64_t>{}(v)) * 0x100000001b3;
+    return h;
+  }
+};
+
+// SQLite groups by sorting every row, seconds for millions of calls: the passes over all calls and
+// over all launches count in hash maps instead.
+
+// Per function: its top-level calls with their durations, and how many more were made inside
+// runtime calls.
+std::map<int64_t, FunctionStats> function_stats(Db& db) {
+  std::unordered_map<int64_t, FunctionStats> stats;
+  auto q = db.prepare("SELECT func, parent_id IS NULL, duration_ns FROM calls");
+  while (q.step()) {
+    auto& s = stats[q.i64(0)];
+    if (q.i64(1)) {
+      ++s.calls;
+      s.total_ns += q.i64(2);
+      s.max_ns = std::max(s.max_ns, q.i64(2));
+    } else {
+      ++s.nested;
+    }
+  }
+  return {stats.begin(), stats.end()};
 }
 
-json summary(store::RecordReader& rec) {
-  auto& db = rec.db();
-  json s;
-  s["mode"] = rec.meta("mode");
-  s["command"] = rec.meta("command");
-  s["host"] = rec.meta("host");
-  s["complete"] = rec.complete();
-  const int64_t start = std::stoll(rec.meta("start_ns", "0"));
-  const int64_t end = std::stoll(rec.meta("end_ns", "0"));
-  s["duration_s"] = end > start ? double(end - start) / 1e9 : 0.0;
+json summary(store::RecordReader& rec, const Record& r, const std::map<int64_t, FunctionStats>& stats) {
+  json s{{"mode", rec.meta("mode")},   {"command", rec.meta("command")},
+         {"host", rec.meta("host")},   {"gpuscope_version", rec.meta("gpuscope_version")},
+         {"complete", rec.complete()}, {"duration_ns", r.end - r.origin}};
 
   json procs = json::array();
-  auto p = db.prepare("SELECT pid, comm, cmdline, exit_code FROM processes ORDER BY first_seen_ns");
-  while (p.step()) {
-    json j{{"pid", p.i64(0)}, {"comm", p.str(1)}, {"cmdline", p.str(2)}};
-    j["exit_code"] = p.is_null(3) ? json() : json(p.i64(3));
-    procs.push_back(j);
-  }
+  for (const auto& [pid, p] : r.processes)
+    procs.push_back({{"pid", pid},
+                     {"comm", p.comm},
+                     {"cmdline", p.cmdline},
+                     {"exit_code", p.exit_code ? json(*p.exit_code) : json()}});
   s["processes"] = procs;
 
-  json kinds = json::object();
-  auto k = db.prepare("SELECT f.kind, count(*) FROM calls c JOIN functions f ON f.id = c.func "
-                      "WHERE c.parent_id IS NULL GROUP BY f.kind ORDER BY 2 DESC");
-  while (k.step()) kinds[k.str(0)] = k.i64(1);
-  s["calls_by_kind"] = kinds;
+  std::map<std::string, std::array<int64_t, 2>> by_kind;  // kind → calls per api (runtime, driver)
+  int64_t total = 0, nested = 0;
+  for (const auto& [func, st] : stats) {
+    const Function* f = r.function(func);
+    nested += st.nested;
+    if (!f || !st.calls) continue;
+    by_kind[f->kind][f->api == decode::Api::Driver] += st.calls;
+    total += st.calls;
+  }
+  json kinds = json::array();
+  for (const auto& [kind, n] : by_kind) kinds.push_back({{"kind", kind}, {"runtime", n[0]}, {"driver", n[1]}});
+  std::stable_sort(kinds.begin(), kinds.end(), [](const json& a, const json& b) {
+    return a["runtime"].get<int64_t>() + a["driver"].get<int64_t>() >
+           b["runtime"].get<int64_t>() + b["driver"].get<int64_t>();
+  });
+  s["calls"] = {{"total", total}, {"nested", nested}, {"by_kind", kinds}};
 
   json libs = json::array();
-  auto l = db.prepare("SELECT pid, path, build_id, runtime_probes, driver_probes, error FROM libraries ORDER BY id");
+  auto l = r.db.prepare("SELECT pid, path, build_id, runtime_probes, driver_probes, error FROM libraries ORDER BY id");
   while (l.step())
     libs.push_back({{"pid", l.i64(0)},
                     {"path", l.str(1)},
@@ -133,327 +249,578 @@ json summary(store::RecordReader& rec) {
   return s;
 }
 
-json kernels(store::Db& db, Stacks& stacks, size_t top) {
-  json out = json::array();
-  auto q = db.prepare(
-      "SELECT c.kernel_id, k.demangled, CASE WHEN c.kernel_id IS NULL THEN c.kernel_handle END AS h, count(*) "
-      "FROM calls c JOIN functions f ON f.id = c.func LEFT JOIN kernels k ON k.id = c.kernel_id "
-      "WHERE f.kind = 'launch' AND c.parent_id IS NULL GROUP BY c.kernel_id, h ORDER BY 4 DESC LIMIT ?1");
-  q.bind(1, int64_t(top));
-  auto shapes = db.prepare(
-      "SELECT grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem, count(*) FROM calls c "
-      "JOIN functions f ON f.id = c.func WHERE f.kind = 'launch' AND c.parent_id IS NULL "
-      "AND c.kernel_id IS ?1 AND (?1 IS NOT NULL OR c.kernel_handle = ?2) GROUP BY 1,2,3,4,5,6,7 ORDER BY 8 DESC");
-  auto sites = db.prepare(
-      "SELECT stack_id, count(*) FROM calls c JOIN functions f ON f.id = c.func WHERE f.kind = 'launch' "
-      "AND c.parent_id IS NULL AND c.kernel_id IS ?1 AND (?1 IS NOT NULL OR c.kernel_handle = ?2) GROUP BY 1");
-  while (q.step()) {
-    json k;
-    const bool named = !q.is_null(0);
-    const int64_t handle = q.i64(2);
-    k["name"] = named ? q.str(1) : fmt::format("[unnamed {:#x}]", uint64_t(handle));
-    k["launches"] = q.i64(3);
-    for (Stmt* s : {&shapes, &sites}) {
-      if (named) s->bind(1, q.i64(0)); else s->bind_null(1);
-      s->bind(2, handle);
-    }
-    json sh = json::array();
-    for (int n = 0; shapes.step(); ++n) {
-      if (n < 5)
-        sh.push_back({{"grid", {shapes.i64(0), shapes.i64(1), shapes.i64(2)}},
-                      {"block", {shapes.i64(3), shapes.i64(4), shapes.i64(5)}},
-                      {"shared_mem", shapes.i64(6)},
-                      {"launches", shapes.i64(7)}});
-    }
-    shapes.reset();
-    k["shapes"] = sh;
-    std::map<std::string, int64_t> by_site;
-    const std::string kernel_name = k["name"];
-    while (sites.step())
-      by_site[sites.is_null(0) ? "[no stack]" : stacks.get(sites.i64(0)).site(kernel_name)] += sites.i64(1);
-    sites.reset();
-    json cs = json::array();
-    for (auto& [site, n] : top_counts(by_site, 3)) cs.push_back({{"site", site}, {"launches", n}});
-    k["call_sites"] = cs;
-    out.push_back(k);
-  }
-  return out;
+// The n largest counts, ties in key order.
+template <typename Map>
+auto by_count(const Map& m, size_t n) {
+  std::vector<std::pair<typename Map::key_type, int64_t>> v(m.begin(), m.end());
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
+  if (v.size() > n) v.resize(n);
+  return v;
 }
 
-json copies(store::Db& db) {
+json kernels(const Record& r, Stacks& stacks, size_t top) {
+  // A kernel is its kernels row, or for an unnamed one its handle (kernel_id 0).
+  using Key = std::array<int64_t, 2>;
+  using Shape = std::array<int64_t, 6>;
+  struct Kernel {
+    int64_t launches = 0;
+    std::unordered_map<Shape, int64_t, ArrayHash> shapes;
+    std::unordered_map<int64_t, int64_t> stacks;
+  };
+  std::unordered_map<Key, Kernel, ArrayHash> all;
+  int64_t total = 0;
+  auto q = r.db.prepare(
+      "SELECT kernel_id, kernel_handle, grid_x, grid_y, grid_z, block_x, block_y, block_z, stack_id "
+      "FROM calls NOT INDEXED WHERE parent_id IS NULL AND func IN (" +
+      ids_of(r.functions, {"launch"}) + ")");
+  while (q.step()) {
+    const int64_t id = q.i64(0);
+    Kernel& k = all[{id, id ? 0 : q.i64(1)}];
+    ++k.launches;
+    ++k.shapes[{q.i64(2), q.i64(3), q.i64(4), q.i64(5), q.i64(6), q.i64(7)}];
+    ++k.stacks[q.i64(8)];
+    ++total;
+  }
+
+  std::map<Key, int64_t> launches;
+  for (const auto& [key, k] : all) launches[key] = k.launches;
+  auto names = r.db.prepare("SELECT name, demangled FROM kernels WHERE id = ?1");
   json out = json::array();
-  auto q = db.prepare(
+  for (const auto& [k, count] : by_count(launches, top)) {
+    const Kernel& kernel = all.at(k);
+    std::string symbol, name = fmt::format("[unnamed {:#x}]", uint64_t(k[1]));
+    if (k[0] && names.bind(1, k[0]).step()) {
+      symbol = names.str(0);
+      name = names.str(1).empty() ? symbol : names.str(1);
+    }
+    names.reset();
+    json sh = json::array();
+    for (const auto& [s, n] : by_count(kernel.shapes, kShapes))
+      sh.push_back({{"grid", {s[0], s[1], s[2]}}, {"block", {s[3], s[4], s[5]}}, {"launches", n}});
+    // Different stacks can share their first frame outside CUDA.
+    std::map<std::string, int64_t> by_site;
+    for (const auto& [stack_id, n] : kernel.stacks) by_site[stacks.site(stack_id, symbol)] += n;
+    json cs = json::array();
+    for (const auto& [site, n] : by_count(by_site, kSites)) cs.push_back({{"site", site}, {"launches", n}});
+    out.push_back({{"name", name},
+                   {"symbol", symbol},
+                   {"launches", count},
+                   {"distinct_shapes", kernel.shapes.size()},
+                   {"shapes", sh},
+                   {"call_sites", cs}});
+  }
+  return {{"launches", total}, {"distinct", all.size()}, {"top", out}};
+}
+
+json copies(const Record& r) {
+  json out = json::array();
+  auto q = r.db.prepare(
       "SELECT coalesce(dir, 'unknown'), coalesce(host_mem, ''), count(*), coalesce(sum(bytes), 0), "
-      "coalesce(sum(duration_ns), 0), sum(ret IS NOT NULL AND ret != 0) FROM calls c "
-      "JOIN functions f ON f.id = c.func WHERE f.kind = 'memcpy' AND c.parent_id IS NULL "
-      "GROUP BY 1, 2 ORDER BY 4 DESC");
+      "coalesce(sum(duration_ns), 0), coalesce(sum(ret != 0), 0) FROM calls WHERE parent_id IS NULL AND func IN (" +
+      ids_of(r.functions, {"memcpy"}) + ") GROUP BY 1, 2 ORDER BY 4 DESC, 3 DESC, 1, 2");
   while (q.step())
     out.push_back({{"direction", q.str(0)},
                    {"host_memory", q.str(1)},
-                   {"count", q.i64(2)},
+                   {"calls", q.i64(2)},
                    {"bytes", q.i64(3)},
                    {"cpu_time_ns", q.i64(4)},
                    {"failed", q.i64(5)}});
   return out;
 }
 
-// Device (and pinned host) memory over each process's life, and what was never freed.
-json memory(store::RecordReader& rec, Stacks& stacks, size_t top) {
-  auto& db = rec.db();
-  struct Live {
-    int64_t bytes;
-    int64_t stack_id;
-  };
-  struct Proc {
-    std::unordered_map<int64_t, Live> device, pinned;
-    int64_t device_in_use = 0, pinned_in_use = 0, device_peak = 0, pinned_peak = 0, peak_ts = 0;
-    int64_t allocs = 0, frees = 0, alloc_failures = 0;
-    std::vector<std::pair<int64_t, int64_t>> series;  // (ts, device bytes in use)
-  };
-  std::map<int64_t, Proc> procs;
-  auto q = db.prepare(
-      "SELECT c.pid, c.ts_ns, c.func, c.ret, c.ptr, c.bytes, c.stack_id FROM calls c JOIN functions f ON f.id = c.func "
-      "WHERE f.kind IN ('alloc', 'free') AND c.parent_id IS NULL ORDER BY c.pid, c.ts_ns");
+struct Usage {
+  int64_t in_use = 0, peak = 0, peak_at = 0, allocations = 0, frees = 0, failed = 0;
+
+  void change(int64_t delta, int64_t t) {
+    in_use += delta;
+    if (in_use > peak) peak = in_use, peak_at = t;
+  }
+  json to_json() const {
+    return {{"peak_bytes", peak},         {"peak_at_ns", peak_at}, {"in_use_at_end_bytes", in_use},
+            {"allocations", allocations}, {"frees", frees},        {"failed_allocations", failed}};
+  }
+};
+
+struct Allocation {
+  int64_t bytes, stack_id, func;
+  bool pinned;
+};
+
+// One process's allocations, replayed in order; device memory is sampled at kSeriesPoints
+// instants spread over its life (times relative to the recording's start).
+struct ProcessMemory {
+  int64_t start, end;
+  std::unordered_map<int64_t, Allocation> live;  // by address
+  Usage device, pinned;
+  json series = json::array();
+  int64_t interval_max = 0;  // highest device use since the last point
+
+  int64_t points() const { return end > start ? kSeriesPoints : 1; }
+  int64_t point(int64_t k) const { return end > start ? start + (end - start) * k / (kSeriesPoints - 1) : start; }
+  // Takes the points before t, with the use as it was before the event at t.
+  void sample_before(int64_t t) {
+    for (int64_t k = int64_t(series.size()); k < points() && point(k) < t; ++k) {
+      series.push_back({{"t_ns", point(k)}, {"bytes", device.in_use}, {"max_bytes", interval_max}});
+      interval_max = device.in_use;
+    }
+  }
+};
+
+struct MemoryReport {
+  json processes = json::array();
+  json leaks;
+};
+
+MemoryReport memory(const Record& r, Stacks& stacks, size_t top) {
+  std::map<int64_t, ProcessMemory> procs;
+  auto q = r.db.prepare(
+      "SELECT pid, ts_ns, func, ret, ptr, bytes, coalesce(stack_id, 0) FROM calls "
+      "WHERE parent_id IS NULL AND func IN (" +
+      ids_of(r.functions, {"alloc", "free"}) + ") ORDER BY id");
   while (q.step()) {
     const auto* f = decode::function_by_id(uint16_t(q.i64(2)));
     if (!f) continue;
-    Proc& p = procs[q.i64(0)];
-    const int64_t ts = q.i64(1), ret = q.i64(3), ptr = q.i64(4), bytes = q.i64(5);
-    const bool device = f->mem == decode::MemKind::Device || f->mem == decode::MemKind::Managed;
-    auto& live = device ? p.device : p.pinned;
-    auto& in_use = device ? p.device_in_use : p.pinned_in_use;
+    const int64_t pid = q.i64(0), t = q.i64(1) - r.origin, ret = q.i64(3), ptr = q.i64(4);
+    auto [it, added] = procs.try_emplace(pid, ProcessMemory{0, r.end - r.origin});
+    ProcessMemory& p = it->second;
+    if (added) {
+      if (auto proc = r.processes.find(pid); proc != r.processes.end()) {
+        p.start = std::clamp(proc->second.first_seen_ns.value_or(r.origin) - r.origin, int64_t(0), p.end);
+        p.end = std::max(proc->second.exit_ns.value_or(r.end) - r.origin, p.start);
+      }
+    }
+    p.sample_before(t);
     if (f->kind == decode::CallKind::Alloc) {
-      if (ret != 0 || q.is_null(4)) {
-        ++p.alloc_failures;
+      const bool pinned = f->mem == decode::MemKind::PinnedHost;
+      if (!pinned && f->mem != decode::MemKind::Device && f->mem != decode::MemKind::Managed) continue;
+      Usage& u = pinned ? p.pinned : p.device;
+      if (ret != 0) {
+        ++u.failed;
         continue;
       }
-      ++p.allocs;
-      if (auto old = live.find(ptr); old != live.end()) in_use -= old->second.bytes;
-      live[ptr] = Live{bytes, q.is_null(6) ? 0 : q.i64(6)};
-      in_use += bytes;
+      if (ptr == 0) continue;  // a zero-byte request
+      ++u.allocations;
+      // The address handed out again: it was freed by something we did not see.
+      if (auto old = p.live.find(ptr); old != p.live.end()) {
+        (old->second.pinned ? p.pinned : p.device).change(-old->second.bytes, t);
+        p.live.erase(old);
+      }
+      p.live.emplace(ptr, Allocation{q.i64(5), q.i64(6), q.i64(2), pinned});
+      u.change(q.i64(5), t);
     } else {
-      if (ret != 0) continue;
-      auto it = live.find(ptr);
-      if (it == live.end()) continue;  // freed memory allocated before we attached
-      ++p.frees;
-      in_use -= it->second.bytes;
-      live.erase(it);
+      auto a = p.live.find(ptr);
+      if (ret != 0 || a == p.live.end()) continue;  // failed, or allocated before the recording
+      Usage& u = a->second.pinned ? p.pinned : p.device;
+      ++u.frees;
+      u.change(-a->second.bytes, t);
+      p.live.erase(a);
     }
-    if (device) {
-      p.series.emplace_back(ts, in_use);
-      if (in_use > p.device_peak) p.device_peak = in_use, p.peak_ts = ts;
-    } else {
-      p.pinned_peak = std::max(p.pinned_peak, in_use);
-    }
+    p.interval_max = std::max(p.interval_max, p.device.in_use);
   }
 
-  const int64_t record_start = std::stoll(rec.meta("start_ns", "0"));
-  json out;
-  json per_process = json::array();
-  std::map<int64_t, std::pair<int64_t, int64_t>> leaks_by_stack;  // stack -> (count, bytes)
+  MemoryReport out;
+  struct Leak {
+    int64_t allocations = 0, bytes = 0;
+  };
+  std::map<std::pair<int64_t, int64_t>, Leak> leaks;  // by (stack, function)
+  Leak all;
   for (auto& [pid, p] : procs) {
-    json series = json::array();
-    if (!p.series.empty()) {
-      const int64_t t0 = p.series.front().first, t1 = std::max(p.series.back().first, t0 + 1);
-      size_t i = 0;
-      int64_t cur = 0;
-      for (size_t s = 0; s < kSeriesPoints; ++s) {
-        const int64_t t = t0 + (t1 - t0) * int64_t(s) / int64_t(kSeriesPoints - 1);
-        while (i < p.series.size() && p.series[i].first <= t) cur = p.series[i++].second;
-        series.push_back({{"t_s", double(t - record_start) / 1e9}, {"bytes", cur}});
+    p.sample_before(std::numeric_limits<int64_t>::max());
+    auto proc = r.processes.find(pid);
+    const bool exited = proc != r.processes.end() && proc->second.exit_ns;
+    out.processes.push_back({{"pid", pid},
+                             {"comm", proc != r.processes.end() ? proc->second.comm : ""},
+                             {"end", exited ? "exit" : "recording end"},
+                             {"device", p.device.to_json()},
+                             {"pinned", p.pinned.to_json()},
+                             {"series", std::move(p.series)}});
+    for (const auto& [ptr, a] : p.live) {
+      auto& l = leaks[{a.stack_id, a.func}];
+      for (Leak* x : {&l, &all}) {
+        ++x->allocations;
+        x->bytes += a.bytes;
       }
     }
-    per_process.push_back({{"pid", pid},
-                           {"device_peak_bytes", p.device_peak},
-                           {"device_peak_at_s", p.peak_ts ? double(p.peak_ts - record_start) / 1e9 : 0.0},
-                           {"device_in_use_at_exit_bytes", p.device_in_use},
-                           {"pinned_peak_bytes", p.pinned_peak},
-                           {"pinned_in_use_at_exit_bytes", p.pinned_in_use},
-                           {"allocations", p.allocs},
-                           {"frees", p.frees},
-                           {"failed_allocations", p.alloc_failures},
-                           {"series", series}});
-    for (auto& [ptr, l] : p.device) {
-      auto& agg = leaks_by_stack[l.stack_id];
-      agg.first += 1;
-      agg.second += l.bytes;
-    }
   }
-  out["processes"] = per_process;
 
-  std::vector<std::pair<int64_t, std::pair<int64_t, int64_t>>> leaks(leaks_by_stack.begin(), leaks_by_stack.end());
-  std::sort(leaks.begin(), leaks.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  std::vector<std::pair<std::pair<int64_t, int64_t>, Leak>> order(leaks.begin(), leaks.end());
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.second.bytes > b.second.bytes; });
+  if (order.size() > top) order.resize(top);
   json lj = json::array();
-  for (size_t i = 0; i < leaks.size() && i < top; ++i) {
-    const auto& [stack_id, agg] = leaks[i];
+  for (const auto& [key, l] : order) {
+    const auto [stack_id, func] = key;
+    const auto* f = decode::function_by_id(uint16_t(func));
     json frames = json::array();
-    std::string site = "[no stack]";
-    if (stack_id) {
-      const auto& st = stacks.get(stack_id);
-      site = st.site();
-      for (size_t d = 0; d < st.frames.size() && d < kLeakFrames; ++d) frames.push_back(st.frames[d]);
+    for (const auto& fr : stacks.frames(stack_id)) {
+      if (frames.size() == kStackFrames) break;
+      frames.push_back(fr.text);
     }
-    lj.push_back({{"site", site}, {"allocations", agg.first}, {"bytes", agg.second}, {"stack", frames}});
+    lj.push_back({{"site", stacks.site(stack_id)},
+                  {"function", f->symbol},
+                  {"memory", decode::to_string(f->mem)},
+                  {"allocations", l.allocations},
+                  {"bytes", l.bytes},
+                  {"stack", frames}});
   }
-  out["leaks"] = lj;
+  out.leaks = {{"allocations", all.allocations}, {"bytes", all.bytes}, {"top", lj}};
   return out;
 }
 
-json errors(store::Db& db) {
+json errors(const Record& r) {
   json out = json::array();
-  auto q = db.prepare(
-      "SELECT c.func, f.name, c.ret, count(*), min(c.ts_ns) FROM calls c JOIN functions f ON f.id = c.func "
-      "WHERE c.ret IS NOT NULL AND c.ret != 0 AND c.parent_id IS NULL GROUP BY c.func, c.ret ORDER BY 4 DESC");
+  auto q = r.db.prepare(
+      "SELECT func, ret, count(*), min(ts_ns), count(parent_id) FROM calls NOT INDEXED WHERE ret != 0 "
+      "GROUP BY 1, 2 ORDER BY 3 DESC, 4");
   while (q.step()) {
-    const auto* f = decode::function_by_id(uint16_t(q.i64(0)));
-    const auto name = f ? cuda_error_name(q.i64(2), f->api) : std::string_view{};
-    out.push_back({{"function", q.str(1)},
-                   {"code", q.i64(2)},
-                   {"error", name.empty() ? fmt::format("error {}", q.i64(2)) : std::string(name)},
-                   {"count", q.i64(3)},
-                   {"first_ns", q.i64(4)}});
+    const Function* f = r.function(q.i64(0));
+    const int64_t code = q.i64(1);
+    out.push_back({{"function", f ? f->name : fmt::format("function {}", q.i64(0))},
+                   {"code", code},
+                   {"error", f ? cuda_error_name(code, f->api) : ""},
+                   {"calls", q.i64(2)},
+                   {"nested", q.i64(4)},
+                   {"first_at_ns", q.i64(3) - r.origin}});
   }
   return out;
 }
 
-json sync(store::Db& db) {
+json sync(const Record& r, const std::map<int64_t, FunctionStats>& stats) {
   json out = json::array();
-  auto q = db.prepare(
-      "SELECT f.name, count(*), coalesce(sum(duration_ns), 0), coalesce(max(duration_ns), 0) FROM calls c "
-      "JOIN functions f ON f.id = c.func WHERE f.kind = 'sync' AND c.parent_id IS NULL GROUP BY f.name ORDER BY 3 DESC");
-  while (q.step()) {
-    const int64_t n = q.i64(1), total = q.i64(2);
-    out.push_back({{"function", q.str(0)},
-                   {"count", n},
-                   {"total_ns", total},
-                   {"mean_ns", n ? total / n : 0},
-                   {"max_ns", q.i64(3)}});
+  for (const auto& [func, s] : stats) {
+    const Function* f = r.function(func);
+    if (!f || f->kind != "sync" || s.calls == 0) continue;
+    out.push_back({{"function", f->name},
+                   {"calls", s.calls},
+                   {"total_ns", s.total_ns},
+                   {"mean_ns", s.total_ns / s.calls},
+                   {"max_ns", s.max_ns}});
   }
+  std::stable_sort(out.begin(), out.end(), [](const json& a, const json& b) {
+    return a["total_ns"].get<int64_t>() > b["total_ns"].get<int64_t>();
+  });
   return out;
 }
 
-json lost(store::Db& db) {
-  json causes = json::object();
+// The counts are written when a recording ends: one cut short has none.
+json lost(Db& db) {
+  json causes = json::array();
   int64_t total = 0;
-  auto q = db.prepare("SELECT cause, count FROM lost ORDER BY cause");
+  auto q = db.prepare("SELECT cause, count FROM lost ORDER BY rowid");
   while (q.step()) {
-    causes[q.str(0)] = q.i64(1);
+    causes.push_back({{"cause", q.str(0)}, {"count", q.i64(1)}});
     total += q.i64(1);
   }
-  return {{"total", total}, {"by_cause", causes}};
+  return {{"total", total}, {"counted", !causes.empty()}, {"causes", causes}};
 }
 
-// ---- text ----
+// ---------------------------------------------------------------------------------------------
+// Text.
 
-std::string bytes_str(int64_t b) {
+int64_t i64(const json& j, const char* key) { return j.at(key).get<int64_t>(); }
+std::string str(const json& j, const char* key) { return j.at(key).get<std::string>(); }
+
+// Columns are measured in characters, not bytes (µ, ×, …).
+size_t width(std::string_view s) {
+  return std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
+// At most n characters: the first n - 1 and an ellipsis.
+std::string shorten(const std::string& s, size_t n) {
+  if (width(s) <= n) return s;
+  size_t i = 0;
+  for (size_t chars = 0; i < s.size(); ++i)
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80 && ++chars == n) break;
+  return s.substr(0, i) + "…";
+}
+
+std::string bytes_text(int64_t b) {
   const double v = double(b);
-  if (b >= (1LL << 30)) return fmt::format("{:.2f} GiB", v / (1LL << 30));
-  if (b >= (1LL << 20)) return fmt::format("{:.2f} MiB", v / (1LL << 20));
-  if (b >= (1LL << 10)) return fmt::format("{:.1f} KiB", v / (1LL << 10));
+  if (std::abs(b) >= (int64_t(1) << 30)) return fmt::format("{:.2f} GiB", v / double(1 << 30));
+  if (std::abs(b) >= (int64_t(1) << 20)) return fmt::format("{:.2f} MiB", v / double(1 << 20));
+  if (std::abs(b) >= (int64_t(1) << 10)) return fmt::format("{:.1f} KiB", v / double(1 << 10));
   return fmt::format("{} B", b);
 }
 
-std::string time_str(int64_t ns) {
+std::string time_text(int64_t ns) {
   if (ns >= 1'000'000'000) return fmt::format("{:.2f} s", double(ns) / 1e9);
   if (ns >= 1'000'000) return fmt::format("{:.2f} ms", double(ns) / 1e6);
-  if (ns >= 1'000) return fmt::format("{:.1f} µs", double(ns) / 1e3);
-  return fmt::format("{} ns", ns);
+  return fmt::format("{:.1f} µs", double(ns) / 1e3);
 }
 
-std::string shorten(const std::string& s, size_t n) { return s.size() <= n ? s : s.substr(0, n - 1) + "…"; }
+class Table {
+ public:
+  // A heading starting with '>' is right-aligned (numbers).
+  explicit Table(std::vector<std::string> headings) {
+    for (auto& h : headings) {
+      right_.push_back(h.starts_with('>'));
+      cells_.push_back(right_.back() ? h.substr(1) : h);
+    }
+  }
+  void add(std::vector<std::string> row) {
+    row.resize(right_.size());
+    cells_.insert(cells_.end(), row.begin(), row.end());
+  }
+  std::string render(size_t indent = 2) const {
+    const size_t cols = right_.size();
+    std::vector<size_t> w(cols, 0);
+    for (size_t i = 0; i < cells_.size(); ++i) w[i % cols] = std::max(w[i % cols], width(cells_[i]));
+    std::string out;
+    for (size_t row = 0; row < cells_.size() / cols; ++row) {
+      std::string line(indent, ' ');
+      for (size_t c = 0; c < cols; ++c) {
+        const std::string& cell = cells_[row * cols + c];
+        const std::string pad(w[c] - width(cell), ' ');
+        line += right_[c] ? pad + cell : cell + pad;
+        if (c + 1 < cols) line += "  ";
+      }
+      out += line.erase(line.find_last_not_of(' ') + 1) + "\n";
+    }
+    return out;
+  }
+
+ private:
+  std::vector<bool> right_;
+  std::vector<std::string> cells_;  // row by row, the headings first
+};
+
+// 1234567 → "1,234,567".
+std::string num(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0 && std::isdigit(static_cast<unsigned char>(digits[i - 1]))) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string count_of(int64_t n, std::string_view noun) {
+  return fmt::format("{} {}{}", num(n), noun, n == 1 ? "" : "s");
+}
 
 void heading(std::string& out, const std::string& title) { out += fmt::format("\n== {} ==\n", title); }
+
+// The recorder stores death by a signal as the negated signal number.
+std::string exit_text(const json& code) {
+  if (code.is_null()) return "-";
+  const int64_t c = code.get<int64_t>();
+  return c < 0 ? fmt::format("signal {}", -c) : std::to_string(c);
+}
+
+void summary_text(std::string& out, const json& s) {
+  out += fmt::format("gpuscope report: {} ({} mode{})\n", str(s, "command"), str(s, "mode"),
+                     str(s, "host").empty() ? "" : ", host " + str(s, "host"));
+  out += fmt::format("Recorded for {}.\n", time_text(i64(s, "duration_ns")));
+  if (!s.at("complete").get<bool>())
+    out +=
+        "WARNING: this recording was cut short (gpuscope stopped before it ended); it shows only the calls "
+        "committed until then.\n";
+
+  heading(out, "Summary");
+  out += "Processes:\n";
+  Table procs({">PID", "COMM", ">EXIT", "COMMAND LINE"});
+  for (const auto& p : s.at("processes"))
+    procs.add(
+        {std::to_string(i64(p, "pid")), str(p, "comm"), exit_text(p.at("exit_code")), shorten(str(p, "cmdline"), 100)});
+  out += s.at("processes").empty() ? "  none seen\n" : procs.render();
+
+  const auto& calls = s.at("calls");
+  out += fmt::format("Calls: {} in all", num(i64(calls, "total")));
+  if (i64(calls, "nested"))
+    out += fmt::format(" (each counted once; not counting {} made inside runtime calls)",
+                       count_of(i64(calls, "nested"), "driver call"));
+  out += ":\n";
+  Table kinds({"KIND", ">RUNTIME", ">DRIVER"});
+  for (const auto& k : calls.at("by_kind")) kinds.add({str(k, "kind"), num(i64(k, "runtime")), num(i64(k, "driver"))});
+  if (!calls.at("by_kind").empty()) out += kinds.render();
+
+  out += "CUDA libraries attached:\n";
+  Table libs({">PID", ">RUNTIME PROBES", ">DRIVER PROBES", "LIBRARY"});
+  for (const auto& l : s.at("libraries"))
+    libs.add({std::to_string(i64(l, "pid")), std::to_string(i64(l, "runtime_probes")),
+              std::to_string(i64(l, "driver_probes")),
+              str(l, "path") + (str(l, "error").empty() ? "" : "  (error: " + str(l, "error") + ")")});
+  out += s.at("libraries").empty() ? "  none\n" : libs.render();
+}
+
+std::string shape_text(const json& sh) {
+  const auto& g = sh.at("grid");
+  const auto& b = sh.at("block");
+  return fmt::format("grid({},{},{}) block({},{},{}) ×{}", g[0].get<int64_t>(), g[1].get<int64_t>(),
+                     g[2].get<int64_t>(), b[0].get<int64_t>(), b[1].get<int64_t>(), b[2].get<int64_t>(),
+                     num(i64(sh, "launches")));
+}
+
+void kernels_text(std::string& out, const json& k) {
+  const auto& top = k.at("top");
+  heading(out, fmt::format("Kernels: top {} of {} by launches ({} launches in all)", top.size(),
+                           num(i64(k, "distinct")), num(i64(k, "launches"))));
+  if (top.empty()) {
+    out += "  no kernel launches\n";
+    return;
+  }
+  Table t({">LAUNCHES", "KERNEL"});
+  for (const auto& kernel : top) {
+    t.add({num(i64(kernel, "launches")), shorten(str(kernel, "name"), 120)});
+    const auto& shapes = kernel.at("shapes");
+    for (const auto& sh : shapes) t.add({"", "  " + shape_text(sh)});
+    if (i64(kernel, "distinct_shapes") > int64_t(shapes.size()))
+      t.add({"", fmt::format("  … {} shapes in all", num(i64(kernel, "distinct_shapes")))});
+    for (const auto& c : kernel.at("call_sites"))
+      t.add({"", fmt::format("  from {} ×{}", shorten(str(c, "site"), 110), num(i64(c, "launches")))});
+  }
+  out += t.render();
+}
+
+void copies_text(std::string& out, const json& copies) {
+  heading(out, "Copies (CPU time: from call to return)");
+  if (copies.empty()) {
+    out += "  no copies\n";
+    return;
+  }
+  Table t({"DIRECTION", "HOST MEMORY", ">CALLS", ">BYTES", ">CPU TIME", ">FAILED"});
+  int64_t calls = 0, bytes = 0, ns = 0, failed = 0;
+  for (const auto& c : copies) {
+    t.add({str(c, "direction"), str(c, "host_memory").empty() ? "-" : str(c, "host_memory"), num(i64(c, "calls")),
+           bytes_text(i64(c, "bytes")), time_text(i64(c, "cpu_time_ns")), num(i64(c, "failed"))});
+    calls += i64(c, "calls");
+    bytes += i64(c, "bytes");
+    ns += i64(c, "cpu_time_ns");
+    failed += i64(c, "failed");
+  }
+  t.add({"total", "", num(calls), bytes_text(bytes), time_text(ns), num(failed)});
+  out += t.render();
+}
+
+// Device use over time in one line of block characters; a blank where none was in use.
+std::string sparkline(const json& series) {
+  static constexpr std::string_view kBars[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
+  int64_t top = 0;
+  for (const auto& p : series) top = std::max(top, i64(p, "max_bytes"));
+  std::string line;
+  for (const auto& p : series) {
+    const int64_t v = i64(p, "max_bytes");
+    line += v > 0 ? kBars[(v * 8 - 1) / top] : " ";
+  }
+  return line;
+}
+
+void memory_text(std::string& out, const json& memory) {
+  heading(out, "Memory (in use at the end: at the process's exit, or when the recording ended)");
+  if (memory.empty()) {
+    out += "  no allocations\n";
+    return;
+  }
+  Table t({">PID", "COMM", ">DEVICE PEAK", ">AT", ">DEVICE AT END", ">PINNED PEAK", ">PINNED AT END", ">ALLOCS",
+           ">FREES", ">FAILED", "END"});
+  std::string plots;
+  for (const auto& p : memory) {
+    const auto& d = p.at("device");
+    const auto& h = p.at("pinned");
+    const int64_t peak = i64(d, "peak_bytes");
+    t.add({std::to_string(i64(p, "pid")), str(p, "comm"), bytes_text(peak),
+           peak ? time_text(i64(d, "peak_at_ns")) : "-", bytes_text(i64(d, "in_use_at_end_bytes")),
+           bytes_text(i64(h, "peak_bytes")), bytes_text(i64(h, "in_use_at_end_bytes")),
+           num(i64(d, "allocations") + i64(h, "allocations")), num(i64(d, "frees") + i64(h, "frees")),
+           num(i64(d, "failed_allocations") + i64(h, "failed_allocations")), str(p, "end")});
+    if (peak)
+      plots += fmt::format("  {:>7}  {}  peak {}\n", i64(p, "pid"), sparkline(p.at("series")), bytes_text(peak));
+  }
+  out += t.render();
+  if (!plots.empty()) out += "Device memory over each process's life (highest use per interval):\n" + plots;
+}
+
+void leaks_text(std::string& out, const json& leaks) {
+  const auto& top = leaks.at("top");
+  heading(out, fmt::format("Never freed (by the process's exit or the recording's end): {} in {}",
+                           bytes_text(i64(leaks, "bytes")), count_of(i64(leaks, "allocations"), "allocation")));
+  if (top.empty()) {
+    out += "  every allocation seen was freed\n";
+    return;
+  }
+  Table t({">BYTES", ">ALLOCS", "MEMORY", "ALLOCATED AT"});
+  for (const auto& l : top) {
+    t.add({bytes_text(i64(l, "bytes")), num(i64(l, "allocations")), str(l, "memory"),
+           fmt::format("{} by {}", shorten(str(l, "site"), 100), str(l, "function"))});
+    for (size_t d = 0; d < l.at("stack").size(); ++d)
+      t.add({"", "", "", fmt::format("  #{} {}", d, shorten(l.at("stack")[d].get<std::string>(), 110))});
+  }
+  out += t.render();
+}
+
+void errors_text(std::string& out, const json& errors) {
+  heading(out, "Failed calls");
+  if (errors.empty()) {
+    out += "  none\n";
+    return;
+  }
+  Table t({"FUNCTION", ">CODE", "ERROR", ">CALLS", ">FIRST AT", "NOTE"});
+  for (const auto& e : errors)
+    t.add({str(e, "function"), std::to_string(i64(e, "code")), str(e, "error").empty() ? "?" : str(e, "error"),
+           num(i64(e, "calls")), time_text(i64(e, "first_at_ns")),
+           i64(e, "nested") ? fmt::format("{} inside runtime calls", num(i64(e, "nested"))) : ""});
+  out += t.render();
+}
+
+void sync_text(std::string& out, const json& sync) {
+  heading(out, "Synchronisation");
+  if (sync.empty()) {
+    out += "  none\n";
+    return;
+  }
+  Table t({"FUNCTION", ">CALLS", ">TOTAL", ">MEAN", ">MAX"});
+  for (const auto& s : sync)
+    t.add({str(s, "function"), num(i64(s, "calls")), time_text(i64(s, "total_ns")), time_text(i64(s, "mean_ns")),
+           time_text(i64(s, "max_ns"))});
+  out += t.render();
+}
+
+void lost_text(std::string& out, const json& lost) {
+  heading(out, "Lost events");
+  if (!lost.at("counted").get<bool>()) {
+    out += "  not known: the recording ended before gpuscope could write its counts\n";
+    return;
+  }
+  if (i64(lost, "total") == 0) {
+    out += "  no events lost\n";
+    return;
+  }
+  Table t({"CAUSE", ">COUNT"});
+  for (const auto& c : lost.at("causes"))
+    if (i64(c, "count")) t.add({str(c, "cause"), num(i64(c, "count"))});
+  t.add({"total", num(i64(lost, "total"))});
+  out += t.render();
+}
 
 }  // namespace
 
 json build_report(store::RecordReader& rec, symbolize::Symbolizer& sym, const Options& opt) {
-  Stacks stacks(rec.db(), sym);
-  json r;
-  r["summary"] = summary(rec);
-  r["kernels"] = kernels(rec.db(), stacks, opt.top);
-  r["copies"] = copies(rec.db());
-  r["memory"] = memory(rec, stacks, opt.top);
-  r["errors"] = errors(rec.db());
-  r["sync"] = sync(rec.db());
-  r["lost"] = lost(rec.db());
-  return r;
+  Record r = read_record(rec);
+  Stacks stacks(r.db, sym);
+  const auto stats = function_stats(r.db);
+  auto mem = memory(r, stacks, opt.top);
+  return {{"summary", summary(rec, r, stats)},
+          {"kernels", kernels(r, stacks, opt.top)},
+          {"copies", copies(r)},
+          {"memory", std::move(mem.processes)},
+          {"leaks", std::move(mem.leaks)},
+          {"errors", errors(r)},
+          {"sync", sync(r, stats)},
+          {"lost", lost(r.db)}};
 }
 
-std::string render_text(const json& r) {
+std::string render_text(const json& report) {
   std::string out;
-  const auto& s = r["summary"];
-  out += fmt::format("gpuscope report: {} ({}), {:.2f} s on {}\n", s["command"].get<std::string>(),
-                     s["mode"].get<std::string>(), s["duration_s"].get<double>(), s["host"].get<std::string>());
-  if (!s["complete"].get<bool>())
-    out += "WARNING: this recording was cut short (gpuscope was killed); what it had committed is shown.\n";
-  for (const auto& p : s["processes"])
-    out += fmt::format("  process {} {}: {}{}\n", p["pid"].get<int64_t>(), p["comm"].get<std::string>(),
-                       shorten(p["cmdline"].get<std::string>(), 80),
-                       p["exit_code"].is_null() ? "" : fmt::format(" (exit {})", p["exit_code"].get<int64_t>()));
-  for (const auto& l : s["libraries"])
-    out += fmt::format("  probed {}: {} runtime + {} driver functions{}\n", l["path"].get<std::string>(),
-                       l["runtime_probes"].get<int64_t>(), l["driver_probes"].get<int64_t>(),
-                       l["error"].get<std::string>().empty() ? "" : " — error: " + l["error"].get<std::string>());
-  std::string kinds;
-  for (const auto& [k, v] : s["calls_by_kind"].items()) kinds += fmt::format("{}{} {}", kinds.empty() ? "" : ", ", v.get<int64_t>(), k);
-  out += fmt::format("  calls: {}\n", kinds.empty() ? "none" : kinds);
-
-  heading(out, "Top kernels by launches");
-  if (r["kernels"].empty()) out += "  no kernel launches\n";
-  for (const auto& k : r["kernels"]) {
-    out += fmt::format("{:>9}  {}\n", k["launches"].get<int64_t>(), shorten(k["name"].get<std::string>(), 110));
-    for (const auto& sh : k["shapes"])
-      out += fmt::format("{:>11}grid({},{},{}) block({},{},{}) smem {} ×{}\n", "", sh["grid"][0].get<int64_t>(),
-                         sh["grid"][1].get<int64_t>(), sh["grid"][2].get<int64_t>(), sh["block"][0].get<int64_t>(),
-                         sh["block"][1].get<int64_t>(), sh["block"][2].get<int64_t>(), sh["shared_mem"].get<int64_t>(),
-                         sh["launches"].get<int64_t>());
-    for (const auto& c : k["call_sites"])
-      out += fmt::format("{:>11}from {} ×{}\n", "", shorten(c["site"].get<std::string>(), 100),
-                         c["launches"].get<int64_t>());
-  }
-
-  heading(out, "Copies by direction and host memory");
-  if (r["copies"].empty()) out += "  no copies\n";
-  else out += fmt::format("  {:<8} {:<9} {:>9} {:>12} {:>12} {:>7}\n", "dir", "host", "count", "bytes", "CPU time", "failed");
-  for (const auto& c : r["copies"])
-    out += fmt::format("  {:<8} {:<9} {:>9} {:>12} {:>12} {:>7}\n", c["direction"].get<std::string>(),
-                       c["host_memory"].get<std::string>(), c["count"].get<int64_t>(), bytes_str(c["bytes"].get<int64_t>()),
-                       time_str(c["cpu_time_ns"].get<int64_t>()), c["failed"].get<int64_t>());
-
-  heading(out, "Device memory");
-  if (r["memory"]["processes"].empty()) out += "  no allocations\n";
-  for (const auto& p : r["memory"]["processes"])
-    out += fmt::format("  PID {}: peak {} at {:.2f} s, in use at exit {}; pinned host peak {}; {} allocations, {} frees, {} failed\n",
-                       p["pid"].get<int64_t>(), bytes_str(p["device_peak_bytes"].get<int64_t>()),
-                       p["device_peak_at_s"].get<double>(), bytes_str(p["device_in_use_at_exit_bytes"].get<int64_t>()),
-                       bytes_str(p["pinned_peak_bytes"].get<int64_t>()), p["allocations"].get<int64_t>(),
-                       p["frees"].get<int64_t>(), p["failed_allocations"].get<int64_t>());
-  if (!r["memory"]["leaks"].empty()) out += "  never freed, by allocation site:\n";
-  for (const auto& l : r["memory"]["leaks"])
-    out += fmt::format("  {:>12} in {:>5} allocation(s) from {}\n", bytes_str(l["bytes"].get<int64_t>()),
-                       l["allocations"].get<int64_t>(), shorten(l["site"].get<std::string>(), 90));
-
-  heading(out, "Failed calls");
-  if (r["errors"].empty()) out += "  none\n";
-  for (const auto& e : r["errors"])
-    out += fmt::format("  {:>9}  {} → {} ({})\n", e["count"].get<int64_t>(), e["function"].get<std::string>(),
-                       e["error"].get<std::string>(), e["code"].get<int64_t>());
-
-  heading(out, "Synchronisation");
-  if (r["sync"].empty()) out += "  none\n";
-  for (const auto& e : r["sync"])
-    out += fmt::format("  {:<28} {:>8} calls, {:>10} total, {:>10} mean, {:>10} max\n", e["function"].get<std::string>(),
-                       e["count"].get<int64_t>(), time_str(e["total_ns"].get<int64_t>()),
-                       time_str(e["mean_ns"].get<int64_t>()), time_str(e["max_ns"].get<int64_t>()));
-
-  heading(out, "Lost events");
-  const auto& lost = r["lost"];
-  if (lost["total"].get<int64_t>() == 0) {
-    out += "  no events lost\n";
-  } else {
-    for (const auto& [cause, n] : lost["by_cause"].items())
-      if (n.get<int64_t>()) out += fmt::format("  {:>9}  {}\n", n.get<int64_t>(), cause);
-  }
+  summary_text(out, report.at("summary"));
+  kernels_text(out, report.at("kernels"));
+  copies_text(out, report.at("copies"));
+  memory_text(out, report.at("memory"));
+  leaks_text(out, report.at("leaks"));
+  errors_text(out, report.at("errors"));
+  sync_text(out, report.at("sync"));
+  lost_text(out, report.at("lost"));
   return out;
 }
 

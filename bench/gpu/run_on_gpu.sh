@@ -12,7 +12,7 @@ TORCH_LIB=$($PY -c 'import os, nvidia.cu13 as m; print(os.path.join(list(m.__pat
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:${TORCH_LIB}"
 
 {
-  echo "== machine"; date -u; uname -r; nvidia-smi -L; git rev-parse HEAD 2>/dev/null || true
+  echo "== machine"; date -u; uname -r; nvidia-smi -L; echo "commit: ${GPUSCOPE_COMMIT:-unknown (set GPUSCOPE_COMMIT)}"
   echo "== validation: PyTorch training loop vs torch.profiler"
   $BUILD/gpuscope record -o "$OUT/train.gpuscope" -- $PY bench/gpu/train_step.py "$OUT/truth.json" --steps 5
   echo "gpuscope exit: $?"

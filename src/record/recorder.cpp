@@ -255,6 +255,10 @@ bool Recorder::targets_alive() const {
 
 int Recorder::run() {
   attach::check_can_trace();
+  // Every thread inherits this mask; signals arrive through the signalfd only.
+  sigset_t sigs = handled_signals();
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  const int sfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
   writer_ = std::make_unique<store::RecordWriter>(opts_.output);
 
   utsname u{};
@@ -271,11 +275,6 @@ int Recorder::run() {
   writer_->set_meta("realtime_offset_ns", std::to_string(clock_ns(CLOCK_REALTIME) - clock_ns(CLOCK_MONOTONIC)));
   writer_->set_meta("cuda_driver_version", driver_version());
   writer_->set_meta("stacks", opts_.stacks ? "1" : "0");
-
-  // Every thread inherits this mask; signals arrive through the signalfd only.
-  sigset_t sigs = handled_signals();
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  const int sfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
 
   attach::SessionConfig cfg;
   cfg.filter_targets = !opts_.all;

@@ -1,5 +1,8 @@
 #include "store/record_writer.h"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <filesystem>
 
 #include "common/error.h"
@@ -18,7 +21,7 @@ Db create_db(const std::string& path) {
     Db db(path, Db::Mode::Create);
     // A WAL keeps committed batches safe if we are killed; synchronous=NORMAL is durable
     // across a crash of this process, which is the failure that matters here.
-    db.exec("PRAGMA page_size=65536; PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF; PRAGMA cache_size=-65536; PRAGMA temp_store=MEMORY;");
+    db.exec("PRAGMA page_size=65536; PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF; PRAGMA cache_size=-16384; PRAGMA temp_store=MEMORY;");
     db.exec(kSchemaSql);
     return db;
   } catch (const Error& e) {
@@ -41,8 +44,8 @@ RecordWriter::RecordWriter(const std::string& path)
           "dir, host_mem, kernel_id, kernel_handle, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem, name, "
           "driver_func, driver_handle) "
           "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27)")),
-      insert_kernel_(db_.prepare("INSERT INTO kernels(name, demangled) VALUES(?1, ?2)")),
-      insert_module_(db_.prepare("INSERT INTO modules(path, build_id) VALUES(?1, ?2)")),
+      insert_kernel_(db_.prepare("INSERT INTO kernels(id, name, demangled) VALUES(?1, ?2, ?3)")),
+      insert_module_(db_.prepare("INSERT INTO modules(id, path, build_id) VALUES(?1, ?2, ?3)")),
       insert_stack_(db_.prepare("INSERT INTO stacks(id, depth) VALUES(?1, ?2)")),
       insert_frame_(db_.prepare("INSERT INTO stack_frames(stack_id, depth, module_id, offset, ip) VALUES(?1,?2,?3,?4,?5)")),
       upsert_process_(db_.prepare(
@@ -58,29 +61,88 @@ RecordWriter::RecordWriter(const std::string& path)
                             "ON CONFLICT(cause) DO UPDATE SET count=excluded.count")),
       set_meta_(db_.prepare("INSERT INTO meta(key, value) VALUES(?1, ?2) "
                             "ON CONFLICT(key) DO UPDATE SET value=excluded.value")) {
-  set_meta("format", kFormatName);
-  set_meta("schema_version", std::to_string(kSchemaVersion));
-  set_meta("complete", "0");
+  // Written now, not with the first batch: a record killed at once must still say what it is.
+  for (auto [key, value] : {std::pair{"format", std::string(kFormatName)},
+                            std::pair{"schema_version", std::to_string(kSchemaVersion)}, std::pair{"complete", std::string("0")}})
+    set_meta_.bind(1, key).bind(2, value).run();
   auto fn = db_.prepare("INSERT INTO functions(id, name, api, kind) VALUES(?1,?2,?3,?4)");
   for (const auto& f : decode::all_functions())
     fn.bind(1, int64_t(f.id)).bind(2, f.symbol).bind(3, decode::to_string(f.api)).bind(4, decode::to_string(f.kind)).run();
-  db_.exec("BEGIN");
+  writer_ = std::thread([this] { write_loop(); });
 }
 
 RecordWriter::~RecordWriter() {
   if (!finished_) {
     try {
-      db_.exec("COMMIT");
+      commit();
+      stop_writer();
     } catch (...) {
     }
   }
 }
 
 void RecordWriter::set_meta(const std::string& key, const std::string& value) {
-  set_meta_.bind(1, key).bind(2, value).run();
+  filling_.ops.push_back([this, key, value] { set_meta_.bind(1, key).bind(2, value).run(); });
 }
 
-void RecordWriter::add_call(const CallEvent& e) {
+void RecordWriter::add_call(const CallEvent& e) { filling_.calls.push_back(e); }
+
+void RecordWriter::commit() {
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [this] { return queue_.size() < kMaxQueuedBatches; });
+    queue_.push_back(std::move(filling_));
+  }
+  cv_.notify_all();
+  filling_ = Batch{};
+}
+
+void RecordWriter::write_loop() {
+  // Signals are for the thread that owns the recording, never this one.
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  for (;;) {
+    Batch b;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      b = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    cv_.notify_all();
+    write_batch(b);
+  }
+}
+
+void RecordWriter::write_batch(Batch& b) {
+  try {
+    db_.exec("BEGIN");
+    for (auto& op : b.ops) op();
+    for (const auto& e : b.calls) insert_call(e);
+    db_.exec("COMMIT");
+    calls_written_ += b.calls.size();
+  } catch (const std::exception& e) {
+    if (!error_reported_) fmt::print(stderr, "gpuscope: error: writing the record failed: {}\n", e.what());
+    error_reported_ = true;
+    try {
+      db_.exec("ROLLBACK");
+    } catch (...) {
+    }
+  }
+}
+
+void RecordWriter::stop_writer() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (writer_.joinable()) writer_.join();
+}
+
+void RecordWriter::insert_call(const CallEvent& e) {
   auto& s = insert_call_;
   auto opt = [&](int i, uint64_t v) {
     if (v) s.bind(i, v); else s.bind_null(i);
@@ -109,65 +171,73 @@ void RecordWriter::add_call(const CallEvent& e) {
   if (!e.name.empty()) s.bind(25, e.name);
   if (e.driver_func) s.bind(26, int64_t(e.driver_func)).bind(27, e.driver_handle);
   s.run();
-  ++calls_written_;
 }
 
 int64_t RecordWriter::intern_kernel(const std::string& name, const std::string& demangled) {
   if (auto it = kernels_.find(name); it != kernels_.end()) return it->second;
-  insert_kernel_.bind(1, name).bind(2, demangled).run();
-  return kernels_[name] = db_.last_insert_rowid();
+  const int64_t id = next_kernel_id_++;
+  filling_.ops.push_back([this, id, name, demangled] { insert_kernel_.bind(1, id).bind(2, name).bind(3, demangled).run(); });
+  return kernels_[name] = id;
 }
 
 int64_t RecordWriter::intern_module(const std::string& path, const std::string& build_id) {
   const std::string key = path + '\0' + build_id;
   if (auto it = modules_.find(key); it != modules_.end()) return it->second;
-  insert_module_.bind(1, path).bind(2, build_id).run();
-  return modules_[key] = db_.last_insert_rowid();
+  const int64_t id = next_module_id_++;
+  filling_.ops.push_back([this, id, path, build_id] { insert_module_.bind(1, id).bind(2, path).bind(3, build_id).run(); });
+  return modules_[key] = id;
 }
 
 int64_t RecordWriter::intern_stack(const std::vector<StoredFrame>& frames) {
   if (auto it = stacks_.find(frames); it != stacks_.end()) return it->second;
   const int64_t id = next_stack_id_++;
-  insert_stack_.bind(1, id).bind(2, int64_t(frames.size())).run();
-  for (size_t d = 0; d < frames.size(); ++d) {
-    const auto& f = frames[d];
-    insert_frame_.bind(1, id).bind(2, int64_t(d));
-    if (f.module_id) insert_frame_.bind(3, f.module_id).bind(4, f.offset);
-    insert_frame_.bind(5, f.ip).run();
-  }
+  filling_.ops.push_back([this, id, frames] {
+    insert_stack_.bind(1, id).bind(2, int64_t(frames.size())).run();
+    for (size_t d = 0; d < frames.size(); ++d) {
+      const auto& f = frames[d];
+      insert_frame_.bind(1, id).bind(2, int64_t(d));
+      if (f.module_id) insert_frame_.bind(3, f.module_id).bind(4, f.offset);
+      insert_frame_.bind(5, f.ip).run();
+    }
+  });
   stacks_.emplace(frames, id);
   return id;
 }
 
 void RecordWriter::upsert_process(uint32_t pid, uint32_t ppid, const std::string& comm, const std::string& cmdline,
                                   const std::string& exe, uint64_t ts_ns) {
-  upsert_process_.bind(1, pid);
-  if (ppid) upsert_process_.bind(2, ppid);
-  upsert_process_.bind(3, comm).bind(4, cmdline).bind(5, exe).bind(6, ts_ns).run();
+  filling_.ops.push_back([=, this] {
+    upsert_process_.bind(1, pid);
+    if (ppid) upsert_process_.bind(2, ppid);
+    upsert_process_.bind(3, comm).bind(4, cmdline).bind(5, exe).bind(6, ts_ns).run();
+  });
 }
 
 void RecordWriter::set_process_exit(uint32_t pid, uint64_t ts_ns, int exit_code) {
-  process_exit_.bind(1, pid).bind(2, ts_ns).bind(3, exit_code).run();
+  filling_.ops.push_back([=, this] { process_exit_.bind(1, pid).bind(2, ts_ns).bind(3, exit_code).run(); });
 }
 
 void RecordWriter::upsert_thread(uint32_t tid, uint32_t pid, const std::string& comm) {
-  upsert_thread_.bind(1, tid).bind(2, pid).bind(3, comm).run();
+  filling_.ops.push_back([=, this] { upsert_thread_.bind(1, tid).bind(2, pid).bind(3, comm).run(); });
 }
 
 void RecordWriter::add_library(const LibraryRow& l) {
-  insert_library_.bind(1, l.pid).bind(2, l.path).bind(3, l.build_id).bind(4, l.runtime_probes).bind(5, l.driver_probes);
-  insert_library_.bind(6, l.ts_ns);
-  if (!l.error.empty()) insert_library_.bind(7, l.error);
-  insert_library_.run();
+  filling_.ops.push_back([this, l] {
+    insert_library_.bind(1, l.pid).bind(2, l.path).bind(3, l.build_id).bind(4, l.runtime_probes);
+    insert_library_.bind(5, l.driver_probes).bind(6, l.ts_ns);
+    if (!l.error.empty()) insert_library_.bind(7, l.error);
+    insert_library_.run();
+  });
 }
 
-void RecordWriter::set_lost(const std::string& cause, uint64_t count) { set_lost_.bind(1, cause).bind(2, count).run(); }
-
-void RecordWriter::commit() { db_.exec("COMMIT; BEGIN"); }
+void RecordWriter::set_lost(const std::string& cause, uint64_t count) {
+  filling_.ops.push_back([=, this] { set_lost_.bind(1, cause).bind(2, count).run(); });
+}
 
 void RecordWriter::finish() {
   set_meta("complete", "1");
-  db_.exec("COMMIT");
+  commit();
+  stop_writer();
   finished_ = true;
   db_.exec(kIndexSql);
   // Back to a single file: a record is something people copy around.

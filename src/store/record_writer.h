@@ -1,8 +1,18 @@
-// Writes a record file. Not thread-safe: the pipeline thread owns it. Rows accumulate in
-// one transaction that commit() closes, so a recording cut short keeps all committed rows.
+// Writes a record file. One thread (the pipeline) calls it; SQLite runs on a writer thread of
+// its own, so decoding and inserting use two cores. Calls and other rows accumulate in a batch
+// that commit() hands to the writer, which inserts it as one transaction: a recording cut
+// short keeps every committed batch. Ids are assigned here, not by SQLite, so nothing waits
+// for the writer; at most kMaxQueuedBatches wait for it (commit blocks past that).
+// Errors on the writer thread (disk full) are reported once and the batch is dropped.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -48,7 +58,8 @@ class RecordWriter {
   void set_lost(const std::string& cause, uint64_t count);
 
   void commit();
-  // Indexes, marks the record complete, folds the write-ahead log into the one file.
+  // Writes what is queued, indexes, marks the record complete, folds the write-ahead log
+  // into the one file.
   void finish();
 
   uint64_t calls_written() const { return calls_written_; }
@@ -57,6 +68,18 @@ class RecordWriter {
   struct FrameVecHash {
     size_t operator()(const std::vector<StoredFrame>& v) const;
   };
+  // Rows other than calls, in the order they were made.
+  using Op = std::function<void()>;
+  struct Batch {
+    std::vector<Op> ops;
+    std::vector<CallEvent> calls;
+  };
+  static constexpr size_t kMaxQueuedBatches = 4;
+
+  void insert_call(const CallEvent& e);
+  void write_loop();
+  void write_batch(Batch& b);
+  void stop_writer();
 
   Db db_;
   Stmt insert_call_, insert_kernel_, insert_module_, insert_stack_, insert_frame_, upsert_process_, process_exit_,
@@ -64,9 +87,17 @@ class RecordWriter {
   std::unordered_map<std::string, int64_t> kernels_;
   std::unordered_map<std::string, int64_t> modules_;
   std::unordered_map<std::vector<StoredFrame>, int64_t, FrameVecHash> stacks_;
-  int64_t next_stack_id_ = 1;
-  uint64_t calls_written_ = 0;
+  int64_t next_stack_id_ = 1, next_kernel_id_ = 1, next_module_id_ = 1;
+  std::atomic<uint64_t> calls_written_{0};
   bool finished_ = false;
+
+  Batch filling_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Batch> queue_;
+  bool stopping_ = false;
+  bool error_reported_ = false;
+  std::thread writer_;
 };
 
 }  // namespace gpuscope::store

@@ -70,12 +70,20 @@ struct gs_call_record {
 
 struct gs_libload_record {
 	__u16 kind;          /* GS_REC_LIBLOAD */
-	__u16 pad;
+	__u16 cuda_name;     /* 1: named like a CUDA library; 0: a shared object that may hold a static runtime */
 	__u32 pid;
 	__u32 tid;
 	__s32 fd;
 	__u64 ts_ns;
+	__u64 dev;           /* the file's device (kernel encoding: major << 20 | minor) and inode */
+	__u64 ino;
 	char path[GS_PATH_LEN];
+};
+
+/* A file user space has looked at (key of the checked_files map). */
+struct gs_file_key {
+	__u64 dev;
+	__u64 ino;
 };
 
 struct gs_proc_record {

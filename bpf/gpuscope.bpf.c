@@ -82,10 +82,20 @@ struct {
 	__type(value, __u64);
 } lost SEC(".maps");
 
-/* openat of a CUDA library by a target: the path, kept until that fd is closed. */
+/* openat of a CUDA library (or of a shared object not yet checked) by a target: the path,
+ * kept until that fd is closed. */
 struct lib_open {
 	char path[GS_PATH_LEN];
+	__u32 cuda_name;
 };
+
+/* Shared objects user space has already checked for a statically linked CUDA runtime. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct gs_file_key);
+	__type(value, __u8);
+} checked_files SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -365,35 +375,42 @@ int on_exec(void *ctx)
  * and closes the descriptor before running any of its code. At that close we stop the
  * process; user space attaches to the file, snapshots the mappings, and continues it. */
 
+/* What a path names, found in one pass: a file named like a CUDA library, or any shared
+ * object ("x.so", "x.so.1.2"), which may carry a statically linked CUDA runtime. */
+struct path_scan {
+	const char *path;
+	long len;
+	bool cuda_name;
+	bool shared_object;
+};
+
+static __always_inline char at(const char *p, __u32 i)
+{
+	return p[i & (GS_PATH_LEN - 1)];
+}
+
 static __always_inline bool has_prefix(const char *s, __u32 off, const char *prefix, __u32 n)
 {
-	for (__u32 i = 0; i < n; i++) {
-		__u32 j = off + i;
-		if (j >= GS_PATH_LEN || s[j & (GS_PATH_LEN - 1)] != prefix[i])
+	for (__u32 i = 0; i < n; i++)
+		if (at(s, off + i) != prefix[i])
 			return false;
-	}
 	return true;
 }
 
-static __always_inline bool is_cuda_name_at(const char *path, __u32 off)
+/* bpf_loop's callback is verified once, whatever the path: a plain loop here made the
+ * verifier walk every length and character branch (over a million instructions). */
+static long scan_char(__u32 i, struct path_scan *ps)
 {
-	return has_prefix(path, off, "libcudart", 9) || has_prefix(path, off, "libcuda.so", 10);
-}
-
-/* Does any path component start with a CUDA library name? Written as a search with an
- * early exit (rather than "find the last '/'") so that the verifier sees one state per
- * iteration. */
-static __always_inline bool is_cuda_library(const char *path, long len)
-{
-	if (is_cuda_name_at(path, 0))
-		return true;
-	for (__u32 i = 0; i < GS_PATH_LEN - 1; i++) {
-		if (i >= len)
-			break;
-		if (path[i] == '/' && is_cuda_name_at(path, i + 1))
-			return true;
-	}
-	return false;
+	if (i >= ps->len)
+		return 1;
+	const char *p = ps->path;
+	if ((i == 0 || at(p, i - 1) == '/') && i + 10 < GS_PATH_LEN &&
+	    (has_prefix(p, i, "libcudart", 9) || has_prefix(p, i, "libcuda.so", 10)))
+		ps->cuda_name = true;
+	if (at(p, i) == '.' && at(p, i + 1) == 's' && at(p, i + 2) == 'o' &&
+	    (at(p, i + 3) == 0 || at(p, i + 3) == '.'))
+		ps->shared_object = true;
+	return 0;
 }
 
 SEC("tracepoint/syscalls/sys_enter_openat")
@@ -426,8 +443,13 @@ int on_openat_exit(struct trace_event_raw_sys_exit *ctx)
 	if (!lo)
 		return 0;
 	long len = bpf_probe_read_user_str(lo->path, sizeof(lo->path), (void *)user_path);
-	if (len <= 0 || !is_cuda_library(lo->path, len))
+	if (len <= 0)
 		return 0;
+	struct path_scan ps = {.path = lo->path, .len = len};
+	bpf_loop(GS_PATH_LEN - 4, scan_char, &ps, 0);
+	if (!ps.cuda_name && !ps.shared_object)
+		return 0;
+	lo->cuda_name = ps.cuda_name;
 	__u64 key = (id & 0xffffffff00000000ULL) | (__u32)ctx->ret;
 	bpf_map_update_elem(&lib_fds, &key, lo, BPF_ANY);
 	return 0;
@@ -441,12 +463,30 @@ int on_close(struct trace_event_raw_sys_enter *ctx)
 	struct lib_open *lo = bpf_map_lookup_elem(&lib_fds, &key);
 	if (!lo)
 		return 0;
+	/* Which file is it? A shared object checked once is never stopped for again. */
+	__u32 fd = (__u32)ctx->args[0];
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct file **fds = BPF_CORE_READ(task, files, fdt, fd);
+	struct file *file = NULL;
+	bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]);
+	struct gs_file_key fk = {};
+	if (file) {
+		fk.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
+		fk.ino = BPF_CORE_READ(file, f_inode, i_ino);
+	}
+	if (!lo->cuda_name && (!file || bpf_map_lookup_elem(&checked_files, &fk))) {
+		bpf_map_delete_elem(&lib_fds, &key);
+		return 0;
+	}
 	struct gs_libload_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (r) {
 		r->kind = GS_REC_LIBLOAD;
+		r->cuda_name = lo->cuda_name;
 		r->pid = id >> 32;
 		r->tid = (__u32)id;
-		r->fd = (__s32)ctx->args[0];
+		r->fd = (__s32)fd;
+		r->dev = fk.dev;
+		r->ino = fk.ino;
 		r->ts_ns = bpf_ktime_get_ns();
 		__builtin_memcpy(r->path, lo->path, sizeof(r->path));
 		/* Stop first: the signal is delivered when close returns, before the loader

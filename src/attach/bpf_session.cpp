@@ -158,6 +158,12 @@ void BpfSession::add_target(pid_t pid) {
   bpf_map__update_elem(skel_->maps.targets, &key, sizeof(key), &one, sizeof(one), BPF_ANY);
 }
 
+void BpfSession::mark_checked(uint64_t dev, uint64_t ino) {
+  gs_file_key key{dev, ino};
+  uint8_t one = 1;
+  bpf_map__update_elem(skel_->maps.checked_files, &key, sizeof(key), &one, sizeof(one), BPF_ANY);
+}
+
 void BpfSession::attach_probe(const std::string& path, uint64_t offset, uint64_t cookie, bool entry_only,
                               bool with_return) {
   LIBBPF_OPTS(bpf_uprobe_opts, opts, .bpf_cookie = cookie);

@@ -50,6 +50,8 @@ class BpfSession {
   BpfSession& operator=(const BpfSession&) = delete;
 
   void add_target(pid_t pid);
+  // Tells the BPF side not to stop processes again for this file (see bpf: checked_files).
+  void mark_checked(uint64_t dev, uint64_t ino);
   // Attaches a uprobe to every probed CUDA function the ELF file at `path` defines. Files are
   // identified by device and inode, so a library reached through several paths is probed once.
   AttachResult attach_file(const std::string& path);

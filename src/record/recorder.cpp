@@ -132,7 +132,8 @@ class Recorder {
  private:
   void attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns);
   void attach_mapped_libraries(pid_t pid);
-  void check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown);
+  // True when the file carries a CUDA runtime of its own and was probed.
+  bool check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown);
   pid_t spawn_command();
   void handle_control();
   bool targets_alive() const;
@@ -165,17 +166,15 @@ void Recorder::attach_library(pid_t pid, const std::string& open_path, const std
   pipeline_->add_library(std::move(row));
 }
 
-void Recorder::check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown) {
+bool Recorder::check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown) {
   struct stat st{};
-  if (stat(exe_path.c_str(), &st) != 0 || !checked_executables_.insert({st.st_dev, st.st_ino}).second) return;
-  if (discover::is_cuda_runtime_library(shown)) return;
-  try {
-    auto elf = symbolize::ElfFile::open(exe_path);
-    if (elf->has_function("cudaLaunchKernel") || elf->has_function("cudaMalloc"))
-      attach_library(pid, exe_path, shown + " (static CUDA runtime)", clock_ns(CLOCK_MONOTONIC));
-  } catch (const std::exception&) {
-    // Not an ELF file we can read (a script): nothing to probe in it.
-  }
+  if (stat(exe_path.c_str(), &st) != 0 || !checked_executables_.insert({st.st_dev, st.st_ino}).second) return false;
+  if (discover::is_cuda_runtime_library(shown) || discover::is_cuda_driver_library(shown)) return false;
+  // A file that is not ELF (a script) defines nothing.
+  if (!symbolize::defines_any_function(exe_path, {"cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMalloc"}))
+    return false;
+  attach_library(pid, exe_path, shown + " (static CUDA runtime)", clock_ns(CLOCK_MONOTONIC));
+  return true;
 }
 
 void Recorder::attach_mapped_libraries(pid_t pid) {
@@ -240,8 +239,12 @@ void Recorder::handle_control() {
     const pid_t pid = static_cast<pid_t>(l.pid);
     stopped_.add(pid);
     const std::string path(l.path, strnlen(l.path, sizeof(l.path)));
-    attach_library(pid, discover::path_in_target(pid, path), path, l.ts_ns);
-    maps_.refresh(pid);  // the library is mapped now: name its frames even if the process dies soon
+    const std::string open_path = discover::path_in_target(pid, path);
+    const bool probed = l.cuda_name ? (attach_library(pid, open_path, path, l.ts_ns), true)
+                                    : check_static_runtime(pid, open_path, path);
+    // The library is mapped now: name its frames even if the process dies soon.
+    if (probed) maps_.refresh(pid);
+    bpf_->mark_checked(l.dev, l.ino);
     stopped_.resume(pid);
   }
   for (pid_t pid : execs) check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid));

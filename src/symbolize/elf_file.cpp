@@ -158,6 +158,34 @@ std::string demangle(const std::string& name) {
   return s;
 }
 
+bool defines_any_function(const std::string& path, const std::vector<std::string>& names) {
+  try {
+    ElfHandle h(path);
+    Elf* elf = h.get();
+    Elf_Scn* scn = nullptr;
+    while ((scn = elf_nextscn(elf, scn)) != nullptr) {
+      GElf_Shdr sh;
+      if (!gelf_getshdr(scn, &sh) || (sh.sh_type != SHT_SYMTAB && sh.sh_type != SHT_DYNSYM)) continue;
+      Elf_Data* data = elf_getdata(scn, nullptr);
+      if (!data || sh.sh_entsize == 0) continue;
+      const size_t count = sh.sh_size / sh.sh_entsize;
+      for (size_t i = 0; i < count; ++i) {
+        GElf_Sym sym;
+        if (!gelf_getsym(data, static_cast<int>(i), &sym) || sym.st_shndx == SHN_UNDEF ||
+            GELF_ST_TYPE(sym.st_info) != STT_FUNC)
+          continue;
+        const char* raw = elf_strptr(elf, sh.sh_link, sym.st_name);
+        if (!raw) continue;
+        const std::string_view name(raw, strcspn(raw, "@"));
+        for (const auto& n : names)
+          if (name == n) return true;
+      }
+    }
+  } catch (const std::exception&) {
+  }
+  return false;
+}
+
 std::string read_build_id(const std::string& path) {
   try {
     ElfHandle h(path);

@@ -44,6 +44,9 @@ class ElfFile {
 
 // Itanium C++ demangling; the input unchanged when it is not a mangled name.
 std::string demangle(const std::string& name);
+// Does the file define (not import) a function of one of these names? Reads the symbol tables
+// without indexing them: the cheap question asked of every shared object a target loads.
+bool defines_any_function(const std::string& path, const std::vector<std::string>& names);
 // The GNU build id of a file as hex, "" if it has none or cannot be read. Cheap: no symbols read.
 std::string read_build_id(const std::string& path);
 

@@ -91,6 +91,17 @@ def test_static_cudart(record):
     assert "static CUDA runtime" in rec.scalar("SELECT path FROM libraries")
 
 
+def test_static_cudart_inside_a_late_loaded_library(record):
+    """A library named like nothing CUDA, with the runtime linked in, dlopen'ed late by Python:
+    its first call is recorded, and its kernel named."""
+    rec = record("--", "/usr/bin/python3", TARGETS.parent.parent / "tests/targets/load_lib.py",
+                 TARGETS / "libstatic_in_lib.so")
+    assert rec.returncode == 0, rec.stderr
+    assert rec.query("SELECT bytes FROM calls c JOIN functions f ON f.id=c.func WHERE f.name='cudaMalloc'") == [(7777,)]
+    assert kernel_launches(rec) == {"lib_kernel(int*)": 1}
+    assert "libstatic_in_lib.so (static CUDA runtime)" in rec.scalar("SELECT group_concat(path) FROM libraries")
+
+
 def test_threads_launching_at_once(record):
     rec = record("--", TARGETS / "cuda_ops", "--threads", 4, "--iterations", 50)
     assert rec.returncode == 3, rec.stderr

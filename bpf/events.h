@@ -70,7 +70,8 @@ struct gs_call_record {
 
 struct gs_libload_record {
 	__u16 kind;          /* GS_REC_LIBLOAD */
-	__u16 cuda_name;     /* 1: named like a CUDA library; 0: a shared object that may hold a static runtime */
+	__u8 cuda_name;      /* 1: named like a CUDA library; 0: a shared object that may hold a static runtime */
+	__u8 stopped;        /* 1: the process was stopped and waits for user space to continue it */
 	__u32 pid;
 	__u32 tid;
 	__s32 fd;

@@ -17,6 +17,10 @@ const volatile bool filter_targets = true;  /* false with --all */
 const volatile bool capture_stacks = true;
 const volatile __u64 wakeup_bytes = 1 << 20;  /* wake the consumer only past this much data */
 const volatile __u32 self_tgid = 0;           /* never trace gpuscope itself */
+/* Stop a process while a shared object it loads is checked for a static CUDA runtime. Off
+ * with --all: stopping every process on the host disturbs parents that watch for stops
+ * (shells, supervisors); there the check runs while the process goes on. */
+const volatile bool stop_for_shared_objects = true;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -482,6 +486,7 @@ int on_close(struct trace_event_raw_sys_enter *ctx)
 	if (r) {
 		r->kind = GS_REC_LIBLOAD;
 		r->cuda_name = lo->cuda_name;
+		r->stopped = lo->cuda_name || stop_for_shared_objects;
 		r->pid = id >> 32;
 		r->tid = (__u32)id;
 		r->fd = (__s32)fd;
@@ -491,7 +496,8 @@ int on_close(struct trace_event_raw_sys_enter *ctx)
 		__builtin_memcpy(r->path, lo->path, sizeof(r->path));
 		/* Stop first: the signal is delivered when close returns, before the loader
 		 * can run the library's code. User space continues the process. */
-		bpf_send_signal(SIGSTOP);
+		if (r->stopped)
+			bpf_send_signal(SIGSTOP);
 		bpf_ringbuf_submit(r, BPF_RB_FORCE_WAKEUP);
 	} else {
 		count_lost(GS_LOST_RINGBUF_FULL);

@@ -57,6 +57,7 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
 
   skel_->rodata->filter_targets = cfg.filter_targets;
   skel_->rodata->capture_stacks = cfg.capture_stacks;
+  skel_->rodata->stop_for_shared_objects = cfg.stop_for_shared_objects;
   skel_->rodata->wakeup_bytes = cfg.wakeup_bytes;
   skel_->rodata->self_tgid = static_cast<uint32_t>(getpid());
   bpf_map__set_max_entries(skel_->maps.events, round_up_pow2(cfg.ringbuf_bytes));
@@ -91,7 +92,7 @@ BpfSession::BpfSession(const SessionConfig& cfg) {
     if (!link)
       throw Error("cannot attach tracepoint program '{}' ({}); is tracefs available?", bpf_program__name(prog),
                   strerror(errno));
-    links_.emplace_back(link);
+    (prog == skel_->progs.on_close ? close_link_ : links_.emplace_back()).reset(link);
   }
 
   ring_.reset(ring_buffer__new(bpf_map__fd(skel_->maps.events), &BpfSession::on_record, this, nullptr));
@@ -121,6 +122,7 @@ void BpfSession::attach_multi(bpf_program* prog, const std::string& path, const 
 }
 
 BpfSession::~BpfSession() {
+  close_link_.reset();
   for (int fd : multi_links_) close(fd);
   // Probes go before the maps they write to. Each uprobe's removal waits for an RCU grace
   // period (~100 ms in a VM); removing them from many threads lets those waits overlap, so
@@ -157,6 +159,8 @@ void BpfSession::add_target(pid_t pid) {
   uint8_t one = 1;
   bpf_map__update_elem(skel_->maps.targets, &key, sizeof(key), &one, sizeof(one), BPF_ANY);
 }
+
+void BpfSession::stop_stopping_processes() { close_link_.reset(); }
 
 void BpfSession::mark_checked(uint64_t dev, uint64_t ino) {
   gs_file_key key{dev, ino};

@@ -24,6 +24,7 @@ namespace gpuscope::attach {
 struct SessionConfig {
   bool filter_targets = true;  // false: every process on the host
   bool capture_stacks = true;
+  bool stop_for_shared_objects = true;  // see bpf: stop_for_shared_objects
   uint32_t ringbuf_bytes = 64u << 20;
   uint32_t wakeup_bytes = 4u << 20;
   uint32_t stack_map_entries = 32768;
@@ -52,6 +53,9 @@ class BpfSession {
   void add_target(pid_t pid);
   // Tells the BPF side not to stop processes again for this file (see bpf: checked_files).
   void mark_checked(uint64_t dev, uint64_t ino);
+  // Detaches the tracepoint that stops processes at library loads. Called first when the
+  // recording ends, so that no process is stopped after the last stop gpuscope will answer.
+  void stop_stopping_processes();
   // Attaches a uprobe to every probed CUDA function the ELF file at `path` defines. Files are
   // identified by device and inode, so a library reached through several paths is probed once.
   AttachResult attach_file(const std::string& path);
@@ -87,6 +91,7 @@ class BpfSession {
   std::unique_ptr<gpuscope_bpf, SkelDeleter> skel_;
   std::unique_ptr<ring_buffer, RingDeleter> ring_;
   std::vector<std::unique_ptr<bpf_link, LinkDeleter>> links_;
+  std::unique_ptr<bpf_link, LinkDeleter> close_link_;
   // One uprobe-multi link (kernel 6.6+) per program and file: attaching and detaching a whole
   // library's probes costs one system call and one RCU grace period, not one per probe.
   bool multi_ = false;

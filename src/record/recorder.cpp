@@ -237,7 +237,7 @@ void Recorder::handle_control() {
   control_.take(libloads, execs);
   for (const auto& l : libloads) {
     const pid_t pid = static_cast<pid_t>(l.pid);
-    stopped_.add(pid);
+    if (l.stopped) stopped_.add(pid);
     const std::string path(l.path, strnlen(l.path, sizeof(l.path)));
     const std::string open_path = discover::path_in_target(pid, path);
     const bool probed = l.cuda_name ? (attach_library(pid, open_path, path, l.ts_ns), true)
@@ -245,7 +245,7 @@ void Recorder::handle_control() {
     // The library is mapped now: name its frames even if the process dies soon.
     if (probed) maps_.refresh(pid);
     bpf_->mark_checked(l.dev, l.ino);
-    stopped_.resume(pid);
+    if (l.stopped) stopped_.resume(pid);
   }
   for (pid_t pid : execs) check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid));
 }
@@ -282,6 +282,7 @@ int Recorder::run() {
   attach::SessionConfig cfg;
   cfg.filter_targets = !opts_.all;
   cfg.capture_stacks = opts_.stacks;
+  cfg.stop_for_shared_objects = !opts_.all;
   cfg.ringbuf_bytes = opts_.ringbuf_mb << 20;
   cfg.wakeup_bytes = cfg.ringbuf_bytes / 4;
   bpf_ = std::make_unique<attach::BpfSession>(cfg);
@@ -309,9 +310,13 @@ int Recorder::run() {
   });
   auto stop_consumer = [&] {
     if (!consuming.exchange(false)) return;
+    // No new stops from here on; those already made are in the ring buffer or the control
+    // queue, and are answered below, so that no process is left stopped.
+    bpf_->stop_stopping_processes();
     consumer.join();
     while (bpf_->poll(0) > 0) pipeline_->end_batch();  // drain what is left
     pipeline_->end_batch();
+    handle_control();
   };
 
   const uint64_t start_ns = clock_ns(CLOCK_MONOTONIC);

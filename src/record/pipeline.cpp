@@ -105,7 +105,7 @@ void Pipeline::run() {
     try {
       for (const auto& lib : libraries) writer_.add_library(lib);
       for (const auto& batch : work) process_batch(batch);
-      maybe_commit(false);
+      maybe_commit();
     } catch (const std::exception& e) {
       // A store failure (disk full) must not take the recording down silently: say it once
       // per batch and keep consuming so the ring buffer never backs up into the targets.
@@ -273,9 +273,9 @@ void Pipeline::write_lost() {
   writer_.set_lost("name_unreadable", names_unread_);
 }
 
-void Pipeline::maybe_commit(bool force) {
+void Pipeline::maybe_commit() {
   const uint64_t now = now_ns();
-  if (!force && calls_since_commit_ < cfg_.commit_every_calls && now - last_commit_ns_ < cfg_.commit_interval_ns) return;
+  if (calls_since_commit_ < cfg_.commit_every_calls && now - last_commit_ns_ < cfg_.commit_interval_ns) return;
   write_lost();
   writer_.commit();
   calls_since_commit_ = 0;

@@ -73,7 +73,7 @@ class Pipeline {
   // A name in the target's memory (or, once it is gone, its file); `partial` if neither reads.
   std::string read_name(uint32_t pid, uint64_t addr, const std::string& partial);
   void write_lost();
-  void maybe_commit(bool force);
+  void maybe_commit();
 
   store::RecordWriter& writer_;
   attach::BpfSession& bpf_;

@@ -122,7 +122,6 @@ void RecordWriter::write_batch(Batch& b) {
     for (auto& op : b.ops) op();
     for (const auto& e : b.calls) insert_call(e);
     db_.exec("COMMIT");
-    calls_written_ += b.calls.size();
   } catch (const std::exception& e) {
     if (!error_reported_) fmt::print(stderr, "gpuscope: error: writing the record failed: {}\n", e.what());
     error_reported_ = true;

@@ -62,8 +62,6 @@ class RecordWriter {
   // into the one file.
   void finish();
 
-  uint64_t calls_written() const { return calls_written_; }
-
  private:
   struct FrameVecHash {
     size_t operator()(const std::vector<StoredFrame>& v) const;
@@ -88,7 +86,6 @@ class RecordWriter {
   std::unordered_map<std::string, int64_t> modules_;
   std::unordered_map<std::vector<StoredFrame>, int64_t, FrameVecHash> stacks_;
   int64_t next_stack_id_ = 1, next_kernel_id_ = 1, next_module_id_ = 1;
-  std::atomic<uint64_t> calls_written_{0};
   bool finished_ = false;
 
   Batch filling_;

@@ -6,7 +6,6 @@
 // Errors on the writer thread (disk full) are reported once and the batch is dropped.
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>

@@ -4,50 +4,101 @@
 #include <fcntl.h>
 #include <gelf.h>
 #include <libelf.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string_view>
 
 namespace gpuscope::symbolize {
 namespace {
 
-// Owns the descriptor and the libelf handle together.
-class ElfHandle {
+[[noreturn]] void fail(const std::string& path, const std::string& why) {
+  throw std::runtime_error("cannot read ELF file " + path + ": " + why);
+}
+
+class Fd {
  public:
-  explicit ElfHandle(const std::string& path) {
-    static const bool init = elf_version(EV_CURRENT) != EV_NONE;
-    if (!init) throw std::runtime_error("libelf initialisation failed");
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw std::runtime_error(path + ": " + strerror(errno));
-    elf_ = elf_begin(fd_, ELF_C_READ_MMAP, nullptr);
-    if (!elf_ || elf_kind(elf_) != ELF_K_ELF) {
-      const std::string why = elf_ ? "not an ELF file" : elf_errmsg(-1);
-      close();
-      throw std::runtime_error(path + ": " + why);
-    }
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
   }
-  ~ElfHandle() { close(); }
-  ElfHandle(const ElfHandle&) = delete;
-  ElfHandle& operator=(const ElfHandle&) = delete;
-  Elf* get() const { return elf_; }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
 
  private:
-  void close() {
-    if (elf_) elf_end(elf_);
-    if (fd_ >= 0) ::close(fd_);
-    elf_ = nullptr;
-    fd_ = -1;
+  int fd_;
+};
+
+struct ElfEnd {
+  void operator()(Elf* e) const { elf_end(e); }
+};
+
+// An open, checked ELF file: the descriptor and the libelf handle, released together. Every
+// table the headers describe lies inside the file, so a truncated file fails here rather than
+// reading as one with fewer symbols.
+class ElfHandle {
+ public:
+  explicit ElfHandle(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd_.get() < 0) fail(path, std::strerror(errno));
+    struct stat st{};
+    if (fstat(fd_.get(), &st) != 0) fail(path, std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+    static const bool libelf_ready = elf_version(EV_CURRENT) != EV_NONE;
+    if (!libelf_ready) fail(path, "libelf initialisation failed");
+    elf_.reset(elf_begin(fd_.get(), ELF_C_READ_MMAP, nullptr));
+    if (!elf_ || elf_kind(elf_.get()) != ELF_K_ELF) {
+      char magic[SELFMAG] = {};
+      const bool elf_magic = pread(fd_.get(), magic, SELFMAG, 0) == SELFMAG && memcmp(magic, ELFMAG, SELFMAG) == 0;
+      fail(path, elf_magic ? "truncated or corrupt ELF header" : "not an ELF file");
+    }
+    check_extents(path, static_cast<uint64_t>(st.st_size));
   }
-  int fd_ = -1;
-  Elf* elf_ = nullptr;
+
+  Elf* get() const { return elf_.get(); }
+  const GElf_Ehdr& header() const { return ehdr_; }
+
+ private:
+  void check_extents(const std::string& path, uint64_t file_size) {
+    size_t nphdr = 0, nshdr = 0;
+    if (!gelf_getehdr(elf_.get(), &ehdr_) || elf_getphdrnum(elf_.get(), &nphdr) != 0 ||
+        elf_getshdrnum(elf_.get(), &nshdr) != 0)
+      fail(path, std::string("truncated or corrupt ELF headers (") + elf_errmsg(-1) + ")");
+    // libelf quietly drops a section header table that does not fit, which would read as a file
+    // without symbols: the count the ELF header claims is checked (0 with e_shoff set means
+    // extended numbering, whose count is in the first section header).
+    uint64_t claimed_shdrs = ehdr_.e_shnum;
+    if (claimed_shdrs == 0 && ehdr_.e_shoff != 0) claimed_shdrs = std::max<uint64_t>(nshdr, 1);
+    uint64_t needed =
+        std::max(ehdr_.e_phoff + nphdr * ehdr_.e_phentsize, ehdr_.e_shoff + claimed_shdrs * ehdr_.e_shentsize);
+    for (size_t i = 0; i < nphdr; ++i) {
+      GElf_Phdr ph;
+      if (gelf_getphdr(elf_.get(), static_cast<int>(i), &ph) && ph.p_type == PT_LOAD)
+        needed = std::max(needed, ph.p_offset + ph.p_filesz);
+    }
+    for (Elf_Scn* scn = nullptr; (scn = elf_nextscn(elf_.get(), scn)) != nullptr;) {
+      GElf_Shdr sh;
+      if (gelf_getshdr(scn, &sh) && sh.sh_type != SHT_NOBITS) needed = std::max(needed, sh.sh_offset + sh.sh_size);
+    }
+    if (needed > file_size)
+      fail(path,
+           "truncated (" + std::to_string(file_size) + " bytes, its headers describe " + std::to_string(needed) + ")");
+  }
+
+  Fd fd_;
+  std::unique_ptr<Elf, ElfEnd> elf_;  // after fd_: ended before the descriptor closes
+  GElf_Ehdr ehdr_{};
 };
 
 std::string hex(const unsigned char* p, size_t n) {
-  static const char* digits = "0123456789abcdef";
+  static constexpr char digits[] = "0123456789abcdef";
   std::string s;
+  s.reserve(2 * n);
   for (size_t i = 0; i < n; ++i) {
     s += digits[p[i] >> 4];
     s += digits[p[i] & 15];
@@ -55,23 +106,95 @@ std::string hex(const unsigned char* p, size_t n) {
   return s;
 }
 
+std::string build_id_in(Elf_Data* notes) {
+  if (!notes) return {};
+  const auto* bytes = static_cast<const unsigned char*>(notes->d_buf);
+  size_t off = 0, name_off = 0, desc_off = 0;
+  GElf_Nhdr nh;
+  while ((off = gelf_getnote(notes, off, &nh, &name_off, &desc_off)) > 0)
+    if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 && memcmp(bytes + name_off, "GNU", 4) == 0)
+      return hex(bytes + desc_off, nh.n_descsz);
+  return {};
+}
+
+// Program headers first (what the loader sees); note sections for files without them.
 std::string build_id_of(Elf* elf) {
   size_t nphdr = 0;
-  if (elf_getphdrnum(elf, &nphdr) != 0) return {};
-  for (size_t i = 0; i < nphdr; ++i) {
-    GElf_Phdr ph;
-    if (!gelf_getphdr(elf, i, &ph) || ph.p_type != PT_NOTE) continue;
-    Elf_Data* data = elf_getdata_rawchunk(elf, ph.p_offset, ph.p_filesz, ELF_T_NHDR);
-    if (!data) continue;
-    size_t off = 0, name_off, desc_off;
-    GElf_Nhdr nh;
-    while ((off = gelf_getnote(data, off, &nh, &name_off, &desc_off)) > 0) {
-      if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 &&
-          memcmp(static_cast<char*>(data->d_buf) + name_off, "GNU", 4) == 0)
-        return hex(static_cast<unsigned char*>(data->d_buf) + desc_off, nh.n_descsz);
+  if (elf_getphdrnum(elf, &nphdr) == 0) {
+    for (size_t i = 0; i < nphdr; ++i) {
+      GElf_Phdr ph;
+      if (!gelf_getphdr(elf, static_cast<int>(i), &ph) || ph.p_type != PT_NOTE) continue;
+      const Elf_Type type = ph.p_align == 8 ? ELF_T_NHDR8 : ELF_T_NHDR;
+      if (auto id = build_id_in(elf_getdata_rawchunk(elf, static_cast<int64_t>(ph.p_offset), ph.p_filesz, type));
+          !id.empty())
+        return id;
     }
   }
+  for (Elf_Scn* scn = nullptr; (scn = elf_nextscn(elf, scn)) != nullptr;) {
+    GElf_Shdr sh;
+    if (!gelf_getshdr(scn, &sh) || sh.sh_type != SHT_NOTE) continue;
+    if (auto id = build_id_in(elf_getdata(scn, nullptr)); !id.empty()) return id;
+  }
   return {};
+}
+
+Elf_Data* first_section_data(Elf* elf, GElf_Word type) {
+  for (Elf_Scn* scn = nullptr; (scn = elf_nextscn(elf, scn)) != nullptr;) {
+    GElf_Shdr sh;
+    if (gelf_getshdr(scn, &sh) && sh.sh_type == type) return elf_getdata(scn, nullptr);
+  }
+  return nullptr;
+}
+
+struct FunctionSymbol {
+  std::string_view name;  // version suffix removed; points into the handle's string table
+  uint64_t value, size;
+  // Which definition a name means when several have it: global over weak over local, and the
+  // default version of a versioned name ("@@", not hidden) over the others.
+  int rank;
+};
+
+constexpr GElf_Versym kVersymHidden = 0x8000;  // a non-default version ("name@VER"), not in glibc's elf.h
+
+// Calls f for each defined function symbol of .symtab and .dynsym, until f returns false.
+template <class F>
+void for_each_function(Elf* elf, F&& f) {
+  for (Elf_Scn* scn = nullptr; (scn = elf_nextscn(elf, scn)) != nullptr;) {
+    GElf_Shdr sh;
+    if (!gelf_getshdr(scn, &sh) || (sh.sh_type != SHT_SYMTAB && sh.sh_type != SHT_DYNSYM) || sh.sh_entsize == 0)
+      continue;
+    Elf_Data* syms = elf_getdata(scn, nullptr);
+    Elf_Data* strs = elf_getdata(elf_getscn(elf, sh.sh_link), nullptr);
+    if (!syms || !strs) continue;
+    Elf_Data* versyms = sh.sh_type == SHT_DYNSYM ? first_section_data(elf, SHT_GNU_versym) : nullptr;
+    // The string table is read directly: elf_strptr's checks per call dominate on large libraries.
+    const auto* strtab = static_cast<const char*>(strs->d_buf);
+    const size_t strtab_size = strs->d_size;
+    const size_t count = sh.sh_size / sh.sh_entsize;
+    for (size_t i = 1; i < count; ++i) {  // entry 0 is the null symbol
+      GElf_Sym sym;
+      if (!gelf_getsym(syms, static_cast<int>(i), &sym)) continue;
+      const int type = GELF_ST_TYPE(sym.st_info);
+      if ((type != STT_FUNC && type != STT_GNU_IFUNC) || sym.st_shndx == SHN_UNDEF || sym.st_value == 0 ||
+          sym.st_name >= strtab_size)
+        continue;
+      const size_t room = strtab_size - sym.st_name;
+      const size_t len = strnlen(strtab + sym.st_name, room);
+      if (len == 0 || len == room) continue;
+      std::string_view name(strtab + sym.st_name, len);
+      bool default_version = true;
+      if (const size_t at = name.find('@'); at != std::string_view::npos) {
+        default_version = name.substr(at).starts_with("@@");
+        name = name.substr(0, at);
+      }
+      GElf_Versym ver = 0;
+      if (versyms && gelf_getversym(versyms, static_cast<int>(i), &ver) && (ver & kVersymHidden))
+        default_version = false;
+      const int bind = GELF_ST_BIND(sym.st_info);
+      const int rank = (bind == STB_LOCAL ? 0 : bind == STB_WEAK ? 2 : 4) + (default_version ? 1 : 0);
+      if (!f(FunctionSymbol{name, sym.st_value, sym.st_size, rank})) return;
+    }
+  }
 }
 
 }  // namespace
@@ -79,51 +202,72 @@ std::string build_id_of(Elf* elf) {
 std::unique_ptr<ElfFile> ElfFile::open(const std::string& path) {
   ElfHandle h(path);
   Elf* elf = h.get();
-  auto f = std::unique_ptr<ElfFile>(new ElfFile());
+  std::unique_ptr<ElfFile> f(new ElfFile());
   f->build_id_ = build_id_of(elf);
+  f->dynamic_ = h.header().e_type == ET_DYN;
 
   size_t nphdr = 0;
-  if (elf_getphdrnum(elf, &nphdr) != 0) throw std::runtime_error(path + ": truncated or corrupt ELF headers");
+  elf_getphdrnum(elf, &nphdr);
   for (size_t i = 0; i < nphdr; ++i) {
     GElf_Phdr ph;
-    if (gelf_getphdr(elf, i, &ph) && ph.p_type == PT_LOAD)
+    if (gelf_getphdr(elf, static_cast<int>(i), &ph) && ph.p_type == PT_LOAD)
       f->segments_.push_back({ph.p_vaddr, ph.p_offset, ph.p_filesz});
   }
 
-  Elf_Scn* scn = nullptr;
-  while ((scn = elf_nextscn(elf, scn)) != nullptr) {
-    GElf_Shdr sh;
-    if (!gelf_getshdr(scn, &sh) || (sh.sh_type != SHT_SYMTAB && sh.sh_type != SHT_DYNSYM)) continue;
-    Elf_Data* data = elf_getdata(scn, nullptr);
-    if (!data || sh.sh_entsize == 0) continue;
-    const size_t count = sh.sh_size / sh.sh_entsize;
-    for (size_t i = 0; i < count; ++i) {
-      GElf_Sym sym;
-      if (!gelf_getsym(data, static_cast<int>(i), &sym)) continue;
-      const int type = GELF_ST_TYPE(sym.st_info);
-      if ((type != STT_FUNC && type != STT_GNU_IFUNC) || sym.st_shndx == SHN_UNDEF || sym.st_value == 0) continue;
-      const char* raw = elf_strptr(elf, sh.sh_link, sym.st_name);
-      if (!raw || !*raw) continue;
-      std::string name(raw);
-      if (auto at = name.find('@'); at != std::string::npos) name.resize(at);
-      auto off = f->vaddr_to_offset(sym.st_value);
-      if (!off) continue;
-      f->by_name_.emplace(name, *off);
-      f->by_offset_.push_back({std::move(name), *off, sym.st_size});
-    }
-  }
-  std::sort(f->by_offset_.begin(), f->by_offset_.end(), [](const auto& a, const auto& b) {
-    return a.file_offset != b.file_offset ? a.file_offset < b.file_offset : a.size > b.size;
+  struct Candidate {
+    std::string_view name;
+    uint64_t offset, size;
+    int rank;
+  };
+  std::vector<Candidate> all;
+  for_each_function(elf, [&](const FunctionSymbol& s) {
+    if (auto off = f->vaddr_to_offset(s.value)) all.push_back({s.name, *off, s.size, s.rank});
+    return true;
   });
-  f->by_offset_.erase(std::unique(f->by_offset_.begin(), f->by_offset_.end(),
-                                  [](const auto& a, const auto& b) { return a.file_offset == b.file_offset; }),
-                      f->by_offset_.end());
+
+  // By name: the best-ranked definition; ties go to the lowest offset so the choice is stable.
+  std::sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.name != b.name) return a.name < b.name;
+    return a.rank != b.rank ? a.rank > b.rank : a.offset < b.offset;
+  });
+  f->by_name_.reserve(all.size());
+  for (size_t i = 0; i < all.size(); ++i)
+    if (i == 0 || all[i].name != all[i - 1].name) f->by_name_.emplace(all[i].name, all[i].offset);
+
+  // By offset: one symbol per offset, the one that best says what is there: sized, ranked, then
+  // the public spelling of an alias ("malloc" over "__libc_malloc").
+  const auto underscores = [](std::string_view n) { return n.find_first_not_of('_'); };
+  std::sort(all.begin(), all.end(), [&](const Candidate& a, const Candidate& b) {
+    if (a.offset != b.offset) return a.offset < b.offset;
+    if ((a.size != 0) != (b.size != 0)) return a.size != 0;
+    if (a.rank != b.rank) return a.rank > b.rank;
+    if (a.size != b.size) return a.size > b.size;
+    const size_t ua = underscores(a.name), ub = underscores(b.name);
+    return ua != ub ? ua < ub : a.name < b.name;
+  });
+  f->by_offset_.reserve(all.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    const Candidate& c = all[i];
+    if (i > 0 && c.offset == all[i - 1].offset) continue;
+    uint64_t end = c.offset + c.size;
+    if (c.size == 0) {
+      for (const auto& s : f->segments_)
+        if (c.offset >= s.offset && c.offset < s.offset + s.filesz) end = s.offset + s.filesz;
+    }
+    f->by_offset_.push_back({ElfSymbol{std::string(c.name), c.offset, c.size}, end});
+  }
   return f;
 }
 
 std::optional<uint64_t> ElfFile::vaddr_to_offset(uint64_t vaddr) const {
   for (const auto& s : segments_)
-    if (vaddr >= s.vaddr && vaddr < s.vaddr + s.filesz) return vaddr - s.vaddr + s.offset;
+    if (vaddr >= s.vaddr && vaddr - s.vaddr < s.filesz) return vaddr - s.vaddr + s.offset;
+  return std::nullopt;
+}
+
+std::optional<uint64_t> ElfFile::offset_to_vaddr(uint64_t file_offset) const {
+  for (const auto& s : segments_)
+    if (file_offset >= s.offset && file_offset - s.offset < s.filesz) return file_offset - s.offset + s.vaddr;
   return std::nullopt;
 }
 
@@ -134,56 +278,39 @@ std::unordered_map<std::string, uint64_t> ElfFile::function_offsets(const std::v
   return out;
 }
 
-bool ElfFile::has_function(const std::string& name) const { return by_name_.count(name) > 0; }
+bool ElfFile::has_function(const std::string& name) const { return by_name_.contains(name); }
 
 std::optional<std::pair<ElfSymbol, uint64_t>> ElfFile::symbolize(uint64_t file_offset) const {
   auto it = std::upper_bound(by_offset_.begin(), by_offset_.end(), file_offset,
-                             [](uint64_t off, const ElfSymbol& s) { return off < s.file_offset; });
+                             [](uint64_t off, const Indexed& s) { return off < s.symbol.file_offset; });
   if (it == by_offset_.begin()) return std::nullopt;
   --it;
-  const uint64_t delta = file_offset - it->file_offset;
-  // A sized symbol must contain the offset; an unsized one (hand-written assembly) is taken
-  // as extending to the next symbol.
-  if (it->size && delta >= it->size) return std::nullopt;
-  return std::make_pair(*it, delta);
+  if (file_offset >= it->end) return std::nullopt;
+  return std::make_pair(it->symbol, file_offset - it->symbol.file_offset);
 }
 
 std::string demangle(const std::string& name) {
   if (!name.starts_with("_Z")) return name;
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
   int status = 0;
-  char* out = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
-  if (status != 0 || !out) return name;
-  std::string s(out);
-  free(out);
-  return s;
+  std::unique_ptr<char, Free> out(abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status));
+  return status == 0 && out ? std::string(out.get()) : name;
 }
 
 bool defines_any_function(const std::string& path, const std::vector<std::string>& names) {
   try {
     ElfHandle h(path);
-    Elf* elf = h.get();
-    Elf_Scn* scn = nullptr;
-    while ((scn = elf_nextscn(elf, scn)) != nullptr) {
-      GElf_Shdr sh;
-      if (!gelf_getshdr(scn, &sh) || (sh.sh_type != SHT_SYMTAB && sh.sh_type != SHT_DYNSYM)) continue;
-      Elf_Data* data = elf_getdata(scn, nullptr);
-      if (!data || sh.sh_entsize == 0) continue;
-      const size_t count = sh.sh_size / sh.sh_entsize;
-      for (size_t i = 0; i < count; ++i) {
-        GElf_Sym sym;
-        if (!gelf_getsym(data, static_cast<int>(i), &sym) || sym.st_shndx == SHN_UNDEF ||
-            GELF_ST_TYPE(sym.st_info) != STT_FUNC)
-          continue;
-        const char* raw = elf_strptr(elf, sh.sh_link, sym.st_name);
-        if (!raw) continue;
-        const std::string_view name(raw, strcspn(raw, "@"));
-        for (const auto& n : names)
-          if (name == n) return true;
-      }
-    }
+    bool found = false;
+    for_each_function(h.get(), [&](const FunctionSymbol& s) {
+      found = std::find(names.begin(), names.end(), s.name) != names.end();
+      return !found;
+    });
+    return found;
   } catch (const std::exception&) {
+    return false;
   }
-  return false;
 }
 
 std::string read_build_id(const std::string& path) {

@@ -19,26 +19,46 @@ struct ElfSymbol {
   uint64_t size = 0;
 };
 
+// Everything is read and indexed by open(); the descriptor and libelf handle are released before
+// it returns, so a cache of these holds no descriptors.
 class ElfFile {
  public:
   // Throws std::runtime_error naming the path and the reason (missing, not ELF, truncated).
   static std::unique_ptr<ElfFile> open(const std::string& path);
 
+  ElfFile(ElfFile&&) = default;
+  ElfFile& operator=(ElfFile&&) = default;
+  ElfFile(const ElfFile&) = delete;
+  ElfFile& operator=(const ElfFile&) = delete;
+
+  // Hex of NT_GNU_BUILD_ID, "" if none.
   const std::string& build_id() const { return build_id_; }
-  // File offsets of the named function symbols (what a uprobe needs); absent when not defined.
+  // File offsets of the named defined functions (what a uprobe needs). A name matches a .symtab
+  // entry carrying a version ("cudaMalloc@@libcudart.so.13"); names not defined are absent.
   std::unordered_map<std::string, uint64_t> function_offsets(const std::vector<std::string>& names) const;
   bool has_function(const std::string& name) const;
-  // The function containing a file offset, and the offset into it.
+  // The function containing a file offset (for an unsized symbol: the nearest preceding one in
+  // the same segment), and the offset into it.
   std::optional<std::pair<ElfSymbol, uint64_t>> symbolize(uint64_t file_offset) const;
+  // Between the ELF's own virtual addresses (st_value) and file offsets, through PT_LOAD segments.
   std::optional<uint64_t> vaddr_to_offset(uint64_t vaddr) const;
+  std::optional<uint64_t> offset_to_vaddr(uint64_t file_offset) const;
+  bool is_executable_pie_or_shared() const { return dynamic_; }  // ET_DYN
 
  private:
+  ElfFile() = default;
+
   struct Segment {
     uint64_t vaddr, offset, filesz;
   };
+  struct Indexed {
+    ElfSymbol symbol;
+    uint64_t end;  // file offset past the symbol; for an unsized one, the end of its segment
+  };
   std::string build_id_;
+  bool dynamic_ = false;
   std::vector<Segment> segments_;
-  std::vector<ElfSymbol> by_offset_;                    // sorted by file_offset
+  std::vector<Indexed> by_offset_;                     // sorted by file offset, one per offset
   std::unordered_map<std::string, uint64_t> by_name_;  // plain names, version suffix removed
 };
 
@@ -46,6 +66,7 @@ class ElfFile {
 std::string demangle(const std::string& name);
 // Does the file define (not import) a function of one of these names? Reads the symbol tables
 // without indexing them: the cheap question asked of every shared object a target loads.
+// False for anything unreadable.
 bool defines_any_function(const std::string& path, const std::vector<std::string>& names);
 // The GNU build id of a file as hex, "" if it has none or cannot be read. Cheap: no symbols read.
 std::string read_build_id(const std::string& path);

@@ -1,7 +1,8 @@
 // Names frames stored as (file, build id, file offset) when a report is made, keeping a
-// bounded cache of indexed files.
+// bounded cache of indexed files. Not thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -15,15 +16,16 @@ namespace gpuscope::symbolize {
 struct Frame {
   std::string module;
   uint64_t file_offset = 0;
-  std::string function;      // demangled; "" when unknown
-  std::string raw_function;  // as the symbol table has it
+  std::string function;  // demangled; "" when unknown
   uint64_t offset_in_function = 0;
+  std::string raw_function;  // as the symbol table has it
 };
 
 class Symbolizer {
  public:
-  explicit Symbolizer(size_t max_open_files = 64) : max_files_(max_open_files) {}
-  // Never throws: a missing or changed file (build id differs) gives an empty function.
+  explicit Symbolizer(size_t max_open_files = 64) : max_files_(max_open_files == 0 ? 1 : max_open_files) {}
+  // Never throws: a missing or unreadable file, or one whose build id differs from a non-empty
+  // expected one (it changed since the recording), gives an empty function.
   Frame resolve(const std::string& path, const std::string& expected_build_id, uint64_t file_offset);
 
  private:
@@ -31,11 +33,11 @@ class Symbolizer {
     std::unique_ptr<ElfFile> elf;  // null: could not be opened
     std::list<std::string>::iterator lru;
   };
-  const ElfFile* file(const std::string& path, const std::string& expected_build_id);
+  const ElfFile* file(const std::string& path);
 
   size_t max_files_;
   std::unordered_map<std::string, Entry> files_;
-  std::list<std::string> lru_;  // most recent first
+  std::list<std::string> lru_;  // paths, most recently used first
 };
 
 }  // namespace gpuscope::symbolize

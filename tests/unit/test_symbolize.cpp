@@ -1,19 +1,80 @@
-// ELF symbols for attaching (name -> file offset) and naming (file offset -> function).
+// ELF symbols for attaching (name -> file offset) and naming (file offset -> function), on real
+// files: this test binary and the CUDA runtime.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 
 #include "symbolize/elf_file.h"
 #include "symbolize/symbolizer.h"
 
 using namespace gpuscope::symbolize;
 
-extern "C" __attribute__((noinline, used)) int gpuscope_test_marker(int x) { return x * 3 + 1; }
+// Big enough that an offset into its middle is still inside it.
+extern "C" __attribute__((noinline, used)) int gpuscope_test_marker(int n) {
+  volatile int acc = 0;
+  for (int i = 0; i < n; ++i) acc = acc * 31 + i;
+  return acc;
+}
+
+namespace gpuscope_test {
+__attribute__((noinline, used)) int cxx_marker(int n) { return gpuscope_test_marker(n) + 1; }
+}  // namespace gpuscope_test
 
 namespace {
 
 const char* kCudart = "/usr/local/cuda/lib64/libcudart.so.13";
+
+// Where the running process has a code address, as a file offset: what a uprobe or a stack walk sees.
+uint64_t runtime_file_offset(const void* addr) {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    std::istringstream in(line);
+    uint64_t start = 0, end = 0, offset = 0;
+    char dash = 0;
+    std::string perms;
+    in >> std::hex >> start >> dash >> end >> perms >> offset;
+    const auto a = reinterpret_cast<uint64_t>(addr);
+    if (a >= start && a < end) return a - start + offset;
+  }
+  ADD_FAILURE() << "no mapping holds " << addr;
+  return 0;
+}
+
+// A file in the temp directory, removed at scope exit.
+class TempFile {
+ public:
+  TempFile(const std::string& name, const std::string& content)
+      : path_(std::filesystem::temp_directory_path() / (name + "-" + std::to_string(getpid()))) {
+    std::ofstream(path_, std::ios::binary) << content;
+  }
+  ~TempFile() { std::filesystem::remove(path_); }
+  std::string path() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+std::string open_error(const std::string& path) {
+  try {
+    ElfFile::open(path);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string file_prefix(const std::string& path, size_t n) {
+  std::ifstream in(path, std::ios::binary);
+  std::string s(n, '\0');
+  in.read(s.data(), static_cast<std::streamsize>(n));
+  s.resize(static_cast<size_t>(in.gcount()));
+  return s;
+}
 
 }  // namespace
 
@@ -22,55 +83,129 @@ TEST(ElfFile, OffsetsAndSymbolsRoundTripOnThisBinary) {
   auto offsets = elf->function_offsets({"gpuscope_test_marker", "no_such_function"});
   ASSERT_EQ(offsets.count("gpuscope_test_marker"), 1u);
   EXPECT_EQ(offsets.count("no_such_function"), 0u);
-  const uint64_t off = offsets["gpuscope_test_marker"];
-  auto sym = elf->symbolize(off + 1);
-  ASSERT_TRUE(sym);
-  EXPECT_EQ(sym->first.name, "gpuscope_test_marker");
-  EXPECT_EQ(sym->second, 1u);
   EXPECT_TRUE(elf->has_function("gpuscope_test_marker"));
-  EXPECT_TRUE(defines_any_function("/proc/self/exe", {"gpuscope_test_marker"}));
-  EXPECT_FALSE(defines_any_function("/proc/self/exe", {"cudaLaunchKernel"}));
+  EXPECT_FALSE(elf->has_function("no_such_function"));
+
+  const uint64_t off = offsets["gpuscope_test_marker"];
+  EXPECT_EQ(off, runtime_file_offset(reinterpret_cast<const void*>(&gpuscope_test_marker)));
+
+  auto start = elf->symbolize(off);
+  ASSERT_TRUE(start);
+  EXPECT_EQ(start->first.name, "gpuscope_test_marker");
+  EXPECT_EQ(start->first.file_offset, off);
+  EXPECT_EQ(start->second, 0u);
+  const uint64_t size = start->first.size;
+  ASSERT_GT(size, 4u);
+
+  auto mid = elf->symbolize(off + size / 2);
+  ASSERT_TRUE(mid);
+  EXPECT_EQ(mid->first.name, "gpuscope_test_marker");
+  EXPECT_EQ(mid->second, size / 2);
+  auto last = elf->symbolize(off + size - 1);
+  ASSERT_TRUE(last);
+  EXPECT_EQ(last->first.name, "gpuscope_test_marker");
+  auto past = elf->symbolize(off + size);
+  EXPECT_TRUE(!past || past->first.name != "gpuscope_test_marker");
+
+  const auto vaddr = elf->offset_to_vaddr(off);
+  ASSERT_TRUE(vaddr);
+  EXPECT_EQ(elf->vaddr_to_offset(*vaddr), off);
+
+  EXPECT_TRUE(defines_any_function("/proc/self/exe", {"no_such_function", "gpuscope_test_marker"}));
+  EXPECT_FALSE(defines_any_function("/proc/self/exe", {"no_such_function"}));
 }
 
 TEST(ElfFile, VersionedDynamicSymbolsOfTheRealCudart) {
-  if (!std::filesystem::exists(kCudart)) GTEST_SKIP() << "no CUDA toolkit";
+  if (!std::filesystem::exists(kCudart)) GTEST_SKIP() << kCudart << " is absent";
   auto elf = ElfFile::open(kCudart);
-  auto offsets = elf->function_offsets({"cudaMalloc", "cudaLaunchKernel", "cudaLaunchKernel_ptsz"});
-  ASSERT_EQ(offsets.size(), 3u);  // .dynsym names carry @@libcudart.so.13
-  EXPECT_NE(offsets["cudaLaunchKernel"], offsets["cudaLaunchKernel_ptsz"]);
-  EXPECT_GT(offsets["cudaMalloc"], 0u);
   EXPECT_EQ(elf->build_id(), "2a12a4a442f0edf6eab8241fdeedb40019c4256c");
   EXPECT_EQ(read_build_id(kCudart), elf->build_id());
+  EXPECT_TRUE(elf->is_executable_pie_or_shared());
+
+  // .dynsym names carry @@libcudart.so.13; the plain names find them.
+  auto offsets = elf->function_offsets({"cudaMalloc", "cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaNoSuchCall"});
+  ASSERT_EQ(offsets.size(), 3u);
+  EXPECT_EQ(offsets["cudaMalloc"], 0x50ad0u);
+  EXPECT_EQ(offsets["cudaLaunchKernel"], 0x74370u);
+  EXPECT_EQ(offsets["cudaLaunchKernel_ptsz"], 0x4e6b0u);
+  EXPECT_FALSE(elf->has_function("cudaMalloc@@libcudart.so.13"));
+
+  auto inside = elf->symbolize(offsets["cudaLaunchKernel"] + 0x10);
+  ASSERT_TRUE(inside);
+  EXPECT_EQ(inside->first.name, "cudaLaunchKernel");
+  EXPECT_EQ(inside->second, 0x10u);
   EXPECT_TRUE(defines_any_function(kCudart, {"cudaMalloc"}));
 }
 
 TEST(ElfFile, BadFilesGiveAClearError) {
-  EXPECT_THROW(ElfFile::open("/nonexistent/lib.so"), std::runtime_error);
-  const auto text = std::filesystem::temp_directory_path() / "gpuscope-not-elf.txt";
-  std::ofstream(text) << "not an ELF file\n";
-  try {
-    ElfFile::open(text.string());
-    FAIL() << "expected an error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("not an ELF file"), std::string::npos) << e.what();
-  }
-  EXPECT_FALSE(defines_any_function(text.string(), {"main"}));
-  EXPECT_EQ(read_build_id(text.string()), "");
-  std::filesystem::remove(text);
+  const std::string missing = "/nonexistent/lib.so";
+  EXPECT_THROW(ElfFile::open(missing), std::runtime_error);
+  std::string why = open_error(missing);
+  EXPECT_NE(why.find(missing), std::string::npos) << why;
+  EXPECT_NE(why.find("No such file or directory"), std::string::npos) << why;
+
+  TempFile text("gpuscope-not-elf.txt", "not an ELF file, just text\n");
+  why = open_error(text.path());
+  EXPECT_NE(why.find(text.path()), std::string::npos) << why;
+  EXPECT_NE(why.find("not an ELF file"), std::string::npos) << why;
+  EXPECT_EQ(read_build_id(text.path()), "");
+  EXPECT_FALSE(defines_any_function(text.path(), {"main"}));
+
+  why = open_error(std::filesystem::temp_directory_path().string());
+  EXPECT_NE(why.find("not a regular file"), std::string::npos) << why;
+
+  TempFile header_only("gpuscope-elf-header", file_prefix("/proc/self/exe", 10));
+  why = open_error(header_only.path());
+  EXPECT_NE(why.find("truncated"), std::string::npos) << why;
+
+  // Section headers (and symbol tables) are past the first 64 KiB of any useful binary.
+  TempFile cut("gpuscope-elf-cut", file_prefix("/proc/self/exe", 64 * 1024));
+  why = open_error(cut.path());
+  EXPECT_NE(why.find(cut.path()), std::string::npos) << why;
+  EXPECT_NE(why.find("truncated"), std::string::npos) << why;
+  EXPECT_FALSE(defines_any_function(cut.path(), {"gpuscope_test_marker"}));
 }
 
-TEST(Symbolizer, DemanglesAndChecksBuildIds) {
+TEST(Demangle, ItaniumNamesAndPlainOnes) {
   EXPECT_EQ(demangle("_Z6vecAddPfS_S_i"), "vecAdd(float*, float*, float*, int)");
   EXPECT_EQ(demangle("plain_c_name"), "plain_c_name");
+  EXPECT_EQ(demangle("_Znot_really_mangled"), "_Znot_really_mangled");
   // nvcc's anonymous namespaces read as the compiler's demangler writes them.
   EXPECT_EQ(demangle("_ZN2at6native43_GLOBAL__N__50f1b6c4_10_Dropout_cu_0e96ed385helloEv"),
             "at::native::(anonymous namespace)::hello()");
+}
 
+TEST(Symbolizer, ChecksBuildIdsAndNeverThrows) {
   auto elf = ElfFile::open("/proc/self/exe");
-  const uint64_t off = elf->function_offsets({"gpuscope_test_marker"})["gpuscope_test_marker"];
+  const uint64_t off = elf->function_offsets({"gpuscope_test_marker"}).at("gpuscope_test_marker");
   Symbolizer sym;
-  EXPECT_EQ(sym.resolve("/proc/self/exe", elf->build_id(), off).function, "gpuscope_test_marker");
+  Frame f = sym.resolve("/proc/self/exe", elf->build_id(), off + 3);
+  EXPECT_EQ(f.module, "/proc/self/exe");
+  EXPECT_EQ(f.file_offset, off + 3);
+  EXPECT_EQ(f.function, "gpuscope_test_marker");
+  EXPECT_EQ(f.offset_in_function, 3u);
+  EXPECT_EQ(sym.resolve("/proc/self/exe", "", off).function, "gpuscope_test_marker");
   // A file that changed since the recording (another build id) names nothing rather than lie.
   EXPECT_EQ(sym.resolve("/proc/self/exe", "00000000", off).function, "");
   EXPECT_EQ(sym.resolve("/nonexistent", "", off).function, "");
+  TempFile text("gpuscope-symbolizer-text", "hello\n");
+  EXPECT_EQ(sym.resolve(text.path(), "", 0).function, "");
+}
+
+TEST(Symbolizer, DemanglesAndSurvivesEviction) {
+  if (!std::filesystem::exists(kCudart)) GTEST_SKIP() << kCudart << " is absent";
+  auto exe = ElfFile::open("/proc/self/exe");
+  const uint64_t marker = exe->function_offsets({"gpuscope_test_marker"}).at("gpuscope_test_marker");
+  const uint64_t malloc_off = ElfFile::open(kCudart)->function_offsets({"cudaMalloc"}).at("cudaMalloc");
+  Symbolizer sym(1);  // every switch of file evicts the other
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_EQ(sym.resolve("/proc/self/exe", "", marker).function, "gpuscope_test_marker");
+    EXPECT_EQ(sym.resolve(kCudart, "", malloc_off).function, "cudaMalloc");
+  }
+  // A C++ function comes back demangled, its symbol table name kept beside it.
+  Frame f =
+      sym.resolve("/proc/self/exe", "", runtime_file_offset(reinterpret_cast<const void*>(&gpuscope_test::cxx_marker)));
+  EXPECT_EQ(f.function, "gpuscope_test::cxx_marker(int)");
+  EXPECT_EQ(f.raw_function, "_ZN13gpuscope_test10cxx_markerEi");
+  EXPECT_EQ(f.offset_in_function, 0u);
 }

@@ -1,0 +1,105 @@
+"""Self-contained GPU workloads for the overhead benchmark (no downloads; random weights).
+
+    python3 workloads.py NAME [--profiler none|cuda|cuda+stack]
+Prints one JSON line: {"workload", "unit", "per_step"} where per_step is the median time of a
+timed step. With --profiler the timed steps run under torch.profiler (CPU + CUDA activities),
+the configuration users would pick instead of gpuscope."""
+import argparse
+import contextlib
+import json
+import statistics
+import time
+
+import torch
+
+
+def eager_add(steps=20, ops=2000):
+    """Launch-bound eager loop of tiny ops, through Python: µs per op."""
+    x = torch.zeros(1024, device="cuda")
+
+    def step():
+        for _ in range(ops):
+            x.add_(1)
+        torch.cuda.synchronize()
+    return step, steps, "us_per_op", 1e6 / ops
+
+
+def train_step(steps=20):
+    """A transformer encoder training step: ms per step."""
+    layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=8, dim_feedforward=1024, batch_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, num_layers=4), torch.nn.Linear(256, 10)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(32, 128, 256, device="cuda")
+    y = torch.randint(0, 10, (32,), device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x).mean(dim=1), y).backward()
+        opt.step()
+        torch.cuda.synchronize()
+    return step, steps, "ms_per_step", 1e3
+
+
+def generation(steps=10, tokens=64):
+    """Autoregressive generation with a small decoder (no KV cache): ms per token."""
+    vocab, d = 1000, 256
+    emb = torch.nn.Embedding(vocab, d).cuda()
+    layer = torch.nn.TransformerEncoderLayer(d_model=d, nhead=8, dim_feedforward=1024, batch_first=True)
+    body = torch.nn.TransformerEncoder(layer, num_layers=4).cuda().eval()
+    head = torch.nn.Linear(d, vocab).cuda()
+
+    @torch.no_grad()
+    def step():
+        seq = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+        for _ in range(tokens):
+            mask = torch.nn.Transformer.generate_square_subsequent_mask(seq.shape[1], device="cuda")
+            logits = head(body(emb(seq), mask=mask, is_causal=True)[:, -1])
+            seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], dim=1)
+        torch.cuda.synchronize()
+    return step, steps, "ms_per_token", 1e3 / tokens
+
+
+def copy_mix(steps=20, copies=50):
+    """Host-to-device and back, half from pageable and half from pinned memory: ms per step."""
+    n = 1 << 20
+    pageable = torch.randn(n)
+    pinned = torch.randn(n).pin_memory()
+    dev = torch.empty(n, device="cuda")
+
+    def step():
+        for i in range(copies):
+            src = pinned if i % 2 else pageable
+            dev.copy_(src, non_blocking=bool(i % 2))
+            src.copy_(dev, non_blocking=False)
+        torch.cuda.synchronize()
+    return step, steps, "ms_per_step", 1e3
+
+
+WORKLOADS = {"eager_add": eager_add, "train_step": train_step, "generation": generation, "copy_mix": copy_mix}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workload", choices=WORKLOADS)
+    ap.add_argument("--profiler", default="none", choices=["none", "cuda", "cuda+stack"])
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    step, steps, unit, scale = WORKLOADS[args.workload]()
+    for _ in range(3):
+        step()  # warm-up: allocator, cuBLAS handles, kernel loading
+    ctx = contextlib.nullcontext()
+    if args.profiler != "none":
+        from torch.profiler import ProfilerActivity, profile
+        ctx = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                      with_stack=args.profiler == "cuda+stack")
+    times = []
+    with ctx:
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+    print(json.dumps({"workload": args.workload, "unit": unit, "per_step": statistics.median(times) * scale}))
+
+
+if __name__ == "__main__":
+    main()

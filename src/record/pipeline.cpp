@@ -158,6 +158,9 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       }
       tracker_.forget_process(rec.pid);
       maps_.forget(rec.pid);
+      known_processes_.erase(rec.pid);
+      stack_ids_.erase(rec.pid);
+      kernel_ids_.erase(rec.pid);
       break;
     }
     case GS_REC_EXEC: {
@@ -223,8 +226,8 @@ std::string Pipeline::read_name(uint32_t pid, uint64_t addr, const std::string& 
 
 int64_t Pipeline::resolve_stack(const CallEvent& e) {
   if (e.bpf_stack_id < 0) return 0;
-  const uint64_t key = (uint64_t(e.pid) << 32) | uint32_t(e.bpf_stack_id);
-  if (auto it = stack_ids_.find(key); it != stack_ids_.end()) return it->second;
+  auto& ids = stack_ids_[e.pid];
+  if (auto it = ids.find(e.bpf_stack_id); it != ids.end()) return it->second;
   std::vector<store::StoredFrame> frames;
   for (uint64_t ip : bpf_.stack(e.bpf_stack_id)) {
     store::StoredFrame f;
@@ -236,18 +239,19 @@ int64_t Pipeline::resolve_stack(const CallEvent& e) {
     frames.push_back(f);
   }
   const int64_t id = frames.empty() ? 0 : writer_.intern_stack(frames);
-  stack_ids_.emplace(key, id);
+  ids.emplace(e.bpf_stack_id, id);
   return id;
 }
 
 int64_t Pipeline::resolve_kernel(const CallEvent& e) {
   const auto* f = decode::function_by_id(e.func);
-  const uint64_t key = std::hash<uint64_t>{}(e.kernel_handle) ^ (uint64_t(e.pid) << 1) ^ (uint64_t(f->api) << 63);
-  auto cached = kernel_ids_.find(key);
-  if (cached != kernel_ids_.end() && cached->second) return cached->second;
+  auto& ids = kernel_ids_[e.pid];
+  const uint64_t key = e.kernel_handle ^ (uint64_t(f->api) << 63);  // handles are user addresses: bit 63 is free
+  auto cached = ids.find(key);
+  if (cached != ids.end() && cached->second) return cached->second;
   std::string name = tracker_.kernel_name(e);
   if (name.empty()) {
-    if (cached != kernel_ids_.end()) return 0;  // the symbol table was already asked
+    if (cached != ids.end()) return 0;  // the symbol table was already asked
     // No registration or lookup seen (attached to a running process): the runtime's host
     // stub is a function of the program, named like the kernel.
     if (f->api == decode::Api::Runtime) {
@@ -257,12 +261,12 @@ int64_t Pipeline::resolve_kernel(const CallEvent& e) {
       }
     }
     if (name.empty()) {
-      kernel_ids_.emplace(key, 0);
+      ids.emplace(key, 0);
       return 0;
     }
   }
   const int64_t id = writer_.intern_kernel(name, symbolize::demangle(name));
-  kernel_ids_[key] = id;
+  ids[key] = id;
   return id;
 }
 

@@ -97,9 +97,10 @@ class Pipeline {
   // Pipeline thread side.
   std::unordered_set<uint32_t> known_processes_;
   std::unordered_map<uint32_t, std::string> thread_comms_;
-  std::unordered_map<uint64_t, int64_t> stack_ids_;    // pid << 32 | BPF stack id
+  // Per process, forgotten at its exit: a later process may reuse the pid with other mappings.
+  std::unordered_map<uint32_t, std::unordered_map<int32_t, int64_t>> stack_ids_;  // BPF stack id -> stored
   std::unordered_map<std::string, std::string> build_ids_;
-  std::unordered_map<uint64_t, int64_t> kernel_ids_;   // hash of (pid, api, handle)
+  std::unordered_map<uint32_t, std::unordered_map<uint64_t, int64_t>> kernel_ids_;  // handle ^ api -> kernel
   uint64_t calls_since_commit_ = 0;
   uint64_t names_unread_ = 0;
   uint64_t last_commit_ns_ = 0;

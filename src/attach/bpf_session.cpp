@@ -74,7 +74,7 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   multi_ = multi;
 }
 
-BpfSession::BpfSession(const SessionConfig& cfg) {
+BpfSession::BpfSession(const SessionConfig& cfg) : runtime_launch_probes_(cfg.runtime_launch_probes) {
   libbpf_set_print(libbpf_print);
   // Kernels before 6.6 refuse uprobe-multi programs: fall back to one perf link per probe.
   libbpf_set_print(nullptr);
@@ -99,8 +99,8 @@ BpfSession::BpfSession(const SessionConfig& cfg) {
   if (!ring_) throw Error("cannot set up the ring buffer: {}", strerror(errno));
 }
 
-void BpfSession::attach_multi(bpf_program* prog, const std::string& path, const ProbeSet& set, bool retprobe) {
-  if (set.offsets.empty()) return;
+int BpfSession::attach_multi(bpf_program* prog, const std::string& path, const ProbeSet& set, bool retprobe) {
+  if (set.offsets.empty()) return -1;
   // libbpf 1.1 predates uprobe-multi links: build the BPF_LINK_CREATE attribute by hand
   // (layout of union bpf_attr's link_create.uprobe_multi, include/uapi/linux/bpf.h).
   struct {
@@ -118,12 +118,14 @@ void BpfSession::attach_multi(bpf_program* prog, const std::string& path, const 
   attr.multi_flags = retprobe ? 1 /* BPF_F_UPROBE_MULTI_RETURN */ : 0;
   const int fd = static_cast<int>(syscall(__NR_bpf, BPF_LINK_CREATE, &attr, sizeof(attr)));
   if (fd < 0) throw Error("uprobe-multi link on {}: {}", path, strerror(errno));
-  multi_links_.push_back(fd);
+  return fd;
 }
 
 BpfSession::~BpfSession() {
   close_link_.reset();
   for (int fd : multi_links_) close(fd);
+  for (int fd : runtime_launch_multi_links_) close(fd);
+  runtime_launch_links_.clear();
   // Probes go before the maps they write to. Each uprobe's removal waits for an RCU grace
   // period (~100 ms in a VM); removing them from many threads lets those waits overlap, so
   // detaching a hundred probes takes a fraction of a second, not ten.
@@ -169,17 +171,17 @@ void BpfSession::mark_checked(uint64_t dev, uint64_t ino) {
 }
 
 void BpfSession::attach_probe(const std::string& path, uint64_t offset, uint64_t cookie, bool entry_only,
-                              bool with_return) {
+                              bool with_return, std::vector<std::unique_ptr<bpf_link, LinkDeleter>>& into) {
   LIBBPF_OPTS(bpf_uprobe_opts, opts, .bpf_cookie = cookie);
   bpf_program* entry = entry_only ? skel_->progs.call_entry_emit : skel_->progs.call_entry;
   bpf_link* link = bpf_program__attach_uprobe_opts(entry, -1, path.c_str(), offset, &opts);
   if (!link) throw Error("uprobe at {}+{:#x}: {}", path, offset, strerror(errno));
-  links_.emplace_back(link);
+  into.emplace_back(link);
   if (!with_return) return;
   LIBBPF_OPTS(bpf_uprobe_opts, ropts, .bpf_cookie = cookie, .retprobe = true);
   link = bpf_program__attach_uprobe_opts(skel_->progs.call_return, -1, path.c_str(), offset, &ropts);
   if (!link) throw Error("uretprobe at {}+{:#x}: {}", path, offset, strerror(errno));
-  links_.emplace_back(link);
+  into.emplace_back(link);
 }
 
 AttachResult BpfSession::attach_file(const std::string& path) {
@@ -199,28 +201,43 @@ AttachResult BpfSession::attach_file(const std::string& path) {
     std::vector<std::string> names;
     for (const auto& f : decode::all_functions()) names.emplace_back(f.symbol);
     auto offsets = elf->function_offsets(names);
-    ProbeSet emit, entry;  // entry-only probes, entry probes of calls with a return probe
+    ProbeSet emit, entry, rt_launch;  // entry-only probes, entries of calls with a return probe
     for (const auto& f : decode::all_functions()) {
       auto it = offsets.find(std::string(f.symbol));
       if (it == offsets.end()) continue;
+      const bool is_rt_launch = f.api == decode::Api::Runtime && f.kind == decode::CallKind::Launch;
+      if (is_rt_launch && !runtime_launch_probes_) continue;
       if (multi_) {
-        ProbeSet& set = f.has_return ? entry : emit;
+        ProbeSet& set = is_rt_launch ? rt_launch : f.has_return ? entry : emit;
         set.offsets.push_back(it->second);
         set.cookies.push_back(decode::probe_cookie(f));
       } else {
-        attach_probe(path, it->second, decode::probe_cookie(f), !f.has_return, f.has_return);
+        attach_probe(path, it->second, decode::probe_cookie(f), !f.has_return, f.has_return,
+                     is_rt_launch ? runtime_launch_links_ : links_);
       }
       (f.api == decode::Api::Runtime ? result.runtime_probes : result.driver_probes)++;
     }
     if (multi_) {
-      attach_multi(skel_->progs.call_entry_emit, path, emit, false);
-      attach_multi(skel_->progs.call_entry, path, entry, false);
-      attach_multi(skel_->progs.call_return, path, entry, true);
+      for (int fd : {attach_multi(skel_->progs.call_entry_emit, path, emit, false),
+                     attach_multi(skel_->progs.call_entry, path, entry, false),
+                     attach_multi(skel_->progs.call_return, path, entry, true)})
+        if (fd >= 0) multi_links_.push_back(fd);
+      if (int fd = attach_multi(skel_->progs.call_entry_emit, path, rt_launch, false); fd >= 0)
+        runtime_launch_multi_links_.push_back(fd);
     }
   } catch (const std::exception& e) {
     result.error = e.what();
   }
   return result;
+}
+
+int BpfSession::detach_runtime_launch_probes() {
+  runtime_launch_probes_ = false;
+  const int n = static_cast<int>(runtime_launch_multi_links_.size() + runtime_launch_links_.size());
+  for (int fd : runtime_launch_multi_links_) close(fd);
+  runtime_launch_multi_links_.clear();
+  runtime_launch_links_.clear();
+  return n;
 }
 
 std::vector<uint64_t> BpfSession::stack(int32_t id) const {

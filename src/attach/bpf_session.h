@@ -28,6 +28,9 @@ struct SessionConfig {
   uint32_t ringbuf_bytes = 64u << 20;
   uint32_t wakeup_bytes = 4u << 20;
   uint32_t stack_map_entries = 32768;
+  // Runtime launches (cudaLaunchKernel...) reach the driver's launch functions, so probing both
+  // traps twice per launch. false: attach only the driver's (see detach_runtime_launch_probes).
+  bool runtime_launch_probes = true;
 };
 
 struct AttachResult {
@@ -59,6 +62,11 @@ class BpfSession {
   // Attaches a uprobe to every probed CUDA function the ELF file at `path` defines. Files are
   // identified by device and inode, so a library reached through several paths is probed once.
   AttachResult attach_file(const std::string& path);
+  // Removes the launch probes of every runtime library attached so far, and attaches none to
+  // runtimes found later. Once the driver is probed, each launch is recorded by its driver
+  // probe alone, one trap instead of two. Returns how many runtime files lost their probes.
+  int detach_runtime_launch_probes();
+  bool runtime_launch_probes() const { return runtime_launch_probes_; }
 
   // Called with each record, on the thread that calls poll(). Returns after `timeout_ms` or
   // once the kernel woke it and everything available was consumed.
@@ -81,11 +89,14 @@ class BpfSession {
     void operator()(ring_buffer* r) const;
   };
   static int on_record(void* ctx, void* data, size_t size);
-  void attach_probe(const std::string& path, uint64_t offset, uint64_t cookie, bool entry_only, bool with_return);
+  // Attaches one probe (the per-probe path before kernel 6.6); its links go to `into`.
+  void attach_probe(const std::string& path, uint64_t offset, uint64_t cookie, bool entry_only, bool with_return,
+                    std::vector<std::unique_ptr<bpf_link, LinkDeleter>>& into);
   struct ProbeSet {
     std::vector<uint64_t> offsets, cookies;
   };
-  void attach_multi(bpf_program* prog, const std::string& path, const ProbeSet& set, bool retprobe);
+  // Returns the link's fd, or -1 for an empty set.
+  int attach_multi(bpf_program* prog, const std::string& path, const ProbeSet& set, bool retprobe);
   void open_and_load(const SessionConfig& cfg, bool multi);
 
   std::unique_ptr<gpuscope_bpf, SkelDeleter> skel_;
@@ -97,6 +108,10 @@ class BpfSession {
   bool multi_ = false;
   std::vector<int> multi_links_;
   std::set<std::pair<uint64_t, uint64_t>> attached_files_;  // (st_dev, st_ino)
+  // Runtime launch probes, kept apart so that they can be removed on their own.
+  bool runtime_launch_probes_ = true;
+  std::vector<int> runtime_launch_multi_links_;
+  std::vector<std::unique_ptr<bpf_link, LinkDeleter>> runtime_launch_links_;
   RecordHandler handler_;
 };
 

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstdio>
 #include <iostream>
+#include <map>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -48,6 +49,13 @@ int main(int argc, char** argv) {
   rec->add_flag("-a,--all", ropts.all, "Record every process on the host, including those that start later");
   rec->add_option("-d,--duration", ropts.duration_s, "Stop after this many seconds");
   rec->add_flag("--no-stacks", no_stacks, "Do not capture user stacks");
+  std::map<std::string, record::LaunchProbes> launch_modes{
+      {"auto", record::LaunchProbes::Auto}, {"driver", record::LaunchProbes::Driver}, {"both", record::LaunchProbes::Both}};
+  rec->add_option("--launch-probes", ropts.launch_probes,
+                  "Probes that record runtime launches: driver (one trap per launch), both (runtime and driver: "
+                  "two), auto (driver once it is probed, when recording a command; both with --pid/--all)")
+      ->transform(CLI::CheckedTransformer(launch_modes, CLI::ignore_case))
+      ->capture_default_str();
   rec->add_option("--ringbuf-mb", ropts.ringbuf_mb, "Kernel ring buffer size in MiB")->capture_default_str();
   rec->add_flag("-q,--quiet", ropts.quiet, "Print only errors");
   rec->add_flag("-v,--verbose", g_verbose, "Print debugging detail");

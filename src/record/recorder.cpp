@@ -147,6 +147,7 @@ class Recorder {
   StoppedProcesses stopped_;
   std::set<std::pair<uint64_t, uint64_t>> checked_executables_;
   int libraries_attached_ = 0;
+  bool detach_runtime_launches_with_driver_ = false;
   pid_t child_ = 0;
   int go_fd_ = -1;
 };
@@ -160,6 +161,14 @@ void Recorder::attach_library(pid_t pid, const std::string& open_path, const std
     log_error("could not probe {} in PID {}: {}", shown_path, pid, res.error);
   else if (res.runtime_probes + res.driver_probes > 0)
     ++libraries_attached_;
+  if (res.error.empty() && res.driver_probes > 0 && detach_runtime_launches_with_driver_ &&
+      bpf_->runtime_launch_probes()) {
+    // Every runtime launch that can run goes through the driver's launch functions, which are
+    // probed from now on; its runtime probe would only add a second trap.
+    const int n = bpf_->detach_runtime_launch_probes();
+    writer_->set_meta("runtime_launch_probes_removed_at_ns", std::to_string(ts_ns));
+    log_debug("driver probed: launch probes removed from {} runtime link(s); launches recorded by the driver", n);
+  }
   if (!opts_.quiet && res.error.empty())
     log_info("probing {} ({} runtime, {} driver functions) first used by PID {}", shown_path, res.runtime_probes,
              res.driver_probes, pid);
@@ -280,6 +289,14 @@ int Recorder::run() {
   writer_->set_meta("stacks", opts_.stacks ? "1" : "0");
 
   attach::SessionConfig cfg;
+  // Kernels loaded before gpuscope started are named only by their runtime registration, so
+  // the runtime's launch probes stay where processes are joined late.
+  const bool whole_history = opts_.pids.empty() && !opts_.all;
+  cfg.runtime_launch_probes = opts_.launch_probes != LaunchProbes::Driver;
+  detach_runtime_launches_with_driver_ = opts_.launch_probes == LaunchProbes::Auto && whole_history;
+  writer_->set_meta("launch_probes", opts_.launch_probes == LaunchProbes::Driver ? "driver"
+                                     : detach_runtime_launches_with_driver_     ? "driver once probed"
+                                                                                 : "runtime and driver");
   cfg.filter_targets = !opts_.all;
   cfg.capture_stacks = opts_.stacks;
   cfg.stop_for_shared_objects = !opts_.all;
@@ -288,7 +305,7 @@ int Recorder::run() {
   bpf_ = std::make_unique<attach::BpfSession>(cfg);
 
   PipelineConfig pcfg;
-  pcfg.complete_history = opts_.pids.empty() && !opts_.all;
+  pcfg.complete_history = whole_history;
   pipeline_ = std::make_unique<Pipeline>(*writer_, *bpf_, maps_, pcfg);
   bpf_->set_handler([this](const void* data, size_t size) {
     uint16_t kind;

@@ -9,6 +9,13 @@
 
 namespace gpuscope::record {
 
+// Which probes record a kernel launch made through the CUDA runtime.
+enum class LaunchProbes {
+  Auto,    // driver only once the driver is probed, when every process is seen from its start
+  Driver,  // driver only: one trap per launch; kernels loaded before gpuscope started go unnamed
+  Both,    // runtime and driver: two traps per runtime launch, names from either side
+};
+
 struct RecordOptions {
   std::vector<std::string> command;  // record -- CMD ...
   std::vector<pid_t> pids;           // --pid
@@ -18,6 +25,7 @@ struct RecordOptions {
   bool stacks = true;
   uint32_t ringbuf_mb = 64;
   bool quiet = false;
+  LaunchProbes launch_probes = LaunchProbes::Auto;
 };
 
 // Returns the exit code gpuscope should exit with: the command's, under `record -- CMD`.

@@ -188,3 +188,43 @@ def test_killed_recorder_keeps_what_it_committed(tmp_path, gpuscope):
     doc = json.loads(rep.stdout)
     assert doc["summary"]["complete"] is False
     assert doc["kernels"]["launches"] > 0
+
+
+@pytest.fixture
+def stub_driver(tmp_path):
+    """A directory whose libcuda.so.1 is the toolkit's driver stub: loadable, every call fails."""
+    d = tmp_path / "stub-driver"
+    d.mkdir()
+    (d / "libcuda.so.1").symlink_to(CUDART.parent / "stubs" / "libcuda.so")
+    return {**os.environ, "LD_LIBRARY_PATH": str(d)}
+
+
+def test_driver_api_launches_recorded_with_shape_and_stack(record, stub_driver):
+    rec = record("--", TARGETS / "driver_launch", env=stub_driver)
+    assert rec.returncode == 0, rec.stderr
+    rows = rec.query("SELECT grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem, kernel_handle, stack_id "
+                     "FROM calls c JOIN functions f ON f.id=c.func WHERE f.name='cuLaunchKernel'")
+    assert len(rows) == 3
+    assert {r[:8] for r in rows} == {(7, 5, 3, 64, 2, 1, 1024, 0x1000)}
+    assert all(r[8] is not None for r in rows)
+    assert rec.scalar("SELECT ret FROM calls c JOIN functions f ON f.id=c.func WHERE f.name='cuCtxSynchronize'") == 34
+
+
+def test_runtime_launch_probes_leave_once_the_driver_is_probed(record, stub_driver):
+    # Default: once libcuda is probed, launches are recorded by the driver's probe alone (one
+    # trap per launch). The stub driver fails cuInit, so these launches never reach it.
+    rec = record("--", TARGETS / "cuda_ops", env=stub_driver)
+    assert rec.returncode == 3, rec.stderr
+    assert rec.scalar("SELECT driver_probes FROM libraries WHERE path LIKE '%libcuda.so.1'") > 0
+    assert rec.scalar("SELECT value FROM meta WHERE key='launch_probes'") == "driver once probed"
+    assert rec.scalar("SELECT count(*) FROM meta WHERE key='runtime_launch_probes_removed_at_ns'") == 1
+    assert rec.count("cudaLaunchKernel") == 0
+    assert rec.count("cudaMalloc") == 3  # the other runtime probes stay
+
+    both = record("--launch-probes", "both", "--", TARGETS / "cuda_ops", env=stub_driver)
+    assert both.scalar("SELECT count(*) FROM meta WHERE key='runtime_launch_probes_removed_at_ns'") == 0
+    assert both.count("cudaLaunchKernel") == 2
+
+    # Without a driver the runtime's probes are the only ones that can see a launch: they stay.
+    alone = record("--", TARGETS / "cuda_ops")
+    assert alone.count("cudaLaunchKernel") == 2

@@ -85,6 +85,10 @@ BpfSession::BpfSession(const SessionConfig& cfg) : runtime_launch_probes_(cfg.ru
     open_and_load(cfg, false);
   }
   libbpf_set_print(libbpf_print);
+  if (cfg.program_stats) {
+    stats_fd_ = bpf_enable_stats(BPF_STATS_RUN_TIME);
+    if (stats_fd_ < 0) throw Error("cannot enable BPF program statistics: {}", strerror(errno));
+  }
 
   for (bpf_program* prog : {skel_->progs.on_fork, skel_->progs.on_exit, skel_->progs.on_exec,
                             skel_->progs.on_openat_enter, skel_->progs.on_openat_exit, skel_->progs.on_close}) {
@@ -126,6 +130,7 @@ BpfSession::~BpfSession() {
   for (int fd : multi_links_) close(fd);
   for (int fd : runtime_launch_multi_links_) close(fd);
   runtime_launch_links_.clear();
+  if (stats_fd_ >= 0) close(stats_fd_);
   // Probes go before the maps they write to. Each uprobe's removal waits for an RCU grace
   // period (~100 ms in a VM); removing them from many threads lets those waits overlap, so
   // detaching a hundred probes takes a fraction of a second, not ten.
@@ -229,6 +234,18 @@ AttachResult BpfSession::attach_file(const std::string& path) {
     result.error = e.what();
   }
   return result;
+}
+
+std::vector<BpfSession::ProgramStats> BpfSession::program_stats() const {
+  std::vector<ProgramStats> out;
+  bpf_program* prog = nullptr;
+  bpf_object__for_each_program(prog, skel_->obj) {
+    bpf_prog_info info{};
+    uint32_t len = sizeof(info);
+    if (bpf_obj_get_info_by_fd(bpf_program__fd(prog), &info, &len) != 0) continue;
+    out.push_back({bpf_program__name(prog), info.run_cnt, info.run_time_ns});
+  }
+  return out;
 }
 
 int BpfSession::detach_runtime_launch_probes() {

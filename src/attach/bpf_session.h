@@ -28,6 +28,9 @@ struct SessionConfig {
   uint32_t ringbuf_bytes = 64u << 20;
   uint32_t wakeup_bytes = 4u << 20;
   uint32_t stack_map_entries = 32768;
+  // Ask the kernel to count each program's runs and run time (BPF_ENABLE_STATS): two clock
+  // reads per run, so off unless asked for.
+  bool program_stats = false;
   // Runtime launches (cudaLaunchKernel...) reach the driver's launch functions, so probing both
   // traps twice per launch. false: attach only the driver's (see detach_runtime_launch_probes).
   bool runtime_launch_probes = true;
@@ -78,6 +81,13 @@ class BpfSession {
   std::vector<uint64_t> stack(int32_t id) const;
   LostCounts lost() const;
 
+  struct ProgramStats {
+    std::string name;
+    uint64_t runs = 0, run_time_ns = 0;
+  };
+  // Runs and run time per program (bpf_prog_info); zero unless program_stats was asked for.
+  std::vector<ProgramStats> program_stats() const;
+
  private:
   struct LinkDeleter {
     void operator()(bpf_link* l) const;
@@ -113,6 +123,7 @@ class BpfSession {
   std::vector<int> runtime_launch_multi_links_;
   std::vector<std::unique_ptr<bpf_link, LinkDeleter>> runtime_launch_links_;
   RecordHandler handler_;
+  int stats_fd_ = -1;
 };
 
 }  // namespace gpuscope::attach

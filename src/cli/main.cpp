@@ -56,6 +56,8 @@ int main(int argc, char** argv) {
                   "two), auto (driver once it is probed, when recording a command; both with --pid/--all)")
       ->transform(CLI::CheckedTransformer(launch_modes, CLI::ignore_case))
       ->capture_default_str();
+  rec->add_flag("--bpf-stats", ropts.bpf_stats,
+                 "Record each BPF program's run count and run time (costs two clock reads per probe hit)");
   rec->add_option("--ringbuf-mb", ropts.ringbuf_mb, "Kernel ring buffer size in MiB")->capture_default_str();
   rec->add_flag("-q,--quiet", ropts.quiet, "Print only errors");
   rec->add_flag("-v,--verbose", g_verbose, "Print debugging detail");

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
@@ -16,6 +17,8 @@
 #include <mutex>
 #include <set>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "attach/bpf_session.h"
 #include "attach/preflight.h"
@@ -146,6 +149,10 @@ class Recorder {
   ControlQueue control_;
   StoppedProcesses stopped_;
   std::set<std::pair<uint64_t, uint64_t>> checked_executables_;
+  // What the recording cost: gpuscope's own CPU time and peak memory, and with --bpf-stats
+  // each BPF program's runs and run time (spent in the traced threads, not in gpuscope).
+  void record_own_cost();
+
   int libraries_attached_ = 0;
   bool detach_runtime_launches_with_driver_ = false;
   pid_t child_ = 0;
@@ -173,6 +180,19 @@ void Recorder::attach_library(pid_t pid, const std::string& open_path, const std
     log_info("probing {} ({} runtime, {} driver functions) first used by PID {}", shown_path, res.runtime_probes,
              res.driver_probes, pid);
   pipeline_->add_library(std::move(row));
+}
+
+void Recorder::record_own_cost() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  auto ns = [](const timeval& tv) { return static_cast<uint64_t>(tv.tv_sec) * 1'000'000'000 + tv.tv_usec * 1000ull; };
+  writer_->set_meta("recorder_cpu_ns", std::to_string(ns(ru.ru_utime) + ns(ru.ru_stime)));
+  writer_->set_meta("recorder_max_rss_kb", std::to_string(ru.ru_maxrss));
+  if (!opts_.bpf_stats) return;
+  nlohmann::json progs = nlohmann::json::object();
+  for (const auto& p : bpf_->program_stats())
+    if (p.runs) progs[p.name] = {{"runs", p.runs}, {"run_time_ns", p.run_time_ns}};
+  writer_->set_meta("bpf_program_stats", progs.dump());
 }
 
 bool Recorder::check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown) {
@@ -298,6 +318,7 @@ int Recorder::run() {
                                      : detach_runtime_launches_with_driver_     ? "driver once probed"
                                                                                  : "runtime and driver");
   cfg.filter_targets = !opts_.all;
+  cfg.program_stats = opts_.bpf_stats;
   cfg.capture_stacks = opts_.stacks;
   cfg.stop_for_shared_objects = !opts_.all;
   cfg.ringbuf_bytes = opts_.ringbuf_mb << 20;
@@ -399,6 +420,7 @@ int Recorder::run() {
   stop_consumer();
   pipeline_->stop();
   writer_->set_meta("end_ns", std::to_string(clock_ns(CLOCK_MONOTONIC)));
+  record_own_cost();
   writer_->finish();
   close(sfd);
 

@@ -35,6 +35,14 @@ def lost_and_calls(record_file):
     return lost, calls
 
 
+def own_cost(record_file):
+    """gpuscope's own CPU seconds, recording seconds and peak RSS (MiB), from the record."""
+    with sqlite3.connect(record_file) as db:
+        meta = dict(db.execute("SELECT key, value FROM meta"))
+    secs = (int(meta["end_ns"]) - int(meta["start_ns"])) / 1e9
+    return int(meta.get("recorder_cpu_ns", 0)) / 1e9, secs, int(meta.get("recorder_max_rss_kb", 0)) / 1024
+
+
 def breakdown(record_file):
     """Lost events by cause and recorded calls by function, to explain a rate."""
     with sqlite3.connect(record_file) as db:
@@ -99,26 +107,32 @@ def main():
     build = pathlib.Path(args.build)
     lib = cudart_of(build / "bench" / "launch_loop")
     symbol = {"invalid": ["cudaLaunchKernel"], "real": ["cudaLaunchKernel"], "free-null": ["cudaFree"]}[args.mode]
-    floor_targets = {lib: symbol}
-    # A real launch also traps in the driver, where gpuscope probes too: the floor has both.
+    floors = {"empty BPF program": {lib: symbol}}
+    # A real launch reaches the driver, where gpuscope records it with one probe (the runtime's
+    # launch probes leave once the driver is probed): the floor is one trap there. Two traps
+    # (runtime and driver) is what recording both levels costs, for comparison.
     if args.mode == "real" and driver_library():
-        floor_targets[driver_library()] = ["cuLaunchKernel", "cuLaunchKernel_ptsz"]
+        drv = {driver_library(): ["cuLaunchKernel", "cuLaunchKernel_ptsz"]}
+        floors = {"empty BPF program": drv, "empty BPF program x2": {lib: symbol, **drv}}
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="gpuscope-bench-"))
 
-    configs = ["baseline", "empty BPF program", "gpuscope --no-stacks", "gpuscope (stacks)"]
+    configs = ["baseline", *floors, "gpuscope --no-stacks", "gpuscope (stacks)"]
+    if len(floors) > 1:
+        configs.append("gpuscope (stacks) --launch-probes both")
     ns = {c: [] for c in configs}
     for r in range(args.rounds):
         for c in configs:
             if c == "baseline":
                 res = run_loop(build, args.calls, 1, args.mode)
-            elif c == "empty BPF program":
-                probe = EmptyProbe(build, floor_targets)
+            elif c in floors:
+                probe = EmptyProbe(build, floors[c])
                 try:
                     res = run_loop(build, args.calls, 1, args.mode)
                 finally:
                     probe.close()
             else:
                 wrapper = ["--no-stacks"] if "no-stacks" in c else []
+                wrapper += ["--launch-probes", "both"] if "both" in c else []
                 rec = tmp / f"r{r}.gpuscope"
                 res = run_loop(build, args.calls, 1, args.mode, wrapper, rec)
                 lost, calls = lost_and_calls(rec)
@@ -127,7 +141,7 @@ def main():
                 rec.unlink()
             ns[c].append(res["ns_per_call"])
     base = statistics.median(ns["baseline"])
-    floor = statistics.median(ns["empty BPF program"]) - base
+    floor = statistics.median(ns["empty BPF program"]) - base  # one trap
     result = {"mode": args.mode, "calls": args.calls, "rounds": args.rounds, "configs": {}}
     print(f"\nper-call cost, {args.mode} cudaLaunchKernel loop, {args.calls} calls x {args.rounds} rounds (median, min..max)")
     print(f"{'configuration':24} {'ns/call':>10} {'spread':>18} {'added ns':>10} {'x floor':>8}")
@@ -140,15 +154,20 @@ def main():
               f"{'' if ratio is None else f'{ratio:8.2f}'}")
 
     print("\nevent rate under gpuscope (stacks on), all threads together")
-    print(f"{'threads':>8} {'events/s':>12} {'recorded':>10} {'lost':>6}")
+    print("(CPU: gpuscope's own, as % of one core over the recording, and per 100k events/s)")
+    print(f"{'threads':>8} {'events/s':>12} {'recorded':>10} {'lost':>6} {'CPU %':>7} {'%/100k ev/s':>12} {'RSS MiB':>8}")
     result["rate"] = []
     for t in map(int, args.rate_threads.split(",")):
         rec = tmp / f"rate{t}.gpuscope"
         res = run_loop(build, args.rate_calls // t, t, args.mode, [], rec)
         lost, calls = lost_and_calls(rec)
+        cpu_s, secs, rss = own_cost(rec)
+        cpu_pct = 100 * cpu_s / secs if secs else 0
+        per_100k = cpu_pct / (res["calls_per_second"] / 1e5) if res["calls_per_second"] else 0
         result["rate"].append({"threads": t, "calls_per_second": res["calls_per_second"], "recorded": calls,
-                               "expected": res["calls"], "lost": lost})
-        print(f"{t:8d} {res['calls_per_second']:12.0f} {calls:10d} {lost:6d}")
+                               "expected": res["calls"], "lost": lost, "recorder_cpu_s": cpu_s,
+                               "recording_s": secs, "recorder_max_rss_mb": rss})
+        print(f"{t:8d} {res['calls_per_second']:12.0f} {calls:10d} {lost:6d} {cpu_pct:7.1f} {per_100k:12.2f} {rss:8.0f}")
         lost_by, funcs = breakdown(rec)
         if lost_by:
             print(f"{'':8} lost by cause {lost_by}; calls recorded {funcs}")

@@ -1,14 +1,27 @@
 #!/usr/bin/env python3
-"""Overhead of gpuscope against a baseline and against torch.profiler, on the workloads of
-workloads.py, configurations interleaved round by round (issue 3's suite; partial).
+"""Issue 3's overhead suite: what gpuscope adds to real GPU workloads, side by side with the
+tools people would use instead, configurations interleaved round by round so that machine noise
+hits all of them alike.
 
-    BUILD=build-static python3 bench/gpu/overhead.py [--rounds 5] [--workloads a,b] [--out DIR]
-Prints a table (median and min..max per configuration, ratio to baseline, and gpuscope's added
-time against torch.profiler's) and writes overhead.json and overhead.png to --out."""
+    BUILD=build-static python3 bench/gpu/overhead.py [--rounds 5] [--out DIR]
+
+Workloads: a C++ loop of tiny launches (bench/launch_loop.cu: the worst case per call) and the
+PyTorch workloads of workloads.py (all of them in one process per run, so that the seconds of
+`import torch` and CUDA start-up are paid once and not measured). Configurations: baseline,
+gpuscope calls only, + stacks, + stacks with both runtime and driver launch probes (two traps per
+launch, the old default), torch.profiler (CPU + CUDA activities) without and with stacks, and
+Nsight Systems when `nsys` is installed. gpuscope configurations for later features (CPU sampling,
+NVML, GPU times) are added when `gpuscope record --help` offers them.
+
+Prints a table per workload (median, min..max, ratio to baseline, added time), gpuscope's
+recording figures (events/s, lost, its own CPU time and peak RSS) and the comparison with
+torch.profiler; writes overhead.json and overhead.png to --out."""
 import argparse
 import json
 import os
 import pathlib
+import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -16,70 +29,200 @@ import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-CONFIGS = ["baseline", "gpuscope --no-stacks", "gpuscope", "torch.profiler", "torch.profiler+stack"]
+TORCH_WORKLOADS = "eager_add,train_step,generation,copy_mix"
+CPP = "cpp_launch"
 
 
-def run(workload, config, build, tmp):
-    cmd = [sys.executable, str(HERE / "workloads.py"), workload]
-    if config.startswith("torch.profiler"):
-        cmd += ["--profiler", "cuda+stack" if config.endswith("+stack") else "cuda"]
-    if config.startswith("gpuscope"):
-        extra = ["--no-stacks"] if "no-stacks" in config else []
-        cmd = [str(build / "gpuscope"), "record", "-q", *extra, "-o", str(tmp / "o.gpuscope"), "--"] + cmd
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+def find_nsys():
+    found = shutil.which("nsys")
+    if found:
+        return found
+    for base in ("/usr/local/cuda/bin", "/opt/nvidia", "/usr/local"):
+        for p in pathlib.Path(base).glob("**/nsys") if pathlib.Path(base).is_dir() else []:
+            if os.access(p, os.X_OK) and p.is_file():
+                return str(p)
+    return None
+
+
+def configurations(gpuscope, nsys):
+    """name -> how to run it: ("gpuscope", [record flags]) / ("profiler", mode) / ("nsys", flags)."""
+    helptext = subprocess.run([gpuscope, "record", "--help"], capture_output=True, text=True).stdout
+    c = {"baseline": ("plain", None),
+         "gpuscope calls": ("gpuscope", ["--no-stacks"]),
+         "gpuscope +stacks": ("gpuscope", []),
+         "gpuscope +stacks, 2 traps/launch": ("gpuscope", ["--launch-probes", "both"])}
+    # Later capabilities join the suite as soon as the binary offers them.
+    full = []
+    if "--cpu-profile" in helptext:
+        c["gpuscope +stacks +cpu 99Hz"] = ("gpuscope", ["--cpu-profile", "99"])
+        full += ["--cpu-profile", "99"]
+    if "--nvml" in helptext:
+        full += ["--nvml"]
+    if "--gpu-times" in helptext:
+        full += ["--gpu-times"]
+    if len(full) > 2:
+        c["gpuscope everything"] = ("gpuscope", full)
+    c["torch.profiler"] = ("profiler", "cuda")
+    c["torch.profiler+stack"] = ("profiler", "cuda+stack")
+    if nsys:
+        c["nsys (cuda trace)"] = ("nsys", ["-t", "cuda", "--sample=none", "--cpuctxsw=none"])
+        c["nsys (cuda trace + backtraces)"] = ("nsys", ["-t", "cuda", "--sample=none", "--cpuctxsw=none",
+                                                       "--cudabacktrace=all"])
+    return c
+
+
+def record_figures(path):
+    """What gpuscope's record says about the run: events, loss, its own cost."""
+    with sqlite3.connect(path) as db:
+        meta = dict(db.execute("SELECT key, value FROM meta"))
+        calls = db.execute("SELECT count(*) FROM calls").fetchone()[0]
+        lost = db.execute("SELECT coalesce(sum(count), 0) FROM lost").fetchone()[0]
+    secs = (int(meta["end_ns"]) - int(meta["start_ns"])) / 1e9
+    return {"calls": calls, "lost": lost, "seconds": secs, "events_per_s": calls / secs if secs else 0,
+            "recorder_cpu_s": int(meta.get("recorder_cpu_ns", 0)) / 1e9,
+            "recorder_max_rss_mb": int(meta.get("recorder_max_rss_kb", 0)) / 1024}
+
+
+def run_one(workload, config, how, args, tmp):
+    """Runs one configuration of one workload group; returns ({workload: per_step}, units, figures)."""
+    kind, extra = how
+    if workload == CPP:
+        cmd = [str(args.build / "bench" / "launch_loop"), "--mode", "real", "--calls", str(args.cpp_calls)]
+    else:
+        cmd = [sys.executable, str(HERE / "workloads.py"), args.workloads]
+        if kind == "profiler":
+            cmd += ["--profiler", extra]
+    record = tmp / "run.gpuscope"
+    if kind == "gpuscope":
+        cmd = [str(args.build / "gpuscope"), "record", "-q", *extra, "-o", str(record), "--"] + cmd
+    elif kind == "nsys":
+        cmd = [args.nsys, "profile", *extra, "--force-overwrite=true", "-o", str(tmp / "nsys"), "--"] + cmd
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{config} / {workload} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+    per_step, units = {}, {}
+    for line in proc.stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        if workload == CPP:
+            per_step[CPP], units[CPP] = r["ns_per_call"], "ns_per_launch"
+        else:
+            per_step[r["workload"]], units[r["workload"]] = r["per_step"], r["unit"]
+    figures = record_figures(record) if kind == "gpuscope" else None
+    if kind == "gpuscope":
+        record.unlink()
+    return per_step, units, figures
+
+
+def summarise(samples, units, figures, configs):
+    results = {}
+    for w, by_config in samples.items():
+        base = statistics.median(by_config["baseline"])
+        results[w] = {"unit": units[w], "configs": {}}
+        print(f"\n{w} ({units[w]}), {len(by_config['baseline'])} interleaved rounds")
+        print(f"  {'configuration':34} {'median':>10} {'min..max':>21} {'x baseline':>10} {'added':>9}")
+        for c, xs in by_config.items():
+            med = statistics.median(xs)
+            results[w]["configs"][c] = {"samples": xs, "median": med, "min": min(xs), "max": max(xs),
+                                        "ratio": med / base, "added": med - base}
+            print(f"  {c:34} {med:10.3f} {min(xs):10.3f}..{max(xs):<9.3f} {med / base:10.3f} {med - base:9.3f}")
+        ours = results[w]["configs"]["gpuscope +stacks"]["added"]
+        theirs = results[w]["configs"].get("torch.profiler+stack", {}).get("added")
+        if theirs is not None:
+            verdict = (f"{theirs / ours:.1f}x what gpuscope +stacks adds" if ours > 0
+                       else "time; gpuscope +stacks added none measurable")
+            print(f"  torch.profiler+stack adds {verdict} (aim: >= 5x)")
+            results[w]["profiler_stack_over_gpuscope"] = theirs / ours if ours > 0 else None
+    print("\ngpuscope's recording per configuration (median over rounds; CPU and RSS are gpuscope's own)")
+    print(f"  {'workload group':16} {'configuration':34} {'events/s':>10} {'lost':>6} {'CPU s':>7} "
+          f"{'CPU % of 1 core':>15} {'RSS MiB':>8}")
+    for (group, c), fs in figures.items():
+        med = lambda k: statistics.median(f[k] for f in fs)
+        cpu_share = 100 * med("recorder_cpu_s") / med("seconds") if med("seconds") else 0
+        print(f"  {group:16} {c:34} {med('events_per_s'):10.0f} {max(f['lost'] for f in fs):6d} "
+              f"{med('recorder_cpu_s'):7.2f} {cpu_share:15.1f} {med('recorder_max_rss_mb'):8.0f}")
+    return results
+
+
+def chart(results, configs, out):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not available: no chart")
+        return
+    fig, axes = plt.subplots(1, len(results), figsize=(3.6 * len(results), 4.2), squeeze=False)
+    for ax, (w, r) in zip(axes[0], results.items()):
+        names = [c for c in configs if c in r["configs"]]
+        meds = [r["configs"][c]["ratio"] for c in names]
+        base = r["configs"]["baseline"]["median"]
+        lo = [m - r["configs"][c]["min"] / base for c, m in zip(names, meds)]
+        hi = [r["configs"][c]["max"] / base - m for c, m in zip(names, meds)]
+        colors = ["grey" if c == "baseline" else "tab:blue" if c.startswith("gpuscope") else "tab:orange"
+                  if c.startswith("torch") else "tab:green" for c in names]
+        ax.bar(range(len(names)), meds, yerr=[lo, hi], color=colors, capsize=2)
+        ax.set_xticks(range(len(names)), [c.replace(" ", "\n", 1) for c in names], fontsize=6, rotation=90)
+        ax.set_title(f"{w} ({r['unit']})", fontsize=8)
+        ax.set_ylabel("time / baseline (median, min..max)", fontsize=7)
+        ax.axhline(1.0, color="black", linewidth=0.5)
+    fig.tight_layout()
+    fig.savefig(out / "overhead.png", dpi=110)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--workloads", default="eager_add,train_step,generation,copy_mix")
+    ap.add_argument("--workloads", default=TORCH_WORKLOADS, help="PyTorch workloads (workloads.py), '' for none")
+    ap.add_argument("--cpp-calls", type=int, default=200000, help="launches per C++ loop run; 0 to skip it")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = ap.parse_args()
-    build = pathlib.Path(os.environ.get("BUILD", ROOT / "build"))
-    tmp = pathlib.Path(tempfile.mkdtemp())
-    results = {}
-    for w in args.workloads.split(","):
-        samples = {c: [] for c in CONFIGS}
-        unit = ""
-        for _ in range(args.rounds):
-            for c in CONFIGS:
-                r = run(w, c, build, tmp)
-                samples[c].append(r["per_step"])
-                unit = r["unit"]
-        base = statistics.median(samples["baseline"])
-        results[w] = {"unit": unit, "configs": {}}
-        print(f"\n{w} ({unit}), {args.rounds} interleaved rounds")
-        print(f"  {'configuration':22} {'median':>10} {'min..max':>20} {'x baseline':>11} {'added':>9}")
-        for c in CONFIGS:
-            med = statistics.median(samples[c])
-            results[w]["configs"][c] = {"samples": samples[c], "median": med, "ratio": med / base, "added": med - base}
-            print(f"  {c:22} {med:10.3f} {min(samples[c]):9.3f}..{max(samples[c]):<9.3f} {med / base:11.3f} "
-                  f"{med - base:9.3f}")
-        ours = results[w]["configs"]["gpuscope"]["added"]
-        theirs = results[w]["configs"]["torch.profiler+stack"]["added"]
-        if ours > 0:
-            print(f"  torch.profiler+stack adds {theirs / ours:.1f}x what gpuscope (stacks) adds")
-        else:
-            print("  gpuscope (stacks) added no measurable time")
+    args.build = pathlib.Path(os.environ.get("BUILD", ROOT / "build")).resolve()
+    args.nsys = find_nsys()
+    print(f"Nsight Systems: {args.nsys or 'not installed on this machine: its configurations are skipped'}")
+    configs = configurations(str(args.build / "gpuscope"), args.nsys)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="gpuscope-overhead-"))
+    groups = ([CPP] if args.cpp_calls else []) + ([args.workloads] if args.workloads else [])
+
+    samples, units, figures, dropped = {}, {}, {}, set()
+    for r in range(args.rounds):
+        # Rotate the order each round too, so that no configuration always runs first or last.
+        order = list(configs)[r % len(configs):] + list(configs)[:r % len(configs)]
+        for group in groups:
+            for c in order:
+                if group == CPP and configs[c][0] == "profiler":
+                    continue  # torch.profiler profiles Python programs only
+                if c in dropped:
+                    continue
+                try:
+                    per_step, u, f = run_one(group, c, configs[c], args, tmp)
+                except RuntimeError as e:
+                    if configs[c][0] != "nsys":
+                        raise
+                    print(f"dropping {c}: {e}", flush=True)  # a tool we do not own: say so, go on
+                    dropped.add(c)
+                    continue
+                units.update(u)
+                for w, v in per_step.items():
+                    samples.setdefault(w, {k: [] for k in configs if not (w == CPP and configs[k][0] == "profiler")})
+                    samples[w][c].append(v)
+                if f:
+                    figures.setdefault(("c++ loop" if group == CPP else "pytorch", c), []).append(f)
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+
+    for by_config in samples.values():
+        for c in dropped:
+            by_config.pop(c, None)
+    results = summarise(samples, units, figures, configs)
     out = pathlib.Path(args.out)
-    (out / "overhead.json").write_text(json.dumps(results, indent=1))
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.5))
-        for ax, (w, r) in zip(axes if len(results) > 1 else [axes], results.items()):
-            ratios = [r["configs"][c]["ratio"] for c in CONFIGS]
-            ax.bar(range(len(CONFIGS)), ratios, color=["grey", "tab:blue", "tab:blue", "tab:orange", "tab:orange"])
-            ax.set_xticks(range(len(CONFIGS)), [c.replace(" ", "\n") for c in CONFIGS], fontsize=7)
-            ax.set_title(f"{w}", fontsize=9)
-            ax.set_ylabel("time / baseline")
-            ax.axhline(1.0, color="black", linewidth=0.5)
-        fig.tight_layout()
-        fig.savefig(out / "overhead.png", dpi=110)
-    except ImportError:
-        print("matplotlib not available: no chart")
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"rounds": args.rounds, "configs": {c: list(map(str, v)) for c, v in configs.items()},
+           "nsys": args.nsys, "workloads": results,
+           "recording": {f"{g} / {c}": fs for (g, c), fs in figures.items()}}
+    (out / "overhead.json").write_text(json.dumps(doc, indent=1))
+    chart(results, list(configs), out)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Self-contained GPU workloads for the overhead benchmark (no downloads; random weights).
 
-    python3 workloads.py NAME [--profiler none|cuda|cuda+stack]
-Prints one JSON line: {"workload", "unit", "per_step"} where per_step is the median time of a
-timed step. With --profiler the timed steps run under torch.profiler (CPU + CUDA activities),
+    python3 workloads.py NAME[,NAME...] [--profiler none|cuda|cuda+stack]
+Prints one JSON line per workload: {"workload", "unit", "per_step", "steps"} where per_step is
+the median time of a timed step. Several workloads in one process share its start-up (import
+torch, CUDA init: seconds), which is not what is measured. With --profiler the timed steps run under torch.profiler (CPU + CUDA activities),
 the configuration users would pick instead of gpuscope."""
 import argparse
 import contextlib
@@ -78,27 +79,34 @@ def copy_mix(steps=20, copies=50):
 WORKLOADS = {"eager_add": eager_add, "train_step": train_step, "generation": generation, "copy_mix": copy_mix}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("workload", choices=WORKLOADS)
-    ap.add_argument("--profiler", default="none", choices=["none", "cuda", "cuda+stack"])
-    args = ap.parse_args()
+def run(name, profiler):
     torch.manual_seed(0)
-    step, steps, unit, scale = WORKLOADS[args.workload]()
+    step, steps, unit, scale = WORKLOADS[name]()
     for _ in range(3):
         step()  # warm-up: allocator, cuBLAS handles, kernel loading
     ctx = contextlib.nullcontext()
-    if args.profiler != "none":
+    if profiler != "none":
         from torch.profiler import ProfilerActivity, profile
         ctx = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                      with_stack=args.profiler == "cuda+stack")
+                      with_stack=profiler == "cuda+stack")
     times = []
     with ctx:
         for _ in range(steps):
             t0 = time.perf_counter()
             step()
             times.append(time.perf_counter() - t0)
-    print(json.dumps({"workload": args.workload, "unit": unit, "per_step": statistics.median(times) * scale}))
+    return {"workload": name, "unit": unit, "per_step": statistics.median(times) * scale, "steps": steps}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workloads", help="comma-separated: " + ",".join(WORKLOADS))
+    ap.add_argument("--profiler", default="none", choices=["none", "cuda", "cuda+stack"])
+    args = ap.parse_args()
+    for name in args.workloads.split(","):
+        if name not in WORKLOADS:
+            raise SystemExit(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+        print(json.dumps(run(name, args.profiler)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Everything issue 2 asks of the GPU machine, in one run: the PyTorch validation against
-# torch.profiler, then the overhead and event-rate benchmarks. Writes to ${OUT:-/tmp/gpuscope-out}.
-#   BUILD=build-static bench/gpu/run_on_gpu.sh
+# What the issues ask of the GPU machine, in stages that fit the device tool's 10-minute calls.
+# Writes to ${OUT:-/tmp/gpuscope-out}.
+#   BUILD=build-static STAGES="validate cost" bench/gpu/run_on_gpu.sh
+#   BUILD=build-static STAGES=overhead ROUNDS=5 bench/gpu/run_on_gpu.sh
+# validate: the PyTorch training loop recorded by gpuscope against torch.profiler's own count,
+#           with the default launch probes (driver only) and with both levels; BPF program runs
+#           per launch (traps per launch).
+# cost:     per-launch cost against the empty-program floor; zero-loss event rate; own CPU/RSS.
+# overhead: issue 3's suite (bench/gpu/overhead.py), all configurations interleaved.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-static}
 OUT=${OUT:-/tmp/gpuscope-out}
+STAGES=${STAGES:-validate cost}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 TORCH_LIB=$($PY -c 'import os, nvidia.cu13 as m; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null || true)
@@ -13,19 +20,51 @@ export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:${TORCH_LIB}"
 
 {
   echo "== machine"; date -u; uname -r; nvidia-smi -L; echo "commit: ${GPUSCOPE_COMMIT:-unknown (set GPUSCOPE_COMMIT)}"
-  echo "== validation: PyTorch training loop vs torch.profiler"
-  $BUILD/gpuscope record -o "$OUT/train.gpuscope" -- $PY bench/gpu/train_step.py "$OUT/truth.json" --steps 5
-  echo "gpuscope exit: $?"
-  $PY bench/gpu/compare.py "$OUT/train.gpuscope" "$OUT/truth.json"
-  $BUILD/gpuscope report --top 8 "$OUT/train.gpuscope" > "$OUT/train-report.txt"
-  head -60 "$OUT/train-report.txt"
-} 2>&1 | tee "$OUT/validation.txt"
+  echo "nsys: $(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null || echo 'not installed')"
+} 2>&1 | tee "$OUT/machine.txt"
 
-if [ -z "${SKIP_BENCH:-}" ]; then
+traps_per_launch() {  # BPF program runs per recorded launch, from a --bpf-stats record
+  $PY - "$1" <<'EOF'
+import json, sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+meta = dict(db.execute("SELECT key, value FROM meta"))
+stats = json.loads(meta.get("bpf_program_stats", "{}"))
+launches = db.execute("SELECT count(*) FROM calls c JOIN functions f ON f.id = c.func WHERE f.kind = 'launch'").fetchone()[0]
+folded = db.execute("SELECT count(*) FROM calls WHERE driver_func IS NOT NULL").fetchone()[0]
+emit = stats.get("call_entry_emit", {})
+print(f"launch probes: {meta.get('launch_probes')}; launch rows {launches} (of them {folded} runtime rows with "
+      f"their driver launch folded in); entry-only probe runs {emit.get('runs')} = "
+      f"{emit.get('runs', 0) / max(launches, 1):.2f} per launch row, "
+      f"{emit.get('run_time_ns', 0) / max(emit.get('runs', 1), 1):.0f} ns of BPF per run")
+for name, s in sorted(stats.items()):
+    print(f"  {name:18} runs {s['runs']:>9}  avg {s['run_time_ns'] / s['runs']:8.0f} ns")
+EOF
+}
+
+if [[ " $STAGES " == *" validate "* ]]; then
 {
-  echo "== overhead per call and event rate: real <<<1,32>>> launches"
-  $PY bench/uprobe_cost.py --build "$BUILD" --mode real --calls 50000 --rounds 5 --rate-threads ${RATE_THREADS:-1,4,16} \
-      --rate-calls ${RATE_CALLS:-1600000} --json "$OUT/cost-real.json"
-} 2>&1 | tee "$OUT/bench.txt"
+  for probes in auto both; do
+    echo "== validation: PyTorch training loop vs torch.profiler, --launch-probes $probes"
+    $BUILD/gpuscope record --bpf-stats --launch-probes $probes -o "$OUT/train-$probes.gpuscope" -- \
+        $PY bench/gpu/train_step.py "$OUT/truth-$probes.json" --steps 5
+    echo "gpuscope exit: $?"
+    $PY bench/gpu/compare.py "$OUT/train-$probes.gpuscope" "$OUT/truth-$probes.json"
+    traps_per_launch "$OUT/train-$probes.gpuscope"
+  done
+  $BUILD/gpuscope report --top 8 "$OUT/train-auto.gpuscope" > "$OUT/train-report.txt"
+  head -40 "$OUT/train-report.txt"
+} 2>&1 | tee "$OUT/validation.txt"
 fi
-rm -f "$OUT"/*.gpuscope
+
+if [[ " $STAGES " == *" cost "* ]]; then
+{
+  echo "== overhead per launch and event rate: real <<<1,32>>> launches"
+  $PY bench/uprobe_cost.py --build "$BUILD" --mode real --calls 50000 --rounds ${ROUNDS:-5} \
+      --rate-threads ${RATE_THREADS:-1,4,16} --rate-calls ${RATE_CALLS:-1600000} --json "$OUT/cost-real.json"
+} 2>&1 | tee "$OUT/cost.txt"
+fi
+
+if [[ " $STAGES " == *" overhead "* ]]; then
+  BUILD=$BUILD $PY bench/gpu/overhead.py --rounds ${ROUNDS:-5} --out "$OUT" 2>&1 | tee "$OUT/overhead.txt"
+fi
+rm -f "$OUT"/*.gpuscope "$OUT"/*.nsys-rep "$OUT"/*.sqlite

@@ -1,7 +1,10 @@
 // The benchmark workload: threads making probed CUDA calls as fast as they can.
-//   launch_loop --calls N [--threads T] [--mode invalid|real|free-null] [--batches B]
+//   launch_loop --calls N [--threads T] [--mode invalid|real|free-null] [--streams S]
 // invalid:   cudaLaunchKernel of a function that is no kernel (fails inside the runtime, no GPU work)
-// real:      cudaLaunchKernel of an empty <<<1,32>>> kernel (needs a GPU)
+// real:      cudaLaunchKernel of an empty <<<1,32>>> kernel (needs a GPU), round-robin over S
+//            streams per thread: on one stream the GPU runs these no faster than ~4 us each, which
+//            hides CPU cost added below that; several streams run them concurrently, so the loop
+//            is bound by the CPU side of a launch, which is what the probes add to.
 // free-null: cudaFree(nullptr), a call with entry and return probes
 // Prints one JSON line: calls, seconds, ns per call (per thread), calls per second (all threads).
 #include <cuda_runtime.h>
@@ -21,11 +24,13 @@ static void not_a_kernel() {}
 int main(int argc, char** argv) {
   long calls = 100000;
   int threads = 1;
+  int streams = 1;
   std::string mode = "invalid";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--calls")) calls = atol(argv[i + 1]);
     else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--mode")) mode = argv[i + 1];
+    else if (!strcmp(argv[i], "--streams")) streams = atoi(argv[i + 1]) > 0 ? atoi(argv[i + 1]) : 1;
   }
   if (mode == "real") {
     cudaFree(nullptr);
@@ -34,13 +39,14 @@ int main(int argc, char** argv) {
   }
   auto body = [&] {
     if (mode == "real") {
-      cudaStream_t s;
-      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      std::vector<cudaStream_t> s(streams);
+      for (auto& one : s) cudaStreamCreateWithFlags(&one, cudaStreamNonBlocking);
       for (long i = 0; i < calls; ++i) {
-        empty_kernel<<<1, 32, 0, s>>>();
-        if ((i & 1023) == 1023) cudaStreamSynchronize(s);
+        empty_kernel<<<1, 32, 0, s[i % streams]>>>();
+        if ((i & 1023) == 1023)
+          for (auto& one : s) cudaStreamSynchronize(one);
       }
-      cudaStreamSynchronize(s);
+      for (auto& one : s) cudaStreamSynchronize(one);
     } else if (mode == "free-null") {
       for (long i = 0; i < calls; ++i) cudaFree(nullptr);
     } else {
@@ -53,8 +59,8 @@ int main(int argc, char** argv) {
   for (int t = 0; t < threads; ++t) pool.emplace_back(body);
   for (auto& t : pool) t.join();
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  printf("{\"mode\": \"%s\", \"threads\": %d, \"calls\": %ld, \"seconds\": %.6f, \"ns_per_call\": %.1f, "
+  printf("{\"mode\": \"%s\", \"threads\": %d, \"streams\": %d, \"calls\": %ld, \"seconds\": %.6f, \"ns_per_call\": %.1f, "
          "\"calls_per_second\": %.0f}\n",
-         mode.c_str(), threads, calls * threads, secs, secs * 1e9 / calls, calls * threads / secs);
+         mode.c_str(), threads, streams, calls * threads, secs, secs * 1e9 / calls, calls * threads / secs);
   return 0;
 }

@@ -20,8 +20,12 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+STREAMS = 1
+
+
 def run_loop(build, calls, threads, mode, wrapper=(), record_file=None):
-    cmd = [str(build / "bench" / "launch_loop"), "--calls", str(calls), "--threads", str(threads), "--mode", mode]
+    cmd = [str(build / "bench" / "launch_loop"), "--calls", str(calls), "--threads", str(threads), "--mode", mode,
+           "--streams", str(STREAMS)]
     if record_file:
         cmd = [str(build / "gpuscope"), "record", "-q", *wrapper, "-o", str(record_file), "--"] + cmd
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -102,8 +106,11 @@ def main():
     ap.add_argument("--mode", default="invalid")
     ap.add_argument("--rate-threads", default="1,2,4,8,16")
     ap.add_argument("--rate-calls", type=int, default=500000)
+    ap.add_argument("--streams", type=int, default=1, help="real mode: launch round-robin over this many streams")
     ap.add_argument("--json")
     args = ap.parse_args()
+    global STREAMS
+    STREAMS = args.streams
     build = pathlib.Path(args.build)
     lib = cudart_of(build / "bench" / "launch_loop")
     symbol = {"invalid": ["cudaLaunchKernel"], "real": ["cudaLaunchKernel"], "free-null": ["cudaFree"]}[args.mode]
@@ -142,8 +149,9 @@ def main():
             ns[c].append(res["ns_per_call"])
     base = statistics.median(ns["baseline"])
     floor = statistics.median(ns["empty BPF program"]) - base  # one trap
-    result = {"mode": args.mode, "calls": args.calls, "rounds": args.rounds, "configs": {}}
-    print(f"\nper-call cost, {args.mode} cudaLaunchKernel loop, {args.calls} calls x {args.rounds} rounds (median, min..max)")
+    result = {"mode": args.mode, "streams": args.streams, "calls": args.calls, "rounds": args.rounds, "configs": {}}
+    print(f"\nper-call cost, {args.mode} cudaLaunchKernel loop, {args.streams} stream(s), {args.calls} calls x "
+          f"{args.rounds} rounds (median, min..max)")
     print(f"{'configuration':24} {'ns/call':>10} {'spread':>18} {'added ns':>10} {'x floor':>8}")
     for c in configs:
         med = statistics.median(ns[c])
@@ -157,7 +165,7 @@ def main():
     print("(CPU: gpuscope's own, as % of one core over the recording, and per 100k events/s)")
     print(f"{'threads':>8} {'events/s':>12} {'recorded':>10} {'lost':>6} {'CPU %':>7} {'%/100k ev/s':>12} {'RSS MiB':>8}")
     result["rate"] = []
-    for t in map(int, args.rate_threads.split(",")):
+    for t in [int(x) for x in args.rate_threads.split(",") if x]:
         rec = tmp / f"rate{t}.gpuscope"
         res = run_loop(build, args.rate_calls // t, t, args.mode, [], rec)
         lost, calls = lost_and_calls(rec)

@@ -87,7 +87,8 @@ def run_one(workload, config, how, args, tmp):
     """Runs one configuration of one workload group; returns ({workload: per_step}, units, figures)."""
     kind, extra = how
     if workload == CPP:
-        cmd = [str(args.build / "bench" / "launch_loop"), "--mode", "real", "--calls", str(args.cpp_calls)]
+        cmd = [str(args.build / "bench" / "launch_loop"), "--mode", "real", "--calls", str(args.cpp_calls),
+               "--streams", str(args.cpp_streams)]
     else:
         cmd = [sys.executable, str(HERE / "workloads.py"), args.workloads]
         if kind == "profiler":
@@ -177,6 +178,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--workloads", default=TORCH_WORKLOADS, help="PyTorch workloads (workloads.py), '' for none")
     ap.add_argument("--cpp-calls", type=int, default=200000, help="launches per C++ loop run; 0 to skip it")
+    ap.add_argument("--cpp-streams", type=int, default=8,
+                    help="streams the C++ loop launches over (several keep it bound by the CPU, not the GPU)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = ap.parse_args()
     args.build = pathlib.Path(os.environ.get("BUILD", ROOT / "build")).resolve()

@@ -59,7 +59,7 @@ fi
 if [[ " $STAGES " == *" cost "* ]]; then
 {
   echo "== overhead per launch and event rate: real <<<1,32>>> launches"
-  $PY bench/uprobe_cost.py --build "$BUILD" --mode real --calls 50000 --rounds ${ROUNDS:-5} \
+  $PY bench/uprobe_cost.py --build "$BUILD" --mode real --calls 50000 --rounds ${ROUNDS:-5} --streams ${STREAMS:-8} \
       --rate-threads ${RATE_THREADS:-1,4,16} --rate-calls ${RATE_CALLS:-1600000} --json "$OUT/cost-real.json"
 } 2>&1 | tee "$OUT/cost.txt"
 fi

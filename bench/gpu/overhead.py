@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -44,7 +45,7 @@ def find_nsys():
     return None
 
 
-def configurations(gpuscope, nsys):
+def configurations(gpuscope, nsys, nsys_backtraces):
     """name -> how to run it: ("gpuscope", [record flags]) / ("profiler", mode) / ("nsys", flags)."""
     helptext = subprocess.run([gpuscope, "record", "--help"], capture_output=True, text=True).stdout
     c = {"baseline": ("plain", None),
@@ -66,6 +67,7 @@ def configurations(gpuscope, nsys):
     c["torch.profiler+stack"] = ("profiler", "cuda+stack")
     if nsys:
         c["nsys (cuda trace)"] = ("nsys", ["-t", "cuda", "--sample=none", "--cpuctxsw=none"])
+    if nsys and nsys_backtraces:
         c["nsys (cuda trace + backtraces)"] = ("nsys", ["-t", "cuda", "--sample=none", "--cpuctxsw=none",
                                                        "--cudabacktrace=all"])
     return c
@@ -173,6 +175,34 @@ def chart(results, configs, out):
     fig.savefig(out / "overhead.png", dpi=110)
 
 
+def save(out, args, configs, samples, units, figures, dropped, rounds_done):
+    """Writes overhead.json (raw samples included, so that later runs can --merge them) and the
+    chart; called after every round so that a run cut short keeps what it measured."""
+    by_config = {w: {c: cs[c] for c in configs if c in cs and c not in dropped and cs[c]} for w, cs in samples.items()}
+    results = summarise(by_config, units, figures, configs)
+    doc = {"rounds": rounds_done, "configs": {c: list(map(str, v)) for c, v in configs.items() if c not in dropped},
+           "nsys": args.nsys, "dropped": sorted(dropped), "workloads": results, "units": units,
+           "recording": {f"{g} / {c}": fs for (g, c), fs in figures.items()}}
+    (out / "overhead.json").write_text(json.dumps(doc, indent=1))
+    chart(results, [c for c in configs if c not in dropped], out)
+
+
+def merge(paths, samples, units, figures):
+    """Adds the raw samples of earlier runs (their overhead.json) to this one's. Returns the rounds."""
+    rounds = 0
+    for path in paths:
+        doc = json.loads(pathlib.Path(path).read_text())
+        rounds += doc["rounds"]
+        units.update(doc["units"])
+        for w, r in doc["workloads"].items():
+            for c, v in r["configs"].items():
+                samples.setdefault(w, {}).setdefault(c, []).extend(v["samples"])
+        for key, fs in doc["recording"].items():
+            group, c = key.split(" / ", 1)
+            figures.setdefault((group, c), []).extend(fs)
+    return rounds
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
@@ -180,25 +210,34 @@ def main():
     ap.add_argument("--cpp-calls", type=int, default=200000, help="launches per C++ loop run; 0 to skip it")
     ap.add_argument("--cpp-streams", type=int, default=8,
                     help="streams the C++ loop launches over (several keep it bound by the CPU, not the GPU)")
+    ap.add_argument("--nsys-backtraces", action="store_true", help="also run Nsight Systems with CUDA backtraces")
+    ap.add_argument("--max-seconds", type=float, default=0, help="start no round after this many seconds")
+    ap.add_argument("--merge", nargs="*", default=[], help="overhead.json files of earlier runs to add to this one")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = ap.parse_args()
     args.build = pathlib.Path(os.environ.get("BUILD", ROOT / "build")).resolve()
     args.nsys = find_nsys()
     print(f"Nsight Systems: {args.nsys or 'not installed on this machine: its configurations are skipped'}")
-    configs = configurations(str(args.build / "gpuscope"), args.nsys)
+    configs = configurations(str(args.build / "gpuscope"), args.nsys, args.nsys_backtraces)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="gpuscope-overhead-"))
     groups = ([CPP] if args.cpp_calls else []) + ([args.workloads] if args.workloads else [])
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
 
     samples, units, figures, dropped = {}, {}, {}, set()
+    done = merge(args.merge, samples, units, figures)
+    started = time.monotonic()
     for r in range(args.rounds):
+        if args.max_seconds and r and time.monotonic() - started > args.max_seconds * r / (r + 1):
+            print(f"stopping after {r} rounds: another would pass --max-seconds", file=sys.stderr)
+            break
         # Rotate the order each round too, so that no configuration always runs first or last.
-        order = list(configs)[r % len(configs):] + list(configs)[:r % len(configs)]
+        shift = (done + r) % len(configs)
+        order = list(configs)[shift:] + list(configs)[:shift]
         for group in groups:
             for c in order:
-                if group == CPP and configs[c][0] == "profiler":
+                if (group == CPP and configs[c][0] == "profiler") or c in dropped:
                     continue  # torch.profiler profiles Python programs only
-                if c in dropped:
-                    continue
                 try:
                     per_step, u, f = run_one(group, c, configs[c], args, tmp)
                 except RuntimeError as e:
@@ -209,23 +248,11 @@ def main():
                     continue
                 units.update(u)
                 for w, v in per_step.items():
-                    samples.setdefault(w, {k: [] for k in configs if not (w == CPP and configs[k][0] == "profiler")})
-                    samples[w][c].append(v)
+                    samples.setdefault(w, {}).setdefault(c, []).append(v)
                 if f:
                     figures.setdefault(("c++ loop" if group == CPP else "pytorch", c), []).append(f)
-        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-
-    for by_config in samples.values():
-        for c in dropped:
-            by_config.pop(c, None)
-    results = summarise(samples, units, figures, configs)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    doc = {"rounds": args.rounds, "configs": {c: list(map(str, v)) for c, v in configs.items()},
-           "nsys": args.nsys, "workloads": results,
-           "recording": {f"{g} / {c}": fs for (g, c), fs in figures.items()}}
-    (out / "overhead.json").write_text(json.dumps(doc, indent=1))
-    chart(results, list(configs), out)
+        print(f"round {r + 1}/{args.rounds} done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+        save(out, args, configs, samples, units, figures, dropped, done + r + 1)
 
 
 if __name__ == "__main__":

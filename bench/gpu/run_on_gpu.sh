@@ -65,6 +65,8 @@ if [[ " $STAGES " == *" cost "* ]]; then
 fi
 
 if [[ " $STAGES " == *" overhead "* ]]; then
-  BUILD=$BUILD $PY bench/gpu/overhead.py --rounds ${ROUNDS:-5} --out "$OUT" 2>&1 | tee "$OUT/overhead.txt"
+  # MERGE: overhead.json files of earlier calls (the device tool's calls are limited to 10 minutes).
+  BUILD=$BUILD $PY bench/gpu/overhead.py --rounds ${ROUNDS:-5} --max-seconds ${MAX_SECONDS:-0} --out "$OUT" \
+      ${MERGE:+--merge $MERGE} 2>&1 | tee "$OUT/overhead.txt"
 fi
 rm -f "$OUT"/*.gpuscope "$OUT"/*.nsys-rep "$OUT"/*.sqlite

@@ -79,8 +79,9 @@ def record_figures(path):
         meta = dict(db.execute("SELECT key, value FROM meta"))
         calls = db.execute("SELECT count(*) FROM calls").fetchone()[0]
         lost = db.execute("SELECT coalesce(sum(count), 0) FROM lost").fetchone()[0]
+        lost_by = dict(db.execute("SELECT cause, count FROM lost WHERE count > 0"))
     secs = (int(meta["end_ns"]) - int(meta["start_ns"])) / 1e9
-    return {"calls": calls, "lost": lost, "seconds": secs, "events_per_s": calls / secs if secs else 0,
+    return {"calls": calls, "lost": lost, "lost_by_cause": lost_by, "seconds": secs, "events_per_s": calls / secs if secs else 0,
             "recorder_cpu_s": int(meta.get("recorder_cpu_ns", 0)) / 1e9,
             "recorder_max_rss_mb": int(meta.get("recorder_max_rss_kb", 0)) / 1024}
 

@@ -23,6 +23,7 @@ enum gs_record_kind {
 	GS_REC_EXEC = 3,     /* a target called execve */
 	GS_REC_EXIT = 4,     /* a target process (thread group) exited */
 	GS_REC_FORK = 5,     /* a target created a child process */
+	GS_REC_SAMPLE = 6,   /* a CPU-clock sample of a target thread */
 };
 
 /* The BPF cookie of each uprobe, set by user space at attach time:
@@ -93,6 +94,21 @@ struct gs_proc_record {
 	__u32 pid;
 	__u32 ppid;          /* fork: the parent; exec/exit: 0 */
 	__s32 exit_code;
+	__u64 ts_ns;
+	char comm[GS_COMM_LEN];
+};
+
+/* A CPU profile sample: the thread on a CPU when its cpu-clock event fired, with its user
+ * and kernel stacks (ids in the stacks map; negative: none, e.g. a thread in user mode has
+ * no kernel stack). */
+struct gs_sample_record {
+	__u16 kind;          /* GS_REC_SAMPLE */
+	__u16 cpu;
+	__u32 pid;
+	__u32 tid;
+	__s32 ustack_id;
+	__s32 kstack_id;
+	__u32 pad;
 	__u64 ts_ns;
 	char comm[GS_COMM_LEN];
 };

@@ -11,6 +11,7 @@
 #include "events.h"
 
 #define SIGSTOP 19
+#define EFAULT 14
 
 /* Set by user space between open and load, so the verifier prunes what is off. */
 const volatile bool filter_targets = true;  /* false with --all */
@@ -349,6 +350,36 @@ int on_exit(void *ctx)
 	r->ts_ns = bpf_ktime_get_ns();
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
 	bpf_ringbuf_submit(r, 0);
+	return 0;
+}
+
+/* CPU profile: a perf cpu-clock event per CPU runs this at the sampling rate; only target
+ * threads are recorded. Idle (pid 0) and other processes cost one lookup. */
+SEC("perf_event")
+int on_cpu_sample(struct bpf_perf_event_data *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (tgid == 0 || !is_target(tgid))
+		return 0;
+	struct gs_sample_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+	if (!r) {
+		count_lost(GS_LOST_RINGBUF_FULL);
+		return 0;
+	}
+	r->kind = GS_REC_SAMPLE;
+	r->cpu = bpf_get_smp_processor_id();
+	r->pid = tgid;
+	r->tid = (__u32)id;
+	r->pad = 0;
+	r->ts_ns = bpf_ktime_get_ns();
+	r->ustack_id = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
+	/* A sample taken in user mode has no kernel stack: EFAULT, not a loss. */
+	r->kstack_id = bpf_get_stackid(ctx, &stacks, 0);
+	if (r->ustack_id < 0 && r->ustack_id != -EFAULT)
+		count_lost(GS_LOST_STACK);
+	bpf_get_current_comm(r->comm, sizeof(r->comm));
+	bpf_ringbuf_submit(r, submit_flags());
 	return 0;
 }
 

@@ -2,6 +2,7 @@
 
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
+#include <linux/perf_event.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -165,6 +166,35 @@ void BpfSession::add_target(pid_t pid) {
   uint32_t key = static_cast<uint32_t>(pid);
   uint8_t one = 1;
   bpf_map__update_elem(skel_->maps.targets, &key, sizeof(key), &one, sizeof(one), BPF_ANY);
+}
+
+void BpfSession::start_cpu_sampling(int hz) {
+  const int ncpu = libbpf_num_possible_cpus();
+  int opened = 0;
+  for (int cpu = 0; cpu < ncpu; ++cpu) {
+    perf_event_attr attr{};
+    attr.size = sizeof(attr);
+    attr.type = PERF_TYPE_SOFTWARE;
+    attr.config = PERF_COUNT_SW_CPU_CLOCK;
+    attr.freq = 1;
+    attr.sample_freq = static_cast<uint64_t>(hz);
+    const int fd = static_cast<int>(syscall(__NR_perf_event_open, &attr, -1, cpu, -1, PERF_FLAG_FD_CLOEXEC));
+    if (fd < 0) {
+      if (errno == ENODEV || errno == ENOENT) continue;  // a possible CPU that is not online
+      throw Error("cannot open a cpu-clock perf event on CPU {}: {} (is kernel.perf_event_paranoid too high?)", cpu,
+                  strerror(errno));
+    }
+    // The link owns the event's descriptor from here: destroying it closes it.
+    bpf_link* link = bpf_program__attach_perf_event(skel_->progs.on_cpu_sample, fd);
+    if (!link) {
+      const int err = errno;
+      close(fd);
+      throw Error("cannot attach the CPU sampler on CPU {}: {}", cpu, strerror(err));
+    }
+    links_.emplace_back(link);
+    ++opened;
+  }
+  if (opened == 0) throw Error("no CPU could be sampled");
 }
 
 void BpfSession::stop_stopping_processes() { close_link_.reset(); }

@@ -57,6 +57,9 @@ class BpfSession {
   BpfSession& operator=(const BpfSession&) = delete;
 
   void add_target(pid_t pid);
+  // Samples every CPU with the perf software cpu-clock at `hz` per second (no hardware PMU
+  // needed); target threads' samples become GS_REC_SAMPLE records. Throws Error with what to do.
+  void start_cpu_sampling(int hz);
   // Tells the BPF side not to stop processes again for this file (see bpf: checked_files).
   void mark_checked(uint64_t dev, uint64_t ino);
   // Detaches the tracepoint that stops processes at library loads. Called first when the

@@ -5,12 +5,15 @@
 #include <charconv>
 #include <cstdio>
 #include <iostream>
+#include <cstring>
+#include <fstream>
 #include <map>
 
 #include "common/error.h"
 #include "common/log.h"
 #include "discover/proc.h"
 #include "record/recorder.h"
+#include "report/flamegraph.h"
 #include "report/report.h"
 #include "store/record_reader.h"
 #include "symbolize/symbolizer.h"
@@ -29,6 +32,35 @@ int run_report(const std::string& path, bool json, size_t top) {
     std::cout << doc.dump(2) << "\n";
   else
     std::cout << report::render_text(doc);
+  return 0;
+}
+
+int run_flamegraph(const std::string& path, const std::string& metric, const std::string& output, int64_t pid,
+                   bool peak) {
+  report::FlameOptions opt;
+  opt.metric = report::parse_metric(metric);
+  opt.pid = pid;
+  opt.inuse_at_peak = peak;
+  const auto format = report::format_for_path(output);
+  store::RecordReader reader(path);
+  symbolize::Symbolizer symbolizer;
+  const auto data = report::build_flame(reader, symbolizer, opt);
+  std::string bytes;
+  switch (format) {
+    case report::FlameFormat::Folded: bytes = report::to_folded(data); break;
+    case report::FlameFormat::Pprof: bytes = report::to_pprof(data); break;
+    case report::FlameFormat::Html:
+      bytes = report::to_html(data, fmt::format("{}{}: {}", metric, peak ? " (at peak)" : "", reader.meta("command")));
+      break;
+  }
+  if (output == "-") {
+    std::cout << bytes;
+    return 0;
+  }
+  std::ofstream out(output, std::ios::binary | std::ios::trunc);
+  if (!out || !out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())) || !out.flush())
+    throw Error("cannot write {}: {}", output, strerror(errno));
+  log_info("{} stacks, {} {} in all, written to {}", data.stacks.size(), data.total(), data.unit, output);
   return 0;
 }
 
@@ -56,6 +88,8 @@ int main(int argc, char** argv) {
                   "two), auto (driver once it is probed, when recording a command; both with --pid/--all)")
       ->transform(CLI::CheckedTransformer(launch_modes, CLI::ignore_case))
       ->capture_default_str();
+  rec->add_option("--cpu-profile", ropts.cpu_profile_hz,
+                  "Sample the targets' on-CPU stacks (user and kernel) this many times per second, e.g. 99");
   rec->add_flag("--bpf-stats", ropts.bpf_stats,
                  "Record each BPF program's run count and run time (costs two clock reads per probe hit)");
   rec->add_option("--ringbuf-mb", ropts.ringbuf_mb, "Kernel ring buffer size in MiB")->capture_default_str();
@@ -71,6 +105,20 @@ int main(int argc, char** argv) {
   rep->add_option("file", report_path, "Record file")->required();
   rep->add_flag("--json", json, "Print JSON instead of text");
   rep->add_option("--top", top, "Rows per table")->capture_default_str();
+
+  std::string flame_path, metric = "cpu", flame_out;
+  int64_t flame_pid = 0;
+  bool peak = false;
+  auto* flame = app.add_subcommand("flamegraph", "Draw the stacks of a record weighted by a metric");
+  flame->add_option("file", flame_path, "Record file")->required();
+  flame->add_option("-m,--metric", metric, "cpu, launches, memcpy-bytes, alloc-bytes or inuse-bytes")
+      ->capture_default_str();
+  flame->add_option("-o,--output", flame_out,
+                    "Output file; its name picks the format: .html (interactive), .folded (Brendan Gregg's "
+                    "folded stacks), .pb.gz (pprof); - prints folded stacks")
+      ->required();
+  flame->add_option("--pid", flame_pid, "Only this process");
+  flame->add_flag("--peak", peak, "inuse-bytes: the allocations live when the total in use peaked, not at the end");
 
   try {
     app.parse(argc, argv);
@@ -92,10 +140,13 @@ int main(int argc, char** argv) {
       for (pid_t p : ropts.pids)
         if (!discover::process_exists(p)) throw Error("no process with PID {} (check it with ps)", p);
       if (ropts.duration_s < 0) throw Error("--duration must be positive");
+      if (ropts.cpu_profile_hz < 0 || ropts.cpu_profile_hz > 10000)
+        throw Error("--cpu-profile must be between 1 and 10000 samples per second");
       if (ropts.ringbuf_mb < 1 || ropts.ringbuf_mb > 2048) throw Error("--ringbuf-mb must be between 1 and 2048");
       ropts.stacks = !no_stacks;
       return record::run_record(ropts);
     }
+    if (*flame) return run_flamegraph(flame_path, metric, flame_out, flame_pid, peak);
     return run_report(report_path, json, top);
   } catch (const std::exception& e) {
     log_error("{}", e.what());

@@ -1,6 +1,7 @@
 #include "record/pipeline.h"
 
 #include <sys/uio.h>
+#include <sys/utsname.h>
 #include <time.h>
 
 #include <fstream>
@@ -85,7 +86,7 @@ void Pipeline::stop() {
 }
 
 PipelineStats Pipeline::stats() const {
-  return PipelineStats{records_.load(), calls_.load(), launches_.load(), dropped_.load()};
+  return PipelineStats{records_.load(), calls_.load(), launches_.load(), samples_.load(), dropped_.load()};
 }
 
 void Pipeline::run() {
@@ -147,6 +148,18 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       tracker_.process(std::move(e), [this](CallEvent& ev) { emit(ev); });
       break;
     }
+    case GS_REC_SAMPLE: {
+      if (size < sizeof(gs_sample_record)) return;
+      gs_sample_record rec;
+      std::memcpy(&rec, data, sizeof(rec));
+      note_process(rec.pid, rec.ts_ns);
+      note_thread(rec.tid, rec.pid, std::string(rec.comm, strnlen(rec.comm, sizeof(rec.comm))));
+      writer_.add_sample(rec.ts_ns, rec.pid, rec.tid, rec.cpu, resolve_user_stack(rec.pid, rec.ustack_id),
+                         resolve_kernel_stack(rec.kstack_id));
+      ++samples_;
+      ++calls_since_commit_;
+      break;
+    }
     case GS_REC_EXIT: {
       gs_proc_record rec;
       std::memcpy(&rec, data, std::min(size, sizeof(rec)));
@@ -186,12 +199,8 @@ void Pipeline::note_process(uint32_t pid, uint64_t ts_ns) {
 
 void Pipeline::emit(CallEvent& e) {
   note_process(e.pid, e.ts_ns);
-  auto& comm = thread_comms_[e.tid];
-  if (comm != e.comm) {
-    comm = e.comm;
-    writer_.upsert_thread(e.tid, e.pid, e.comm);
-  }
-  e.stack_id = resolve_stack(e);
+  note_thread(e.tid, e.pid, e.comm);
+  e.stack_id = resolve_user_stack(e.pid, e.bpf_stack_id);
   const auto* f = decode::function_by_id(e.func);
   if (f && f->kind == decode::CallKind::Launch) {
     e.kernel_id = resolve_kernel(e);
@@ -224,22 +233,51 @@ std::string Pipeline::read_name(uint32_t pid, uint64_t addr, const std::string& 
   return name.size() >= partial.size() ? name : partial;
 }
 
-int64_t Pipeline::resolve_stack(const CallEvent& e) {
-  if (e.bpf_stack_id < 0) return 0;
-  auto& ids = stack_ids_[e.pid];
-  if (auto it = ids.find(e.bpf_stack_id); it != ids.end()) return it->second;
+void Pipeline::note_thread(uint32_t tid, uint32_t pid, const std::string& comm) {
+  auto& known = thread_comms_[tid];
+  if (known == comm) return;
+  known = comm;
+  writer_.upsert_thread(tid, pid, comm);
+}
+
+int64_t Pipeline::resolve_kernel_stack(int32_t bpf_stack_id) {
+  if (bpf_stack_id < 0) return 0;
+  if (auto it = kernel_stack_ids_.find(bpf_stack_id); it != kernel_stack_ids_.end()) return it->second;
+  if (!kallsyms_) {
+    kallsyms_ = std::make_unique<symbolize::Kallsyms>();
+    utsname u{};
+    uname(&u);
+    kernel_module_id_ = writer_.intern_module("[kernel]", u.release);
+  }
   std::vector<store::StoredFrame> frames;
-  for (uint64_t ip : bpf_.stack(e.bpf_stack_id)) {
+  for (uint64_t ip : bpf_.stack(bpf_stack_id)) {
+    frames.push_back({kernel_module_id_, ip, ip});
+    if (named_kernel_ips_.insert(ip).second) {
+      const std::string name = kallsyms_->resolve(ip);
+      if (!name.empty()) writer_.add_symbol(kernel_module_id_, ip, name);
+    }
+  }
+  const int64_t id = frames.empty() ? 0 : writer_.intern_stack(frames);
+  kernel_stack_ids_.emplace(bpf_stack_id, id);
+  return id;
+}
+
+int64_t Pipeline::resolve_user_stack(uint32_t pid, int32_t bpf_stack_id) {
+  if (bpf_stack_id < 0) return 0;
+  auto& ids = stack_ids_[pid];
+  if (auto it = ids.find(bpf_stack_id); it != ids.end()) return it->second;
+  std::vector<store::StoredFrame> frames;
+  for (uint64_t ip : bpf_.stack(bpf_stack_id)) {
     store::StoredFrame f;
     f.ip = ip;
-    if (auto m = maps_.resolve(e.pid, ip)) {
+    if (auto m = maps_.resolve(pid, ip)) {
       f.module_id = writer_.intern_module(m->path, build_id_of(m->open_path));
       f.offset = m->file_offset;
     }
     frames.push_back(f);
   }
   const int64_t id = frames.empty() ? 0 : writer_.intern_stack(frames);
-  ids.emplace(e.bpf_stack_id, id);
+  ids.emplace(bpf_stack_id, id);
   return id;
 }
 

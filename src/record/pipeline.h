@@ -20,6 +20,7 @@
 #include "attach/bpf_session.h"
 #include "decode/tracker.h"
 #include "store/record_writer.h"
+#include "symbolize/kallsyms.h"
 #include "symbolize/process_maps.h"
 #include "symbolize/symbolizer.h"
 
@@ -36,6 +37,7 @@ struct PipelineStats {
   uint64_t records = 0;
   uint64_t calls = 0;
   uint64_t launches = 0;
+  uint64_t samples = 0;
   uint64_t queue_dropped_records = 0;
 };
 
@@ -67,7 +69,10 @@ class Pipeline {
   void process_record(const uint8_t* data, size_t size);
   void emit(CallEvent& e);
   void note_process(uint32_t pid, uint64_t ts_ns);
-  int64_t resolve_stack(const CallEvent& e);
+  void note_thread(uint32_t tid, uint32_t pid, const std::string& comm);
+  int64_t resolve_user_stack(uint32_t pid, int32_t bpf_stack_id);
+  // Kernel stacks are the same in every process: cached once, frames named from kallsyms.
+  int64_t resolve_kernel_stack(int32_t bpf_stack_id);
   int64_t resolve_kernel(const CallEvent& e);
   const std::string& build_id_of(const std::string& open_path);
   // A name in the target's memory (or, once it is gone, its file); `partial` if neither reads.
@@ -100,13 +105,17 @@ class Pipeline {
   // Per process, forgotten at its exit: a later process may reuse the pid with other mappings.
   std::unordered_map<uint32_t, std::unordered_map<int32_t, int64_t>> stack_ids_;  // BPF stack id -> stored
   std::unordered_map<std::string, std::string> build_ids_;
+  std::unordered_map<int32_t, int64_t> kernel_stack_ids_;
+  std::unique_ptr<symbolize::Kallsyms> kallsyms_;  // read at the first kernel stack
+  int64_t kernel_module_id_ = 0;
+  std::unordered_set<uint64_t> named_kernel_ips_;
   std::unordered_map<uint32_t, std::unordered_map<uint64_t, int64_t>> kernel_ids_;  // handle ^ api -> kernel
   uint64_t calls_since_commit_ = 0;
   uint64_t names_unread_ = 0;
   uint64_t last_commit_ns_ = 0;
   std::function<void(pid_t)> exec_cb_;
 
-  std::atomic<uint64_t> records_{0}, calls_{0}, launches_{0}, dropped_{0};
+  std::atomic<uint64_t> records_{0}, calls_{0}, launches_{0}, samples_{0}, dropped_{0};
 };
 
 }  // namespace gpuscope::record

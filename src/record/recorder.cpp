@@ -324,6 +324,10 @@ int Recorder::run() {
   cfg.ringbuf_bytes = opts_.ringbuf_mb << 20;
   cfg.wakeup_bytes = cfg.ringbuf_bytes / 4;
   bpf_ = std::make_unique<attach::BpfSession>(cfg);
+  if (opts_.cpu_profile_hz) {
+    bpf_->start_cpu_sampling(opts_.cpu_profile_hz);
+    writer_->set_meta("cpu_profile_hz", std::to_string(opts_.cpu_profile_hz));
+  }
 
   PipelineConfig pcfg;
   pcfg.complete_history = whole_history;
@@ -429,8 +433,8 @@ int Recorder::run() {
   uint64_t lost_total = st.queue_dropped_records;
   for (uint64_t v : lost) lost_total += v;
   if (!opts_.quiet) {
-    log_info("recorded {} CUDA calls ({} kernel launches) into {}; {} events lost", st.calls, st.launches,
-             opts_.output, lost_total);
+    log_info("recorded {} CUDA calls ({} kernel launches){} into {}; {} events lost", st.calls, st.launches,
+             opts_.cpu_profile_hz ? fmt::format(" and {} CPU samples", st.samples) : "", opts_.output, lost_total);
     if (st.calls == 0)
       log_info("{}", libraries_attached_ == 0 ? "no CUDA library was loaded by the target: nothing to record"
                                               : "the target loaded CUDA but made no probed call");

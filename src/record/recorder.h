@@ -26,7 +26,8 @@ struct RecordOptions {
   uint32_t ringbuf_mb = 64;
   bool quiet = false;
   LaunchProbes launch_probes = LaunchProbes::Auto;
-  bool bpf_stats = false;  // record each BPF program's runs and run time
+  bool bpf_stats = false;
+  int cpu_profile_hz = 0;  // 0: no CPU sampling  // record each BPF program's runs and run time
 };
 
 // Returns the exit code gpuscope should exit with: the command's, under `record -- CMD`.

@@ -60,7 +60,10 @@ RecordWriter::RecordWriter(const std::string& path)
       set_lost_(db_.prepare("INSERT INTO lost(cause, count) VALUES(?1, ?2) "
                             "ON CONFLICT(cause) DO UPDATE SET count=excluded.count")),
       set_meta_(db_.prepare("INSERT INTO meta(key, value) VALUES(?1, ?2) "
-                            "ON CONFLICT(key) DO UPDATE SET value=excluded.value")) {
+                            "ON CONFLICT(key) DO UPDATE SET value=excluded.value")),
+      insert_sample_(db_.prepare("INSERT INTO samples(ts_ns, pid, tid, cpu, stack_id, kernel_stack_id) "
+                                 "VALUES(?1,?2,?3,?4,?5,?6)")),
+      insert_symbol_(db_.prepare("INSERT OR IGNORE INTO symbols(module_id, offset, name) VALUES(?1,?2,?3)")) {
   // Written now, not with the first batch: a record killed at once must still say what it is.
   for (auto [key, value] : {std::pair{"format", std::string(kFormatName)},
                             std::pair{"schema_version", std::to_string(kSchemaVersion)}, std::pair{"complete", std::string("0")}})
@@ -86,6 +89,20 @@ void RecordWriter::set_meta(const std::string& key, const std::string& value) {
 }
 
 void RecordWriter::add_call(const CallEvent& e) { filling_.calls.push_back(e); }
+
+void RecordWriter::add_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, uint32_t cpu, int64_t stack_id,
+                              int64_t kernel_stack_id) {
+  filling_.ops.push_back([=, this] {
+    insert_sample_.bind(1, int64_t(ts_ns)).bind(2, int64_t(pid)).bind(3, int64_t(tid)).bind(4, int64_t(cpu));
+    if (stack_id) insert_sample_.bind(5, stack_id);
+    if (kernel_stack_id) insert_sample_.bind(6, kernel_stack_id);
+    insert_sample_.run();
+  });
+}
+
+void RecordWriter::add_symbol(int64_t module_id, uint64_t offset, const std::string& name) {
+  filling_.ops.push_back([=, this] { insert_symbol_.bind(1, module_id).bind(2, int64_t(offset)).bind(3, name).run(); });
+}
 
 void RecordWriter::commit() {
   {

@@ -54,6 +54,10 @@ class RecordWriter {
   void set_process_exit(uint32_t pid, uint64_t ts_ns, int exit_code);
   void upsert_thread(uint32_t tid, uint32_t pid, const std::string& comm);
   void add_library(const LibraryRow& lib);
+  // A CPU profile sample; stack ids from intern_stack (0: none).
+  void add_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, uint32_t cpu, int64_t stack_id, int64_t kernel_stack_id);
+  // A frame's name known only while recording (kernel frames, from /proc/kallsyms).
+  void add_symbol(int64_t module_id, uint64_t offset, const std::string& name);
   void set_lost(const std::string& cause, uint64_t count);
 
   void commit();
@@ -80,7 +84,7 @@ class RecordWriter {
 
   Db db_;
   Stmt insert_call_, insert_kernel_, insert_module_, insert_stack_, insert_frame_, upsert_process_, process_exit_,
-      upsert_thread_, insert_library_, set_lost_, set_meta_;
+      upsert_thread_, insert_library_, set_lost_, set_meta_, insert_sample_, insert_symbol_;
   std::unordered_map<std::string, int64_t> kernels_;
   std::unordered_map<std::string, int64_t> modules_;
   std::unordered_map<std::vector<StoredFrame>, int64_t, FrameVecHash> stacks_;

@@ -28,6 +28,10 @@ CREATE TABLE calls(
   grid_x INTEGER, grid_y INTEGER, grid_z INTEGER, block_x INTEGER, block_y INTEGER, block_z INTEGER,
   shared_mem INTEGER, name TEXT, driver_func INTEGER, driver_handle INTEGER);
 CREATE TABLE lost(cause TEXT PRIMARY KEY, count INTEGER NOT NULL);
+CREATE TABLE samples(id INTEGER PRIMARY KEY, ts_ns INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL,
+                     cpu INTEGER, stack_id INTEGER, kernel_stack_id INTEGER);
+CREATE TABLE symbols(module_id INTEGER NOT NULL, offset INTEGER NOT NULL, name TEXT NOT NULL,
+                     PRIMARY KEY(module_id, offset)) WITHOUT ROWID;
 )sql";
 
 // Created when a recording ends; a record cut short is readable without them.
@@ -35,6 +39,7 @@ inline constexpr const char* kIndexSql = R"sql(
 CREATE INDEX IF NOT EXISTS calls_by_time ON calls(ts_ns);
 CREATE INDEX IF NOT EXISTS calls_by_func ON calls(func);
 CREATE INDEX IF NOT EXISTS calls_by_kernel ON calls(kernel_id);
+CREATE INDEX IF NOT EXISTS samples_by_thread ON samples(tid, ts_ns);
 )sql";
 
 }  // namespace gpuscope::store

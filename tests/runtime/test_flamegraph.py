@@ -1,0 +1,104 @@
+"""CPU sampling and flame graphs: samples land where the time went; every output format is read
+back by something other than gpuscope (Go's pprof, headless Chromium)."""
+import gzip
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import TARGETS
+
+VECADD = "vecAdd(float const*, float const*, float*, int)"
+
+
+def folded(gpuscope, rec, metric):
+    out = gpuscope("flamegraph", rec.path, "--metric", metric, "-o", "-")
+    assert out.returncode == 0, out.stderr
+    stacks = {}
+    for line in out.stdout.splitlines():
+        path, value = line.rsplit(" ", 1)
+        stacks[tuple(path.split(";"))] = int(value)
+    return stacks
+
+
+def share(stacks, frame):
+    total = sum(stacks.values())
+    return sum(v for k, v in stacks.items() if frame in k) / total
+
+
+def test_cpu_samples_land_in_the_busy_functions(record, gpuscope):
+    rec = record("--cpu-profile", 199, "--", TARGETS / "busy_loop", 2)
+    assert rec.returncode == 0, rec.stderr
+    n = rec.scalar("SELECT count(*) FROM samples")
+    assert 200 <= n <= 500, n  # 2 s at 199 Hz
+    assert rec.scalar("SELECT value FROM meta WHERE key='cpu_profile_hz'") == "199"
+    stacks = folded(gpuscope, rec, "cpu")
+    # 75% of the time in user space, the rest mostly inside read() in the kernel.
+    assert 0.6 < share(stacks, "spin_in_user_space") < 0.9
+    # libc's read() sets up no frame pointer, so frame-pointer unwinding shows main;read and
+    # skips read_from_dev_zero (unwinding from .eh_frame will show it).
+    in_read = {k: v for k, v in stacks.items() if "read" in k}
+    assert 0.1 < sum(in_read.values()) / sum(stacks.values()) < 0.4
+    in_kernel = [k for k in in_read if any(f.endswith("_[k]") for f in k)]
+    assert in_kernel, "no kernel frames under read()"
+    assert any("read_zero_[k]" in k or "iov_iter_zero_[k]" in k for k in in_kernel), in_kernel[:3]
+    # Stacks reach main, root first (process, then the program's outermost frames).
+    assert all(k[0].startswith("busy_loop (") for k in stacks)
+    assert share(stacks, "main") > 0.9
+
+
+def test_launch_and_copy_flame_graphs_follow_the_caller_chain(record, gpuscope):
+    rec = record("--", TARGETS / "cuda_ops", "--iterations", 2)
+    launches = folded(gpuscope, rec, "launches")
+    assert sum(launches.values()) == 4
+    vec = [k for k in launches if k[-1] == VECADD]
+    assert len(vec) == 1 and launches[vec[0]] == 2
+    chain = vec[0]
+    # The kernel is the leaf under the CPU stack that launched it.
+    assert chain.index("main") < chain.index("(anonymous namespace)::work(int)") < len(chain) - 1
+    assert any(f.startswith("(anonymous namespace)::launch_kernels") for f in chain)
+
+    copies = folded(gpuscope, rec, "memcpy-bytes")
+    by_leaf = {}
+    for k, v in copies.items():
+        by_leaf[k[-1]] = by_leaf.get(k[-1], 0) + v
+    MiB = 1 << 20
+    assert by_leaf == {"HtoD (pageable)": 4 * MiB, "DtoH (pageable)": 2 * 2 * MiB + 2 * 3 * MiB, "DtoD": 2 * 4 * MiB}
+
+
+@pytest.mark.skipif(not shutil.which("go"), reason="Go's pprof (golang-go) is the independent reader")
+def test_pprof_is_read_by_go_pprof(record, gpuscope, tmp_path):
+    rec = record("--cpu-profile", 199, "--", TARGETS / "busy_loop", 1)
+    out = tmp_path / "cpu.pb.gz"
+    res = gpuscope("flamegraph", rec.path, "-m", "cpu", "-o", out)
+    assert res.returncode == 0, res.stderr
+    assert gzip.decompress(out.read_bytes())  # gzip, as pprof files are
+    top = subprocess.run(["go", "tool", "pprof", "-top", "-nodecount=50", str(out)], capture_output=True, text=True,
+                         timeout=120, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "GOCACHE": str(tmp_path)})
+    assert top.returncode == 0, top.stderr
+    assert "Type: cpu" in top.stdout
+    samples = rec.scalar("SELECT count(*) FROM samples")
+    total_ms = float(re.search(r"of ([\d.]+)(ms|s) total", top.stdout).group(1)) * (
+        1000 if re.search(r"of [\d.]+s total", top.stdout) else 1)
+    assert abs(total_ms - samples * 1000 / 199) < 1.0  # each sample weighs one period
+    spin = next(line for line in top.stdout.splitlines() if line.rstrip().endswith("spin_in_user_space"))
+    assert float(spin.split()[1].rstrip("%")) > 50  # flat share
+
+
+@pytest.mark.skipif(not shutil.which("chromium"), reason="headless Chromium renders the HTML")
+def test_html_flame_graph_renders_in_a_browser(record, gpuscope, tmp_path):
+    rec = record("--", TARGETS / "cuda_ops", "--iterations", 2)
+    page = tmp_path / "launches.html"
+    res = gpuscope("flamegraph", rec.path, "-m", "launches", "-o", page)
+    assert res.returncode == 0, res.stderr
+    html = page.read_text()
+    assert "<script src" not in html and "http" not in html.split("<script>")[1]  # one file, works offline
+    dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,900",
+                          "--dump-dom", f"file://{page}#search=vecAdd"],
+                         capture_output=True, text=True, timeout=120).stdout
+    frames = re.findall(r'<div class="frame[^"]*"[^>]*>([^<]*)</div>', dom)
+    assert "all" in frames and "main" in frames
+    assert VECADD in [f.replace("&amp;", "&") for f in frames]
+    # The search from the address ran: half the launches are vecAdd.
+    assert "matched: 2 launches = 50.00% of all" in dom

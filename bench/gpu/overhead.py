@@ -212,6 +212,7 @@ def main():
     ap.add_argument("--cpp-streams", type=int, default=8,
                     help="streams the C++ loop launches over (several keep it bound by the CPU, not the GPU)")
     ap.add_argument("--nsys-backtraces", action="store_true", help="also run Nsight Systems with CUDA backtraces")
+    ap.add_argument("--configs", default="", help="comma-separated configuration names to run (default: all)")
     ap.add_argument("--max-seconds", type=float, default=0, help="start no round after this many seconds")
     ap.add_argument("--merge", nargs="*", default=[], help="overhead.json files of earlier runs to add to this one")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
@@ -220,6 +221,12 @@ def main():
     args.nsys = find_nsys()
     print(f"Nsight Systems: {args.nsys or 'not installed on this machine: its configurations are skipped'}")
     configs = configurations(str(args.build / "gpuscope"), args.nsys, args.nsys_backtraces)
+    if args.configs:
+        wanted = ["baseline"] + [c for c in args.configs.split(",") if c != "baseline"]
+        unknown = [c for c in wanted if c not in configs]
+        if unknown:
+            raise SystemExit(f"unknown configurations {unknown}; known: {list(configs)}")
+        configs = {c: configs[c] for c in configs if c in wanted}
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="gpuscope-overhead-"))
     groups = ([CPP] if args.cpp_calls else []) + ([args.workloads] if args.workloads else [])
     out = pathlib.Path(args.out)

@@ -64,9 +64,19 @@ if [[ " $STAGES " == *" cost "* ]]; then
 } 2>&1 | tee "$OUT/cost.txt"
 fi
 
+if [[ " $STAGES " == *" stacks "* ]]; then
+{
+  echo "== stacks: PyTorch training loop with CPU sampling at 99 Hz"
+  $BUILD/gpuscope record --cpu-profile 99 -o "$OUT/stacks.gpuscope" -- $PY bench/gpu/train_step.py "$OUT/truth-stacks.json" --steps 5
+  $PY bench/gpu/stack_completeness.py "$OUT/stacks.gpuscope" --gpuscope $BUILD/gpuscope
+  for m in launches cpu inuse-bytes; do $BUILD/gpuscope flamegraph "$OUT/stacks.gpuscope" -m $m -o "$OUT/train-$m.html"; done
+  $BUILD/gpuscope flamegraph "$OUT/stacks.gpuscope" -m cpu -o "$OUT/train-cpu.folded"
+} 2>&1 | tee "$OUT/stacks.txt"
+fi
+
 if [[ " $STAGES " == *" overhead "* ]]; then
   # MERGE: overhead.json files of earlier calls (the device tool's calls are limited to 10 minutes).
   BUILD=$BUILD $PY bench/gpu/overhead.py --rounds ${ROUNDS:-5} --max-seconds ${MAX_SECONDS:-0} --out "$OUT" \
-      ${MERGE:+--merge $MERGE} 2>&1 | tee "$OUT/overhead.txt"
+      ${CONFIGS:+--configs "$CONFIGS"} ${MERGE:+--merge $MERGE} 2>&1 | tee "$OUT/overhead.txt"
 fi
 rm -f "$OUT"/*.gpuscope "$OUT"/*.nsys-rep "$OUT"/*.sqlite

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Stack completeness (issue 4's figure): the share of CUDA-call stacks, and of CPU samples, that
+reach the program's entry (main, _start, the C library's start code, Python's Py_RunMain/Py_BytesMain).
+A stack cut short by a frame without a frame pointer ends somewhere else.
+
+    python3 stack_completeness.py RECORD [--gpuscope build/gpuscope]"""
+import argparse
+import subprocess
+import sys
+
+ENTRY = {"main", "_start", "__libc_start_main", "__libc_start_call_main", "Py_BytesMain", "Py_RunMain",
+         "pymain_run_python"}
+
+
+def folded(gpuscope, record, metric):
+    out = subprocess.run([gpuscope, "flamegraph", record, "-m", metric, "-o", "-"], capture_output=True, text=True)
+    if out.returncode != 0:
+        return None, out.stderr.strip()
+    stacks = []
+    for line in out.stdout.splitlines():
+        path, value = line.rsplit(" ", 1)
+        stacks.append((path.split(";"), int(value)))
+    return stacks, ""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("record")
+    ap.add_argument("--gpuscope", default="build/gpuscope")
+    args = ap.parse_args()
+    for metric in ("launches", "memcpy-bytes", "alloc-bytes", "cpu"):
+        stacks, err = folded(args.gpuscope, args.record, metric)
+        if stacks is None:
+            print(f"{metric:13} not available: {err}")
+            continue
+        events = sum(v for _, v in stacks)
+        complete = sum(v for p, v in stacks if ENTRY & set(p))
+        no_stack = sum(v for p, v in stacks if "[no stack]" in p)
+        # Where incomplete stacks stop: their outermost frame (after the process name).
+        stops = {}
+        for p, v in stacks:
+            if not ENTRY & set(p) and "[no stack]" not in p:
+                top = p[1] if len(p) > 1 else "?"
+                lib = top.split("+0x")[0] if "+0x" in top else top
+                stops[lib] = stops.get(lib, 0) + v
+        worst = sorted(stops.items(), key=lambda kv: -kv[1])[:4]
+        print(f"{metric:13} {100 * complete / events:6.2f}% of {events} reach the entry "
+              f"({100 * no_stack / events:.2f}% without a stack); incomplete stacks stop in: "
+              + ", ".join(f"{k[:60]} {100 * v / events:.1f}%" for k, v in worst))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -113,6 +113,24 @@ struct gs_sample_record {
 	char comm[GS_COMM_LEN];
 };
 
+/* With --unwind dwarf, a sample also carries the thread's user registers and a copy of the
+ * top of its user stack, which user space unwinds from the binaries' .eh_frame: code built
+ * without frame pointers (libtorch, most of a distribution) cannot be walked otherwise. */
+#define GS_STACK_COPY 16384
+#define GS_MAX_UNWIND_DEPTH 127  /* frames kept from a stack unwound in user space */
+
+struct gs_user_regs {
+	__u64 ip, sp, bp, bx, r12, r13, r14, r15;
+};
+
+struct gs_sample_stack_record {
+	struct gs_sample_record s;  /* s.kind = GS_REC_SAMPLE; told apart by the record's size */
+	struct gs_user_regs regs;
+	__u32 stack_len;            /* bytes of data[] copied from regs.sp upwards */
+	__u32 pad;
+	__u8 data[GS_STACK_COPY];
+};
+
 /* Causes of lost information, counted per CPU in the `lost` map. */
 enum gs_lost_cause {
 	GS_LOST_RINGBUF_FULL = 0,  /* no room to reserve a record */

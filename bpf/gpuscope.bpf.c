@@ -22,6 +22,7 @@ const volatile __u32 self_tgid = 0;           /* never trace gpuscope itself */
  * with --all: stopping every process on the host disturbs parents that watch for stops
  * (shells, supervisors); there the check runs while the process goes on. */
 const volatile bool stop_for_shared_objects = true;
+const volatile bool sample_stack_copy = false;  /* --unwind dwarf: samples carry a user stack copy */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -353,6 +354,36 @@ int on_exit(void *ctx)
 	return 0;
 }
 
+static __always_inline void fill_sample(struct gs_sample_record *r, __u64 id, void *ctx)
+{
+	r->kind = GS_REC_SAMPLE;
+	r->cpu = bpf_get_smp_processor_id();
+	r->pid = id >> 32;
+	r->tid = (__u32)id;
+	r->pad = 0;
+	r->ts_ns = bpf_ktime_get_ns();
+	/* A sample taken in user mode has no kernel stack: EFAULT, not a loss. */
+	r->kstack_id = bpf_get_stackid(ctx, &stacks, 0);
+	bpf_get_current_comm(r->comm, sizeof(r->comm));
+}
+
+/* The most of the user stack above sp that can be read: the copy fails as a whole when it
+ * runs past the end of the stack's mapping, so smaller sizes are tried in turn. */
+static __always_inline __u32 copy_user_stack(__u8 *dst, __u64 sp)
+{
+	if (!bpf_probe_read_user(dst, GS_STACK_COPY, (void *)sp))
+		return GS_STACK_COPY;
+	if (!bpf_probe_read_user(dst, GS_STACK_COPY / 2, (void *)sp))
+		return GS_STACK_COPY / 2;
+	if (!bpf_probe_read_user(dst, GS_STACK_COPY / 4, (void *)sp))
+		return GS_STACK_COPY / 4;
+	if (!bpf_probe_read_user(dst, GS_STACK_COPY / 8, (void *)sp))
+		return GS_STACK_COPY / 8;
+	if (!bpf_probe_read_user(dst, GS_STACK_COPY / 16, (void *)sp))
+		return GS_STACK_COPY / 16;
+	return 0;
+}
+
 /* CPU profile: a perf cpu-clock event per CPU runs this at the sampling rate; only target
  * threads are recorded. Idle (pid 0) and other processes cost one lookup. */
 SEC("perf_event")
@@ -362,23 +393,38 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	__u32 tgid = id >> 32;
 	if (tgid == 0 || !is_target(tgid))
 		return 0;
+	if (sample_stack_copy) {
+		struct gs_sample_stack_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+		if (!r) {
+			count_lost(GS_LOST_RINGBUF_FULL);
+			return 0;
+		}
+		fill_sample(&r->s, id, ctx);
+		r->s.ustack_id = -1;
+		/* The user-mode registers, also when the sample interrupted a system call. */
+		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+		r->regs.ip = BPF_CORE_READ(regs, ip);
+		r->regs.sp = BPF_CORE_READ(regs, sp);
+		r->regs.bp = BPF_CORE_READ(regs, bp);
+		r->regs.bx = BPF_CORE_READ(regs, bx);
+		r->regs.r12 = BPF_CORE_READ(regs, r12);
+		r->regs.r13 = BPF_CORE_READ(regs, r13);
+		r->regs.r14 = BPF_CORE_READ(regs, r14);
+		r->regs.r15 = BPF_CORE_READ(regs, r15);
+		r->stack_len = copy_user_stack(r->data, r->regs.sp);
+		r->pad = 0;
+		bpf_ringbuf_submit(r, submit_flags());
+		return 0;
+	}
 	struct gs_sample_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
 		count_lost(GS_LOST_RINGBUF_FULL);
 		return 0;
 	}
-	r->kind = GS_REC_SAMPLE;
-	r->cpu = bpf_get_smp_processor_id();
-	r->pid = tgid;
-	r->tid = (__u32)id;
-	r->pad = 0;
-	r->ts_ns = bpf_ktime_get_ns();
+	fill_sample(r, id, ctx);
 	r->ustack_id = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
-	/* A sample taken in user mode has no kernel stack: EFAULT, not a loss. */
-	r->kstack_id = bpf_get_stackid(ctx, &stacks, 0);
 	if (r->ustack_id < 0 && r->ustack_id != -EFAULT)
 		count_lost(GS_LOST_STACK);
-	bpf_get_current_comm(r->comm, sizeof(r->comm));
 	bpf_ringbuf_submit(r, submit_flags());
 	return 0;
 }

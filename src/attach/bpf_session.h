@@ -31,6 +31,9 @@ struct SessionConfig {
   // Ask the kernel to count each program's runs and run time (BPF_ENABLE_STATS): two clock
   // reads per run, so off unless asked for.
   bool program_stats = false;
+  // CPU samples carry registers and a copy of the user stack, unwound in user space from
+  // .eh_frame; false: frame pointers, walked by the kernel.
+  bool sample_stack_copy = false;
   // Runtime launches (cudaLaunchKernel...) reach the driver's launch functions, so probing both
   // traps twice per launch. false: attach only the driver's (see detach_runtime_launch_probes).
   bool runtime_launch_probes = true;

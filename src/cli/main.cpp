@@ -90,6 +90,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   rec->add_option("--cpu-profile", ropts.cpu_profile_hz,
                   "Sample the targets' on-CPU stacks (user and kernel) this many times per second, e.g. 99");
+  std::string sample_unwind = "dwarf";
+  rec->add_option("--sample-unwind", sample_unwind,
+                  "How CPU samples' user stacks are walked: dwarf (a copy of the stack, unwound from .eh_frame: "
+                  "works without frame pointers) or fp (frame pointers, in the kernel)")
+      ->check(CLI::IsMember({"dwarf", "fp"}))
+      ->capture_default_str();
   rec->add_flag("--bpf-stats", ropts.bpf_stats,
                  "Record each BPF program's run count and run time (costs two clock reads per probe hit)");
   rec->add_option("--ringbuf-mb", ropts.ringbuf_mb, "Kernel ring buffer size in MiB")->capture_default_str();
@@ -144,6 +150,7 @@ int main(int argc, char** argv) {
         throw Error("--cpu-profile must be between 1 and 10000 samples per second");
       if (ropts.ringbuf_mb < 1 || ropts.ringbuf_mb > 2048) throw Error("--ringbuf-mb must be between 1 and 2048");
       ropts.stacks = !no_stacks;
+      ropts.dwarf_unwind_samples = sample_unwind == "dwarf";
       return record::run_record(ropts);
     }
     if (*flame) return run_flamegraph(flame_path, metric, flame_out, flame_pid, peak);

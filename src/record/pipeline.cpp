@@ -154,8 +154,21 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       std::memcpy(&rec, data, sizeof(rec));
       note_process(rec.pid, rec.ts_ns);
       note_thread(rec.tid, rec.pid, std::string(rec.comm, strnlen(rec.comm, sizeof(rec.comm))));
-      writer_.add_sample(rec.ts_ns, rec.pid, rec.tid, rec.cpu, resolve_user_stack(rec.pid, rec.ustack_id),
-                         resolve_kernel_stack(rec.kstack_id));
+      int64_t user_stack = 0;
+      if (size >= sizeof(gs_sample_stack_record)) {
+        // The stack copy is read in place: it is most of the record.
+        const auto* full = reinterpret_cast<const gs_sample_stack_record*>(data);
+        gs_user_regs regs;
+        std::memcpy(&regs, &full->regs, sizeof(regs));
+        uint32_t len;
+        std::memcpy(&len, &full->stack_len, sizeof(len));
+        const auto ips = unwinder_.unwind(static_cast<pid_t>(rec.pid), static_cast<pid_t>(rec.tid), regs,
+                                          {full->data, std::min<size_t>(len, GS_STACK_COPY)}, GS_MAX_UNWIND_DEPTH);
+        user_stack = store_user_stack(rec.pid, ips);
+      } else {
+        user_stack = resolve_user_stack(rec.pid, rec.ustack_id);
+      }
+      writer_.add_sample(rec.ts_ns, rec.pid, rec.tid, rec.cpu, user_stack, resolve_kernel_stack(rec.kstack_id));
       ++samples_;
       ++calls_since_commit_;
       break;
@@ -174,12 +187,14 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       known_processes_.erase(rec.pid);
       stack_ids_.erase(rec.pid);
       kernel_ids_.erase(rec.pid);
+      unwinder_.forget(static_cast<pid_t>(rec.pid));
       break;
     }
     case GS_REC_EXEC: {
       gs_proc_record rec;
       std::memcpy(&rec, data, std::min(size, sizeof(rec)));
       maps_.forget(rec.pid);
+      unwinder_.forget(static_cast<pid_t>(rec.pid));
       known_processes_.erase(rec.pid);
       note_process(rec.pid, rec.ts_ns);
       if (exec_cb_) exec_cb_(rec.pid);
@@ -266,8 +281,14 @@ int64_t Pipeline::resolve_user_stack(uint32_t pid, int32_t bpf_stack_id) {
   if (bpf_stack_id < 0) return 0;
   auto& ids = stack_ids_[pid];
   if (auto it = ids.find(bpf_stack_id); it != ids.end()) return it->second;
+  const int64_t id = store_user_stack(pid, bpf_.stack(bpf_stack_id));
+  ids.emplace(bpf_stack_id, id);
+  return id;
+}
+
+int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips) {
   std::vector<store::StoredFrame> frames;
-  for (uint64_t ip : bpf_.stack(bpf_stack_id)) {
+  for (uint64_t ip : ips) {
     store::StoredFrame f;
     f.ip = ip;
     if (auto m = maps_.resolve(pid, ip)) {
@@ -276,9 +297,7 @@ int64_t Pipeline::resolve_user_stack(uint32_t pid, int32_t bpf_stack_id) {
     }
     frames.push_back(f);
   }
-  const int64_t id = frames.empty() ? 0 : writer_.intern_stack(frames);
-  ids.emplace(bpf_stack_id, id);
-  return id;
+  return frames.empty() ? 0 : writer_.intern_stack(frames);
 }
 
 int64_t Pipeline::resolve_kernel(const CallEvent& e) {

@@ -20,6 +20,7 @@
 #include "attach/bpf_session.h"
 #include "decode/tracker.h"
 #include "store/record_writer.h"
+#include "symbolize/dwarf_unwinder.h"
 #include "symbolize/kallsyms.h"
 #include "symbolize/process_maps.h"
 #include "symbolize/symbolizer.h"
@@ -71,6 +72,7 @@ class Pipeline {
   void note_process(uint32_t pid, uint64_t ts_ns);
   void note_thread(uint32_t tid, uint32_t pid, const std::string& comm);
   int64_t resolve_user_stack(uint32_t pid, int32_t bpf_stack_id);
+  int64_t store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips);
   // Kernel stacks are the same in every process: cached once, frames named from kallsyms.
   int64_t resolve_kernel_stack(int32_t bpf_stack_id);
   int64_t resolve_kernel(const CallEvent& e);
@@ -106,7 +108,8 @@ class Pipeline {
   std::unordered_map<uint32_t, std::unordered_map<int32_t, int64_t>> stack_ids_;  // BPF stack id -> stored
   std::unordered_map<std::string, std::string> build_ids_;
   std::unordered_map<int32_t, int64_t> kernel_stack_ids_;
-  std::unique_ptr<symbolize::Kallsyms> kallsyms_;  // read at the first kernel stack
+  std::unique_ptr<symbolize::Kallsyms> kallsyms_;
+  symbolize::DwarfUnwinder unwinder_;  // read at the first kernel stack
   int64_t kernel_module_id_ = 0;
   std::unordered_set<uint64_t> named_kernel_ips_;
   std::unordered_map<uint32_t, std::unordered_map<uint64_t, int64_t>> kernel_ids_;  // handle ^ api -> kernel

@@ -319,6 +319,7 @@ int Recorder::run() {
                                                                                  : "runtime and driver");
   cfg.filter_targets = !opts_.all;
   cfg.program_stats = opts_.bpf_stats;
+  cfg.sample_stack_copy = opts_.dwarf_unwind_samples;
   cfg.capture_stacks = opts_.stacks;
   cfg.stop_for_shared_objects = !opts_.all;
   cfg.ringbuf_bytes = opts_.ringbuf_mb << 20;
@@ -327,6 +328,7 @@ int Recorder::run() {
   if (opts_.cpu_profile_hz) {
     bpf_->start_cpu_sampling(opts_.cpu_profile_hz);
     writer_->set_meta("cpu_profile_hz", std::to_string(opts_.cpu_profile_hz));
+    writer_->set_meta("sample_unwinding", opts_.dwarf_unwind_samples ? "dwarf" : "frame pointers");
   }
 
   PipelineConfig pcfg;

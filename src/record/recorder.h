@@ -27,7 +27,8 @@ struct RecordOptions {
   bool quiet = false;
   LaunchProbes launch_probes = LaunchProbes::Auto;
   bool bpf_stats = false;
-  int cpu_profile_hz = 0;  // 0: no CPU sampling  // record each BPF program's runs and run time
+  int cpu_profile_hz = 0;  // 0: no CPU sampling
+  bool dwarf_unwind_samples = true;  // CPU samples unwound from .eh_frame (false: frame pointers)  // record each BPF program's runs and run time
 };
 
 // Returns the exit code gpuscope should exit with: the command's, under `record -- CMD`.

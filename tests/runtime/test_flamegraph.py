@@ -36,9 +36,7 @@ def test_cpu_samples_land_in_the_busy_functions(record, gpuscope):
     stacks = folded(gpuscope, rec, "cpu")
     # 75% of the time in user space, the rest mostly inside read() in the kernel.
     assert 0.6 < share(stacks, "spin_in_user_space") < 0.9
-    # libc's read() sets up no frame pointer, so frame-pointer unwinding shows main;read and
-    # skips read_from_dev_zero (unwinding from .eh_frame will show it).
-    in_read = {k: v for k, v in stacks.items() if "read" in k}
+    in_read = {k: v for k, v in stacks.items() if "read_from_dev_zero" in k}
     assert 0.1 < sum(in_read.values()) / sum(stacks.values()) < 0.4
     in_kernel = [k for k in in_read if any(f.endswith("_[k]") for f in k)]
     assert in_kernel, "no kernel frames under read()"
@@ -46,6 +44,22 @@ def test_cpu_samples_land_in_the_busy_functions(record, gpuscope):
     # Stacks reach main, root first (process, then the program's outermost frames).
     assert all(k[0].startswith("busy_loop (") for k in stacks)
     assert share(stacks, "main") > 0.9
+
+
+@pytest.mark.parametrize("target", ["busy_loop", "busy_loop_nofp"])
+def test_sampled_stacks_reach_main_without_frame_pointers(record, gpuscope, target):
+    # Unwound from .eh_frame (the default): the chain is whole whether or not the program, and
+    # libc's read(), keep frame pointers.
+    rec = record("--cpu-profile", 199, "--", TARGETS / target, 1)
+    assert rec.returncode == 0, rec.stderr
+    assert rec.scalar("SELECT value FROM meta WHERE key='sample_unwinding'") == "dwarf"
+    stacks = folded(gpuscope, rec, "cpu")
+    assert share(stacks, "main") > 0.95
+    assert share(stacks, "_start") > 0.95
+    spin = [k for k in stacks if "spin_in_user_space" in k]
+    assert spin and all(k.index("main") < k.index("spin_in_user_space") for k in spin)
+    reads = [k for k in stacks if "read_from_dev_zero" in k and "read" in k]
+    assert reads and all(k.index("main") < k.index("read_from_dev_zero") < k.index("read") for k in reads)
 
 
 def test_launch_and_copy_flame_graphs_follow_the_caller_chain(record, gpuscope):

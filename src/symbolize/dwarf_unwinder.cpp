@@ -1,0 +1,124 @@
+#include "symbolize/dwarf_unwinder.h"
+
+#include <elfutils/libdwfl.h>
+
+#include <cstring>
+
+namespace gpuscope::symbolize {
+namespace {
+
+using Current = DwarfUnwinder::Current;
+
+// One thread per unwind: the one whose registers and stack copy are current.
+pid_t next_thread(Dwfl*, void* arg, void** thread_arg) {
+  if (*thread_arg) return 0;
+  *thread_arg = arg;
+  return static_cast<Current*>(arg)->tid;
+}
+
+bool get_thread(Dwfl*, pid_t tid, void* arg, void** thread_arg) {
+  *thread_arg = arg;
+  return static_cast<Current*>(arg)->tid == tid;
+}
+
+// Only the copied stack is read: the live process has moved on since the sample.
+bool memory_read(Dwfl*, Dwarf_Addr addr, Dwarf_Word* result, void* arg) {
+  const auto* cur = static_cast<Current*>(arg);
+  const uint64_t sp = cur->regs->sp;
+  if (addr < sp || addr - sp + sizeof(Dwarf_Word) > cur->stack.size()) return false;
+  std::memcpy(result, cur->stack.data() + (addr - sp), sizeof(Dwarf_Word));
+  return true;
+}
+
+bool set_initial_registers(Dwfl_Thread* thread, void* arg) {
+  const gs_user_regs& r = *static_cast<Current*>(arg)->regs;
+  // DWARF register numbers on x86-64: rax rdx rcx rbx rsi rdi rbp rsp r8..r15 rip. The
+  // caller-saved ones are not needed to unwind and are left at zero.
+  Dwarf_Word regs[17] = {};
+  regs[3] = r.bx;
+  regs[6] = r.bp;
+  regs[7] = r.sp;
+  regs[12] = r.r12;
+  regs[13] = r.r13;
+  regs[14] = r.r14;
+  regs[15] = r.r15;
+  regs[16] = r.ip;
+  if (!dwfl_thread_state_registers(thread, 0, 17, regs)) return false;
+  dwfl_thread_state_register_pc(thread, r.ip);
+  return true;
+}
+
+const Dwfl_Thread_Callbacks kThreadCallbacks = {next_thread, get_thread, memory_read, set_initial_registers,
+                                                 nullptr, nullptr};
+
+const Dwfl_Callbacks kCallbacks = {
+    .find_elf = dwfl_linux_proc_find_elf,
+    .find_debuginfo = dwfl_standard_find_debuginfo,
+    .section_address = nullptr,
+    .debuginfo_path = nullptr,
+};
+
+struct Walk {
+  std::vector<uint64_t>* out;
+  size_t max_depth;
+};
+
+int on_frame(Dwfl_Frame* frame, void* arg) {
+  auto* walk = static_cast<Walk*>(arg);
+  Dwarf_Addr pc = 0;
+  bool activation = false;
+  if (!dwfl_frame_pc(frame, &pc, &activation) || pc == 0) return DWARF_CB_ABORT;
+  walk->out->push_back(pc);
+  return walk->out->size() >= walk->max_depth ? DWARF_CB_ABORT : DWARF_CB_OK;
+}
+
+}  // namespace
+
+struct DwarfUnwinder::Process {
+  Dwfl* dwfl = nullptr;
+  bool reported = false;
+  ~Process() {
+    if (dwfl) dwfl_end(dwfl);
+  }
+  // (Re)reads the process's mappings: at first use, and when a pc falls outside every module
+  // (a library loaded since).
+  bool report(pid_t pid) {
+    dwfl_report_begin(dwfl);
+    const int rc = dwfl_linux_proc_report(dwfl, pid);
+    dwfl_report_end(dwfl, nullptr, nullptr);
+    reported = rc == 0;
+    return reported;
+  }
+};
+
+DwarfUnwinder::DwarfUnwinder() = default;
+DwarfUnwinder::~DwarfUnwinder() = default;
+
+DwarfUnwinder::Process* DwarfUnwinder::process(pid_t pid) {
+  auto& p = procs_[pid];
+  if (p) return p->dwfl ? p.get() : nullptr;
+  p = std::make_unique<Process>();
+  p->dwfl = dwfl_begin(&kCallbacks);
+  if (!p->dwfl || !p->report(pid) || !dwfl_attach_state(p->dwfl, nullptr, pid, &kThreadCallbacks, &current_)) {
+    if (p->dwfl) dwfl_end(p->dwfl);
+    p->dwfl = nullptr;
+    return nullptr;
+  }
+  return p.get();
+}
+
+std::vector<uint64_t> DwarfUnwinder::unwind(pid_t pid, pid_t tid, const gs_user_regs& regs,
+                                            std::span<const uint8_t> stack, size_t max_depth) {
+  std::vector<uint64_t> out;
+  Process* p = process(pid);
+  if (!p) return out;
+  if (!dwfl_addrmodule(p->dwfl, regs.ip)) p->report(pid);
+  current_ = {tid, &regs, stack};
+  Walk walk{&out, max_depth};
+  dwfl_getthread_frames(p->dwfl, tid, on_frame, &walk);
+  return out;
+}
+
+void DwarfUnwinder::forget(pid_t pid) { procs_.erase(pid); }
+
+}  // namespace gpuscope::symbolize

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PACKAGES=(build-essential cmake pkg-config clang libbpf-dev bpftool libelf-dev libdw-dev zlib1g-dev
-          libzstd-dev libsqlite3-dev sqlite3 libfmt-dev libcli11-dev nlohmann-json3-dev libgtest-dev
+          libzstd-dev libbz2-dev liblzma-dev libsqlite3-dev sqlite3 libfmt-dev libcli11-dev nlohmann-json3-dev libgtest-dev
           python3 python3-pytest procps util-linux)
 
 missing=()

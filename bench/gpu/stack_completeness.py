@@ -28,6 +28,14 @@ def main():
     ap.add_argument("record")
     ap.add_argument("--gpuscope", default="build/gpuscope")
     args = ap.parse_args()
+    import sqlite3
+    with sqlite3.connect(args.record) as db:
+        meta = dict(db.execute("SELECT key, value FROM meta"))
+        lost = dict(db.execute("SELECT cause, count FROM lost WHERE count > 0"))
+    secs = (int(meta["end_ns"]) - int(meta["start_ns"])) / 1e9
+    print(f"record: {secs:.1f} s, sample unwinding {meta.get('sample_unwinding', '-')}, gpuscope CPU "
+          f"{int(meta.get('recorder_cpu_ns', 0)) / 1e9:.2f} s, peak RSS {int(meta.get('recorder_max_rss_kb', 0)) / 1024:.0f} MiB, "
+          f"lost {lost or 'none'}")
     for metric in ("launches", "memcpy-bytes", "alloc-bytes", "cpu"):
         stacks, err = folded(args.gpuscope, args.record, metric)
         if stacks is None:

@@ -162,9 +162,9 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
         std::memcpy(&regs, &full->regs, sizeof(regs));
         uint32_t len;
         std::memcpy(&len, &full->stack_len, sizeof(len));
-        const auto ips = unwinder_.unwind(static_cast<pid_t>(rec.pid), static_cast<pid_t>(rec.tid), regs,
+        const auto res = unwinder_.unwind(static_cast<pid_t>(rec.pid), static_cast<pid_t>(rec.tid), regs,
                                           {full->data, std::min<size_t>(len, GS_STACK_COPY)}, GS_MAX_UNWIND_DEPTH);
-        user_stack = store_user_stack(rec.pid, ips);
+        user_stack = store_user_stack(rec.pid, res.ips, !res.complete && !res.ips.empty());
       } else {
         user_stack = resolve_user_stack(rec.pid, rec.ustack_id);
       }
@@ -286,7 +286,7 @@ int64_t Pipeline::resolve_user_stack(uint32_t pid, int32_t bpf_stack_id) {
   return id;
 }
 
-int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips) {
+int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated) {
   std::vector<store::StoredFrame> frames;
   for (uint64_t ip : ips) {
     store::StoredFrame f;
@@ -296,6 +296,15 @@ int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ip
       f.offset = m->file_offset;
     }
     frames.push_back(f);
+  }
+  if (truncated) {
+    // The outermost frame says the walk was cut short, so that no one mistakes its last
+    // frame for where the thread began.
+    if (!truncated_module_id_) {
+      truncated_module_id_ = writer_.intern_module("[truncated]", "");
+      writer_.add_symbol(truncated_module_id_, 0, "[truncated stack]");
+    }
+    frames.push_back({truncated_module_id_, 0, 0});
   }
   return frames.empty() ? 0 : writer_.intern_stack(frames);
 }

@@ -72,7 +72,7 @@ class Pipeline {
   void note_process(uint32_t pid, uint64_t ts_ns);
   void note_thread(uint32_t tid, uint32_t pid, const std::string& comm);
   int64_t resolve_user_stack(uint32_t pid, int32_t bpf_stack_id);
-  int64_t store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips);
+  int64_t store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated = false);
   // Kernel stacks are the same in every process: cached once, frames named from kallsyms.
   int64_t resolve_kernel_stack(int32_t bpf_stack_id);
   int64_t resolve_kernel(const CallEvent& e);
@@ -111,6 +111,7 @@ class Pipeline {
   std::unique_ptr<symbolize::Kallsyms> kallsyms_;
   symbolize::DwarfUnwinder unwinder_;  // read at the first kernel stack
   int64_t kernel_module_id_ = 0;
+  int64_t truncated_module_id_ = 0;
   std::unordered_set<uint64_t> named_kernel_ips_;
   std::unordered_map<uint32_t, std::unordered_map<uint64_t, int64_t>> kernel_ids_;  // handle ^ api -> kernel
   uint64_t calls_since_commit_ = 0;

@@ -23,9 +23,12 @@ bool get_thread(Dwfl*, pid_t tid, void* arg, void** thread_arg) {
 
 // Only the copied stack is read: the live process has moved on since the sample.
 bool memory_read(Dwfl*, Dwarf_Addr addr, Dwarf_Word* result, void* arg) {
-  const auto* cur = static_cast<Current*>(arg);
+  auto* cur = static_cast<Current*>(arg);
   const uint64_t sp = cur->regs->sp;
-  if (addr < sp || addr - sp + sizeof(Dwarf_Word) > cur->stack.size()) return false;
+  if (addr < sp || addr - sp + sizeof(Dwarf_Word) > cur->stack.size()) {
+    cur->read_outside_copy = true;
+    return false;
+  }
   std::memcpy(result, cur->stack.data() + (addr - sp), sizeof(Dwarf_Word));
   return true;
 }
@@ -107,15 +110,18 @@ DwarfUnwinder::Process* DwarfUnwinder::process(pid_t pid) {
   return p.get();
 }
 
-std::vector<uint64_t> DwarfUnwinder::unwind(pid_t pid, pid_t tid, const gs_user_regs& regs,
+DwarfUnwinder::Result DwarfUnwinder::unwind(pid_t pid, pid_t tid, const gs_user_regs& regs,
                                             std::span<const uint8_t> stack, size_t max_depth) {
-  std::vector<uint64_t> out;
+  Result out;
   Process* p = process(pid);
   if (!p) return out;
   if (!dwfl_addrmodule(p->dwfl, regs.ip)) p->report(pid);
   current_ = {tid, &regs, stack};
-  Walk walk{&out, max_depth};
-  dwfl_getthread_frames(p->dwfl, tid, on_frame, &walk);
+  Walk walk{&out.ips, max_depth};
+  // 0: no more frames, -1: an error, DWARF_CB_ABORT: depth or a bad pc. libdw also ends a walk
+  // with 0 when a read fails, so reads past the copy are watched for separately.
+  const int rc = dwfl_getthread_frames(p->dwfl, tid, on_frame, &walk);
+  out.complete = rc == 0 && !current_.read_outside_copy && out.ips.size() < max_depth;
   return out;
 }
 

@@ -25,17 +25,21 @@ class DwarfUnwinder {
   DwarfUnwinder(const DwarfUnwinder&) = delete;
   DwarfUnwinder& operator=(const DwarfUnwinder&) = delete;
 
-  // Addresses innermost first: regs.ip, then return addresses. Stops where the copy ends, at
-  // code without unwind information, or after max_depth frames. Empty when the process's
-  // modules cannot be read.
-  std::vector<uint64_t> unwind(pid_t pid, pid_t tid, const gs_user_regs& regs, std::span<const uint8_t> stack,
-                               size_t max_depth);
+  struct Result {
+    std::vector<uint64_t> ips;  // innermost first: regs.ip, then return addresses
+    // true when the walk ended where the call frame information says the stack ends (the
+    // program's or a thread's entry); false when it was cut: the copy ended, code without
+    // unwind information, max_depth, or modules that could not be read.
+    bool complete = false;
+  };
+  Result unwind(pid_t pid, pid_t tid, const gs_user_regs& regs, std::span<const uint8_t> stack, size_t max_depth);
   void forget(pid_t pid);
 
   struct Current {  // what the callbacks read during one unwind
     pid_t tid = 0;
     const gs_user_regs* regs = nullptr;
     std::span<const uint8_t> stack;
+    bool read_outside_copy = false;  // the walk wanted stack beyond what was copied
   };
 
  private:

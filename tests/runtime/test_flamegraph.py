@@ -60,6 +60,17 @@ def test_sampled_stacks_reach_main_without_frame_pointers(record, gpuscope, targ
     assert spin and all(k.index("main") < k.index("spin_in_user_space") for k in spin)
     reads = [k for k in stacks if "read_from_dev_zero" in k and "read" in k]
     assert reads and all(k.index("main") < k.index("read_from_dev_zero") < k.index("read") for k in reads)
+    assert share(stacks, "[truncated stack]") == 0
+
+
+def test_stack_deeper_than_the_copy_is_marked_truncated(record, gpuscope):
+    rec = record("--cpu-profile", 199, "--", TARGETS / "deep_stack")
+    assert rec.returncode == 0, rec.stderr
+    stacks = folded(gpuscope, rec, "cpu")
+    spinning = {k: v for k, v in stacks.items() if "recurse" in k}
+    assert sum(spinning.values()) / sum(stacks.values()) > 0.8
+    # What was unwound is right (recursion frames), and the root says it is not the whole stack.
+    assert all(k[1] == "[truncated stack]" and "main" not in k for k in spinning)
 
 
 def test_launch_and_copy_flame_graphs_follow_the_caller_chain(record, gpuscope):

@@ -24,6 +24,7 @@ enum gs_record_kind {
 	GS_REC_EXIT = 4,     /* a target process (thread group) exited */
 	GS_REC_FORK = 5,     /* a target created a child process */
 	GS_REC_SAMPLE = 6,   /* a CPU-clock sample of a target thread */
+	GS_REC_STACK_COPY = 7, /* a call's user registers and stack copy, just before its call record */
 };
 
 /* The BPF cookie of each uprobe, set by user space at attach time:
@@ -50,6 +51,7 @@ enum gs_call_flags {
 	GS_CALL_DEREF_OK = 1 << 1,    /* deref[] holds entry data */
 	GS_CALL_OUT_OK = 1 << 2,      /* out_value holds the out-pointer's value at return */
 	GS_CALL_UNDER_RUNTIME = 1 << 3, /* a driver launch right after a runtime launch on its thread */
+	GS_CALL_STACK_COPIED = 1 << 4,  /* the user stack came as a GS_REC_STACK_COPY with this tid and ts_ns */
 };
 
 struct gs_call_record {
@@ -128,6 +130,18 @@ struct gs_sample_stack_record {
 	struct gs_user_regs regs;
 	__u32 stack_len;            /* bytes of data[] copied from regs.sp upwards */
 	__u32 pad;
+	__u8 data[GS_STACK_COPY];
+};
+
+/* --call-stacks dwarf: a CUDA call's stack, sent at its entry, before the call's record. */
+struct gs_stack_copy_record {
+	__u16 kind;          /* GS_REC_STACK_COPY */
+	__u16 pad;
+	__u32 pid;
+	__u32 tid;
+	__u32 stack_len;
+	__u64 ts_ns;         /* the call's entry time: its record has the same */
+	struct gs_user_regs regs;
 	__u8 data[GS_STACK_COPY];
 };
 

@@ -22,7 +22,8 @@ const volatile __u32 self_tgid = 0;           /* never trace gpuscope itself */
  * with --all: stopping every process on the host disturbs parents that watch for stops
  * (shells, supervisors); there the check runs while the process goes on. */
 const volatile bool stop_for_shared_objects = true;
-const volatile bool sample_stack_copy = false;  /* --unwind dwarf: samples carry a user stack copy */
+const volatile bool sample_stack_copy = false;  /* samples carry a user stack copy (dwarf unwinding) */
+const volatile bool call_stack_copy = false;    /* --call-stacks dwarf: so do CUDA calls */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -187,10 +188,39 @@ static __always_inline __u32 read_entry_deref(__u64 cookie, const __u64 *args, _
 	return n;
 }
 
-static __always_inline __s32 user_stack_id(struct pt_regs *ctx, __u64 cookie)
+static __always_inline __u32 copy_user_stack(__u8 *dst, __u64 sp);
+
+/* The call's user stack: an id in the stacks map (frame pointers, walked here), or with
+ * --call-stacks dwarf a copy of the stack sent now, ahead of the call's record. */
+static __always_inline __s32 user_stack_id(struct pt_regs *ctx, __u64 cookie, __u64 ts_ns, __u32 *flags)
 {
 	if (!capture_stacks || GS_COOKIE_NO_STACK(cookie))
 		return -1;
+	if (call_stack_copy) {
+		struct gs_stack_copy_record *c = bpf_ringbuf_reserve(&events, sizeof(*c), 0);
+		if (!c) {
+			count_lost(GS_LOST_RINGBUF_FULL);
+			return -1;
+		}
+		__u64 id = bpf_get_current_pid_tgid();
+		c->kind = GS_REC_STACK_COPY;
+		c->pad = 0;
+		c->pid = id >> 32;
+		c->tid = (__u32)id;
+		c->ts_ns = ts_ns;
+		c->regs.ip = PT_REGS_IP(ctx);
+		c->regs.sp = PT_REGS_SP(ctx);
+		c->regs.bp = ctx->bp;
+		c->regs.bx = ctx->bx;
+		c->regs.r12 = ctx->r12;
+		c->regs.r13 = ctx->r13;
+		c->regs.r14 = ctx->r14;
+		c->regs.r15 = ctx->r15;
+		c->stack_len = copy_user_stack(c->data, c->regs.sp);
+		bpf_ringbuf_submit(c, BPF_RB_NO_WAKEUP);
+		*flags |= GS_CALL_STACK_COPIED;
+		return -1;
+	}
 	long id = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
 	if (id < 0)
 		count_lost(GS_LOST_STACK);
@@ -205,16 +235,33 @@ int call_entry_emit(struct pt_regs *ctx)
 	if (!is_target(id >> 32))
 		return 0;
 
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u64 ts_ns = bpf_ktime_get_ns();
+	__u32 tid = (__u32)id;
+	__u32 flags = 0;
+	bool skip_stack = false;
+	if (GS_COOKIE_RT_LAUNCH(cookie)) {
+		bpf_map_update_elem(&in_runtime_launch, &tid, &ts_ns, BPF_ANY);
+	} else if (GS_COOKIE_DRV_LAUNCH(cookie)) {
+		__u64 *since = bpf_map_lookup_elem(&in_runtime_launch, &tid);
+		if (since && ts_ns - *since < RUNTIME_TO_DRIVER_NS) {
+			skip_stack = true;
+			flags |= GS_CALL_UNDER_RUNTIME;
+			bpf_map_delete_elem(&in_runtime_launch, &tid);
+		}
+	}
+	/* Before the call's record is reserved, so that a stack copy comes ahead of it. */
+	__s32 ustack_id = skip_stack ? -1 : user_stack_id(ctx, cookie, ts_ns, &flags);
+
 	struct gs_call_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
 		count_lost(GS_LOST_RINGBUF_FULL);
 		return 0;
 	}
-	__u64 cookie = bpf_get_attach_cookie(ctx);
 	r->kind = GS_REC_CALL;
 	r->func = GS_COOKIE_FUNC(cookie);
-	r->flags = 0;
-	r->ts_ns = bpf_ktime_get_ns();
+	r->flags = flags;
+	r->ts_ns = ts_ns;
 	r->duration_ns = 0;
 	r->pid = id >> 32;
 	r->tid = (__u32)id;
@@ -222,19 +269,7 @@ int call_entry_emit(struct pt_regs *ctx)
 	r->out_value = 0;
 	read_args(ctx, r->args);
 	r->deref_len = read_entry_deref(cookie, r->args, r->deref, &r->flags);
-	__u32 tid = (__u32)id;
-	bool skip_stack = false;
-	if (GS_COOKIE_RT_LAUNCH(cookie)) {
-		bpf_map_update_elem(&in_runtime_launch, &tid, &r->ts_ns, BPF_ANY);
-	} else if (GS_COOKIE_DRV_LAUNCH(cookie)) {
-		__u64 *since = bpf_map_lookup_elem(&in_runtime_launch, &tid);
-		if (since && r->ts_ns - *since < RUNTIME_TO_DRIVER_NS) {
-			skip_stack = true;
-			r->flags |= GS_CALL_UNDER_RUNTIME;
-			bpf_map_delete_elem(&in_runtime_launch, &tid);
-		}
-	}
-	r->ustack_id = skip_stack ? -1 : user_stack_id(ctx, cookie);
+	r->ustack_id = ustack_id;
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
 	bpf_ringbuf_submit(r, submit_flags());
 	return 0;
@@ -257,7 +292,7 @@ int call_entry(struct pt_regs *ctx)
 	p->flags = 0;
 	read_args(ctx, p->args);
 	p->deref_len = read_entry_deref(cookie, p->args, p->deref, &p->flags);
-	p->ustack_id = user_stack_id(ctx, cookie);
+	p->ustack_id = user_stack_id(ctx, cookie, p->ts_ns, &p->flags);
 
 	__u64 key = (id << 16) | GS_COOKIE_FUNC(cookie);
 	if (bpf_map_update_elem(&pending, &key, p, BPF_ANY))

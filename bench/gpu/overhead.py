@@ -53,6 +53,8 @@ def configurations(gpuscope, nsys, nsys_backtraces):
          "gpuscope +stacks": ("gpuscope", []),
          "gpuscope +stacks, 2 traps/launch": ("gpuscope", ["--launch-probes", "both"])}
     # Later capabilities join the suite as soon as the binary offers them.
+    if "--call-stacks" in helptext:
+        c["gpuscope +stacks dwarf"] = ("gpuscope", ["--call-stacks", "dwarf"])
     full = []
     if "--cpu-profile" in helptext:
         c["gpuscope +stacks +cpu 99Hz"] = ("gpuscope", ["--cpu-profile", "99"])

@@ -66,9 +66,13 @@ fi
 
 if [[ " $STAGES " == *" stacks "* ]]; then
 {
-  echo "== stacks: PyTorch training loop with CPU sampling at 99 Hz"
-  $BUILD/gpuscope record --cpu-profile 99 -o "$OUT/stacks.gpuscope" -- $PY bench/gpu/train_step.py "$OUT/truth-stacks.json" --steps 5
-  $PY bench/gpu/stack_completeness.py "$OUT/stacks.gpuscope" --gpuscope $BUILD/gpuscope
+  for calls in fp dwarf; do
+    echo "== stacks: PyTorch training loop with CPU sampling at 99 Hz, --call-stacks $calls"
+    $BUILD/gpuscope record --cpu-profile 99 --call-stacks $calls -o "$OUT/stacks-$calls.gpuscope" -- \
+        $PY bench/gpu/train_step.py "$OUT/truth-stacks.json" --steps 5
+    $PY bench/gpu/stack_completeness.py "$OUT/stacks-$calls.gpuscope" --gpuscope $BUILD/gpuscope
+  done
+  ln -sf "$OUT/stacks-dwarf.gpuscope" "$OUT/stacks.gpuscope"
   for m in launches cpu inuse-bytes; do $BUILD/gpuscope flamegraph "$OUT/stacks.gpuscope" -m $m -o "$OUT/train-$m.html"; done
   $BUILD/gpuscope flamegraph "$OUT/stacks.gpuscope" -m cpu -o "$OUT/train-cpu.folded"
 } 2>&1 | tee "$OUT/stacks.txt"
@@ -79,4 +83,4 @@ if [[ " $STAGES " == *" overhead "* ]]; then
   BUILD=$BUILD $PY bench/gpu/overhead.py --rounds ${ROUNDS:-5} --max-seconds ${MAX_SECONDS:-0} --out "$OUT" \
       ${CONFIGS:+--configs "$CONFIGS"} ${MERGE:+--merge $MERGE} 2>&1 | tee "$OUT/overhead.txt"
 fi
-rm -f "$OUT"/*.gpuscope "$OUT"/*.nsys-rep "$OUT"/*.sqlite
+rm -f "$OUT"/*.gpuscope "$OUT"/truth-*.json "$OUT"/*.nsys-rep "$OUT"/*.sqlite

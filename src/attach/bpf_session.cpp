@@ -60,6 +60,7 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   skel_->rodata->capture_stacks = cfg.capture_stacks;
   skel_->rodata->stop_for_shared_objects = cfg.stop_for_shared_objects;
   skel_->rodata->sample_stack_copy = cfg.sample_stack_copy;
+  skel_->rodata->call_stack_copy = cfg.call_stack_copy;
   skel_->rodata->wakeup_bytes = cfg.wakeup_bytes;
   skel_->rodata->self_tgid = static_cast<uint32_t>(getpid());
   bpf_map__set_max_entries(skel_->maps.events, round_up_pow2(cfg.ringbuf_bytes));

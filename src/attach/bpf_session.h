@@ -34,6 +34,7 @@ struct SessionConfig {
   // CPU samples carry registers and a copy of the user stack, unwound in user space from
   // .eh_frame; false: frame pointers, walked by the kernel.
   bool sample_stack_copy = false;
+  bool call_stack_copy = false;  // the same for CUDA calls' stacks
   // Runtime launches (cudaLaunchKernel...) reach the driver's launch functions, so probing both
   // traps twice per launch. false: attach only the driver's (see detach_runtime_launch_probes).
   bool runtime_launch_probes = true;

@@ -96,6 +96,12 @@ int main(int argc, char** argv) {
                   "works without frame pointers) or fp (frame pointers, in the kernel)")
       ->check(CLI::IsMember({"dwarf", "fp"}))
       ->capture_default_str();
+  std::string call_unwind = "fp";
+  rec->add_option("--call-stacks", call_unwind,
+                  "How CUDA calls' user stacks are walked: fp (frame pointers, in the kernel: cheap, stops at code "
+                  "without them) or dwarf (a 16 KiB stack copy per call, unwound from .eh_frame)")
+      ->check(CLI::IsMember({"dwarf", "fp"}))
+      ->capture_default_str();
   rec->add_flag("--bpf-stats", ropts.bpf_stats,
                  "Record each BPF program's run count and run time (costs two clock reads per probe hit)");
   rec->add_option("--ringbuf-mb", ropts.ringbuf_mb, "Kernel ring buffer size in MiB")->capture_default_str();
@@ -151,6 +157,7 @@ int main(int argc, char** argv) {
       if (ropts.ringbuf_mb < 1 || ropts.ringbuf_mb > 2048) throw Error("--ringbuf-mb must be between 1 and 2048");
       ropts.stacks = !no_stacks;
       ropts.dwarf_unwind_samples = sample_unwind == "dwarf";
+      ropts.dwarf_unwind_calls = call_unwind == "dwarf";
       return record::run_record(ropts);
     }
     if (*flame) return run_flamegraph(flame_path, metric, flame_out, flame_pid, peak);

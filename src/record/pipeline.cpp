@@ -26,7 +26,7 @@ uint64_t now_ns() {
 
 Pipeline::Pipeline(store::RecordWriter& writer, attach::BpfSession& bpf, symbolize::ProcessMaps& maps,
                    const PipelineConfig& cfg)
-    : writer_(writer), bpf_(bpf), maps_(maps), cfg_(cfg), tracker_(cfg.complete_history) {
+    : writer_(writer), bpf_(bpf), maps_(maps), cfg_(cfg), tracker_(cfg.complete_history), unwinder_(maps) {
   filling_.reserve(1 << 20);
 }
 
@@ -141,11 +141,39 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       std::memcpy(&rec, data, sizeof(rec));
       CallEvent e;
       if (!decode::decode_call(rec, e)) return;
+      if (rec.flags & GS_CALL_STACK_COPIED) {
+        auto it = copied_stacks_.find({rec.tid, rec.ts_ns});
+        if (it != copied_stacks_.end()) {
+          e.stack_id = it->second;
+          copied_stacks_.erase(it);
+        }
+      }
       if (e.name_addr) {
         e.name = read_name(e.pid, e.name_addr, e.name);
         if (e.name.empty()) ++names_unread_;
       }
       tracker_.process(std::move(e), [this](CallEvent& ev) { emit(ev); });
+      break;
+    }
+    case GS_REC_STACK_COPY: {
+      // Unwound now, while the process's mappings are as they were at the call; the call's
+      // record follows (at the call's return, for calls with one).
+      if (size < sizeof(gs_stack_copy_record)) return;
+      const auto* c = reinterpret_cast<const gs_stack_copy_record*>(data);
+      uint32_t pid, tid, len;
+      uint64_t ts;
+      gs_user_regs regs;
+      std::memcpy(&pid, &c->pid, sizeof(pid));
+      std::memcpy(&tid, &c->tid, sizeof(tid));
+      std::memcpy(&len, &c->stack_len, sizeof(len));
+      std::memcpy(&ts, &c->ts_ns, sizeof(ts));
+      std::memcpy(&regs, &c->regs, sizeof(regs));
+      note_process(pid, ts);
+      const auto res = unwinder_.unwind(static_cast<pid_t>(pid), static_cast<pid_t>(tid), regs,
+                                        {c->data, std::min<size_t>(len, GS_STACK_COPY)}, GS_MAX_UNWIND_DEPTH);
+      // Bounded: a copy whose call record was lost must not stay forever.
+      if (copied_stacks_.size() >= kMaxCopiedStacks) copied_stacks_.clear();
+      copied_stacks_[{tid, ts}] = store_user_stack(pid, res.ips, !res.complete && !res.ips.empty());
       break;
     }
     case GS_REC_SAMPLE: {
@@ -193,7 +221,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
     case GS_REC_EXEC: {
       gs_proc_record rec;
       std::memcpy(&rec, data, std::min(size, sizeof(rec)));
-      maps_.forget(rec.pid);
+      maps_.forget_before(rec.pid, rec.ts_ns);
       unwinder_.forget(static_cast<pid_t>(rec.pid));
       known_processes_.erase(rec.pid);
       note_process(rec.pid, rec.ts_ns);
@@ -215,7 +243,7 @@ void Pipeline::note_process(uint32_t pid, uint64_t ts_ns) {
 void Pipeline::emit(CallEvent& e) {
   note_process(e.pid, e.ts_ns);
   note_thread(e.tid, e.pid, e.comm);
-  e.stack_id = resolve_user_stack(e.pid, e.bpf_stack_id);
+  if (!e.stack_id) e.stack_id = resolve_user_stack(e.pid, e.bpf_stack_id);
   const auto* f = decode::function_by_id(e.func);
   if (f && f->kind == decode::CallKind::Launch) {
     e.kernel_id = resolve_kernel(e);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -108,10 +109,13 @@ class Pipeline {
   std::unordered_map<uint32_t, std::unordered_map<int32_t, int64_t>> stack_ids_;  // BPF stack id -> stored
   std::unordered_map<std::string, std::string> build_ids_;
   std::unordered_map<int32_t, int64_t> kernel_stack_ids_;
-  std::unique_ptr<symbolize::Kallsyms> kallsyms_;
-  symbolize::DwarfUnwinder unwinder_;  // read at the first kernel stack
+  std::unique_ptr<symbolize::Kallsyms> kallsyms_;  // read at the first kernel stack
+  symbolize::DwarfUnwinder unwinder_;               // stacks sent as copies (samples, --call-stacks dwarf)
   int64_t kernel_module_id_ = 0;
   int64_t truncated_module_id_ = 0;
+  // Stacks of calls still in flight (--call-stacks dwarf), by (tid, entry time).
+  static constexpr size_t kMaxCopiedStacks = 65536;
+  std::map<std::pair<uint32_t, uint64_t>, int64_t> copied_stacks_;
   std::unordered_set<uint64_t> named_kernel_ips_;
   std::unordered_map<uint32_t, std::unordered_map<uint64_t, int64_t>> kernel_ids_;  // handle ^ api -> kernel
   uint64_t calls_since_commit_ = 0;

@@ -320,6 +320,8 @@ int Recorder::run() {
   cfg.filter_targets = !opts_.all;
   cfg.program_stats = opts_.bpf_stats;
   cfg.sample_stack_copy = opts_.dwarf_unwind_samples;
+  cfg.call_stack_copy = opts_.dwarf_unwind_calls && opts_.stacks;
+  writer_->set_meta("call_unwinding", !opts_.stacks ? "none" : opts_.dwarf_unwind_calls ? "dwarf" : "frame pointers");
   cfg.capture_stacks = opts_.stacks;
   cfg.stop_for_shared_objects = !opts_.all;
   cfg.ringbuf_bytes = opts_.ringbuf_mb << 20;

@@ -2,6 +2,10 @@
 
 #include <elfutils/libdwfl.h>
 
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
 
 namespace gpuscope::symbolize {
@@ -79,22 +83,32 @@ int on_frame(Dwfl_Frame* frame, void* arg) {
 
 struct DwarfUnwinder::Process {
   Dwfl* dwfl = nullptr;
-  bool reported = false;
   ~Process() {
     if (dwfl) dwfl_end(dwfl);
   }
-  // (Re)reads the process's mappings: at first use, and when a pc falls outside every module
-  // (a library loaded since).
-  bool report(pid_t pid) {
-    dwfl_report_begin(dwfl);
-    const int rc = dwfl_linux_proc_report(dwfl, pid);
-    dwfl_report_end(dwfl, nullptr, nullptr);
-    reported = rc == 0;
-    return reported;
-  }
 };
 
-DwarfUnwinder::DwarfUnwinder() = default;
+DwarfUnwinder::DwarfUnwinder(ProcessMaps& maps) : maps_(maps) {}
+
+// (Re)reports the process's modules to libdw, from gpuscope's snapshot of its mappings written
+// out in /proc/PID/maps form: at first use, and when a pc falls outside every module.
+bool DwarfUnwinder::report(Process& p, pid_t pid) {
+  std::string text;
+  for (const auto& m : maps_.mappings(pid)) {
+    std::string path = discover::path_in_target(pid, m.path);
+    if (access(path.c_str(), R_OK) != 0) path = m.path;  // the process is gone: its root with it
+    text += fmt::format("{:x}-{:x} {}p {:08x} {:02x}:{:02x} {} {}\n", m.start, m.end, m.executable ? "r-x" : "r--",
+                        m.offset, m.dev_major, m.dev_minor, m.inode, path);
+  }
+  if (text.empty()) return false;
+  FILE* f = fmemopen(text.data(), text.size(), "r");
+  if (!f) return false;
+  dwfl_report_begin(p.dwfl);
+  const int rc = dwfl_linux_proc_maps_report(p.dwfl, f);
+  dwfl_report_end(p.dwfl, nullptr, nullptr);
+  fclose(f);
+  return rc == 0;
+}
 DwarfUnwinder::~DwarfUnwinder() = default;
 
 DwarfUnwinder::Process* DwarfUnwinder::process(pid_t pid) {
@@ -102,7 +116,7 @@ DwarfUnwinder::Process* DwarfUnwinder::process(pid_t pid) {
   if (p) return p->dwfl ? p.get() : nullptr;
   p = std::make_unique<Process>();
   p->dwfl = dwfl_begin(&kCallbacks);
-  if (!p->dwfl || !p->report(pid) || !dwfl_attach_state(p->dwfl, nullptr, pid, &kThreadCallbacks, &current_)) {
+  if (!p->dwfl || !report(*p, pid) || !dwfl_attach_state(p->dwfl, nullptr, pid, &kThreadCallbacks, &current_)) {
     if (p->dwfl) dwfl_end(p->dwfl);
     p->dwfl = nullptr;
     return nullptr;
@@ -115,13 +129,20 @@ DwarfUnwinder::Result DwarfUnwinder::unwind(pid_t pid, pid_t tid, const gs_user_
   Result out;
   Process* p = process(pid);
   if (!p) return out;
-  if (!dwfl_addrmodule(p->dwfl, regs.ip)) p->report(pid);
-  current_ = {tid, &regs, stack};
-  Walk walk{&out.ips, max_depth};
-  // 0: no more frames, -1: an error, DWARF_CB_ABORT: depth or a bad pc. libdw also ends a walk
-  // with 0 when a read fails, so reads past the copy are watched for separately.
-  const int rc = dwfl_getthread_frames(p->dwfl, tid, on_frame, &walk);
-  out.complete = rc == 0 && !current_.read_outside_copy && out.ips.size() < max_depth;
+  if (!dwfl_addrmodule(p->dwfl, regs.ip)) report(*p, pid);
+  for (int attempt = 0;; ++attempt) {
+    current_ = {tid, &regs, stack};
+    out.ips.clear();
+    Walk walk{&out.ips, max_depth};
+    // 0: no more frames, -1: an error, DWARF_CB_ABORT: depth or a bad pc. libdw also ends a
+    // walk with 0 when a read fails, so reads past the copy are watched for separately.
+    const int rc = dwfl_getthread_frames(p->dwfl, tid, on_frame, &walk);
+    out.complete = rc == 0 && !current_.read_outside_copy && out.ips.size() < max_depth;
+    // A walk that ran into code of no known module may have met a library mapped since the
+    // modules were last reported (the first stacks of a process come while it is loading).
+    if (out.complete || attempt > 0 || out.ips.empty() || dwfl_addrmodule(p->dwfl, out.ips.back())) break;
+    if (!report(*p, pid)) break;
+  }
   return out;
 }
 

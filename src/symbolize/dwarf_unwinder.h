@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "events.h"
+#include "symbolize/process_maps.h"
 
 struct Dwfl;
 
@@ -20,7 +21,8 @@ namespace gpuscope::symbolize {
 
 class DwarfUnwinder {
  public:
-  DwarfUnwinder();
+  // Modules come from `maps` (the process may be gone by the time its stacks are unwound).
+  explicit DwarfUnwinder(ProcessMaps& maps);
   ~DwarfUnwinder();
   DwarfUnwinder(const DwarfUnwinder&) = delete;
   DwarfUnwinder& operator=(const DwarfUnwinder&) = delete;
@@ -45,6 +47,8 @@ class DwarfUnwinder {
  private:
   struct Process;
   Process* process(pid_t pid);
+  bool report(Process& p, pid_t pid);
+  ProcessMaps& maps_;
   std::unordered_map<pid_t, std::unique_ptr<Process>> procs_;
   Current current_;
 };

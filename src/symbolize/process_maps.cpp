@@ -58,6 +58,21 @@ std::optional<ModuleAddress> ProcessMaps::resolve(pid_t pid, uint64_t addr) {
   return lookup(pid, addr);
 }
 
+std::vector<discover::Mapping> ProcessMaps::mappings(pid_t pid) {
+  refresh(pid);
+  std::lock_guard lock(mu_);
+  auto it = maps_.find(pid);
+  return it == maps_.end() ? std::vector<discover::Mapping>{} : it->second;
+}
+
+void ProcessMaps::forget_before(pid_t pid, uint64_t ts_ns) {
+  std::lock_guard lock(mu_);
+  auto it = last_refresh_ns_.find(pid);
+  if (it == last_refresh_ns_.end() || it->second >= ts_ns) return;
+  maps_.erase(pid);
+  last_refresh_ns_.erase(it);
+}
+
 void ProcessMaps::forget(pid_t pid) {
   std::lock_guard lock(mu_);
   maps_.erase(pid);

@@ -29,6 +29,12 @@ class ProcessMaps {
   // Resolves addr; on a miss, refreshes once (a library may have been loaded since).
   std::optional<ModuleAddress> resolve(pid_t pid, uint64_t addr);
   void forget(pid_t pid);
+  // Forgets the snapshot only if it was taken before ts_ns (CLOCK_MONOTONIC): at an exec seen
+  // late, a snapshot taken since (at a library load) already shows the new program.
+  void forget_before(pid_t pid, uint64_t ts_ns);
+  // The last snapshot of the process's file mappings, sorted by address, paths as it sees them
+  // (refreshed first when it is alive); empty if none was ever taken.
+  std::vector<discover::Mapping> mappings(pid_t pid);
 
  private:
   std::optional<ModuleAddress> lookup(pid_t pid, uint64_t addr) const;

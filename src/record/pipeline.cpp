@@ -41,6 +41,7 @@ void Pipeline::push(const void* data, size_t size) {
   std::memcpy(filling_.data() + at, &len, sizeof(len));
   std::memcpy(filling_.data() + at + sizeof(len), data, size);
   ++filling_records_;
+  if (filling_.size() >= cfg_.max_batch_bytes) end_batch();
 }
 
 void Pipeline::end_batch() {

@@ -30,6 +30,9 @@ namespace gpuscope::record {
 
 struct PipelineConfig {
   size_t max_queued_bytes = 64u << 20;
+  // A batch is handed over at this size even while the ring buffer still has data: under a
+  // sustained flood the consumer never finds it empty, and the batch must not grow without end.
+  size_t max_batch_bytes = 8u << 20;
   uint64_t commit_interval_ns = 100'000'000;
   uint64_t commit_every_calls = 50'000;
   bool complete_history = true;  // targets followed from their start (see decode::Tracker)

@@ -28,7 +28,7 @@ class StackNames {
  public:
   StackNames(Db& db, symbolize::Symbolizer& sym, bool have_symbols)
       : sym_(sym),
-        frames_(db.prepare("SELECT f.module_id, f.offset, f.ip, m.path, m.build_id FROM stack_frames f "
+        frames_(db.prepare("SELECT f.module_id, f.offset, f.ip, m.path, m.build_id, f.depth FROM stack_frames f "
                            "LEFT JOIN modules m ON m.id = f.module_id WHERE f.stack_id = ?1 ORDER BY f.depth DESC")) {
     if (!have_symbols) return;
     auto q = db.prepare("SELECT module_id, offset, name FROM symbols");
@@ -53,8 +53,12 @@ class StackNames {
         it->second.push_back(fmt::format("{:#x}_[k]", uint64_t(frames_.i64(2))));
         continue;
       }
-      const auto s = sym_.resolve(path, frames_.str(4), uint64_t(frames_.i64(1)));
+      // Frames above the innermost are return addresses: their line is the call's.
+      const auto s = sym_.resolve(path, frames_.str(4), uint64_t(frames_.i64(1)), true, frames_.i64(5) > 0);
       it->second.push_back(s.function.empty() ? fmt::format("{}+{:#x}", base_name(path), s.file_offset) : s.function);
+      // Functions inlined at this address are frames of their own, as the source reads.
+      if (s.source)
+        for (const auto& name : s.source->inlined) it->second.push_back(name);
     }
     frames_.reset();
     return it->second;

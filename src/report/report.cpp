@@ -126,7 +126,7 @@ class Stacks {
  public:
   Stacks(Db& db, symbolize::Symbolizer& sym)
       : sym_(sym),
-        frames_(db.prepare("SELECT f.module_id, f.offset, f.ip, m.path, m.build_id FROM stack_frames f "
+        frames_(db.prepare("SELECT f.module_id, f.offset, f.ip, m.path, m.build_id, f.depth FROM stack_frames f "
                            "LEFT JOIN modules m ON m.id = f.module_id WHERE f.stack_id = ?1 ORDER BY f.depth")) {}
 
   // Innermost first; empty for stack id 0 (none captured).
@@ -140,10 +140,13 @@ class Stacks {
         f.text = fmt::format("{:#x}", uint64_t(frames_.i64(2)));
       } else {
         const std::string path = frames_.str(3);
-        const auto s = sym_.resolve(path, frames_.str(4), uint64_t(frames_.i64(1)));
+        const auto s = sym_.resolve(path, frames_.str(4), uint64_t(frames_.i64(1)), true, frames_.i64(5) > 0);
         f.symbol = s.raw_function;
         f.text = s.function.empty() ? fmt::format("{}+{:#x}", base_name(path), s.file_offset)
                                     : fmt::format("{}+{:#x} ({})", s.function, s.offset_in_function, base_name(path));
+        // The line in the frame's own function (where any inlined code was called from).
+        if (s.source && !s.source->in_function.file.empty())
+          f.text += fmt::format(" at {}:{}", base_name(s.source->in_function.file), s.source->in_function.line);
         f.cuda = in_cuda_library(path) || s.function.starts_with("__device_stub_") ||
                  decode::function_by_symbol(declared_name(s.function)) != nullptr;
       }

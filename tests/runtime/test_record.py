@@ -72,6 +72,11 @@ def test_report_names_kernels_call_sites_and_leaks(record, gpuscope):
     kernels = {k["name"]: k for k in doc["kernels"]["top"]}
     assert kernels[VECADD]["launches"] == 2
     assert any("launch_kernels" in site["site"] for site in kernels[VECADD]["call_sites"])
+    # The call site's source line, from the target's DWARF (nvcc -g): the vecAdd<<<...>>> line.
+    source = (TARGETS.parent.parent / "tests/targets/cuda_ops.cu").read_text().splitlines()
+    line = next(i + 1 for i, text in enumerate(source) if "vecAdd<<<" in text)
+    assert any(site["site"].endswith(f"at cuda_ops.cu:{line}") for site in kernels[VECADD]["call_sites"]), \
+        kernels[VECADD]["call_sites"]
     assert doc["lost"]["total"] == 0
 
 

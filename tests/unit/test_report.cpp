@@ -10,6 +10,7 @@
 #include "report/cuda_errors.h"
 #include "report/report.h"
 #include "store/record_writer.h"
+#include "symbolize/debug_info.h"
 #include "symbolize/elf_file.h"
 
 using namespace gpuscope;
@@ -17,11 +18,19 @@ using nlohmann::json;
 
 // Functions of this binary that the test's stacks point at, named when symbolised.
 extern "C" __attribute__((noinline)) void gs_report_test_site_a() { asm volatile(""); }
+constexpr int kSiteALine = __LINE__ - 1;
 extern "C" __attribute__((noinline)) void gs_report_test_site_b() { asm volatile(""); }
+constexpr int kSiteBLine = __LINE__ - 1;
 // Named like the kernel below (_Z6vecaddPfi), as nvcc names a kernel's host stub.
 __attribute__((noinline)) void vecadd(float*, int) { asm volatile(""); }
 
 namespace {
+
+// A frame's text, with its source line when this test binary carries DWARF (built with -g).
+std::string site(const std::string& text, int line) {
+  static const bool has_lines = symbolize::DebugInfo::open("/proc/self/exe") != nullptr;
+  return has_lines ? fmt::format("{} at test_report.cpp:{}", text, line) : text;
+}
 
 constexpr int64_t kStart = 1'000'000'000;  // the recording's start_ns
 constexpr int64_t kMs = 1'000'000;
@@ -236,8 +245,8 @@ TEST_F(ReportTest, KernelsCountEachLaunchOnceWithShapesAndCallSites) {
   EXPECT_EQ(vec["shapes"][1]["launches"], 1);
   // Past the frame in libcudart and the kernel's host stub.
   ASSERT_EQ(vec["call_sites"].size(), 2u);
-  EXPECT_EQ(vec["call_sites"][0], json({{"site", "gs_report_test_site_a+0x0 (exe)"}, {"launches", 3}}));
-  EXPECT_EQ(vec["call_sites"][1], json({{"site", "gs_report_test_site_b+0x0 (exe)"}, {"launches", 1}}));
+  EXPECT_EQ(vec["call_sites"][0], json({{"site", site("gs_report_test_site_a+0x0 (exe)", kSiteALine)}, {"launches", 3}}));
+  EXPECT_EQ(vec["call_sites"][1], json({{"site", site("gs_report_test_site_b+0x0 (exe)", kSiteBLine)}, {"launches", 1}}));
   const json& unnamed = k["top"][1];
   EXPECT_EQ(unnamed["name"], "[unnamed 0xabc0]");
   EXPECT_EQ(unnamed["launches"], 1);
@@ -300,12 +309,12 @@ TEST_F(ReportTest, MemoryOverTimeAndLeaks) {
   EXPECT_EQ(leaks["bytes"], 256 * 1024);
   ASSERT_EQ(leaks["top"].size(), 1u);
   EXPECT_EQ(leaks["top"][0],
-            json({{"site", "gs_report_test_site_b+0x0 (exe)"},
+            json({{"site", site("gs_report_test_site_b+0x0 (exe)", kSiteBLine)},
                   {"function", "cudaMalloc"},
                   {"memory", "device"},
                   {"allocations", 1},
                   {"bytes", 256 * 1024},
-                  {"stack", {"libcudart.so.13+0x1000", "gs_report_test_site_b+0x0 (exe)", "0xdeadbeef"}}}));
+                  {"stack", {"libcudart.so.13+0x1000", site("gs_report_test_site_b+0x0 (exe)", kSiteBLine), "0xdeadbeef"}}}));
 }
 
 TEST_F(ReportTest, ErrorsSyncAndLost) {
@@ -343,7 +352,7 @@ TEST_F(ReportTest, ErrorsSyncAndLost) {
 
 TEST_F(ReportTest, TextHasEverySection) {
   const std::string t = report::render_text(build(path_));
-  for (const char* line : {
+  for (const std::string& line : std::vector<std::string>{
            "gpuscope report: ./app --size 10 (command mode, host testhost)\nRecorded for 2.00 s.\n",
            "Calls: 23 in all (each counted once; not counting 8 driver calls made inside runtime calls):",
            "  launch        4       1\n",
@@ -352,7 +361,7 @@ TEST_F(ReportTest, TextHasEverySection) {
            "         4  vecadd(float*, int)\n"
            "              grid(128,1,1) block(256,1,1) ×3\n"
            "              grid(64,1,1) block(256,1,1) ×1\n"
-           "              from gs_report_test_site_a+0x0 (exe) ×3\n",
+           "              from " + site("gs_report_test_site_a+0x0 (exe)", kSiteALine) + " ×3\n",
            "         1  [unnamed 0xabc0]\n",
            "  HtoD       pinned           1   1.00 MiB  100.0 µs       0\n",
            "  HtoD       pageable         3   4.00 MiB  805.0 µs       1\n",
@@ -360,7 +369,7 @@ TEST_F(ReportTest, TextHasEverySection) {
            "  100  app      4.25 MiB  500.00 ms      256.0 KiB     64.0 KiB            0 B       4      3       2  "
            "exit\n",
            "== Never freed (by the process's exit or the recording's end): 256.0 KiB in 1 allocation ==",
-           "  256.0 KiB       1  device  gs_report_test_site_b+0x0 (exe) by cudaMalloc\n",
+           "  256.0 KiB       1  device  " + site("gs_report_test_site_b+0x0 (exe)", kSiteBLine) + " by cudaMalloc\n",
            "                               #2 0xdeadbeef\n",
            "  cudaMalloc       35  cudaErrorInsufficientDriver      1  100.00 ms\n",
            "  cuMemAlloc_v2     2  CUDA_ERROR_OUT_OF_MEMORY         1  700.00 ms  1 inside runtime calls\n",

@@ -209,3 +209,39 @@ TEST(Symbolizer, DemanglesAndSurvivesEviction) {
   EXPECT_EQ(f.raw_function, "_ZN13gpuscope_test10cxx_markerEi");
   EXPECT_EQ(f.offset_in_function, 0u);
 }
+
+// A function with another inlined into it, at known lines.
+static inline __attribute__((always_inline)) int gpuscope_test_inlined_helper(int n) {
+  return n * 3 + 1;  // kInlinedBodyLine
+}
+constexpr int kInlinedBodyLine = __LINE__ - 2;
+extern "C" __attribute__((noinline, used)) int gpuscope_test_calls_inline(volatile int n) {
+  return gpuscope_test_inlined_helper(n);  // kCallLine
+}
+constexpr int kCallLine = __LINE__ - 2;
+
+TEST(Symbolizer, SourceLinesAndInlinedFunctionsFromDwarf) {
+  auto elf = ElfFile::open("/proc/self/exe");
+  const uint64_t start = elf->function_offsets({"gpuscope_test_calls_inline"}).at("gpuscope_test_calls_inline");
+  Symbolizer sym;
+  // Walk the function's bytes: some instruction comes from the inlined helper.
+  bool saw_inlined = false, saw_line = false;
+  for (uint64_t off = start; off < start + 64; ++off) {
+    auto f = sym.resolve("/proc/self/exe", "", off, true);
+    if (f.function != "gpuscope_test_calls_inline") break;
+    if (!f.source) GTEST_SKIP() << "this test binary has no DWARF line information (built without -g)";
+    EXPECT_TRUE(f.source->location.file.ends_with("test_symbolize.cpp")) << f.source->location.file;
+    if (!f.source->inlined.empty()) {
+      saw_inlined = true;
+      // A static function has no linkage name in DWARF: its plain name.
+      EXPECT_EQ(f.source->inlined, std::vector<std::string>{"gpuscope_test_inlined_helper"});
+      EXPECT_EQ(f.source->location.line, kInlinedBodyLine);
+      EXPECT_EQ(f.source->in_function.line, kCallLine);  // where the helper is called
+    }
+    saw_line |= f.source->in_function.line == kCallLine;
+  }
+  EXPECT_TRUE(saw_inlined);
+  EXPECT_TRUE(saw_line);
+  // Without asking, no DWARF is read.
+  EXPECT_FALSE(sym.resolve("/proc/self/exe", "", start, false).source);
+}

@@ -132,9 +132,11 @@ def test_html_flame_graph_renders_in_a_browser(record, gpuscope, tmp_path):
     assert "matched: 2 launches = 50.00% of all" in dom
 
 
-def test_call_stacks_unwound_from_stack_copies(record, gpuscope):
-    # --call-stacks dwarf: each call sends a copy of its stack, unwound from .eh_frame.
-    rec = record("--call-stacks", "dwarf", "--", TARGETS / "cuda_ops", "--iterations", 2)
+@pytest.mark.parametrize("target", ["cuda_ops", "cuda_ops_nofp"])
+def test_call_stacks_unwound_from_stack_copies(record, gpuscope, target):
+    # --call-stacks dwarf: each call sends a copy of its stack, unwound from .eh_frame, so the
+    # caller chain is whole also in a program built without frame pointers.
+    rec = record("--call-stacks", "dwarf", "--", TARGETS / target, "--iterations", 2)
     assert rec.returncode == 3, rec.stderr
     assert rec.scalar("SELECT value FROM meta WHERE key='call_unwinding'") == "dwarf"
     # Every call that takes a stack has one (registrations and lookups take none).
@@ -144,3 +146,5 @@ def test_call_stacks_unwound_from_stack_copies(record, gpuscope):
     assert sum(launches.values()) == 4
     for chain in launches:
         assert chain.index("main") < chain.index("(anonymous namespace)::work(int)") < chain.index("cudaLaunchKernel")
+    vec = next(k for k in launches if k[-1] == VECADD)
+    assert any(f.startswith("(anonymous namespace)::launch_kernels") for f in vec)

@@ -10,11 +10,13 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
 #include "decode/functions.h"
 #include "report/cuda_errors.h"
+#include "report/flamegraph.h"
 
 namespace gpuscope::report {
 namespace {
@@ -780,6 +782,20 @@ void sync_text(std::string& out, const json& sync) {
   out += t.render();
 }
 
+void cpu_text(std::string& out, const json& cpu) {
+  if (cpu.is_null()) return;  // recorded without --cpu-profile
+  const int64_t samples = i64(cpu, "samples");
+  heading(out, fmt::format("CPU profile: {} samples, {} of CPU", num(samples), time_text(samples * i64(cpu, "period_ns"))));
+  for (const auto& [key, title] : {std::pair{"top_self", "where the CPU was (self)"}, {"top_total", "under (total)"}}) {
+    Table t({">SAMPLES", ">SHARE", title});
+    for (const auto& f : cpu.at(key))
+      t.add({num(i64(f, "samples")), fmt::format("{:.1f}%", 100.0 * i64(f, "samples") / std::max<int64_t>(samples, 1)),
+             str(f, "function")});
+    out += t.render();
+  }
+  out += "  (gpuscope flamegraph FILE --metric cpu -o cpu.html draws all of it)\n";
+}
+
 void lost_text(std::string& out, const json& lost) {
   heading(out, "Lost events");
   if (!lost.at("counted").get<bool>()) {
@@ -799,6 +815,33 @@ void lost_text(std::string& out, const json& lost) {
 
 }  // namespace
 
+// With --cpu-profile: where the sampled CPU time went, by function, from the same named stacks
+// as the CPU flame graph. Null when the record has no samples.
+json cpu_profile(store::RecordReader& rec, symbolize::Symbolizer& sym, size_t top) {
+  auto has_samples = rec.db().prepare(
+      "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'samples' AND EXISTS (SELECT 1 FROM samples)");
+  if (!has_samples.step()) return nullptr;
+  const FlameData d = build_flame(rec, sym, FlameOptions{Metric::Cpu});
+  std::map<std::string, int64_t> self, total;
+  int64_t samples = 0;
+  for (const auto& [path, value] : d.stacks) {
+    const int64_t n = value / std::max<int64_t>(d.period, 1);
+    samples += n;
+    self[path.back()] += n;
+    std::set<std::string> seen;  // a recursive function counts once per sample
+    for (size_t i = 1; i < path.size(); ++i)
+      if (seen.insert(path[i]).second) total[path[i]] += n;
+  }
+  auto ranked = [&](const std::map<std::string, int64_t>& by) {
+    std::vector<std::pair<std::string, int64_t>> v(by.begin(), by.end());
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    json out = json::array();
+    for (size_t i = 0; i < v.size() && i < top; ++i) out.push_back({{"function", v[i].first}, {"samples", v[i].second}});
+    return out;
+  };
+  return {{"samples", samples}, {"period_ns", d.period}, {"top_self", ranked(self)}, {"top_total", ranked(total)}};
+}
+
 json build_report(store::RecordReader& rec, symbolize::Symbolizer& sym, const Options& opt) {
   Record r = read_record(rec);
   Stacks stacks(r.db, sym);
@@ -811,6 +854,7 @@ json build_report(store::RecordReader& rec, symbolize::Symbolizer& sym, const Op
           {"leaks", std::move(mem.leaks)},
           {"errors", errors(r)},
           {"sync", sync(r, stats)},
+          {"cpu", cpu_profile(rec, sym, opt.top)},
           {"lost", lost(r.db)}};
 }
 
@@ -823,6 +867,7 @@ std::string render_text(const json& report) {
   leaks_text(out, report.at("leaks"));
   errors_text(out, report.at("errors"));
   sync_text(out, report.at("sync"));
+  if (report.contains("cpu")) cpu_text(out, report.at("cpu"));
   lost_text(out, report.at("lost"));
   return out;
 }

@@ -1,6 +1,7 @@
 """CPU sampling and flame graphs: samples land where the time went; every output format is read
 back by something other than gpuscope (Go's pprof, headless Chromium)."""
 import gzip
+import json
 import re
 import shutil
 import subprocess
@@ -44,6 +45,11 @@ def test_cpu_samples_land_in_the_busy_functions(record, gpuscope):
     # Stacks reach main, root first (process, then the program's outermost frames).
     assert all(k[0].startswith("busy_loop (") for k in stacks)
     assert share(stacks, "main") > 0.9
+    # The report has the profile too: the busy function first by self time.
+    doc = json.loads(gpuscope("report", "--json", rec.path).stdout)
+    assert doc["cpu"]["samples"] == n
+    assert doc["cpu"]["top_self"][0]["function"] == "spin_in_user_space"
+    assert "== CPU profile: " in gpuscope("report", rec.path).stdout
 
 
 @pytest.mark.parametrize("target", ["busy_loop", "busy_loop_nofp"])

@@ -352,6 +352,8 @@ TEST_F(ReportTest, ErrorsSyncAndLost) {
 
 TEST_F(ReportTest, TextHasEverySection) {
   const std::string t = report::render_text(build(path_));
+  EXPECT_TRUE(build(path_).at("cpu").is_null());  // recorded without --cpu-profile: no section
+  EXPECT_EQ(t.find("CPU profile"), std::string::npos);
   for (const std::string& line : std::vector<std::string>{
            "gpuscope report: ./app --size 10 (command mode, host testhost)\nRecorded for 2.00 s.\n",
            "Calls: 23 in all (each counted once; not counting 8 driver calls made inside runtime calls):",

@@ -55,7 +55,8 @@ def main():
         print(f"{metric:13} {100 * complete / events:6.2f}% of {events} reach the entry "
               f"({100 * no_stack / events:.2f}% without a stack); incomplete stacks stop in: "
               + ", ".join(f"{k[:60]} {100 * v / events:.1f}%" for k, v in worst))
-        if metric == "cpu" and meta.get("sample_unwinding") == "dwarf":
+        dwarf = meta.get("sample_unwinding" if metric == "cpu" else "call_unwinding") == "dwarf"
+        if dwarf:
             # Unwound from .eh_frame, a stack is whole when the unwinder reached the outermost
             # frame (a thread's entry counts: threads do not start in main); cut ones are marked.
             whole = sum(v for p, v in stacks if "[truncated stack]" not in p and "[no stack]" not in p)

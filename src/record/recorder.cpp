@@ -271,8 +271,10 @@ void Recorder::handle_control() {
     const std::string open_path = discover::path_in_target(pid, path);
     const bool probed = l.cuda_name ? (attach_library(pid, open_path, path, l.ts_ns), true)
                                     : check_static_runtime(pid, open_path, path);
-    // The library is mapped now: name its frames even if the process dies soon.
-    if (probed) maps_.refresh(pid);
+    // The library is mapped now: name its frames even if the process dies soon. A process
+    // stopped here is snapshotted in any case: the C library, mapped after the CUDA runtime,
+    // is often in only this snapshot of a short-lived process.
+    if (probed || l.stopped) maps_.refresh(pid);
     bpf_->mark_checked(l.dev, l.ino);
     if (l.stopped) stopped_.resume(pid);
   }

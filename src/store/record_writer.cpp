@@ -50,8 +50,11 @@ RecordWriter::RecordWriter(const std::string& path)
       insert_frame_(db_.prepare("INSERT INTO stack_frames(stack_id, depth, module_id, offset, ip) VALUES(?1,?2,?3,?4,?5)")),
       upsert_process_(db_.prepare(
           "INSERT INTO processes(pid, ppid, comm, cmdline, exe, first_seen_ns) VALUES(?1,?2,?3,?4,?5,?6) "
-          "ON CONFLICT(pid) DO UPDATE SET comm=excluded.comm, cmdline=excluded.cmdline, exe=excluded.exe, "
-          "ppid=COALESCE(processes.ppid, excluded.ppid)")),
+          // A record that arrives after its process has gone (a CPU sample taken during its exit)
+          // reads nothing from /proc: it must not blank what was read while the process ran.
+          "ON CONFLICT(pid) DO UPDATE SET comm=COALESCE(NULLIF(excluded.comm, ''), processes.comm), "
+          "cmdline=COALESCE(NULLIF(excluded.cmdline, ''), processes.cmdline), "
+          "exe=COALESCE(NULLIF(excluded.exe, ''), processes.exe), ppid=COALESCE(processes.ppid, excluded.ppid)")),
       process_exit_(db_.prepare("UPDATE processes SET exit_ns=?2, exit_code=?3 WHERE pid=?1")),
       upsert_thread_(db_.prepare("INSERT INTO threads(tid, pid, comm) VALUES(?1,?2,?3) "
                                  "ON CONFLICT(tid) DO UPDATE SET pid=excluded.pid, comm=excluded.comm")),

@@ -154,3 +154,7 @@ def test_call_stacks_unwound_from_stack_copies(record, gpuscope, target):
         assert chain.index("main") < chain.index("(anonymous namespace)::work(int)") < chain.index("cudaLaunchKernel")
     vec = next(k for k in launches if k[-1] == VECADD)
     assert any(f.startswith("(anonymous namespace)::launch_kernels") for f in vec)
+    # Usually the walks are whole, to _start, although the process is gone before its stacks are
+    # unwound (its mappings were taken while it was stopped at a library load); under load a
+    # run has been seen to end truncated at the C library's start code, so only the program's
+    # own frames are required here.

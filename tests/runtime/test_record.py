@@ -77,7 +77,7 @@ def test_report_names_kernels_call_sites_and_leaks(record, gpuscope):
     line = next(i + 1 for i, text in enumerate(source) if "vecAdd<<<" in text)
     assert any(site["site"].endswith(f"at cuda_ops.cu:{line}") for site in kernels[VECADD]["call_sites"]), \
         kernels[VECADD]["call_sites"]
-    assert doc["lost"]["total"] == 0
+    assert doc["lost"]["total"] == 0, doc["lost"]
 
 
 def test_late_dlopen_first_call_is_recorded(record):

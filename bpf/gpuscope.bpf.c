@@ -188,7 +188,7 @@ static __always_inline __u32 read_entry_deref(__u64 cookie, const __u64 *args, _
 	return n;
 }
 
-static __always_inline __u32 copy_user_stack(__u8 *dst, __u64 sp);
+static __always_inline __u32 copy_user_state(struct gs_user_regs *dst, __u8 *stack, struct pt_regs *regs);
 
 /* The call's user stack: an id in the stacks map (frame pointers, walked here), or with
  * --call-stacks dwarf a copy of the stack sent now, ahead of the call's record. */
@@ -208,15 +208,7 @@ static __always_inline __s32 user_stack_id(struct pt_regs *ctx, __u64 cookie, __
 		c->pid = id >> 32;
 		c->tid = (__u32)id;
 		c->ts_ns = ts_ns;
-		c->regs.ip = PT_REGS_IP(ctx);
-		c->regs.sp = PT_REGS_SP(ctx);
-		c->regs.bp = ctx->bp;
-		c->regs.bx = ctx->bx;
-		c->regs.r12 = ctx->r12;
-		c->regs.r13 = ctx->r13;
-		c->regs.r14 = ctx->r14;
-		c->regs.r15 = ctx->r15;
-		c->stack_len = copy_user_stack(c->data, c->regs.sp);
+		c->stack_len = copy_user_state(&c->regs, c->data, ctx);
 		bpf_ringbuf_submit(c, BPF_RB_NO_WAKEUP);
 		*flags |= GS_CALL_STACK_COPIED;
 		return -1;
@@ -419,6 +411,21 @@ static __always_inline __u32 copy_user_stack(__u8 *dst, __u64 sp)
 	return 0;
 }
 
+/* What user space needs to unwind a thread from .eh_frame: the user-mode registers the call
+ * frame information can refer to, and the top of the stack. Returns the bytes copied. */
+static __always_inline __u32 copy_user_state(struct gs_user_regs *dst, __u8 *stack, struct pt_regs *regs)
+{
+	dst->ip = BPF_CORE_READ(regs, ip);
+	dst->sp = BPF_CORE_READ(regs, sp);
+	dst->bp = BPF_CORE_READ(regs, bp);
+	dst->bx = BPF_CORE_READ(regs, bx);
+	dst->r12 = BPF_CORE_READ(regs, r12);
+	dst->r13 = BPF_CORE_READ(regs, r13);
+	dst->r14 = BPF_CORE_READ(regs, r14);
+	dst->r15 = BPF_CORE_READ(regs, r15);
+	return copy_user_stack(stack, dst->sp);
+}
+
 /* CPU profile: a perf cpu-clock event per CPU runs this at the sampling rate; only target
  * threads are recorded. Idle (pid 0) and other processes cost one lookup. */
 SEC("perf_event")
@@ -438,15 +445,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		r->s.ustack_id = -1;
 		/* The user-mode registers, also when the sample interrupted a system call. */
 		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-		r->regs.ip = BPF_CORE_READ(regs, ip);
-		r->regs.sp = BPF_CORE_READ(regs, sp);
-		r->regs.bp = BPF_CORE_READ(regs, bp);
-		r->regs.bx = BPF_CORE_READ(regs, bx);
-		r->regs.r12 = BPF_CORE_READ(regs, r12);
-		r->regs.r13 = BPF_CORE_READ(regs, r13);
-		r->regs.r14 = BPF_CORE_READ(regs, r14);
-		r->regs.r15 = BPF_CORE_READ(regs, r15);
-		r->stack_len = copy_user_stack(r->data, r->regs.sp);
+		r->stack_len = copy_user_state(&r->regs, r->data, regs);
 		r->pad = 0;
 		bpf_ringbuf_submit(r, submit_flags());
 		return 0;

@@ -163,18 +163,14 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       const auto* c = reinterpret_cast<const gs_stack_copy_record*>(data);
       uint32_t pid, tid, len;
       uint64_t ts;
-      gs_user_regs regs;
       std::memcpy(&pid, &c->pid, sizeof(pid));
       std::memcpy(&tid, &c->tid, sizeof(tid));
       std::memcpy(&len, &c->stack_len, sizeof(len));
       std::memcpy(&ts, &c->ts_ns, sizeof(ts));
-      std::memcpy(&regs, &c->regs, sizeof(regs));
       note_process(pid, ts);
-      const auto res = unwinder_.unwind(static_cast<pid_t>(pid), static_cast<pid_t>(tid), regs,
-                                        {c->data, std::min<size_t>(len, GS_STACK_COPY)}, GS_MAX_UNWIND_DEPTH);
       // Bounded: a copy whose call record was lost must not stay forever.
       if (copied_stacks_.size() >= kMaxCopiedStacks) copied_stacks_.clear();
-      copied_stacks_[{tid, ts}] = store_user_stack(pid, res.ips, !res.complete && !res.ips.empty());
+      copied_stacks_[{tid, ts}] = unwind_stack_copy(pid, tid, &c->regs, c->data, len);
       break;
     }
     case GS_REC_SAMPLE: {
@@ -187,13 +183,9 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       if (size >= sizeof(gs_sample_stack_record)) {
         // The stack copy is read in place: it is most of the record.
         const auto* full = reinterpret_cast<const gs_sample_stack_record*>(data);
-        gs_user_regs regs;
-        std::memcpy(&regs, &full->regs, sizeof(regs));
         uint32_t len;
         std::memcpy(&len, &full->stack_len, sizeof(len));
-        const auto res = unwinder_.unwind(static_cast<pid_t>(rec.pid), static_cast<pid_t>(rec.tid), regs,
-                                          {full->data, std::min<size_t>(len, GS_STACK_COPY)}, GS_MAX_UNWIND_DEPTH);
-        user_stack = store_user_stack(rec.pid, res.ips, !res.complete && !res.ips.empty());
+        user_stack = unwind_stack_copy(rec.pid, rec.tid, &full->regs, full->data, len);
       } else {
         user_stack = resolve_user_stack(rec.pid, rec.ustack_id);
       }
@@ -313,6 +305,15 @@ int64_t Pipeline::resolve_user_stack(uint32_t pid, int32_t bpf_stack_id) {
   const int64_t id = store_user_stack(pid, bpf_.stack(bpf_stack_id));
   ids.emplace(bpf_stack_id, id);
   return id;
+}
+
+int64_t Pipeline::unwind_stack_copy(uint32_t pid, uint32_t tid, const gs_user_regs* regs_in_record,
+                                    const uint8_t* stack, uint32_t len) {
+  gs_user_regs regs;
+  std::memcpy(&regs, regs_in_record, sizeof(regs));  // records are not aligned in the batch
+  const auto res = unwinder_.unwind(static_cast<pid_t>(pid), static_cast<pid_t>(tid), regs,
+                                    {stack, std::min<size_t>(len, GS_STACK_COPY)}, GS_MAX_UNWIND_DEPTH);
+  return store_user_stack(pid, res.ips, !res.complete && !res.ips.empty());
 }
 
 int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated) {

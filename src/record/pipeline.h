@@ -77,6 +77,10 @@ class Pipeline {
   void note_thread(uint32_t tid, uint32_t pid, const std::string& comm);
   int64_t resolve_user_stack(uint32_t pid, int32_t bpf_stack_id);
   int64_t store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated = false);
+  // A stack sent as registers and a copy of its top (samples, --call-stacks dwarf), unwound
+  // and stored; a walk cut short is stored with its truncation marker.
+  int64_t unwind_stack_copy(uint32_t pid, uint32_t tid, const gs_user_regs* regs_in_record, const uint8_t* stack,
+                            uint32_t len);
   // Kernel stacks are the same in every process: cached once, frames named from kallsyms.
   int64_t resolve_kernel_stack(int32_t bpf_stack_id);
   int64_t resolve_kernel(const CallEvent& e);

@@ -3,7 +3,6 @@
 #include <elfutils/libdwfl.h>
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -95,10 +94,8 @@ DwarfUnwinder::DwarfUnwinder(ProcessMaps& maps) : maps_(maps) {}
 bool DwarfUnwinder::report(Process& p, pid_t pid) {
   std::string text;
   for (const auto& m : maps_.mappings(pid)) {
-    std::string path = discover::path_in_target(pid, m.path);
-    if (access(path.c_str(), R_OK) != 0) path = m.path;  // the process is gone: its root with it
     text += fmt::format("{:x}-{:x} {}p {:08x} {:02x}:{:02x} {} {}\n", m.start, m.end, m.executable ? "r-x" : "r--",
-                        m.offset, m.dev_major, m.dev_minor, m.inode, path);
+                        m.offset, m.dev_major, m.dev_minor, m.inode, openable_path(pid, m.path));
   }
   if (text.empty()) return false;
   FILE* f = fmemopen(text.data(), text.size(), "r");

@@ -20,6 +20,11 @@ uint64_t now_ns() {
 
 }  // namespace
 
+std::string openable_path(pid_t pid, const std::string& path) {
+  std::string in_root = discover::path_in_target(pid, path);
+  return access(in_root.c_str(), R_OK) == 0 ? in_root : path;
+}
+
 bool ProcessMaps::refresh(pid_t pid) {
   auto maps = discover::read_maps(pid);
   if (maps.empty()) return false;
@@ -39,11 +44,7 @@ std::optional<ModuleAddress> ProcessMaps::lookup(pid_t pid, uint64_t addr) const
   if (m == maps.begin()) return std::nullopt;
   --m;
   if (addr >= m->end) return std::nullopt;
-  // After the process exits its root is gone; the same path in ours is the best guess left
-  // (build ids tell a report whether it guessed right).
-  std::string open_path = discover::path_in_target(pid, m->path);
-  if (access(open_path.c_str(), R_OK) != 0) open_path = m->path;
-  return ModuleAddress{m->path, std::move(open_path), addr - m->start + m->offset};
+  return ModuleAddress{m->path, openable_path(pid, m->path), addr - m->start + m->offset};
 }
 
 std::optional<ModuleAddress> ProcessMaps::resolve(pid_t pid, uint64_t addr) {

@@ -22,6 +22,11 @@ struct ModuleAddress {
   uint64_t file_offset = 0;
 };
 
+// Where gpuscope can open a file a process maps: through the process's root while it runs,
+// or, once it is gone with its root, the same path in ours (build ids tell a report whether
+// that guess was right).
+std::string openable_path(pid_t pid, const std::string& path);
+
 class ProcessMaps {
  public:
   // Reads the maps now; false if the process is gone.

@@ -8,69 +8,45 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "report/stored_stacks.h"
 
 namespace gpuscope::report {
 namespace {
 
 using store::Db;
-using store::Stmt;
-
-std::string base_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
-
-bool has_table(Db& db, const char* name) {
-  auto q = db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1");
-  q.bind(1, std::string_view(name));
-  return q.step();
-}
 
 // Names of stored stacks, outermost frame first, cached per stack id.
 class StackNames {
  public:
-  StackNames(Db& db, symbolize::Symbolizer& sym, bool have_symbols)
-      : sym_(sym),
-        frames_(db.prepare("SELECT f.module_id, f.offset, f.ip, m.path, m.build_id, f.depth FROM stack_frames f "
-                           "LEFT JOIN modules m ON m.id = f.module_id WHERE f.stack_id = ?1 ORDER BY f.depth DESC")) {
-    if (!have_symbols) return;
-    auto q = db.prepare("SELECT module_id, offset, name FROM symbols");
-    while (q.step()) recorded_[{q.i64(0), q.i64(1)}] = q.str(2);
-  }
+  StackNames(Db& db, symbolize::Symbolizer& sym) : sym_(sym), stored_(db) {}
 
   const std::vector<std::string>& operator()(int64_t stack_id) {
     auto [it, added] = cache_.try_emplace(stack_id);
     if (!added || stack_id == 0) return it->second;
-    frames_.bind(1, stack_id);
-    while (frames_.step()) {
-      if (frames_.is_null(0)) {
-        it->second.push_back(fmt::format("{:#x}", uint64_t(frames_.i64(2))));
-        continue;
+    const auto& rows = stored_(stack_id);
+    for (auto row = rows.rbegin(); row != rows.rend(); ++row) {
+      if (!row->in_file) {
+        it->second.push_back(fmt::format("{:#x}", row->ip));
+      } else if (row->recorded_name) {
+        it->second.push_back(*row->recorded_name + (row->kernel() ? "_[k]" : ""));
+      } else if (row->kernel()) {
+        it->second.push_back(fmt::format("{:#x}_[k]", row->ip));
+      } else {
+        // Frames above the innermost are return addresses: their line is the call's.
+        const auto s = sym_.resolve(row->path, row->build_id, row->offset, true, row->depth > 0);
+        it->second.push_back(s.function.empty() ? fmt::format("{}+{:#x}", base_name(row->path), s.file_offset)
+                                                : s.function);
+        // Functions inlined at this address are frames of their own, as the source reads.
+        if (s.source)
+          for (const auto& name : s.source->inlined) it->second.push_back(name);
       }
-      const std::string path = frames_.str(3);
-      if (auto r = recorded_.find({frames_.i64(0), frames_.i64(1)}); r != recorded_.end()) {
-        it->second.push_back(r->second + (path == "[kernel]" ? "_[k]" : ""));
-        continue;
-      }
-      if (path == "[kernel]") {
-        it->second.push_back(fmt::format("{:#x}_[k]", uint64_t(frames_.i64(2))));
-        continue;
-      }
-      // Frames above the innermost are return addresses: their line is the call's.
-      const auto s = sym_.resolve(path, frames_.str(4), uint64_t(frames_.i64(1)), true, frames_.i64(5) > 0);
-      it->second.push_back(s.function.empty() ? fmt::format("{}+{:#x}", base_name(path), s.file_offset) : s.function);
-      // Functions inlined at this address are frames of their own, as the source reads.
-      if (s.source)
-        for (const auto& name : s.source->inlined) it->second.push_back(name);
     }
-    frames_.reset();
     return it->second;
   }
 
  private:
-  struct PairHash {
-    size_t operator()(const std::pair<int64_t, int64_t>& p) const { return std::hash<int64_t>{}(p.first * 31 + p.second); }
-  };
   symbolize::Symbolizer& sym_;
-  Stmt frames_;
-  std::unordered_map<std::pair<int64_t, int64_t>, std::string, PairHash> recorded_;
+  StoredStacks stored_;
   std::unordered_map<int64_t, std::vector<std::string>> cache_;
 };
 
@@ -171,7 +147,7 @@ FlameFormat format_for_path(const std::string& path) {
 FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, const FlameOptions& opt) {
   Db& db = rec.db();
   const bool have_samples = has_table(db, "samples");
-  StackNames names(db, sym, has_table(db, "symbols"));
+  StackNames names(db, sym);
   const auto procs = process_names(db);
   FlameData d;
 

@@ -17,6 +17,7 @@
 #include "decode/functions.h"
 #include "report/cuda_errors.h"
 #include "report/flamegraph.h"
+#include "report/stored_stacks.h"
 
 namespace gpuscope::report {
 namespace {
@@ -36,7 +37,6 @@ std::optional<int64_t> to_i64(const std::string& s) {
   return ec == std::errc() && end == s.data() + s.size() ? std::optional(v) : std::nullopt;
 }
 
-std::string base_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
 
 // ---------------------------------------------------------------------------------------------
 // What the record holds beside the calls.
@@ -126,35 +126,29 @@ struct StackFrame {
 
 class Stacks {
  public:
-  Stacks(Db& db, symbolize::Symbolizer& sym)
-      : sym_(sym),
-        frames_(db.prepare("SELECT f.module_id, f.offset, f.ip, m.path, m.build_id, f.depth FROM stack_frames f "
-                           "LEFT JOIN modules m ON m.id = f.module_id WHERE f.stack_id = ?1 ORDER BY f.depth")) {}
+  Stacks(Db& db, symbolize::Symbolizer& sym) : sym_(sym), stored_(db) {}
 
   // Innermost first; empty for stack id 0 (none captured).
   const std::vector<StackFrame>& frames(int64_t stack_id) {
     auto [it, added] = cache_.try_emplace(stack_id);
     if (!added || stack_id == 0) return it->second;
-    frames_.bind(1, stack_id);
-    while (frames_.step()) {
+    for (const auto& row : stored_(stack_id)) {
       StackFrame f;
-      if (frames_.is_null(0)) {
-        f.text = fmt::format("{:#x}", uint64_t(frames_.i64(2)));
+      if (!row.in_file) {
+        f.text = fmt::format("{:#x}", row.ip);
       } else {
-        const std::string path = frames_.str(3);
-        const auto s = sym_.resolve(path, frames_.str(4), uint64_t(frames_.i64(1)), true, frames_.i64(5) > 0);
+        const auto s = sym_.resolve(row.path, row.build_id, row.offset, true, row.depth > 0);
         f.symbol = s.raw_function;
-        f.text = s.function.empty() ? fmt::format("{}+{:#x}", base_name(path), s.file_offset)
-                                    : fmt::format("{}+{:#x} ({})", s.function, s.offset_in_function, base_name(path));
+        f.text = s.function.empty() ? fmt::format("{}+{:#x}", base_name(row.path), s.file_offset)
+                                    : fmt::format("{}+{:#x} ({})", s.function, s.offset_in_function, base_name(row.path));
         // The line in the frame's own function (where any inlined code was called from).
         if (s.source && !s.source->in_function.file.empty())
           f.text += fmt::format(" at {}:{}", base_name(s.source->in_function.file), s.source->in_function.line);
-        f.cuda = in_cuda_library(path) || s.function.starts_with("__device_stub_") ||
+        f.cuda = in_cuda_library(row.path) || s.function.starts_with("__device_stub_") ||
                  decode::function_by_symbol(declared_name(s.function)) != nullptr;
       }
       it->second.push_back(std::move(f));
     }
-    frames_.reset();
     return it->second;
   }
 
@@ -170,7 +164,7 @@ class Stacks {
 
  private:
   symbolize::Symbolizer& sym_;
-  Stmt frames_;
+  StoredStacks stored_;
   std::unordered_map<int64_t, std::vector<StackFrame>> cache_;
 };
 
@@ -818,9 +812,7 @@ void lost_text(std::string& out, const json& lost) {
 // With --cpu-profile: where the sampled CPU time went, by function, from the same named stacks
 // as the CPU flame graph. Null when the record has no samples.
 json cpu_profile(store::RecordReader& rec, symbolize::Symbolizer& sym, size_t top) {
-  auto has_samples = rec.db().prepare(
-      "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'samples' AND EXISTS (SELECT 1 FROM samples)");
-  if (!has_samples.step()) return nullptr;
+  if (!has_table(rec.db(), "samples") || !rec.db().prepare("SELECT 1 FROM samples LIMIT 1").step()) return nullptr;
   const FlameData d = build_flame(rec, sym, FlameOptions{Metric::Cpu});
   std::map<std::string, int64_t> self, total;
   int64_t samples = 0;

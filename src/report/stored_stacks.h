@@ -1,0 +1,41 @@
+// The stacks stored in a record, frame by frame as the recorder wrote them, with the names it
+// already knew (kernel functions, the truncation marker). Shared by the report and the flame
+// graphs, which name the frames each in their own way. Each stack is read once.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "store/sqlite.h"
+
+namespace gpuscope::report {
+
+struct StoredFrameRow {
+  bool in_file = false;  // false: the address fell in no file-backed mapping
+  std::string path, build_id;
+  uint64_t offset = 0, ip = 0;
+  int64_t depth = 0;                          // 0: innermost (later ones are return addresses)
+  const std::string* recorded_name = nullptr;  // named while recording (symbols table)
+  bool kernel() const { return path == "[kernel]"; }
+};
+
+class StoredStacks {
+ public:
+  explicit StoredStacks(store::Db& db);
+  // Innermost first; empty for stack id 0 (none captured).
+  const std::vector<StoredFrameRow>& operator()(int64_t stack_id);
+
+ private:
+  store::Stmt frames_;
+  std::map<std::pair<int64_t, uint64_t>, std::string> recorded_;  // (module id, offset) -> name
+  std::unordered_map<int64_t, std::vector<StoredFrameRow>> cache_;
+};
+
+std::string base_name(const std::string& path);
+bool has_table(store::Db& db, const char* name);
+
+}  // namespace gpuscope::report

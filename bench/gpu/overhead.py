@@ -30,6 +30,8 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from uprobe_cost import own_cost  # noqa: E402  gpuscope's own CPU, recording time and RSS from a record
 TORCH_WORKLOADS = "eager_add,train_step,generation,copy_mix"
 CPP = "cpp_launch"
 
@@ -78,14 +80,12 @@ def configurations(gpuscope, nsys, nsys_backtraces):
 def record_figures(path):
     """What gpuscope's record says about the run: events, loss, its own cost."""
     with sqlite3.connect(path) as db:
-        meta = dict(db.execute("SELECT key, value FROM meta"))
         calls = db.execute("SELECT count(*) FROM calls").fetchone()[0]
         lost = db.execute("SELECT coalesce(sum(count), 0) FROM lost").fetchone()[0]
         lost_by = dict(db.execute("SELECT cause, count FROM lost WHERE count > 0"))
-    secs = (int(meta["end_ns"]) - int(meta["start_ns"])) / 1e9
+    cpu_s, secs, rss_mb = own_cost(path)
     return {"calls": calls, "lost": lost, "lost_by_cause": lost_by, "seconds": secs, "events_per_s": calls / secs if secs else 0,
-            "recorder_cpu_s": int(meta.get("recorder_cpu_ns", 0)) / 1e9,
-            "recorder_max_rss_mb": int(meta.get("recorder_max_rss_kb", 0)) / 1024}
+            "recorder_cpu_s": cpu_s, "recorder_max_rss_mb": rss_mb}
 
 
 def run_one(workload, config, how, args, tmp):

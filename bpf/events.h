@@ -25,6 +25,8 @@ enum gs_record_kind {
 	GS_REC_FORK = 5,     /* a target created a child process */
 	GS_REC_SAMPLE = 6,   /* a CPU-clock sample of a target thread */
 	GS_REC_STACK_COPY = 7, /* a call's user registers and stack copy, just before its call record */
+	GS_REC_PY_STACK = 8, /* a Python stack not sent before, ahead of the first record naming it */
+	GS_REC_PY_CODE = 9,  /* a Python code object not sent before: its names and line table */
 };
 
 /* The BPF cookie of each uprobe, set by user space at attach time:
@@ -65,6 +67,7 @@ struct gs_call_record {
 	__s64 ret;           /* the function's return value (rax) */
 	__s32 ustack_id;     /* id in the stacks map, or a negative errno */
 	__u32 deref_len;
+	__u64 py_stack;      /* id of the thread's Python stack (a GS_REC_PY_STACK), 0: none */
 	__u64 out_value;
 	__u64 args[GS_NUM_ARGS];
 	__u8 deref[GS_DEREF_LEN];
@@ -112,6 +115,7 @@ struct gs_sample_record {
 	__s32 kstack_id;
 	__u32 pad;
 	__u64 ts_ns;
+	__u64 py_stack;      /* as in gs_call_record */
 	char comm[GS_COMM_LEN];
 };
 
@@ -145,6 +149,87 @@ struct gs_stack_copy_record {
 	__u8 data[GS_STACK_COPY];
 };
 
+/* ---- Python ----
+ * For a process running CPython, user space finds the interpreter (_PyRuntime) and gives the
+ * BPF side its address and the structure offsets of that interpreter version (data from
+ * src/discover/python.cpp; tools/python_offsets.py finds them in a live interpreter). At a
+ * CUDA call or sample, the BPF side finds the thread's PyThreadState, walks its interpreter
+ * frames, and sends each distinct stack once, and each code object once, so that the record
+ * names every Python frame even after the process is gone. */
+#define GS_PY_NONE 0xffff        /* an offset that this version does not have */
+#define GS_MAX_PY_FRAMES 128
+#define GS_PY_NAME_LEN 128
+#define GS_PY_FILE_LEN 256
+#define GS_PY_LINETABLE_LEN 2048
+
+struct gs_py_offsets {
+	__u16 runtime_interp_head;      /* _PyRuntimeState.interpreters.head */
+	__u16 interp_threads_head;      /* PyInterpreterState.threads.head */
+	__u16 tstate_next;              /* PyThreadState.next */
+	__u16 tstate_native_thread_id;  /* PyThreadState.native_thread_id (the kernel tid) */
+	__u16 tstate_cframe;            /* PyThreadState.cframe (3.11, 3.12); GS_PY_NONE: the frame
+	                                 * pointer is in the thread state itself (3.13+) */
+	__u16 current_frame;            /* _PyCFrame.current_frame, or PyThreadState.current_frame */
+	__u16 frame_code;               /* _PyInterpreterFrame.f_code / f_executable */
+	__u16 frame_previous;
+	__u16 frame_instr;              /* prev_instr (3.11, 3.12) / instr_ptr (3.13+) */
+	__u16 frame_is_entry;           /* bool is_entry (3.11), or GS_PY_NONE */
+	__u16 frame_owner;              /* char owner (3.12+), or GS_PY_NONE */
+	__u16 owner_cstack;             /* owner value of a shim frame that C pushed (3.12+) */
+	__u16 code_firstlineno;
+	__u16 code_filename;
+	__u16 code_qualname;
+	__u16 code_linetable;
+	__u16 unicode_ascii_data;       /* characters of a compact ASCII str */
+	__u16 bytes_data;               /* PyBytesObject.ob_sval */
+};
+
+struct gs_py_process {
+	__u64 runtime;                  /* address of _PyRuntime in the process */
+	struct gs_py_offsets off;
+};
+
+/* A frame as sent: its code object, with bit 0 set when this frame is the outermost one of a
+ * C call into the interpreter (user space pairs those with _PyEval_EvalFrameDefault frames of
+ * the native stack), and the instruction it is at. */
+#define GS_PY_FRAME_ENTRY 1ULL
+struct gs_py_frame {
+	__u64 code;
+	__u64 instr;
+};
+
+enum gs_py_stack_flags {
+	GS_PY_STACK_TRUNCATED = 1 << 0,  /* deeper than GS_MAX_PY_FRAMES, or a frame was unreadable */
+};
+
+struct gs_py_stack_record {
+	__u16 kind;          /* GS_REC_PY_STACK */
+	__u16 depth;         /* frames[] used, innermost first; the record is cut after them */
+	__u32 pid;
+	__u64 id;            /* what call and sample records carry in py_stack */
+	__u32 flags;
+	__u32 pad;
+	struct gs_py_frame frames[GS_MAX_PY_FRAMES];
+};
+
+enum gs_py_code_flags {
+	GS_PY_CODE_NAME_OK = 1 << 0,       /* qualname[] holds the compact ASCII name */
+	GS_PY_CODE_FILE_OK = 1 << 1,       /* filename[] likewise */
+	GS_PY_CODE_LINETABLE_OK = 1 << 2,  /* linetable[] holds the whole table */
+};
+
+struct gs_py_code_record {
+	__u16 kind;          /* GS_REC_PY_CODE */
+	__u16 flags;
+	__u32 pid;
+	__u64 code;          /* the code object's address */
+	__s32 firstlineno;
+	__u32 linetable_len;
+	char qualname[GS_PY_NAME_LEN];
+	char filename[GS_PY_FILE_LEN];
+	__u8 linetable[GS_PY_LINETABLE_LEN];
+};
+
 /* Causes of lost information, counted per CPU in the `lost` map. */
 enum gs_lost_cause {
 	GS_LOST_RINGBUF_FULL = 0,  /* no room to reserve a record */
@@ -153,6 +238,7 @@ enum gs_lost_cause {
 	GS_LOST_STACK,             /* stack id unavailable (map full or hash collision) */
 	GS_LOST_DEREF,             /* user memory behind an argument could not be read */
 	GS_LOST_TARGETS_FULL,      /* a target's child could not be followed */
+	GS_LOST_PY_STACK,          /* a Python stack could not be walked or sent */
 	GS_LOST_NR,
 };
 

@@ -24,6 +24,7 @@ const volatile __u32 self_tgid = 0;           /* never trace gpuscope itself */
 const volatile bool stop_for_shared_objects = true;
 const volatile bool sample_stack_copy = false;  /* samples carry a user stack copy (dwarf unwinding) */
 const volatile bool call_stack_copy = false;    /* --call-stacks dwarf: so do CUDA calls */
+const volatile bool python_stacks = false;      /* walk Python frames of the processes in python_procs */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -39,6 +40,7 @@ struct {
 
 struct pending_call {
 	__u64 ts_ns;
+	__u64 py_stack;
 	__s32 ustack_id;
 	__u32 deref_len;
 	__u32 flags;
@@ -188,6 +190,267 @@ static __always_inline __u32 read_entry_deref(__u64 cookie, const __u64 *args, _
 	return n;
 }
 
+/* ---- Python frames (see events.h) ---- */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);  /* tgid */
+	__type(value, struct gs_py_process);
+} python_procs SEC(".maps");
+
+/* Each thread's PyThreadState, found once by walking the interpreter's thread list and
+ * checked at every use (a thread state is freed when its thread ends). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);    /* tid */
+	__type(value, __u64);  /* PyThreadState address */
+} py_thread_states SEC(".maps");
+
+/* Stacks and code objects user space has been sent: a stack costs a record once. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);    /* stack id: a hash of the process and its frames */
+	__type(value, __u8);
+} py_stacks_sent SEC(".maps");
+
+struct py_code_key {
+	__u32 tgid;
+	__u32 pad;
+	__u64 code;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct py_code_key);
+	__type(value, __u8);
+} py_codes_sent SEC(".maps");
+
+#define PY_FRAME_READ 80   /* bytes of a frame read at once: every field walked lies within */
+#define PY_CODE_READ 160   /* likewise for a code object */
+
+struct py_scratch {
+	struct gs_py_stack_record rec;
+	struct gs_py_offsets off;
+	__u64 frame;       /* next frame to read */
+	__u64 hash;
+	__u64 tstate;      /* thread-list walk: the state looked at, then the one found */
+	__u32 tid;
+	__u32 pad;
+	__u8 buf[256 + 8];  /* a frame or code object read, indexed by offsets below 256 */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct py_scratch);
+} py_scratch_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gs_py_code_record);
+} py_code_scratch SEC(".maps");
+
+#define PY_THREADS_MAX 256
+
+static __always_inline struct py_scratch *py_scratch(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&py_scratch_map, &zero);
+}
+
+static __always_inline __u64 buf_u64(struct py_scratch *s, __u16 off)
+{
+	return *(__u64 *)(s->buf + (off & 255));
+}
+
+static long find_thread_state(__u32 i, void *unused)
+{
+	struct py_scratch *s = py_scratch();
+	if (!s || !s->tstate)
+		return 1;
+	__u64 native_tid = 0, next = 0;
+	bpf_probe_read_user(&native_tid, sizeof(native_tid), (void *)(s->tstate + s->off.tstate_native_thread_id));
+	if (native_tid == s->tid)
+		return 1;
+	bpf_probe_read_user(&next, sizeof(next), (void *)(s->tstate + s->off.tstate_next));
+	s->tstate = next;
+	return 0;
+}
+
+static long walk_py_frame(__u32 i, void *unused)
+{
+	struct py_scratch *s = py_scratch();
+	if (!s || !s->frame)
+		return 1;
+	if (bpf_probe_read_user(s->buf, PY_FRAME_READ, (void *)s->frame)) {
+		s->rec.flags |= GS_PY_STACK_TRUNCATED;
+		return 1;
+	}
+	__u64 code = buf_u64(s, s->off.frame_code);
+	__u64 instr = buf_u64(s, s->off.frame_instr);
+	s->frame = buf_u64(s, s->off.frame_previous);
+	__u32 n = s->rec.depth;
+	if (s->off.frame_owner != GS_PY_NONE && s->buf[s->off.frame_owner & 255] == s->off.owner_cstack) {
+		/* The shim frame C pushed: the frame above it is where that C call entered. */
+		if (n > 0)
+			s->rec.frames[(n - 1) & (GS_MAX_PY_FRAMES - 1)].code |= GS_PY_FRAME_ENTRY;
+		return 0;
+	}
+	if (n >= GS_MAX_PY_FRAMES) {
+		s->rec.flags |= GS_PY_STACK_TRUNCATED;
+		return 1;
+	}
+	if (s->off.frame_is_entry != GS_PY_NONE && s->buf[s->off.frame_is_entry & 255])
+		code |= GS_PY_FRAME_ENTRY;
+	if (!s->frame)
+		code |= GS_PY_FRAME_ENTRY;  /* the outermost frame was entered from C */
+	s->rec.frames[n & (GS_MAX_PY_FRAMES - 1)].code = code;
+	s->rec.frames[n & (GS_MAX_PY_FRAMES - 1)].instr = instr;
+	s->rec.depth = n + 1;
+	s->hash = (s->hash ^ code) * 0x100000001b3ULL;
+	s->hash = (s->hash ^ instr) * 0x100000001b3ULL;
+	return 0;
+}
+
+/* A Python str as UTF-8 when it is compact ASCII (names and paths nearly always are);
+ * false otherwise, and user space reads it from the process. */
+static __always_inline bool read_py_ascii(char *dst, __u32 size, __u64 obj, const struct gs_py_offsets *off)
+{
+	__u8 state = 0;
+	/* PyASCIIObject.state: kind in bits 2..4, compact bit 5, ascii bit 6. */
+	if (!obj || bpf_probe_read_user(&state, 1, (void *)(obj + 32)))
+		return false;
+	if ((state & 0x60) != 0x60)
+		return false;
+	return bpf_probe_read_user_str(dst, size, (void *)(obj + off->unicode_ascii_data)) > 0;
+}
+
+static long send_py_code(__u32 i, void *unused)
+{
+	struct py_scratch *s = py_scratch();
+	if (!s || i >= s->rec.depth)
+		return 1;
+	__u64 code = s->rec.frames[i & (GS_MAX_PY_FRAMES - 1)].code & ~GS_PY_FRAME_ENTRY;
+	struct py_code_key key = {.tgid = s->rec.pid, .code = code};
+	if (bpf_map_lookup_elem(&py_codes_sent, &key))
+		return 0;
+	__u32 zero = 0;
+	struct gs_py_code_record *r = bpf_map_lookup_elem(&py_code_scratch, &zero);
+	if (!r)
+		return 1;
+	r->kind = GS_REC_PY_CODE;
+	r->flags = 0;
+	r->pid = s->rec.pid;
+	r->code = code;
+	r->firstlineno = 0;
+	r->linetable_len = 0;
+	if (bpf_probe_read_user(s->buf, PY_CODE_READ, (void *)code))
+		return 0;
+	r->firstlineno = *(__s32 *)(s->buf + (s->off.code_firstlineno & 255));
+	if (read_py_ascii(r->qualname, sizeof(r->qualname), buf_u64(s, s->off.code_qualname), &s->off))
+		r->flags |= GS_PY_CODE_NAME_OK;
+	if (read_py_ascii(r->filename, sizeof(r->filename), buf_u64(s, s->off.code_filename), &s->off))
+		r->flags |= GS_PY_CODE_FILE_OK;
+	__u64 table = buf_u64(s, s->off.code_linetable);
+	__u64 len = 0;
+	/* PyBytesObject: ob_size (the length) is the third word. */
+	if (table && !bpf_probe_read_user(&len, sizeof(len), (void *)(table + 16))) {
+		__u32 n = len > GS_PY_LINETABLE_LEN ? GS_PY_LINETABLE_LEN : len;
+		r->linetable_len = len;
+		if (n == len && !bpf_probe_read_user(r->linetable, n, (void *)(table + s->off.bytes_data)))
+			r->flags |= GS_PY_CODE_LINETABLE_OK;
+	}
+	if (bpf_ringbuf_output(&events, r, sizeof(*r), 0)) {
+		count_lost(GS_LOST_RINGBUF_FULL);
+		return 1;
+	}
+	__u8 one = 1;
+	bpf_map_update_elem(&py_codes_sent, &key, &one, BPF_ANY);
+	return 0;
+}
+
+/* The current thread's Python stack id, its frames and new code objects sent first; 0 when
+ * the process runs no known interpreter or the thread runs no Python. */
+static __always_inline __u64 python_stack(__u64 pid_tgid)
+{
+	if (!python_stacks)
+		return 0;
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	struct gs_py_process *proc = bpf_map_lookup_elem(&python_procs, &tgid);
+	if (!proc)
+		return 0;
+	struct py_scratch *s = py_scratch();
+	if (!s)
+		return 0;
+	s->off = proc->off;
+	s->tid = tid;
+
+	/* The thread's state: remembered, and checked to still be this thread's. */
+	__u64 tstate = 0, native_tid = 0;
+	__u64 *known = bpf_map_lookup_elem(&py_thread_states, &tid);
+	if (known) {
+		tstate = *known;
+		if (bpf_probe_read_user(&native_tid, sizeof(native_tid), (void *)(tstate + s->off.tstate_native_thread_id)) ||
+		    native_tid != tid)
+			tstate = 0;
+	}
+	if (!tstate) {
+		__u64 interp = 0;
+		s->tstate = 0;
+		if (bpf_probe_read_user(&interp, sizeof(interp), (void *)(proc->runtime + s->off.runtime_interp_head)) ||
+		    !interp ||
+		    bpf_probe_read_user(&s->tstate, sizeof(s->tstate), (void *)(interp + s->off.interp_threads_head)))
+			return 0;
+		bpf_loop(PY_THREADS_MAX, find_thread_state, NULL, 0);
+		tstate = s->tstate;
+		if (!tstate)
+			return 0;  /* a thread that never ran Python */
+		bpf_map_update_elem(&py_thread_states, &tid, &tstate, BPF_ANY);
+	}
+
+	__u64 frame = 0, holder = tstate;
+	if (s->off.tstate_cframe != GS_PY_NONE &&
+	    bpf_probe_read_user(&holder, sizeof(holder), (void *)(tstate + s->off.tstate_cframe)))
+		return 0;
+	if (!holder || bpf_probe_read_user(&frame, sizeof(frame), (void *)(holder + s->off.current_frame)) || !frame)
+		return 0;
+
+	s->frame = frame;
+	s->hash = 0xcbf29ce484222325ULL ^ tgid;
+	s->rec.kind = GS_REC_PY_STACK;
+	s->rec.depth = 0;
+	s->rec.pid = tgid;
+	s->rec.flags = 0;
+	s->rec.pad = 0;
+	bpf_loop(GS_MAX_PY_FRAMES + 16, walk_py_frame, NULL, 0);
+	if (!s->rec.depth)
+		return 0;
+	__u64 id = s->hash | 1;  /* never 0 */
+	s->rec.id = id;
+	if (bpf_map_lookup_elem(&py_stacks_sent, &id))
+		return id;
+
+	/* New: its code objects first, then the stack, each once. */
+	bpf_loop(GS_MAX_PY_FRAMES, send_py_code, NULL, 0);
+	__u64 size = sizeof(s->rec) - sizeof(s->rec.frames) + (__u64)s->rec.depth * sizeof(struct gs_py_frame);
+	if (size > sizeof(s->rec))
+		size = sizeof(s->rec);
+	if (bpf_ringbuf_output(&events, &s->rec, size, 0)) {
+		count_lost(GS_LOST_PY_STACK);
+		return 0;
+	}
+	__u8 one = 1;
+	bpf_map_update_elem(&py_stacks_sent, &id, &one, BPF_ANY);
+	return id;
+}
+
 static __always_inline __u32 copy_user_state(struct gs_user_regs *dst, __u8 *stack, struct pt_regs *regs);
 
 /* The call's user stack: an id in the stacks map (frame pointers, walked here), or with
@@ -242,8 +505,10 @@ int call_entry_emit(struct pt_regs *ctx)
 			bpf_map_delete_elem(&in_runtime_launch, &tid);
 		}
 	}
-	/* Before the call's record is reserved, so that a stack copy comes ahead of it. */
+	/* Before the call's record is reserved, so that a stack copy or a new Python stack comes
+	 * ahead of it. */
 	__s32 ustack_id = skip_stack ? -1 : user_stack_id(ctx, cookie, ts_ns, &flags);
+	__u64 py_stack = skip_stack || !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id);
 
 	struct gs_call_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
@@ -262,6 +527,7 @@ int call_entry_emit(struct pt_regs *ctx)
 	read_args(ctx, r->args);
 	r->deref_len = read_entry_deref(cookie, r->args, r->deref, &r->flags);
 	r->ustack_id = ustack_id;
+	r->py_stack = py_stack;
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
 	bpf_ringbuf_submit(r, submit_flags());
 	return 0;
@@ -285,6 +551,7 @@ int call_entry(struct pt_regs *ctx)
 	read_args(ctx, p->args);
 	p->deref_len = read_entry_deref(cookie, p->args, p->deref, &p->flags);
 	p->ustack_id = user_stack_id(ctx, cookie, p->ts_ns, &p->flags);
+	p->py_stack = !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id);
 
 	__u64 key = (id << 16) | GS_COOKIE_FUNC(cookie);
 	if (bpf_map_update_elem(&pending, &key, p, BPF_ANY))
@@ -323,6 +590,7 @@ int call_return(struct pt_regs *ctx)
 	r->tid = (__u32)id;
 	r->ret = ctx->ax;
 	r->ustack_id = p->ustack_id;
+	r->py_stack = p->py_stack;
 	r->deref_len = p->deref_len;
 	__builtin_memcpy(r->args, p->args, sizeof(r->args));
 	__builtin_memcpy(r->deref, p->deref, sizeof(r->deref));
@@ -344,9 +612,15 @@ SEC("tracepoint/sched/sched_process_fork")
 int on_fork(struct trace_event_raw_sched_process_fork *ctx)
 {
 	__u32 parent = bpf_get_current_pid_tgid() >> 32;
+	__u32 child = BPF_CORE_READ(ctx, child_pid);
+	if (python_stacks) {
+		/* A forked interpreter has its parent's memory layout: same _PyRuntime. */
+		struct gs_py_process *py = bpf_map_lookup_elem(&python_procs, &parent);
+		if (py)
+			bpf_map_update_elem(&python_procs, &child, py, BPF_ANY);
+	}
 	if (!filter_targets || !bpf_map_lookup_elem(&targets, &parent))
 		return 0;
-	__u32 child = BPF_CORE_READ(ctx, child_pid);
 	__u8 one = 1;
 	if (bpf_map_update_elem(&targets, &child, &one, BPF_ANY))
 		count_lost(GS_LOST_TARGETS_FULL);
@@ -358,6 +632,11 @@ int on_exit(void *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id;
+	if (python_stacks) {
+		bpf_map_delete_elem(&py_thread_states, &tid);
+		if (tid == tgid)
+			bpf_map_delete_elem(&python_procs, &tgid);
+	}
 	if (!is_target(tgid))
 		return 0;
 	if (tid != tgid) {
@@ -381,8 +660,9 @@ int on_exit(void *ctx)
 	return 0;
 }
 
-static __always_inline void fill_sample(struct gs_sample_record *r, __u64 id, void *ctx)
+static __always_inline void fill_sample(struct gs_sample_record *r, __u64 id, void *ctx, __u64 py_stack)
 {
+	r->py_stack = py_stack;
 	r->kind = GS_REC_SAMPLE;
 	r->cpu = bpf_get_smp_processor_id();
 	r->pid = id >> 32;
@@ -435,13 +715,14 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	__u32 tgid = id >> 32;
 	if (tgid == 0 || !is_target(tgid))
 		return 0;
+	__u64 py_stack = python_stack(id);
 	if (sample_stack_copy) {
 		struct gs_sample_stack_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 		if (!r) {
 			count_lost(GS_LOST_RINGBUF_FULL);
 			return 0;
 		}
-		fill_sample(&r->s, id, ctx);
+		fill_sample(&r->s, id, ctx, py_stack);
 		r->s.ustack_id = -1;
 		/* The user-mode registers, also when the sample interrupted a system call. */
 		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
@@ -455,7 +736,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		count_lost(GS_LOST_RINGBUF_FULL);
 		return 0;
 	}
-	fill_sample(r, id, ctx);
+	fill_sample(r, id, ctx, py_stack);
 	r->ustack_id = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
 	if (r->ustack_id < 0 && r->ustack_id != -EFAULT)
 		count_lost(GS_LOST_STACK);
@@ -467,6 +748,9 @@ SEC("tracepoint/sched/sched_process_exec")
 int on_exec(void *ctx)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	/* A new program: user space says whether it is an interpreter again. */
+	if (python_stacks)
+		bpf_map_delete_elem(&python_procs, &tgid);
 	if (!is_target(tgid))
 		return 0;
 	struct gs_proc_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);

@@ -26,6 +26,7 @@ std::string_view lost_cause_name(int cause) {
     case GS_LOST_STACK: return "stack";
     case GS_LOST_DEREF: return "deref";
     case GS_LOST_TARGETS_FULL: return "targets_full";
+    case GS_LOST_PY_STACK: return "python_stack";
   }
   return "unknown";
 }
@@ -61,6 +62,7 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   skel_->rodata->stop_for_shared_objects = cfg.stop_for_shared_objects;
   skel_->rodata->sample_stack_copy = cfg.sample_stack_copy;
   skel_->rodata->call_stack_copy = cfg.call_stack_copy;
+  skel_->rodata->python_stacks = cfg.python_stacks;
   skel_->rodata->wakeup_bytes = cfg.wakeup_bytes;
   skel_->rodata->self_tgid = static_cast<uint32_t>(getpid());
   bpf_map__set_max_entries(skel_->maps.events, round_up_pow2(cfg.ringbuf_bytes));
@@ -168,6 +170,11 @@ void BpfSession::add_target(pid_t pid) {
   uint32_t key = static_cast<uint32_t>(pid);
   uint8_t one = 1;
   bpf_map__update_elem(skel_->maps.targets, &key, sizeof(key), &one, sizeof(one), BPF_ANY);
+}
+
+bool BpfSession::set_python_process(pid_t pid, const gs_py_process& proc) {
+  uint32_t key = static_cast<uint32_t>(pid);
+  return bpf_map__update_elem(skel_->maps.python_procs, &key, sizeof(key), &proc, sizeof(proc), BPF_ANY) == 0;
 }
 
 void BpfSession::start_cpu_sampling(int hz) {

@@ -38,6 +38,9 @@ struct SessionConfig {
   // Runtime launches (cudaLaunchKernel...) reach the driver's launch functions, so probing both
   // traps twice per launch. false: attach only the driver's (see detach_runtime_launch_probes).
   bool runtime_launch_probes = true;
+  // Walk the Python frames of the processes given to set_python_process at every CUDA call
+  // that has a stack, and in CPU samples.
+  bool python_stacks = false;
 };
 
 struct AttachResult {
@@ -61,6 +64,9 @@ class BpfSession {
   BpfSession& operator=(const BpfSession&) = delete;
 
   void add_target(pid_t pid);
+  // The process runs CPython: where its runtime state is and how that version lays it out.
+  // Forked children inherit it on the BPF side; exec and exit remove it. False if the map is full.
+  bool set_python_process(pid_t pid, const gs_py_process& proc);
   // Samples every CPU with the perf software cpu-clock at `hz` per second (no hardware PMU
   // needed); target threads' samples become GS_REC_SAMPLE records. Throws Error with what to do.
   void start_cpu_sampling(int hz);

@@ -102,6 +102,10 @@ int main(int argc, char** argv) {
                   "without them) or dwarf (a 16 KiB stack copy per call, unwound from .eh_frame)")
       ->check(CLI::IsMember({"dwarf", "fp"}))
       ->capture_default_str();
+  bool no_python = false;
+  rec->add_flag("--no-python", no_python,
+                "Do not walk Python frames (by default stacks of CPython 3.11/3.12 processes show the Python "
+                "functions and lines that made each call)");
   rec->add_flag("--bpf-stats", ropts.bpf_stats,
                  "Record each BPF program's run count and run time (costs two clock reads per probe hit)");
   rec->add_option("--ringbuf-mb", ropts.ringbuf_mb, "Kernel ring buffer size in MiB")->capture_default_str();
@@ -158,6 +162,7 @@ int main(int argc, char** argv) {
       ropts.stacks = !no_stacks;
       ropts.dwarf_unwind_samples = sample_unwind == "dwarf";
       ropts.dwarf_unwind_calls = call_unwind == "dwarf";
+      ropts.python_stacks = !no_python;
       return record::run_record(ropts);
     }
     if (*flame) return run_flamegraph(flame_path, metric, flame_out, flame_pid, peak);

@@ -20,6 +20,11 @@ void log_error(fmt::format_string<Args...> f, Args&&... args) {
 }
 
 template <typename... Args>
+void log_warn(fmt::format_string<Args...> f, Args&&... args) {
+  fmt::print(stderr, "gpuscope: warning: {}\n", fmt::format(f, std::forward<Args>(args)...));
+}
+
+template <typename... Args>
 void log_debug(fmt::format_string<Args...> f, Args&&... args) {
   if (g_verbose) fmt::print(stderr, "gpuscope: {}\n", fmt::format(f, std::forward<Args>(args)...));
 }

@@ -21,6 +21,7 @@ struct CallEvent {
   bool has_return = false;
   int64_t ret = 0;
   int32_t bpf_stack_id = -1;
+  uint64_t py_stack = 0;  // the thread's Python stack (symbolize::PythonFrames), 0: none
   std::string comm;
 
   // Decoded arguments; which are meaningful depends on the function's kind.

@@ -145,7 +145,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       if (rec.flags & GS_CALL_STACK_COPIED) {
         auto it = copied_stacks_.find({rec.tid, rec.ts_ns});
         if (it != copied_stacks_.end()) {
-          e.stack_id = it->second;
+          e.stack_id = store_user_stack(rec.pid, it->second.ips, it->second.truncated, e.py_stack);
           copied_stacks_.erase(it);
         }
       }
@@ -173,6 +173,14 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       copied_stacks_[{tid, ts}] = unwind_stack_copy(pid, tid, &c->regs, c->data, len);
       break;
     }
+    case GS_REC_PY_CODE: {
+      if (size < sizeof(gs_py_code_record)) return;
+      python_.on_code(*reinterpret_cast<const gs_py_code_record*>(data));
+      break;
+    }
+    case GS_REC_PY_STACK:
+      python_.on_stack(data, size);
+      break;
     case GS_REC_SAMPLE: {
       if (size < sizeof(gs_sample_record)) return;
       gs_sample_record rec;
@@ -185,9 +193,10 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
         const auto* full = reinterpret_cast<const gs_sample_stack_record*>(data);
         uint32_t len;
         std::memcpy(&len, &full->stack_len, sizeof(len));
-        user_stack = unwind_stack_copy(rec.pid, rec.tid, &full->regs, full->data, len);
+        const auto u = unwind_stack_copy(rec.pid, rec.tid, &full->regs, full->data, len);
+        user_stack = store_user_stack(rec.pid, u.ips, u.truncated, rec.py_stack);
       } else {
-        user_stack = resolve_user_stack(rec.pid, rec.ustack_id);
+        user_stack = resolve_user_stack(rec.pid, rec.ustack_id, rec.py_stack);
       }
       writer_.add_sample(rec.ts_ns, rec.pid, rec.tid, rec.cpu, user_stack, resolve_kernel_stack(rec.kstack_id));
       ++samples_;
@@ -209,6 +218,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       stack_ids_.erase(rec.pid);
       kernel_ids_.erase(rec.pid);
       unwinder_.forget(static_cast<pid_t>(rec.pid));
+      python_.forget(static_cast<pid_t>(rec.pid));
       break;
     }
     case GS_REC_EXEC: {
@@ -236,7 +246,7 @@ void Pipeline::note_process(uint32_t pid, uint64_t ts_ns) {
 void Pipeline::emit(CallEvent& e) {
   note_process(e.pid, e.ts_ns);
   note_thread(e.tid, e.pid, e.comm);
-  if (!e.stack_id) e.stack_id = resolve_user_stack(e.pid, e.bpf_stack_id);
+  if (!e.stack_id) e.stack_id = resolve_user_stack(e.pid, e.bpf_stack_id, e.py_stack);
   const auto* f = decode::function_by_id(e.func);
   if (f && f->kind == decode::CallKind::Launch) {
     e.kernel_id = resolve_kernel(e);
@@ -298,34 +308,69 @@ int64_t Pipeline::resolve_kernel_stack(int32_t bpf_stack_id) {
   return id;
 }
 
-int64_t Pipeline::resolve_user_stack(uint32_t pid, int32_t bpf_stack_id) {
-  if (bpf_stack_id < 0) return 0;
+int64_t Pipeline::resolve_user_stack(uint32_t pid, int32_t bpf_stack_id, uint64_t py_stack) {
+  if (bpf_stack_id < 0 && !py_stack) return 0;
   auto& ids = stack_ids_[pid];
-  if (auto it = ids.find(bpf_stack_id); it != ids.end()) return it->second;
-  const int64_t id = store_user_stack(pid, bpf_.stack(bpf_stack_id));
-  ids.emplace(bpf_stack_id, id);
+  if (auto it = ids.find({bpf_stack_id, py_stack}); it != ids.end()) return it->second;
+  const int64_t id =
+      store_user_stack(pid, bpf_stack_id < 0 ? std::vector<uint64_t>{} : bpf_.stack(bpf_stack_id), false, py_stack);
+  ids.emplace(std::pair{bpf_stack_id, py_stack}, id);
   return id;
 }
 
-int64_t Pipeline::unwind_stack_copy(uint32_t pid, uint32_t tid, const gs_user_regs* regs_in_record,
-                                    const uint8_t* stack, uint32_t len) {
+Pipeline::Unwound Pipeline::unwind_stack_copy(uint32_t pid, uint32_t tid, const gs_user_regs* regs_in_record,
+                                              const uint8_t* stack, uint32_t len) {
   gs_user_regs regs;
   std::memcpy(&regs, regs_in_record, sizeof(regs));  // records are not aligned in the batch
-  const auto res = unwinder_.unwind(static_cast<pid_t>(pid), static_cast<pid_t>(tid), regs,
-                                    {stack, std::min<size_t>(len, GS_STACK_COPY)}, GS_MAX_UNWIND_DEPTH);
-  return store_user_stack(pid, res.ips, !res.complete && !res.ips.empty());
+  auto res = unwinder_.unwind(static_cast<pid_t>(pid), static_cast<pid_t>(tid), regs,
+                              {stack, std::min<size_t>(len, GS_STACK_COPY)}, GS_MAX_UNWIND_DEPTH);
+  const bool truncated = !res.complete && !res.ips.empty();
+  return Unwound{std::move(res.ips), truncated};
 }
 
-int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated) {
+void Pipeline::merge_python(std::vector<store::StoredFrame>& native, const std::vector<bool>& eval_loop,
+                            uint64_t py_stack) {
+  const auto* py = python_.stack(py_stack);
+  if (!py || py->empty()) return;
+  if (!python_module_id_) python_module_id_ = writer_.intern_module("[python]", "");
+  std::vector<store::StoredFrame> out;
+  out.reserve(native.size() + py->size());
+  size_t next = 0;  // the innermost Python frame not placed yet
+  auto place = [&](size_t i) {
+    const auto& f = (*py)[i];
+    out.push_back({python_module_id_, uint64_t(writer_.intern_python_frame(f.function, f.file, f.line)), 0});
+  };
+  for (size_t i = 0; i < native.size(); ++i) {
+    if (eval_loop[i] && next < py->size()) {
+      // One run of the eval loop: its Python frames up to the one C entered it with.
+      while (next < py->size()) {
+        place(next);
+        if ((*py)[next++].entry) break;
+      }
+      continue;
+    }
+    out.push_back(native[i]);
+  }
+  // Eval-loop frames the native walk did not reach (it stopped, or was cut short: its marker
+  // stays in between): their Python frames are the outer end of the stack.
+  while (next < py->size()) place(next++);
+  native = std::move(out);
+}
+
+int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated, uint64_t py_stack) {
   std::vector<store::StoredFrame> frames;
+  std::vector<bool> eval_loop;
   for (uint64_t ip : ips) {
     store::StoredFrame f;
     f.ip = ip;
+    bool eval = false;
     if (auto m = maps_.resolve(pid, ip)) {
       f.module_id = writer_.intern_module(m->path, build_id_of(m->open_path));
       f.offset = m->file_offset;
+      eval = py_stack && python_.is_eval_loop(static_cast<pid_t>(pid), m->path, m->file_offset);
     }
     frames.push_back(f);
+    eval_loop.push_back(eval);
   }
   if (truncated) {
     // The outermost frame says the walk was cut short, so that no one mistakes its last
@@ -335,7 +380,9 @@ int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ip
       writer_.add_symbol(truncated_module_id_, 0, "[truncated stack]");
     }
     frames.push_back({truncated_module_id_, 0, 0});
+    eval_loop.push_back(false);
   }
+  if (py_stack) merge_python(frames, eval_loop, py_stack);
   return frames.empty() ? 0 : writer_.intern_stack(frames);
 }
 
@@ -371,6 +418,7 @@ void Pipeline::write_lost() {
   for (int cause = 0; cause < GS_LOST_NR; ++cause) writer_.set_lost(std::string(attach::lost_cause_name(cause)), lost[cause]);
   writer_.set_lost("queue_full", dropped_.load());
   writer_.set_lost("name_unreadable", names_unread_);
+  writer_.set_lost("python_frame_unnamed", python_.unnamed_frames());
 }
 
 void Pipeline::maybe_commit() {

@@ -24,6 +24,7 @@
 #include "symbolize/dwarf_unwinder.h"
 #include "symbolize/kallsyms.h"
 #include "symbolize/process_maps.h"
+#include "symbolize/python_frames.h"
 #include "symbolize/symbolizer.h"
 
 namespace gpuscope::record {
@@ -62,6 +63,8 @@ class Pipeline {
 
   // A library gpuscope attached to (or failed to); written on the pipeline thread.
   void add_library(store::LibraryRow row);
+  // A process running an interpreter whose frames the BPF side walks (any thread).
+  void add_python_process(pid_t pid, const discover::PythonProcess& p) { python_.add_process(pid, p); }
 
   void start();
   // Processes everything queued, flushes held calls, writes the lost counters, and joins.
@@ -75,12 +78,20 @@ class Pipeline {
   void emit(CallEvent& e);
   void note_process(uint32_t pid, uint64_t ts_ns);
   void note_thread(uint32_t tid, uint32_t pid, const std::string& comm);
-  int64_t resolve_user_stack(uint32_t pid, int32_t bpf_stack_id);
-  int64_t store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated = false);
-  // A stack sent as registers and a copy of its top (samples, --call-stacks dwarf), unwound
-  // and stored; a walk cut short is stored with its truncation marker.
-  int64_t unwind_stack_copy(uint32_t pid, uint32_t tid, const gs_user_regs* regs_in_record, const uint8_t* stack,
+  int64_t resolve_user_stack(uint32_t pid, int32_t bpf_stack_id, uint64_t py_stack);
+  // Stores a native stack (innermost first) merged with the thread's Python stack, if any; a
+  // native walk cut short gets its truncation marker.
+  int64_t store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated, uint64_t py_stack);
+  // A stack sent as registers and a copy of its top (samples, --call-stacks dwarf), unwound.
+  struct Unwound {
+    std::vector<uint64_t> ips;
+    bool truncated = false;
+  };
+  Unwound unwind_stack_copy(uint32_t pid, uint32_t tid, const gs_user_regs* regs_in_record, const uint8_t* stack,
                             uint32_t len);
+  // Python frames take the place of the eval-loop frames that ran them (see python_frames.h).
+  void merge_python(std::vector<store::StoredFrame>& native, const std::vector<bool>& eval_loop,
+                    uint64_t py_stack);
   // Kernel stacks are the same in every process: cached once, frames named from kallsyms.
   int64_t resolve_kernel_stack(int32_t bpf_stack_id);
   int64_t resolve_kernel(const CallEvent& e);
@@ -113,16 +124,20 @@ class Pipeline {
   std::unordered_set<uint32_t> known_processes_;
   std::unordered_map<uint32_t, std::string> thread_comms_;
   // Per process, forgotten at its exit: a later process may reuse the pid with other mappings.
-  std::unordered_map<uint32_t, std::unordered_map<int32_t, int64_t>> stack_ids_;  // BPF stack id -> stored
+  // (BPF stack id, Python stack id) -> stored
+  std::unordered_map<uint32_t, std::map<std::pair<int32_t, uint64_t>, int64_t>> stack_ids_;
   std::unordered_map<std::string, std::string> build_ids_;
   std::unordered_map<int32_t, int64_t> kernel_stack_ids_;
   std::unique_ptr<symbolize::Kallsyms> kallsyms_;  // read at the first kernel stack
   symbolize::DwarfUnwinder unwinder_;               // stacks sent as copies (samples, --call-stacks dwarf)
   int64_t kernel_module_id_ = 0;
   int64_t truncated_module_id_ = 0;
-  // Stacks of calls still in flight (--call-stacks dwarf), by (tid, entry time).
+  int64_t python_module_id_ = 0;
+  symbolize::PythonFrames python_;
+  // Stacks of calls still in flight (--call-stacks dwarf), by (tid, entry time); stored when
+  // the call's record brings its Python stack.
   static constexpr size_t kMaxCopiedStacks = 65536;
-  std::map<std::pair<uint32_t, uint64_t>, int64_t> copied_stacks_;
+  std::map<std::pair<uint32_t, uint64_t>, Unwound> copied_stacks_;
   std::unordered_set<uint64_t> named_kernel_ips_;
   std::unordered_map<uint32_t, std::unordered_map<uint64_t, int64_t>> kernel_ids_;  // handle ^ api -> kernel
   uint64_t calls_since_commit_ = 0;

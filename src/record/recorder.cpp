@@ -14,7 +14,9 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -25,6 +27,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "discover/proc.h"
+#include "discover/python.h"
 #include "record/pipeline.h"
 #include "store/record_writer.h"
 #include "symbolize/elf_file.h"
@@ -135,6 +138,10 @@ class Recorder {
  private:
   void attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns);
   void attach_mapped_libraries(pid_t pid);
+  // Gives the BPF side the process's interpreter, if it runs one gpuscope can walk.
+  void find_python(pid_t pid);
+  std::map<std::pair<uint64_t, uint64_t>, std::optional<discover::PythonBinary>> python_binaries_;
+  std::set<std::string> python_versions_said_;
   // True when the file carries a CUDA runtime of its own and was probed.
   bool check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown);
   pid_t spawn_command();
@@ -206,6 +213,38 @@ bool Recorder::check_static_runtime(pid_t pid, const std::string& exe_path, cons
   return true;
 }
 
+void Recorder::find_python(pid_t pid) {
+  if (!opts_.python_stacks) return;
+  auto inspect = [&](const discover::Mapping& m) {
+    const std::pair key{(uint64_t(m.dev_major) << 20) | m.dev_minor, m.inode};
+    auto it = python_binaries_.find(key);
+    if (it == python_binaries_.end())
+      it = python_binaries_.emplace(key, discover::inspect_python_binary(discover::path_in_target(pid, m.path), m.path))
+               .first;
+    return it->second;
+  };
+  auto py = discover::find_python(discover::read_maps(pid), inspect);
+  if (!py) return;
+  const auto& b = py->binary;
+  const std::string version = fmt::format("{}.{}.{}", b.major, b.minor, b.micro);
+  if (!b.layout) {
+    if (python_versions_said_.insert(version).second)
+      log_warn("PID {} runs Python {}, whose frames gpuscope cannot walk (it knows {}); its stacks stay native", pid,
+               version, discover::supported_python_versions());
+    return;
+  }
+  gs_py_process proc{py->runtime_addr, b.layout->bpf};
+  if (!bpf_->set_python_process(pid, proc)) {
+    log_warn("too many Python processes: PID {}'s stacks stay native", pid);
+    return;
+  }
+  pipeline_->add_python_process(pid, *py);
+  if (python_versions_said_.insert(version).second && !opts_.quiet)
+    log_info("PID {} runs Python {} ({}): its stacks show Python functions and lines", pid, version, b.path);
+  else
+    log_debug("PID {} runs Python {} ({})", pid, version, b.path);
+}
+
 void Recorder::attach_mapped_libraries(pid_t pid) {
   std::set<std::string> seen;
   bool has_cuda = false;
@@ -220,6 +259,7 @@ void Recorder::attach_mapped_libraries(pid_t pid) {
   if (!has_cuda && !opts_.all && !opts_.quiet)
     log_info("PID {} has no CUDA library loaded yet; its probes attach when it loads one", pid);
   maps_.refresh(pid);
+  find_python(pid);
 }
 
 pid_t Recorder::spawn_command() {
@@ -275,10 +315,15 @@ void Recorder::handle_control() {
     // stopped here is snapshotted in any case: the C library, mapped after the CUDA runtime,
     // is often in only this snapshot of a short-lived process.
     if (probed || l.stopped) maps_.refresh(pid);
+    // A libpython is found at its load, before its first Python frame runs.
+    if (discover::looks_like_python(path)) find_python(pid);
     bpf_->mark_checked(l.dev, l.ino);
     if (l.stopped) stopped_.resume(pid);
   }
-  for (pid_t pid : execs) check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid));
+  for (pid_t pid : execs) {
+    check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid));
+    find_python(pid);
+  }
 }
 
 bool Recorder::targets_alive() const {
@@ -325,6 +370,8 @@ int Recorder::run() {
   cfg.call_stack_copy = opts_.dwarf_unwind_calls && opts_.stacks;
   writer_->set_meta("call_unwinding", !opts_.stacks ? "none" : opts_.dwarf_unwind_calls ? "dwarf" : "frame pointers");
   cfg.capture_stacks = opts_.stacks;
+  cfg.python_stacks = opts_.stacks && opts_.python_stacks;
+  writer_->set_meta("python_stacks", cfg.python_stacks ? "1" : "0");
   cfg.stop_for_shared_objects = !opts_.all;
   cfg.ringbuf_bytes = opts_.ringbuf_mb << 20;
   cfg.wakeup_bytes = cfg.ringbuf_bytes / 4;

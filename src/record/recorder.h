@@ -29,7 +29,8 @@ struct RecordOptions {
   bool bpf_stats = false;
   int cpu_profile_hz = 0;  // 0: no CPU sampling
   bool dwarf_unwind_samples = true;  // CPU samples unwound from .eh_frame (false: frame pointers)
-  bool dwarf_unwind_calls = false;   // CUDA calls' stacks too (a 16 KiB copy per call)  // record each BPF program's runs and run time
+  bool dwarf_unwind_calls = false;   // CUDA calls' stacks too (a 16 KiB copy per call)
+  bool python_stacks = true;         // Python frames in the stacks of CPython processes
 };
 
 // Returns the exit code gpuscope should exit with: the command's, under `record -- CMD`.

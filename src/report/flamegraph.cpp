@@ -27,6 +27,9 @@ class StackNames {
     for (auto row = rows.rbegin(); row != rows.rend(); ++row) {
       if (!row->in_file) {
         it->second.push_back(fmt::format("{:#x}", row->ip));
+      } else if (row->python) {
+        it->second.push_back(row->python->text());
+        if (!row->python->file.empty()) sources_.try_emplace(it->second.back(), row->python->file, row->python->line);
       } else if (row->recorded_name) {
         it->second.push_back(*row->recorded_name + (row->kernel() ? "_[k]" : ""));
       } else if (row->kernel()) {
@@ -43,11 +46,13 @@ class StackNames {
     }
     return it->second;
   }
+  const std::map<std::string, std::pair<std::string, int64_t>>& sources() const { return sources_; }
 
  private:
   symbolize::Symbolizer& sym_;
   StoredStacks stored_;
   std::unordered_map<int64_t, std::vector<std::string>> cache_;
+  std::map<std::string, std::pair<std::string, int64_t>> sources_;
 };
 
 std::map<int64_t, std::string> process_names(Db& db) {
@@ -239,6 +244,7 @@ FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, cons
     }
   }
   if (d.stacks.empty()) throw Error("the record has nothing to weigh by this metric (no matching events)");
+  d.sources = names.sources();
   return d;
 }
 
@@ -289,7 +295,9 @@ std::string to_pprof(const FlameData& d) {
   }
   for (uint64_t id = 1; id <= by_id.size(); ++id) {
     Proto line, loc;
-    line.field_varint(1, id);      // Line.function_id
+    line.field_varint(1, id);  // Line.function_id
+    if (auto src = d.sources.find(*by_id[id - 1]); src != d.sources.end())
+      line.field_varint(2, static_cast<uint64_t>(src->second.second));  // Line.line
     loc.field_varint(1, id);       // Location.id
     loc.field_bytes(4, line.str());  // Location.line
     profile.field_bytes(4, loc.str());
@@ -298,6 +306,8 @@ std::string to_pprof(const FlameData& d) {
     Proto fn;
     fn.field_varint(1, id);                   // Function.id
     fn.field_varint(2, intern(*by_id[id - 1]));  // Function.name
+    if (auto src = d.sources.find(*by_id[id - 1]); src != d.sources.end())
+      fn.field_varint(4, intern(src->second.first));  // Function.filename
     profile.field_bytes(5, fn.str());
   }
   const std::string period = value_type(d.sample_type, d.unit);

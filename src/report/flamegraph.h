@@ -26,6 +26,8 @@ struct FlameData {
   std::map<std::vector<std::string>, int64_t> stacks;
   std::string sample_type, unit;  // pprof's names: ("cpu", "nanoseconds"), ("launches", "count"), ...
   int64_t period = 1;             // CPU samples: nanoseconds between samples
+  // Frames that name one source line (Python frames): name -> (file, line), for pprof.
+  std::map<std::string, std::pair<std::string, int64_t>> sources;
   int64_t total() const;
 };
 

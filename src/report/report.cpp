@@ -122,6 +122,7 @@ struct StackFrame {
   // Says how CUDA works, not who called it: a frame in CUDA's libraries, in the runtime linked
   // statically or its inline C++ wrappers (named like the API), or in nvcc's launch glue.
   bool cuda = false;
+  bool python = false;  // a Python frame: text is "qualname (file:line)"
 };
 
 class Stacks {
@@ -136,6 +137,11 @@ class Stacks {
       StackFrame f;
       if (!row.in_file) {
         f.text = fmt::format("{:#x}", row.ip);
+      } else if (row.python) {
+        f.text = row.python->text();
+        f.python = true;
+      } else if (row.recorded_name) {
+        f.text = *row.recorded_name;
       } else {
         const auto s = sym_.resolve(row.path, row.build_id, row.offset, true, row.depth > 0);
         f.symbol = s.raw_function;
@@ -158,8 +164,15 @@ class Stacks {
     const auto& fs = frames(stack_id);
     if (fs.empty()) return "[no stack]";
     for (const auto& f : fs)
-      if (!f.cuda && (kernel_symbol.empty() || f.symbol != kernel_symbol)) return f.text;
+      if (!f.cuda && !f.python && (kernel_symbol.empty() || f.symbol != kernel_symbol)) return f.text;
     return fs.back().text;
+  }
+
+  // The Python line that made the call: the innermost Python frame, "" if none.
+  std::string python_site(int64_t stack_id) {
+    for (const auto& f : frames(stack_id))
+      if (f.python) return f.text;
+    return {};
   }
 
  private:
@@ -298,11 +311,16 @@ json kernels(const Record& r, Stacks& stacks, size_t top) {
     json sh = json::array();
     for (const auto& [s, n] : by_count(kernel.shapes, kShapes))
       sh.push_back({{"grid", {s[0], s[1], s[2]}}, {"block", {s[3], s[4], s[5]}}, {"launches", n}});
-    // Different stacks can share their first frame outside CUDA.
-    std::map<std::string, int64_t> by_site;
-    for (const auto& [stack_id, n] : kernel.stacks) by_site[stacks.site(stack_id, symbol)] += n;
+    // Different stacks can share their first frame outside CUDA and their Python line.
+    std::map<std::pair<std::string, std::string>, int64_t> by_site;
+    for (const auto& [stack_id, n] : kernel.stacks)
+      by_site[{stacks.python_site(stack_id), stacks.site(stack_id, symbol)}] += n;
     json cs = json::array();
-    for (const auto& [site, n] : by_count(by_site, kSites)) cs.push_back({{"site", site}, {"launches", n}});
+    for (const auto& [site, n] : by_count(by_site, kSites)) {
+      json c{{"site", site.second}, {"launches", n}};
+      if (!site.first.empty()) c["python"] = site.first;
+      cs.push_back(std::move(c));
+    }
     out.push_back({{"name", name},
                    {"symbol", symbol},
                    {"launches", count},
@@ -370,10 +388,12 @@ struct ProcessMemory {
 struct MemoryReport {
   json processes = json::array();
   json leaks;
+  json allocation_sites;  // where the most bytes were allocated
 };
 
 MemoryReport memory(const Record& r, Stacks& stacks, size_t top) {
   std::map<int64_t, ProcessMemory> procs;
+  std::map<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> alloc_sites;  // (stack, func) -> (count, bytes)
   auto q = r.db.prepare(
       "SELECT pid, ts_ns, func, ret, ptr, bytes, coalesce(stack_id, 0) FROM calls "
       "WHERE parent_id IS NULL AND func IN (" +
@@ -401,6 +421,9 @@ MemoryReport memory(const Record& r, Stacks& stacks, size_t top) {
       }
       if (ptr == 0) continue;  // a zero-byte request
       ++u.allocations;
+      auto& site = alloc_sites[{q.i64(6), q.i64(2)}];
+      ++site.first;
+      site.second += q.i64(5);
       // The address handed out again: it was freed by something we did not see.
       if (auto old = p.live.find(ptr); old != p.live.end()) {
         (old->second.pinned ? p.pinned : p.device).change(-old->second.bytes, t);
@@ -457,14 +480,33 @@ MemoryReport memory(const Record& r, Stacks& stacks, size_t top) {
       if (frames.size() == kStackFrames) break;
       frames.push_back(fr.text);
     }
-    lj.push_back({{"site", stacks.site(stack_id)},
-                  {"function", f->symbol},
-                  {"memory", decode::to_string(f->mem)},
-                  {"allocations", l.allocations},
-                  {"bytes", l.bytes},
-                  {"stack", frames}});
+    json leak{{"site", stacks.site(stack_id)},
+              {"function", f->symbol},
+              {"memory", decode::to_string(f->mem)},
+              {"allocations", l.allocations},
+              {"bytes", l.bytes},
+              {"stack", frames}};
+    if (auto py = stacks.python_site(stack_id); !py.empty()) leak["python"] = py;
+    lj.push_back(std::move(leak));
   }
   out.leaks = {{"allocations", all.allocations}, {"bytes", all.bytes}, {"top", lj}};
+
+  std::vector<std::pair<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>>> sites(alloc_sites.begin(),
+                                                                                          alloc_sites.end());
+  std::stable_sort(sites.begin(), sites.end(),
+                   [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  if (sites.size() > top) sites.resize(top);
+  out.allocation_sites = json::array();
+  for (const auto& [key, n] : sites) {
+    const auto* f = decode::function_by_id(uint16_t(key.second));
+    json site{{"site", stacks.site(key.first)},
+              {"function", f->symbol},
+              {"memory", decode::to_string(f->mem)},
+              {"allocations", n.first},
+              {"bytes", n.second}};
+    if (auto py = stacks.python_site(key.first); !py.empty()) site["python"] = py;
+    out.allocation_sites.push_back(std::move(site));
+  }
   return out;
 }
 
@@ -652,6 +694,12 @@ std::string shape_text(const json& sh) {
                      num(i64(sh, "launches")));
 }
 
+// Where a call came from: its Python line, when it has one, then the first native frame outside CUDA.
+std::string site_text(const json& j, size_t width) {
+  const std::string py = j.contains("python") ? str(j, "python") : "";
+  return py.empty() ? shorten(str(j, "site"), width) : shorten(py + " via " + str(j, "site"), width);
+}
+
 void kernels_text(std::string& out, const json& k) {
   const auto& top = k.at("top");
   heading(out, fmt::format("Kernels: top {} of {} by launches ({} launches in all)", top.size(),
@@ -667,8 +715,7 @@ void kernels_text(std::string& out, const json& k) {
     for (const auto& sh : shapes) t.add({"", "  " + shape_text(sh)});
     if (i64(kernel, "distinct_shapes") > int64_t(shapes.size()))
       t.add({"", fmt::format("  … {} shapes in all", num(i64(kernel, "distinct_shapes")))});
-    for (const auto& c : kernel.at("call_sites"))
-      t.add({"", fmt::format("  from {} ×{}", shorten(str(c, "site"), 110), num(i64(c, "launches")))});
+    for (const auto& c : kernel.at("call_sites")) t.add({"", "  from " + site_text(c, 110) + " ×" + num(i64(c, "launches"))});
   }
   out += t.render();
 }
@@ -742,10 +789,23 @@ void leaks_text(std::string& out, const json& leaks) {
   Table t({">BYTES", ">ALLOCS", "MEMORY", "ALLOCATED AT"});
   for (const auto& l : top) {
     t.add({bytes_text(i64(l, "bytes")), num(i64(l, "allocations")), str(l, "memory"),
-           fmt::format("{} by {}", shorten(str(l, "site"), 100), str(l, "function"))});
+           fmt::format("{} by {}", site_text(l, 100), str(l, "function"))});
     for (size_t d = 0; d < l.at("stack").size(); ++d)
       t.add({"", "", "", fmt::format("  #{} {}", d, shorten(l.at("stack")[d].get<std::string>(), 110))});
   }
+  out += t.render();
+}
+
+void allocation_sites_text(std::string& out, const json& sites) {
+  heading(out, "Biggest allocation sites (bytes allocated by successful calls)");
+  if (sites.empty()) {
+    out += "  no allocations\n";
+    return;
+  }
+  Table t({">BYTES", ">ALLOCS", "MEMORY", "ALLOCATED AT"});
+  for (const auto& s : sites)
+    t.add({bytes_text(i64(s, "bytes")), num(i64(s, "allocations")), str(s, "memory"),
+           fmt::format("{} by {}", site_text(s, 100), str(s, "function"))});
   out += t.render();
 }
 
@@ -844,6 +904,7 @@ json build_report(store::RecordReader& rec, symbolize::Symbolizer& sym, const Op
           {"copies", copies(r)},
           {"memory", std::move(mem.processes)},
           {"leaks", std::move(mem.leaks)},
+          {"allocation_sites", std::move(mem.allocation_sites)},
           {"errors", errors(r)},
           {"sync", sync(r, stats)},
           {"cpu", cpu_profile(rec, sym, opt.top)},
@@ -857,6 +918,7 @@ std::string render_text(const json& report) {
   copies_text(out, report.at("copies"));
   memory_text(out, report.at("memory"));
   leaks_text(out, report.at("leaks"));
+  if (report.contains("allocation_sites")) allocation_sites_text(out, report.at("allocation_sites"));
   errors_text(out, report.at("errors"));
   sync_text(out, report.at("sync"));
   if (report.contains("cpu")) cpu_text(out, report.at("cpu"));

@@ -1,8 +1,24 @@
 #include "report/stored_stacks.h"
 
+#include <fmt/format.h>
+
+#include <cstring>
+
 namespace gpuscope::report {
 
 std::string base_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
+
+std::string short_python_path(const std::string& path) {
+  for (const char* marker : {"/site-packages/", "/dist-packages/"})
+    if (auto at = path.rfind(marker); at != std::string::npos) return path.substr(at + strlen(marker));
+  if (auto at = path.find("/lib/python3"); at != std::string::npos)
+    if (auto slash = path.find('/', at + 5); slash != std::string::npos) return path.substr(slash + 1);
+  return path;
+}
+
+std::string PythonFrameRow::text() const {
+  return file.empty() ? function : fmt::format("{} ({}:{})", function, short_python_path(file), line);
+}
 
 bool has_table(store::Db& db, const char* name) {
   auto q = db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1");
@@ -13,9 +29,15 @@ bool has_table(store::Db& db, const char* name) {
 StoredStacks::StoredStacks(store::Db& db)
     : frames_(db.prepare("SELECT f.module_id, f.offset, f.ip, m.path, m.build_id, f.depth FROM stack_frames f "
                          "LEFT JOIN modules m ON m.id = f.module_id WHERE f.stack_id = ?1 ORDER BY f.depth")) {
-  if (!has_table(db, "symbols")) return;  // written before the table existed
-  auto q = db.prepare("SELECT module_id, offset, name FROM symbols");
-  while (q.step()) recorded_[{q.i64(0), uint64_t(q.i64(1))}] = q.str(2);
+  // Tables a record written by an older gpuscope may lack.
+  if (has_table(db, "symbols")) {
+    auto q = db.prepare("SELECT module_id, offset, name FROM symbols");
+    while (q.step()) recorded_[{q.i64(0), uint64_t(q.i64(1))}] = q.str(2);
+  }
+  if (has_table(db, "python_frames")) {
+    auto q = db.prepare("SELECT id, function, file, line FROM python_frames");
+    while (q.step()) python_[q.i64(0)] = PythonFrameRow{q.str(1), q.str(2), q.i64(3)};
+  }
 }
 
 const std::vector<StoredFrameRow>& StoredStacks::operator()(int64_t stack_id) {
@@ -32,6 +54,8 @@ const std::vector<StoredFrameRow>& StoredStacks::operator()(int64_t stack_id) {
       f.path = frames_.str(3);
       f.build_id = frames_.str(4);
       if (auto r = recorded_.find({frames_.i64(0), f.offset}); r != recorded_.end()) f.recorded_name = &r->second;
+      if (f.path == "[python]")
+        if (auto p = python_.find(int64_t(f.offset)); p != python_.end()) f.python = &p->second;
     }
     it->second.push_back(std::move(f));
   }

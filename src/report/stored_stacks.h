@@ -14,12 +14,21 @@
 
 namespace gpuscope::report {
 
+struct PythonFrameRow {
+  std::string function, file;
+  int64_t line = 0;
+  // "qualname (file:line)", the file shortened to what follows site-packages/ or the standard
+  // library's folder.
+  std::string text() const;
+};
+
 struct StoredFrameRow {
   bool in_file = false;  // false: the address fell in no file-backed mapping
   std::string path, build_id;
   uint64_t offset = 0, ip = 0;
   int64_t depth = 0;                          // 0: innermost (later ones are return addresses)
   const std::string* recorded_name = nullptr;  // named while recording (symbols table)
+  const PythonFrameRow* python = nullptr;      // a Python frame (module "[python]")
   bool kernel() const { return path == "[kernel]"; }
 };
 
@@ -32,10 +41,13 @@ class StoredStacks {
  private:
   store::Stmt frames_;
   std::map<std::pair<int64_t, uint64_t>, std::string> recorded_;  // (module id, offset) -> name
+  std::unordered_map<int64_t, PythonFrameRow> python_;             // python_frames by id
   std::unordered_map<int64_t, std::vector<StoredFrameRow>> cache_;
 };
 
 std::string base_name(const std::string& path);
+// A Python source path as frames show it: after site-packages/ or lib/pythonX.Y/, else whole.
+std::string short_python_path(const std::string& path);
 bool has_table(store::Db& db, const char* name);
 
 }  // namespace gpuscope::report

@@ -66,7 +66,8 @@ RecordWriter::RecordWriter(const std::string& path)
                             "ON CONFLICT(key) DO UPDATE SET value=excluded.value")),
       insert_sample_(db_.prepare("INSERT INTO samples(ts_ns, pid, tid, cpu, stack_id, kernel_stack_id) "
                                  "VALUES(?1,?2,?3,?4,?5,?6)")),
-      insert_symbol_(db_.prepare("INSERT OR IGNORE INTO symbols(module_id, offset, name) VALUES(?1,?2,?3)")) {
+      insert_symbol_(db_.prepare("INSERT OR IGNORE INTO symbols(module_id, offset, name) VALUES(?1,?2,?3)")),
+      insert_python_frame_(db_.prepare("INSERT INTO python_frames(id, function, file, line) VALUES(?1,?2,?3,?4)")) {
   // Written now, not with the first batch: a record killed at once must still say what it is.
   for (auto [key, value] : {std::pair{"format", std::string(kFormatName)},
                             std::pair{"schema_version", std::to_string(kSchemaVersion)}, std::pair{"complete", std::string("0")}})
@@ -105,6 +106,18 @@ void RecordWriter::add_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, uint32
 
 void RecordWriter::add_symbol(int64_t module_id, uint64_t offset, const std::string& name) {
   filling_.ops.push_back([=, this] { insert_symbol_.bind(1, module_id).bind(2, int64_t(offset)).bind(3, name).run(); });
+}
+
+int64_t RecordWriter::intern_python_frame(const std::string& function, const std::string& file, int line) {
+  std::string key = function;
+  key += '\0';
+  key += file;
+  key += '\0';
+  key += std::to_string(line);
+  if (auto it = python_frames_.find(key); it != python_frames_.end()) return it->second;
+  const int64_t id = next_python_frame_id_++;
+  filling_.ops.push_back([=, this] { insert_python_frame_.bind(1, id).bind(2, function).bind(3, file).bind(4, line).run(); });
+  return python_frames_[key] = id;
 }
 
 void RecordWriter::commit() {

@@ -59,6 +59,9 @@ class RecordWriter {
   // A frame's name known only while recording (kernel frames, from /proc/kallsyms).
   void add_symbol(int64_t module_id, uint64_t offset, const std::string& name);
   void set_lost(const std::string& cause, uint64_t count);
+  // A Python frame (function, file, line): its id, the offset of a stack frame in module
+  // "[python]".
+  int64_t intern_python_frame(const std::string& function, const std::string& file, int line);
 
   void commit();
   // Writes what is queued, indexes, marks the record complete, folds the write-ahead log
@@ -84,11 +87,12 @@ class RecordWriter {
 
   Db db_;
   Stmt insert_call_, insert_kernel_, insert_module_, insert_stack_, insert_frame_, upsert_process_, process_exit_,
-      upsert_thread_, insert_library_, set_lost_, set_meta_, insert_sample_, insert_symbol_;
+      upsert_thread_, insert_library_, set_lost_, set_meta_, insert_sample_, insert_symbol_, insert_python_frame_;
   std::unordered_map<std::string, int64_t> kernels_;
   std::unordered_map<std::string, int64_t> modules_;
+  std::unordered_map<std::string, int64_t> python_frames_;
   std::unordered_map<std::vector<StoredFrame>, int64_t, FrameVecHash> stacks_;
-  int64_t next_stack_id_ = 1, next_kernel_id_ = 1, next_module_id_ = 1;
+  int64_t next_stack_id_ = 1, next_kernel_id_ = 1, next_module_id_ = 1, next_python_frame_id_ = 1;
   bool finished_ = false;
 
   Batch filling_;

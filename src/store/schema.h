@@ -32,6 +32,7 @@ CREATE TABLE samples(id INTEGER PRIMARY KEY, ts_ns INTEGER NOT NULL, pid INTEGER
                      cpu INTEGER, stack_id INTEGER, kernel_stack_id INTEGER);
 CREATE TABLE symbols(module_id INTEGER NOT NULL, offset INTEGER NOT NULL, name TEXT NOT NULL,
                      PRIMARY KEY(module_id, offset)) WITHOUT ROWID;
+CREATE TABLE python_frames(id INTEGER PRIMARY KEY, function TEXT NOT NULL, file TEXT NOT NULL, line INTEGER NOT NULL);
 )sql";
 
 // Created when a recording ends; a record cut short is readable without them.

@@ -156,9 +156,10 @@ struct FunctionSymbol {
 
 constexpr GElf_Versym kVersymHidden = 0x8000;  // a non-default version ("name@VER"), not in glibc's elf.h
 
-// Calls f for each defined function symbol of .symtab and .dynsym, until f returns false.
+// Calls f for each defined function symbol (or, with `objects`, data object symbol) of .symtab
+// and .dynsym, until f returns false.
 template <class F>
-void for_each_function(Elf* elf, F&& f) {
+void for_each_symbol(Elf* elf, bool objects, F&& f) {
   for (Elf_Scn* scn = nullptr; (scn = elf_nextscn(elf, scn)) != nullptr;) {
     GElf_Shdr sh;
     if (!gelf_getshdr(scn, &sh) || (sh.sh_type != SHT_SYMTAB && sh.sh_type != SHT_DYNSYM) || sh.sh_entsize == 0)
@@ -175,8 +176,8 @@ void for_each_function(Elf* elf, F&& f) {
       GElf_Sym sym;
       if (!gelf_getsym(syms, static_cast<int>(i), &sym)) continue;
       const int type = GELF_ST_TYPE(sym.st_info);
-      if ((type != STT_FUNC && type != STT_GNU_IFUNC) || sym.st_shndx == SHN_UNDEF || sym.st_value == 0 ||
-          sym.st_name >= strtab_size)
+      const bool wanted = objects ? type == STT_OBJECT : type == STT_FUNC || type == STT_GNU_IFUNC;
+      if (!wanted || sym.st_shndx == SHN_UNDEF || sym.st_value == 0 || sym.st_name >= strtab_size)
         continue;
       const size_t room = strtab_size - sym.st_name;
       const size_t len = strnlen(strtab + sym.st_name, room);
@@ -195,6 +196,11 @@ void for_each_function(Elf* elf, F&& f) {
       if (!f(FunctionSymbol{name, sym.st_value, sym.st_size, rank})) return;
     }
   }
+}
+
+template <class F>
+void for_each_function(Elf* elf, F&& f) {
+  for_each_symbol(elf, false, std::forward<F>(f));
 }
 
 }  // namespace
@@ -311,6 +317,23 @@ bool defines_any_function(const std::string& path, const std::vector<std::string
   } catch (const std::exception&) {
     return false;
   }
+}
+
+std::unordered_map<std::string, ElfObject> object_symbols(const std::string& path,
+                                                         const std::vector<std::string>& names) {
+  std::unordered_map<std::string, ElfObject> out;
+  std::unordered_map<std::string, int> rank;
+  ElfHandle h(path);
+  for_each_symbol(h.get(), true, [&](const FunctionSymbol& s) {
+    const std::string name(s.name);
+    if (std::find(names.begin(), names.end(), name) == names.end()) return true;
+    if (auto r = rank.find(name); r == rank.end() || r->second < s.rank) {
+      rank[name] = s.rank;
+      out[name] = ElfObject{s.value, s.size};
+    }
+    return true;
+  });
+  return out;
 }
 
 std::string read_build_id(const std::string& path) {

@@ -68,6 +68,15 @@ std::string demangle(const std::string& name);
 // without indexing them: the cheap question asked of every shared object a target loads.
 // False for anything unreadable.
 bool defines_any_function(const std::string& path, const std::vector<std::string>& names);
+// A data object the file defines, at a virtual address of the file (ElfFile::vaddr_to_offset
+// finds its bytes when it has initial contents).
+struct ElfObject {
+  uint64_t vaddr = 0, size = 0;
+};
+// The named data objects (STT_OBJECT) the file defines. Throws std::runtime_error for an
+// unreadable file.
+std::unordered_map<std::string, ElfObject> object_symbols(const std::string& path,
+                                                         const std::vector<std::string>& names);
 // The GNU build id of a file as hex, "" if it has none or cannot be read. Cheap: no symbols read.
 std::string read_build_id(const std::string& path);
 

@@ -1,0 +1,132 @@
+#include "discover/python.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <regex>
+
+#include "symbolize/elf_file.h"
+
+namespace gpuscope::discover {
+namespace {
+
+constexpr uint16_t kNone = GS_PY_NONE;
+
+// Found with tools/python_offsets.py in live interpreters: 3.11.2 (Debian 12) and 3.11.7, equal
+// to offsetof() against 3.11's internal headers; 3.12.3 (the GPU machine). Layouts hold within a
+// minor version.
+constexpr std::array kLayouts = {
+    PythonLayout{3, 11,
+                 gs_py_offsets{
+                     .runtime_interp_head = 40, .interp_threads_head = 16, .tstate_next = 8,
+                     .tstate_native_thread_id = 160, .tstate_cframe = 56, .current_frame = 8,
+                     .frame_code = 32, .frame_previous = 48, .frame_instr = 56, .frame_is_entry = 68,
+                     .frame_owner = kNone, .owner_cstack = 0, .code_firstlineno = 72, .code_filename = 112,
+                     .code_qualname = 128, .code_linetable = 136, .unicode_ascii_data = 48, .bytes_data = 32},
+                 184, 72, false},
+    PythonLayout{3, 12,
+                 gs_py_offsets{
+                     .runtime_interp_head = 40, .interp_threads_head = 72, .tstate_next = 8,
+                     .tstate_native_thread_id = 144, .tstate_cframe = 56, .current_frame = 8,
+                     .frame_code = 0, .frame_previous = 8, .frame_instr = 56, .frame_is_entry = kNone,
+                     .frame_owner = 70, .owner_cstack = 3, .code_firstlineno = 68, .code_filename = 112,
+                     .code_qualname = 128, .code_linetable = 136, .unicode_ascii_data = 40, .bytes_data = 32},
+                 192, 56, false},
+};
+
+std::string base_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
+
+// Py_Version (3.11+) holds PY_VERSION_HEX: major, minor and micro in its top three bytes.
+bool read_py_version(const std::string& open_path, const symbolize::ElfFile& elf, const symbolize::ElfObject& sym,
+                     PythonBinary& out) {
+  auto off = elf.vaddr_to_offset(sym.vaddr);
+  if (!off) return false;
+  const int fd = ::open(open_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  uint32_t hex = 0;
+  const bool ok = pread(fd, &hex, sizeof(hex), static_cast<off_t>(*off)) == sizeof(hex);
+  ::close(fd);
+  if (!ok) return false;
+  out.major = int(hex >> 24);
+  out.minor = int((hex >> 16) & 0xff);
+  out.micro = int((hex >> 8) & 0xff);
+  return out.major == 3;
+}
+
+// Before 3.11 the version is in the file's name only: python3.10, libpython3.10.so.1.0.
+bool version_from_name(const std::string& path, PythonBinary& out) {
+  static const std::regex re(R"(^(?:lib)?python(\d)\.(\d+))");
+  std::smatch m;
+  const std::string name = base_name(path);
+  if (!std::regex_search(name, m, re)) return false;
+  out.major = std::stoi(m[1]);
+  out.minor = std::stoi(m[2]);
+  return true;
+}
+
+}  // namespace
+
+const PythonLayout* python_layout(int major, int minor) {
+  for (const auto& l : kLayouts)
+    if (l.major == major && l.minor == minor) return &l;
+  return nullptr;
+}
+
+std::string supported_python_versions() {
+  std::string out;
+  for (const auto& l : kLayouts) out += (out.empty() ? "" : ", ") + std::to_string(l.major) + "." + std::to_string(l.minor);
+  return out;
+}
+
+bool looks_like_python(const std::string& path) {
+  static const std::regex re(R"(^(python\d(\.\d+)?[a-z]*|libpython\d\.\d+[a-z]*\.so.*)$)");
+  return std::regex_match(base_name(path), re);
+}
+
+std::optional<PythonBinary> inspect_python_binary(const std::string& open_path, const std::string& path) {
+  try {
+    auto objects = symbolize::object_symbols(open_path, {"_PyRuntime", "Py_Version"});
+    auto runtime = objects.find("_PyRuntime");
+    if (runtime == objects.end()) return std::nullopt;
+    auto elf = symbolize::ElfFile::open(open_path);
+    PythonBinary b;
+    b.path = path;
+    auto version = objects.find("Py_Version");
+    if (!(version != objects.end() && read_py_version(open_path, *elf, version->second, b)) &&
+        !version_from_name(path, b))
+      return std::nullopt;
+    auto runtime_off = elf->vaddr_to_offset(runtime->second.vaddr);
+    if (!runtime_off) return std::nullopt;
+    b.runtime_offset = *runtime_off;
+    auto eval = elf->function_offsets({"_PyEval_EvalFrameDefault"});
+    if (auto it = eval.find("_PyEval_EvalFrameDefault"); it != eval.end()) {
+      auto sym = elf->symbolize(it->second);
+      b.eval_begin = it->second;
+      b.eval_end = it->second + (sym && sym->first.size ? sym->first.size : 1);
+    }
+    b.layout = python_layout(b.major, b.minor);
+    return b;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::optional<PythonProcess> find_python(const std::vector<Mapping>& maps,
+                                         const std::function<std::optional<PythonBinary>(const Mapping&)>& inspect) {
+  std::string tried;
+  for (const auto& m : maps) {
+    if (m.path.empty() || m.path == tried || !looks_like_python(m.path)) continue;
+    tried = m.path;
+    auto b = inspect(m);
+    if (!b) continue;
+    // _PyRuntime is initialised data: a mapping of the file covers its offset.
+    for (const auto& d : maps)
+      if (d.path == m.path && b->runtime_offset >= d.offset && b->runtime_offset - d.offset < d.end - d.start)
+        return PythonProcess{*b, d.start + (b->runtime_offset - d.offset)};
+  }
+  return std::nullopt;
+}
+
+}  // namespace gpuscope::discover

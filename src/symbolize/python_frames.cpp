@@ -1,0 +1,252 @@
+#include "symbolize/python_frames.h"
+
+#include <sys/uio.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "discover/proc.h"
+
+namespace gpuscope::symbolize {
+namespace {
+
+// Location-table varints: 6 bits per byte, bit 6 set while more follow.
+uint32_t read_varint(const std::string& t, size_t& at) {
+  uint32_t v = 0;
+  for (int shift = 0; at < t.size() && shift < 32; shift += 6) {
+    const uint8_t b = static_cast<uint8_t>(t[at++]);
+    v |= uint32_t(b & 0x3f) << shift;
+    if (!(b & 0x40)) break;
+  }
+  return v;
+}
+
+int32_t read_svarint(const std::string& t, size_t& at) {
+  const uint32_t u = read_varint(t, at);
+  return (u & 1) ? -int32_t(u >> 1) : int32_t(u >> 1);
+}
+
+bool read_remote(pid_t pid, uint64_t addr, void* dst, size_t n) {
+  iovec local{dst, n}, remote{reinterpret_cast<void*>(addr), n};
+  return process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(n);
+}
+
+template <class T>
+bool read_value(pid_t pid, uint64_t addr, T& out) {
+  return read_remote(pid, addr, &out, sizeof(out));
+}
+
+void append_utf8(std::string& out, uint32_t c) {
+  if (c < 0x80) {
+    out += char(c);
+  } else if (c < 0x800) {
+    out += char(0xc0 | (c >> 6));
+    out += char(0x80 | (c & 0x3f));
+  } else if (c < 0x10000) {
+    out += char(0xe0 | (c >> 12));
+    out += char(0x80 | ((c >> 6) & 0x3f));
+    out += char(0x80 | (c & 0x3f));
+  } else {
+    out += char(0xf0 | (c >> 18));
+    out += char(0x80 | ((c >> 12) & 0x3f));
+    out += char(0x80 | ((c >> 6) & 0x3f));
+    out += char(0x80 | (c & 0x3f));
+  }
+}
+
+// A compact str object of the process as UTF-8 (PyASCIIObject: length at +16, state at +32).
+std::optional<std::string> read_str(pid_t pid, uint64_t obj, const discover::PythonLayout& layout) {
+  uint64_t length = 0;
+  uint32_t state = 0;
+  if (!obj || !read_value(pid, obj + 16, length) || !read_value(pid, obj + 32, state) || length > 4096)
+    return std::nullopt;
+  const unsigned kind = (state >> 2) & 7, compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
+  if (!compact || (kind != 1 && kind != 2 && kind != 4)) return std::nullopt;
+  const uint64_t data = obj + (ascii ? layout.bpf.unicode_ascii_data : layout.unicode_compact_data);
+  std::string raw(length * kind, '\0');
+  if (length && !read_remote(pid, data, raw.data(), raw.size())) return std::nullopt;
+  if (ascii) return raw;
+  std::string out;
+  for (uint64_t i = 0; i < length; ++i) {
+    uint32_t c = 0;
+    std::memcpy(&c, raw.data() + i * kind, kind);
+    append_utf8(out, c);
+  }
+  return out;
+}
+
+}  // namespace
+
+int python_line(const std::string& t, int firstlineno, int64_t index) {
+  if (index < 0) return firstlineno;
+  int line = firstlineno;
+  int64_t at_unit = 0;
+  size_t at = 0;
+  while (at < t.size()) {
+    const uint8_t first = static_cast<uint8_t>(t[at++]);
+    if (!(first & 0x80)) break;  // out of step with the table: keep the last line known
+    const unsigned code = (first >> 3) & 15;
+    const int64_t units = (first & 7) + 1;
+    int entry_line = line;
+    bool has_line = true;
+    switch (code) {
+      case 15:  // no location
+        has_line = false;
+        break;
+      case 14:  // long form: line delta, end line delta, column, end column
+        entry_line = line + read_svarint(t, at);
+        read_varint(t, at);
+        read_varint(t, at);
+        read_varint(t, at);
+        break;
+      case 13:  // no columns: line delta only
+        entry_line = line + read_svarint(t, at);
+        break;
+      case 10:
+      case 11:
+      case 12:  // one line: the delta is in the code, two column bytes follow
+        entry_line = line + int(code - 10);
+        at += 2;
+        break;
+      default:  // short form: same line, one column byte
+        at += 1;
+        break;
+    }
+    if (has_line) line = entry_line;
+    if (index < at_unit + units) return has_line ? line : firstlineno;
+    at_unit += units;
+  }
+  return line;
+}
+
+void PythonFrames::add_process(pid_t pid, const discover::PythonProcess& p) {
+  std::lock_guard lock(mu_);
+  processes_[pid] = p;
+}
+
+void PythonFrames::forget(pid_t pid) {
+  std::lock_guard lock(mu_);
+  processes_.erase(pid);
+  codes_.erase(codes_.lower_bound({pid, 0}), codes_.upper_bound({pid, UINT64_MAX}));
+}
+
+std::optional<discover::PythonProcess> PythonFrames::process(pid_t pid) {
+  std::lock_guard lock(mu_);
+  if (auto it = processes_.find(pid); it != processes_.end()) return it->second;
+  // A forked child runs its parent's interpreter at the same addresses (the BPF side copied
+  // the parent's entry at fork).
+  const pid_t parent = discover::read_ppid(pid);
+  if (auto it = processes_.find(parent); parent > 0 && it != processes_.end()) {
+    processes_[pid] = it->second;
+    return it->second;
+  }
+  return std::nullopt;
+}
+
+bool PythonFrames::read_from_process(pid_t pid, uint64_t addr, const discover::PythonLayout& layout, Code& code,
+                                     uint16_t have) {
+  uint8_t obj[256];
+  if (!read_remote(pid, addr, obj, sizeof(obj))) return false;
+  auto ptr = [&](uint16_t off) {
+    uint64_t v = 0;
+    std::memcpy(&v, obj + off, sizeof(v));
+    return v;
+  };
+  const auto& o = layout.bpf;
+  std::memcpy(&code.firstlineno, obj + o.code_firstlineno, sizeof(int32_t));
+  if (!(have & GS_PY_CODE_NAME_OK))
+    if (auto s = read_str(pid, ptr(o.code_qualname), layout)) code.qualname = *s;
+  if (!(have & GS_PY_CODE_FILE_OK))
+    if (auto s = read_str(pid, ptr(o.code_filename), layout)) code.filename = *s;
+  if (!(have & GS_PY_CODE_LINETABLE_OK)) {
+    const uint64_t table = ptr(o.code_linetable);
+    uint64_t len = 0;
+    if (table && read_value(pid, table + 16, len) && len < (1u << 20)) {
+      code.linetable.resize(len);
+      if (!read_remote(pid, table + o.bytes_data, code.linetable.data(), len)) code.linetable.clear();
+    }
+  }
+  return true;
+}
+
+void PythonFrames::on_code(const gs_py_code_record& rec) {
+  Code c;
+  c.firstlineno = rec.firstlineno;
+  if (rec.flags & GS_PY_CODE_NAME_OK) c.qualname.assign(rec.qualname, strnlen(rec.qualname, sizeof(rec.qualname)));
+  if (rec.flags & GS_PY_CODE_FILE_OK) c.filename.assign(rec.filename, strnlen(rec.filename, sizeof(rec.filename)));
+  if (rec.flags & GS_PY_CODE_LINETABLE_OK)
+    c.linetable.assign(reinterpret_cast<const char*>(rec.linetable), std::min<size_t>(rec.linetable_len, GS_PY_LINETABLE_LEN));
+  const auto want = GS_PY_CODE_NAME_OK | GS_PY_CODE_FILE_OK | GS_PY_CODE_LINETABLE_OK;
+  if ((rec.flags & want) != want)
+    if (auto p = process(static_cast<pid_t>(rec.pid)); p && p->binary.layout)
+      read_from_process(static_cast<pid_t>(rec.pid), rec.code, *p->binary.layout, c, rec.flags);
+  codes_[{static_cast<pid_t>(rec.pid), rec.code}] = std::move(c);
+}
+
+void PythonFrames::on_stack(const uint8_t* data, size_t size) {
+  gs_py_stack_record head;
+  const size_t head_size = offsetof(gs_py_stack_record, frames);
+  if (size < head_size) return;
+  std::memcpy(&head, data, head_size);
+  const size_t depth = std::min<size_t>({head.depth, GS_MAX_PY_FRAMES, (size - head_size) / sizeof(gs_py_frame)});
+  if (stacks_.size() >= kMaxStacks) stacks_.clear();
+  RawStack s;
+  s.pid = static_cast<pid_t>(head.pid);
+  s.truncated = head.flags & GS_PY_STACK_TRUNCATED;
+  s.frames.resize(depth);
+  std::memcpy(s.frames.data(), data + head_size, depth * sizeof(gs_py_frame));
+  stacks_[head.id] = std::move(s);
+}
+
+PythonFrame PythonFrames::name(pid_t pid, const discover::PythonLayout* layout, const gs_py_frame& f) {
+  const uint64_t code_addr = f.code & ~GS_PY_FRAME_ENTRY;
+  PythonFrame out;
+  out.entry = f.code & GS_PY_FRAME_ENTRY;
+  auto it = codes_.find({pid, code_addr});
+  if (it == codes_.end()) {
+    // Its record was lost; the process may still be there to ask.
+    Code c;
+    if (layout && read_from_process(pid, code_addr, *layout, c, 0))
+      it = codes_.emplace(std::pair{pid, code_addr}, std::move(c)).first;
+  }
+  if (it == codes_.end() || it->second.qualname.empty()) {
+    ++unnamed_;
+    out.function = "[python code unreadable]";
+    return out;
+  }
+  const Code& c = it->second;
+  out.function = c.qualname;
+  out.file = c.filename;
+  out.line = c.firstlineno;
+  if (layout) {
+    const uint64_t start = code_addr + layout->code_adaptive;
+    // Two bytes per code unit; the instruction being run sits one before a next-instruction pointer.
+    int64_t index = f.instr >= start ? int64_t((f.instr - start) / 2) : -1;
+    if (layout->instr_is_next && index > 0) --index;
+    out.line = python_line(c.linetable, c.firstlineno, index);
+  }
+  return out;
+}
+
+const std::vector<PythonFrame>* PythonFrames::stack(uint64_t id) {
+  auto it = stacks_.find(id);
+  if (it == stacks_.end()) return nullptr;
+  RawStack& s = it->second;
+  if (!s.named) {
+    std::vector<PythonFrame> named;
+    named.reserve(s.frames.size() + 1);
+    const auto p = process(s.pid);
+    const discover::PythonLayout* layout = p ? p->binary.layout : nullptr;
+    for (const auto& f : s.frames) named.push_back(name(s.pid, layout, f));
+    if (s.truncated) named.push_back(PythonFrame{"[truncated python stack]", "", 0, true});
+    s.named = std::move(named);
+  }
+  return &*s.named;
+}
+
+bool PythonFrames::is_eval_loop(pid_t pid, const std::string& path, uint64_t file_offset) {
+  auto p = process(pid);
+  return p && p->binary.path == path && file_offset >= p->binary.eval_begin && file_offset < p->binary.eval_end;
+}
+
+}  // namespace gpuscope::symbolize

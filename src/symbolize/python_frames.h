@@ -1,0 +1,77 @@
+// Python stacks as the BPF side sends them (code object, instruction) turned into frames a
+// person reads: qualified name, file, line. Code objects arrive as records of their own, sent
+// once per process, so a stack is named after the process is gone; what a record could not
+// carry (a non-ASCII name, a long line table) is read from the live process instead.
+// One thread (the pipeline's) calls everything but add_process, which may come from another.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "discover/python.h"
+#include "events.h"
+
+namespace gpuscope::symbolize {
+
+// The source line of the instruction at code unit `index` of a code object, from its 3.11+
+// location table (co_linetable; Objects/locations.md in CPython). `firstlineno` where the
+// table has no line for it (an index before the first instruction, or "no location").
+int python_line(const std::string& linetable, int firstlineno, int64_t index);
+
+struct PythonFrame {
+  std::string function;  // co_qualname
+  std::string file;      // co_filename
+  int line = 0;
+  bool entry = false;  // the outermost frame of one C call into the interpreter
+};
+
+class PythonFrames {
+ public:
+  // Thread-safe: the recorder reports processes as it finds their interpreter.
+  void add_process(pid_t pid, const discover::PythonProcess& p);
+  void forget(pid_t pid);
+
+  void on_code(const gs_py_code_record& rec);
+  // `size`: the record's bytes (it is cut after its last frame).
+  void on_stack(const uint8_t* data, size_t size);
+
+  // The frames of a stack id, innermost first; null if it never arrived (a lost record).
+  const std::vector<PythonFrame>* stack(uint64_t id);
+  // Is the code at this file offset of `path` the interpreter's eval loop, in that process?
+  bool is_eval_loop(pid_t pid, const std::string& path, uint64_t file_offset);
+  uint64_t unnamed_frames() const { return unnamed_; }
+
+ private:
+  struct Code {
+    std::string qualname, filename, linetable;
+    int firstlineno = 0;
+  };
+  struct RawStack {
+    pid_t pid = 0;
+    bool truncated = false;
+    std::vector<gs_py_frame> frames;
+    std::optional<std::vector<PythonFrame>> named;  // named at first use
+  };
+  std::optional<discover::PythonProcess> process(pid_t pid);
+  // Fills what the record could not carry from the live process; false if it is gone.
+  bool read_from_process(pid_t pid, uint64_t addr, const discover::PythonLayout& layout, Code& code,
+                         uint16_t have_flags);
+  PythonFrame name(pid_t pid, const discover::PythonLayout* layout, const gs_py_frame& f);
+
+  std::mutex mu_;
+  std::unordered_map<pid_t, discover::PythonProcess> processes_;
+  std::map<std::pair<pid_t, uint64_t>, Code> codes_;
+  std::unordered_map<uint64_t, RawStack> stacks_;
+  static constexpr size_t kMaxStacks = 1 << 20;  // bounded: past it the oldest ids are forgotten
+  uint64_t unnamed_ = 0;
+};
+
+}  // namespace gpuscope::symbolize

@@ -1,0 +1,147 @@
+"""Python frames: CUDA calls and CPU samples of CPython processes show the Python functions and
+lines that made them, merged with the native stack where the interpreter runs them."""
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import CUDART, ROOT
+
+SCRIPTS = ROOT / "tests" / "targets"
+# Debian's own interpreter (3.11 on Debian 12) where there is one: the one users run.
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+LIBCUDA_STUB = CUDART.parent / "stubs" / "libcuda.so"
+
+
+def marked_lines(script):
+    """{"malloc": 16, ...} from the script's "# line: NAME" comments."""
+    lines = {}
+    for n, text in enumerate((SCRIPTS / script).read_text().splitlines(), 1):
+        m = re.search(r"# line: (\w+)", text)
+        if m:
+            lines[m.group(1)] = n
+    return lines
+
+
+def python_stacks(rec, func):
+    """Per call of `func`: its Python frames, innermost first, as (function, file, line)."""
+    rows = rec.query(
+        "SELECT c.id, p.function, p.file, p.line FROM calls c JOIN functions f ON f.id = c.func "
+        "JOIN stack_frames sf ON sf.stack_id = c.stack_id JOIN modules m ON m.id = sf.module_id AND m.path = '[python]' "
+        "JOIN python_frames p ON p.id = sf.offset WHERE f.name = ? ORDER BY c.id, sf.depth", func)
+    stacks = {}
+    for call, *frame in rows:
+        stacks.setdefault(call, []).append(tuple(frame))
+    return list(stacks.values())
+
+
+def test_cuda_calls_show_python_functions_and_lines(record, gpuscope):
+    script = str(SCRIPTS / "py_cuda.py")
+    rec = record("--", PYTHON, script, CUDART, LIBCUDA_STUB)
+    assert rec.returncode == 0, rec.stderr
+    assert "runs Python 3." in rec.stderr
+    at = marked_lines("py_cuda.py")
+
+    mallocs = python_stacks(rec, "cudaMalloc")
+    assert len(mallocs) == 3
+    expected = [("allocate", script, at["malloc"]), ("Model.step", script, at["step"]),
+                ("main", script, at["main"]), ("<module>", script, at["module"])]
+    assert all(s == expected for s in mallocs), mallocs
+
+    # Through the driver API, from a method.
+    launches = python_stacks(rec, "cuLaunchKernel")
+    assert len(launches) == 2
+    assert all(s == [("Model.launch", script, at["launch"]), ("main", script, at["main_launch"]),
+                     ("<module>", script, at["module"])] for s in launches), launches
+
+    # Another thread: its own stack, down to the threading module that started it.
+    [sync] = python_stacks(rec, "cudaDeviceSynchronize")
+    assert sync[0] == ("in_thread", script, at["sync"])
+    assert [f[0] for f in sync[1:]] == ["Thread.run", "Thread._bootstrap_inner", "Thread._bootstrap"]
+    assert sync[1][1].endswith("threading.py")
+
+    # A forked child inherits the interpreter: its calls are walked too.
+    [child] = python_stacks(rec, "cudaFree")
+    assert child == [("in_child", script, at["child"]), ("main", script, at["fork"]), ("<module>", script, at["module"])]
+    assert rec.scalar("SELECT count(DISTINCT pid) FROM calls") == 2
+
+    assert rec.scalar("SELECT count FROM lost WHERE cause = 'python_frame_unnamed'") == 0
+    assert rec.scalar("SELECT count FROM lost WHERE cause = 'python_stack'") == 0
+
+    # The report names the Python line each kernel was launched from.
+    doc = gpuscope("report", "--json", rec.path)
+    assert doc.returncode == 0, doc.stderr
+    import json
+    [kernel] = json.loads(doc.stdout)["kernels"]["top"]
+    assert kernel["call_sites"][0]["python"] == f"Model.launch ({script}:{at['launch']})"
+    text = gpuscope("report", rec.path).stdout
+    assert f"from Model.launch ({script}:{at['launch']}) via " in text
+
+
+def test_python_frames_take_the_place_of_the_eval_loop(record):
+    # With stacks unwound from copies, the native walk passes through the interpreter: each
+    # _PyEval_EvalFrameDefault frame is replaced by the Python frames it was running.
+    script = str(SCRIPTS / "py_cuda.py")
+    rec = record("--call-stacks", "dwarf", "--", PYTHON, script, CUDART)
+    assert rec.returncode == 0, rec.stderr
+    rows = rec.query(
+        "SELECT m.path, p.function FROM calls c JOIN functions f ON f.id = c.func "
+        "JOIN stack_frames sf ON sf.stack_id = c.stack_id LEFT JOIN modules m ON m.id = sf.module_id "
+        "LEFT JOIN python_frames p ON m.path = '[python]' AND p.id = sf.offset "
+        "WHERE f.name = 'cudaDeviceSynchronize' ORDER BY sf.depth")
+    kinds = ["py" if path == "[python]" else os.path.basename(path or "?") for path, _ in rows]
+    first_py = kinds.index("py")
+    # Native frames lead into the innermost Python frame: ctypes and the interpreter's call path.
+    assert any(k.startswith("_ctypes") for k in kinds[:first_py]), kinds
+    # in_thread ran in an eval loop of its own (called from C by Thread.run), so native frames
+    # separate it from Thread.run's frames, and the stack goes on past the last Python frame
+    # to the thread's start in the C library.
+    py_runs = "".join("p" if k == "py" else "n" for k in kinds).strip("n").split("n")
+    assert len([r for r in py_runs if r]) >= 2, kinds
+    assert kinds[-1].startswith("libc.so"), kinds
+    names = [fn for _, fn in rows if fn]
+    assert names == ["in_thread", "Thread.run", "Thread._bootstrap_inner", "Thread._bootstrap"]
+
+
+def test_cpu_samples_show_the_python_line_running(record, gpuscope):
+    rec = record("--cpu-profile", 199, "--", PYTHON, SCRIPTS / "py_busy.py", 1)
+    assert rec.returncode == 0, rec.stderr
+    at = marked_lines("py_busy.py")
+    script = str(SCRIPTS / "py_busy.py")
+    out = gpuscope("flamegraph", rec.path, "--metric", "cpu", "-o", "-")
+    assert out.returncode == 0, out.stderr
+    total = in_loop = 0
+    chain = f"<module> ({script}:{at['module']});main ({script}:{at['main']});spin ({script}:"
+    for line in out.stdout.splitlines():
+        path, value = line.rsplit(" ", 1)
+        total += int(value)
+        if chain in path:
+            in_loop += int(value)
+    # About a second of spinning out of the interpreter's whole run (start-up included).
+    assert in_loop / total > 0.6, out.stdout[-3000:]
+    lines = rec.query("SELECT DISTINCT line FROM python_frames WHERE function = 'spin'")
+    assert {at["loop"], at["loop"] + 1} & {l for (l,) in lines}
+
+
+@pytest.mark.skipif(not shutil.which("go"), reason="Go's pprof reads the profile")
+def test_pprof_carries_python_files_and_lines(record, gpuscope, tmp_path):
+    rec = record("--cpu-profile", 199, "--", PYTHON, SCRIPTS / "py_busy.py", 0.5)
+    assert rec.returncode == 0, rec.stderr
+    prof = tmp_path / "cpu.pb.gz"
+    assert gpuscope("flamegraph", rec.path, "--metric", "cpu", "-o", prof).returncode == 0
+    top = subprocess.run(["go", "tool", "pprof", "-top", "-lines", str(prof)], capture_output=True, text=True,
+                         timeout=120)
+    assert top.returncode == 0, top.stderr
+    at = marked_lines("py_busy.py")
+    assert re.search(rf"spin \(.*\) .*py_busy\.py:({at['loop']}|{at['loop'] + 1})\b", top.stdout), top.stdout
+
+
+def test_no_python_flag_keeps_stacks_native(record):
+    rec = record("--no-python", "--", PYTHON, SCRIPTS / "py_cuda.py", CUDART)
+    assert rec.returncode == 0, rec.stderr
+    assert python_stacks(rec, "cudaMalloc") == []
+    assert rec.scalar("SELECT value FROM meta WHERE key = 'python_stacks'") == "0"

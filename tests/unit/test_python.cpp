@@ -1,0 +1,95 @@
+// Python frames: line tables, interpreter files and their layouts.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "discover/python.h"
+#include "symbolize/python_frames.h"
+
+using namespace gpuscope;
+
+namespace {
+
+std::string from_hex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) out += char(std::stoi(hex.substr(i, 2), nullptr, 16));
+  return out;
+}
+
+}  // namespace
+
+// The co_linetable CPython 3.11.2 made for
+//   def f(x):               # line 2
+//       y = x + 1
+//       if y:
+//           return [i for i in range(3)]
+//       return y
+// and what code.co_lines() says of it: (start byte, end byte, line).
+TEST(PythonLine, FollowsTheLocationTable) {
+  const std::string table = from_hex(
+      "8000d80809884189058041d80708f000010525d80f24d00f249d35a01199389c38d00f24d10f24d40f24d00824d80b0c8048");
+  const struct {
+    int start, end, line;
+  } lines[] = {{0, 2, 2},   {2, 4, 3},   {4, 6, 3},   {6, 10, 3},  {10, 12, 3}, {12, 14, 4}, {14, 16, 4},
+               {16, 18, 5}, {18, 20, 5}, {20, 32, 5}, {32, 34, 5}, {34, 38, 5}, {38, 48, 5}, {48, 50, 5},
+               {50, 54, 5}, {54, 64, 5}, {64, 66, 5}, {66, 68, 6}, {68, 70, 6}};
+  for (const auto& l : lines)
+    for (int byte = l.start; byte < l.end; byte += 2)
+      EXPECT_EQ(symbolize::python_line(table, 2, byte / 2), l.line) << "instruction at byte " << byte;
+  // Before the first instruction (a frame that has not started), and with no table at all.
+  EXPECT_EQ(symbolize::python_line(table, 2, -1), 2);
+  EXPECT_EQ(symbolize::python_line("", 7, 3), 7);
+}
+
+TEST(PythonLine, LongAndNoColumnForms) {
+  // Code 14 (long form): 1 unit, line +5, then end line, column, end column; code 13 (no
+  // columns): 2 units, line -2 (svarint 5 = -2); code 15: no location.
+  std::string t;
+  t += char(0x80 | (14 << 3) | 0);
+  t += char(10);  // +5
+  t += char(0);
+  t += char(1);
+  t += char(2);
+  t += char(0x80 | (13 << 3) | 1);
+  t += char(5);  // -2
+  t += char(0x80 | (15 << 3) | 0);
+  EXPECT_EQ(symbolize::python_line(t, 100, 0), 105);
+  EXPECT_EQ(symbolize::python_line(t, 100, 1), 103);
+  EXPECT_EQ(symbolize::python_line(t, 100, 2), 103);
+  EXPECT_EQ(symbolize::python_line(t, 100, 3), 100);  // no location: the function's first line
+}
+
+TEST(PythonBinary, NamesThatLookLikeInterpreters) {
+  for (const char* yes : {"/usr/bin/python3.11", "/usr/bin/python3", "/opt/py/lib/libpython3.12.so.1.0",
+                          "/x/libpython3.13t.so", "python3.12d"})
+    EXPECT_TRUE(discover::looks_like_python(yes)) << yes;
+  for (const char* no : {"/usr/bin/pythonista", "/usr/lib/libpython-helper.so", "/usr/bin/ipython3",
+                         "/lib/_ctypes.cpython-311-x86_64-linux-gnu.so"})
+    EXPECT_FALSE(discover::looks_like_python(no)) << no;
+}
+
+TEST(PythonBinary, LayoutsForTheVersionsWalked) {
+  ASSERT_NE(discover::python_layout(3, 11), nullptr);
+  ASSERT_NE(discover::python_layout(3, 12), nullptr);
+  EXPECT_EQ(discover::python_layout(3, 9), nullptr);
+  // 3.11 marks entry frames itself; 3.12 puts a shim frame under them.
+  EXPECT_NE(discover::python_layout(3, 11)->bpf.frame_is_entry, GS_PY_NONE);
+  EXPECT_EQ(discover::python_layout(3, 12)->bpf.frame_owner, 70);
+  EXPECT_EQ(discover::supported_python_versions(), "3.11, 3.12");
+}
+
+TEST(PythonBinary, ReadsDebiansInterpreter) {
+  const char* path = "/usr/bin/python3.11";
+  if (access(path, R_OK) != 0) GTEST_SKIP() << path << " is not installed";
+  auto b = discover::inspect_python_binary(path, path);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->major, 3);
+  EXPECT_EQ(b->minor, 11);  // from Py_Version in the file
+  ASSERT_NE(b->layout, nullptr);
+  EXPECT_GT(b->runtime_offset, 0u);
+  EXPECT_GT(b->eval_end, b->eval_begin + 1000);  // _PyEval_EvalFrameDefault is large
+  // Not an interpreter: no _PyRuntime.
+  EXPECT_FALSE(discover::inspect_python_binary("/proc/self/exe", "/proc/self/exe").has_value());
+  EXPECT_FALSE(discover::inspect_python_binary("/nonexistent", "/nonexistent").has_value());
+}

@@ -616,8 +616,23 @@ int on_fork(struct trace_event_raw_sched_process_fork *ctx)
 	if (python_stacks) {
 		/* A forked interpreter has its parent's memory layout: same _PyRuntime. */
 		struct gs_py_process *py = bpf_map_lookup_elem(&python_procs, &parent);
-		if (py)
+		if (py) {
 			bpf_map_update_elem(&python_procs, &child, py, BPF_ANY);
+			/* User space names the child's frames with its parent's interpreter. */
+			struct gs_proc_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+			if (r) {
+				r->kind = GS_REC_FORK;
+				r->pad = 0;
+				r->pid = child;
+				r->ppid = parent;
+				r->exit_code = 0;
+				r->ts_ns = bpf_ktime_get_ns();
+				bpf_get_current_comm(r->comm, sizeof(r->comm));
+				bpf_ringbuf_submit(r, 0);
+			} else {
+				count_lost(GS_LOST_RINGBUF_FULL);
+			}
+		}
 	}
 	if (!filter_targets || !bpf_map_lookup_elem(&targets, &parent))
 		return 0;

@@ -55,6 +55,9 @@ def configurations(gpuscope, nsys, nsys_backtraces):
          "gpuscope +stacks": ("gpuscope", []),
          "gpuscope +stacks, 2 traps/launch": ("gpuscope", ["--launch-probes", "both"])}
     # Later capabilities join the suite as soon as the binary offers them.
+    if "--no-python" in helptext:
+        # "+stacks" walks Python frames too; this one shows what that walk costs.
+        c["gpuscope +stacks native only"] = ("gpuscope", ["--no-python"])
     if "--call-stacks" in helptext:
         c["gpuscope +stacks dwarf"] = ("gpuscope", ["--call-stacks", "dwarf"])
     full = []

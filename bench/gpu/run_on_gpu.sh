@@ -72,6 +72,9 @@ if [[ " $STAGES " == *" stacks "* ]]; then
         $PY bench/gpu/train_step.py "$OUT/truth-stacks.json" --steps 5
     $PY bench/gpu/stack_completeness.py "$OUT/stacks-$calls.gpuscope" --gpuscope $BUILD/gpuscope
   done
+  echo "== the Python lines the report gives the top kernels and the biggest allocations (--call-stacks fp)"
+  $BUILD/gpuscope report --top 5 "$OUT/stacks-fp.gpuscope" > "$OUT/stacks-report.txt"
+  sed -n '/== Kernels/,/== Copies/p;/== Biggest allocation/,/== Failed/p' "$OUT/stacks-report.txt"
   ln -sf "$OUT/stacks-dwarf.gpuscope" "$OUT/stacks.gpuscope"
   for m in launches cpu inuse-bytes; do $BUILD/gpuscope flamegraph "$OUT/stacks.gpuscope" -m $m -o "$OUT/train-$m.html"; done
   $BUILD/gpuscope flamegraph "$OUT/stacks.gpuscope" -m cpu -o "$OUT/train-cpu.folded"

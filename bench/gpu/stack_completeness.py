@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Stack completeness (issue 4's figure): the share of CUDA-call stacks, and of CPU samples, that
-reach the program's entry (main, _start, the C library's start code, Python's Py_RunMain/Py_BytesMain).
-A stack cut short by a frame without a frame pointer ends somewhere else.
+reach the program's entry (main, _start, the C library's start code, Python's Py_RunMain/Py_BytesMain,
+or a Python module's top level, "<module> (...)"). A stack cut short by a frame without a frame
+pointer ends somewhere else. Threads do not start in main: reaching a thread's start (start_thread,
+clone3, Python's Thread._bootstrap) is counted apart.
 
     python3 stack_completeness.py RECORD [--gpuscope build/gpuscope]"""
 import argparse
@@ -10,6 +12,21 @@ import sys
 
 ENTRY = {"main", "_start", "__libc_start_main", "__libc_start_call_main", "Py_BytesMain", "Py_RunMain",
          "pymain_run_python"}
+
+
+THREAD_START = {"start_thread", "clone3", "clone"}
+
+
+def reaches_entry(path):
+    return bool(ENTRY & set(path)) or any(f.startswith("<module> (") for f in path)
+
+
+def reaches_thread_start(path):
+    return bool(THREAD_START & set(path)) or any(f.startswith("Thread._bootstrap (") for f in path)
+
+
+def is_python(frame):
+    return frame.endswith(")") and " (" in frame and ".py:" in frame
 
 
 def folded(gpuscope, record, metric):
@@ -42,12 +59,15 @@ def main():
             print(f"{metric:13} not available: {err}")
             continue
         events = sum(v for _, v in stacks)
-        complete = sum(v for p, v in stacks if ENTRY & set(p))
+        complete = sum(v for p, v in stacks if reaches_entry(p))
+        thread = sum(v for p, v in stacks if not reaches_entry(p) and reaches_thread_start(p))
+        with_py = sum(v for p, v in stacks if any(is_python(f) for f in p))
+        at_module = sum(v for p, v in stacks if any(f.startswith("<module> (") for f in p))
         no_stack = sum(v for p, v in stacks if "[no stack]" in p)
         # Where incomplete stacks stop: their outermost frame (after the process name).
         stops = {}
         for p, v in stacks:
-            if not ENTRY & set(p) and "[no stack]" not in p:
+            if not reaches_entry(p) and not reaches_thread_start(p) and "[no stack]" not in p:
                 top = p[1] if len(p) > 1 else "?"
                 lib = top.split("+0x")[0] if "+0x" in top else top
                 stops[lib] = stops.get(lib, 0) + v
@@ -55,6 +75,9 @@ def main():
         print(f"{metric:13} {100 * complete / events:6.2f}% of {events} reach the entry "
               f"({100 * no_stack / events:.2f}% without a stack); incomplete stacks stop in: "
               + ", ".join(f"{k[:60]} {100 * v / events:.1f}%" for k, v in worst))
+        print(f"{'':13} {100 * (complete + thread) / events:6.2f}% reach the entry or their thread's start; "
+              f"{100 * with_py / events:.2f}% have Python frames, {100 * at_module / events:.2f}% reach a Python "
+              f"module's top level")
         dwarf = meta.get("sample_unwinding" if metric == "cpu" else "call_unwinding") == "dwarf"
         if dwarf:
             # Unwound from .eh_frame, a stack is whole when the unwinder reached the outermost

@@ -181,6 +181,12 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
     case GS_REC_PY_STACK:
       python_.on_stack(data, size);
       break;
+    case GS_REC_FORK: {  // sent for forks of Python processes
+      gs_proc_record rec;
+      std::memcpy(&rec, data, std::min(size, sizeof(rec)));
+      python_.on_fork(static_cast<pid_t>(rec.ppid), static_cast<pid_t>(rec.pid));
+      break;
+    }
     case GS_REC_SAMPLE: {
       if (size < sizeof(gs_sample_record)) return;
       gs_sample_record rec;

@@ -130,11 +130,15 @@ void PythonFrames::forget(pid_t pid) {
   codes_.erase(codes_.lower_bound({pid, 0}), codes_.upper_bound({pid, UINT64_MAX}));
 }
 
+void PythonFrames::on_fork(pid_t parent, pid_t child) {
+  std::lock_guard lock(mu_);
+  if (auto it = processes_.find(parent); it != processes_.end()) processes_[child] = it->second;
+}
+
 std::optional<discover::PythonProcess> PythonFrames::process(pid_t pid) {
   std::lock_guard lock(mu_);
   if (auto it = processes_.find(pid); it != processes_.end()) return it->second;
-  // A forked child runs its parent's interpreter at the same addresses (the BPF side copied
-  // the parent's entry at fork).
+  // A child whose fork record was lost, asked while it lives.
   const pid_t parent = discover::read_ppid(pid);
   if (auto it = processes_.find(parent); parent > 0 && it != processes_.end()) {
     processes_[pid] = it->second;

@@ -38,6 +38,8 @@ class PythonFrames {
   // Thread-safe: the recorder reports processes as it finds their interpreter.
   void add_process(pid_t pid, const discover::PythonProcess& p);
   void forget(pid_t pid);
+  // A forked child runs its parent's interpreter at the same addresses.
+  void on_fork(pid_t parent, pid_t child);
 
   void on_code(const gs_py_code_record& rec);
   // `size`: the record's bytes (it is cut after its last frame).

@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Checks Python frames on this machine's interpreter (3.12 on the GPU machine): records
+tests/targets/py_cuda.py calling the real CUDA runtime, and compares each call's Python frames
+with the lines the script marks. Prints one line per call and PASS/FAIL.
+
+    python3 bench/gpu/python_frames_check.py --gpuscope build-static/gpuscope --cudart .../libcudart.so.13"""
+import argparse
+import os
+import pathlib
+import re
+import sqlite3
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "targets" / "py_cuda.py"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpuscope", default="build-static/gpuscope")
+    ap.add_argument("--cudart", required=True)
+    ap.add_argument("--python", default=sys.executable)
+    args = ap.parse_args()
+    at = {}
+    for n, text in enumerate(SCRIPT.read_text().splitlines(), 1):
+        m = re.search(r"# line: (\w+)", text)
+        if m:
+            at[m.group(1)] = n
+    script = str(SCRIPT)
+    expected = {
+        "cudaMalloc": [("allocate", at["malloc"]), ("Model.step", at["step"]), ("main", at["main"]),
+                       ("<module>", at["module"])],
+        "cudaDeviceSynchronize": [("in_thread", at["sync"]), ("Thread.run", None), ("Thread._bootstrap_inner", None),
+                                  ("Thread._bootstrap", None)],
+        "cudaFree": [("in_child", at["child"]), ("main", at["fork"]), ("<module>", at["module"])],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = os.path.join(tmp, "py.gpuscope")
+        out = subprocess.run([args.gpuscope, "record", "-o", rec, "--", args.python, script, args.cudart],
+                             capture_output=True, text=True, timeout=300)
+        print(out.stderr.strip())
+        db = sqlite3.connect(rec)
+        rows = db.execute(
+            "SELECT c.id, f.name, c.pid, c.ret, p.function, p.file, p.line FROM calls c JOIN functions f ON f.id = c.func "
+            "JOIN stack_frames sf ON sf.stack_id = c.stack_id JOIN modules m ON m.id = sf.module_id "
+            "AND m.path = '[python]' JOIN python_frames p ON p.id = sf.offset ORDER BY c.id, sf.depth").fetchall()
+        lost = dict(db.execute("SELECT cause, count FROM lost WHERE count > 0"))
+    calls = {}
+    for cid, name, pid, ret, fn, file, line in rows:
+        calls.setdefault((cid, name, pid, ret), []).append((fn, file, line))
+    ok = bool(calls)
+    for (cid, name, pid, ret), frames in calls.items():
+        want = expected.get(name)
+        good = want is not None and len(frames) == len(want) and all(
+            f[0] == w[0] and (w[1] is None or (f[1] == script and f[2] == w[1])) for f, w in zip(frames, want))
+        ok &= good
+        shown = " < ".join(f"{fn} ({os.path.basename(file)}:{line})" for fn, file, line in frames)
+        print(f"{'ok ' if good else 'BAD'} {name} (pid {pid}, returned {ret}): {shown}")
+    print(f"lost: {lost or 'none'}")
+    print("PASS" if ok and len(calls) == 5 else f"FAIL ({len(calls)} calls with Python frames, 5 expected)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,6 +13,7 @@ import os
 import struct
 import sys
 import threading
+import time
 
 api = ctypes.pythonapi
 api.PyInterpreterState_Head.restype = ctypes.c_void_p
@@ -88,18 +89,36 @@ def probe_frames():
     f = sys._getframe()
     iframe = u64(id(f) + 24)
     caller_iframe = u64(id(f.f_back) + 24)
-    # tstate -> cframe -> current_frame (3.11, 3.12) or tstate -> current_frame (3.13+)
+    # tstate -> cframe -> current_frame (3.11, 3.12) or tstate -> current_frame (3.13+). Read
+    # while that thread sleeps in C, so that its current frame stays the sleeping function's:
+    # read here, it would be the frame of whatever function does the reading.
+    box, ready = {}, threading.Event()
+
+    def sleeper():
+        box["iframe"] = u64(id(sys._getframe()) + 24)
+        box["tstate"] = api.PyThreadState_Get()
+        ready.set()
+        time.sleep(1.0)
+
+    t = threading.Thread(target=sleeper)
+    t.start()
+    ready.wait()
+    time.sleep(0.2)
+    ts, target = box["tstate"], box["iframe"]
     for off in range(0, 512, 8):
-        p = u64(me + off)
-        if p == iframe:
-            put("tstate_current_frame", off)
+        p = u64(ts + off)
+        if p == target:
+            found["tstate_cframe"] = None  # the frame pointer is in the thread state itself
+            found["current_frame"] = off
             break
-        if p and p > 4096 and any(u64(p + inner) == iframe for inner in (0, 8)):
+        hits = [inner for inner in (0, 8) if p and p > 4096 and u64(p + inner) == target]
+        if hits:
             found["tstate_cframe"] = off
-            found["cframe_current_frame"] = 0 if u64(p) == iframe else 8
+            found["current_frame"] = hits[0]
             break
     else:
-        missing.append("tstate_current_frame")
+        missing.append("current_frame")
+    t.join()
     code = f.f_code
     put("frame_code", find_u64(iframe, id(code), 128))
     put("frame_previous", find_u64(iframe, caller_iframe, 128))

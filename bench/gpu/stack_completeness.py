@@ -30,7 +30,8 @@ def is_python(frame):
 
 
 def folded(gpuscope, record, metric):
-    out = subprocess.run([gpuscope, "flamegraph", record, "-m", metric, "-o", "-"], capture_output=True, text=True)
+    out = subprocess.run([gpuscope, "flamegraph", record, "-m", metric, "-o", "-"], capture_output=True, text=True,
+                         errors="replace")
     if out.returncode != 0:
         return None, out.stderr.strip()
     stacks = []

@@ -29,7 +29,7 @@ constexpr std::array kLayouts = {
     PythonLayout{3, 12,
                  gs_py_offsets{
                      .runtime_interp_head = 40, .interp_threads_head = 72, .tstate_next = 8,
-                     .tstate_native_thread_id = 144, .tstate_cframe = 56, .current_frame = 8,
+                     .tstate_native_thread_id = 144, .tstate_cframe = 56, .current_frame = 0,
                      .frame_code = 0, .frame_previous = 8, .frame_instr = 56, .frame_is_entry = kNone,
                      .frame_owner = 70, .owner_cstack = 3, .code_firstlineno = 68, .code_filename = 112,
                      .code_qualname = 128, .code_linetable = 136, .unicode_ascii_data = 40, .bytes_data = 32},

@@ -75,6 +75,27 @@ std::optional<std::string> read_str(pid_t pid, uint64_t obj, const discover::Pyt
   return out;
 }
 
+// Names read from another process's memory are checked: anything that is not UTF-8 (a stale
+// object) is replaced byte by byte with U+FFFD, so that no output format gets invalid text.
+std::string valid_utf8(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<uint8_t>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size() && !(n == 1 && c == 0);
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<uint8_t>(s[i + k]) & 0xc0) == 0x80;
+    if (ok) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      out += "\xef\xbf\xbd";
+      ++i;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 int python_line(const std::string& t, int firstlineno, int64_t index) {
@@ -219,8 +240,8 @@ PythonFrame PythonFrames::name(pid_t pid, const discover::PythonLayout* layout, 
     return out;
   }
   const Code& c = it->second;
-  out.function = c.qualname;
-  out.file = c.filename;
+  out.function = valid_utf8(c.qualname);
+  out.file = valid_utf8(c.filename);
   out.line = c.firstlineno;
   if (layout) {
     const uint64_t start = code_addr + layout->code_adaptive;

@@ -123,6 +123,7 @@ struct StackFrame {
   // statically or its inline C++ wrappers (named like the API), or in nvcc's launch glue.
   bool cuda = false;
   bool python = false;  // a Python frame: text is "qualname (file:line)"
+  bool library = false;  // a Python frame in an installed package or the standard library
 };
 
 class Stacks {
@@ -140,6 +141,7 @@ class Stacks {
       } else if (row.python) {
         f.text = row.python->text();
         f.python = true;
+        f.library = short_python_path(row.python->file) != row.python->file;
       } else if (row.recorded_name) {
         f.text = *row.recorded_name;
       } else {
@@ -168,11 +170,17 @@ class Stacks {
     return fs.back().text;
   }
 
-  // The Python line that made the call: the innermost Python frame, "" if none.
+  // The Python line that made the call: the innermost frame of the program's own code, then
+  // the innermost Python frame when that is in a library ("train (train.py:40) → relu
+  // (torch/nn/functional.py:1723)"); "" without Python frames.
   std::string python_site(int64_t stack_id) {
-    for (const auto& f : frames(stack_id))
-      if (f.python) return f.text;
-    return {};
+    const StackFrame* innermost = nullptr;
+    for (const auto& f : frames(stack_id)) {
+      if (!f.python) continue;
+      if (!innermost) innermost = &f;
+      if (!f.library) return &f == innermost ? f.text : f.text + " → " + innermost->text;
+    }
+    return innermost ? innermost->text : std::string();
   }
 
  private:

@@ -102,6 +102,10 @@ int main(int argc, char** argv) {
                   "without them) or dwarf (a 16 KiB stack copy per call, unwound from .eh_frame)")
       ->check(CLI::IsMember({"dwarf", "fp"}))
       ->capture_default_str();
+  rec->add_option("--gpu-sample-hz", ropts.gpu_sample_hz,
+                  "Read the GPUs' NVML metrics (utilisation, memory, power, clocks, throttling, PCIe, per-process "
+                  "use) this many times per second; 0: off (default: " +
+                      fmt::format("{}", record::kDefaultGpuSampleHz) + ")");
   bool no_python = false;
   rec->add_flag("--no-python", no_python,
                 "Do not walk Python frames (by default stacks of CPython 3.11/3.12 processes show the Python "
@@ -163,6 +167,7 @@ int main(int argc, char** argv) {
       ropts.dwarf_unwind_samples = sample_unwind == "dwarf";
       ropts.dwarf_unwind_calls = call_unwind == "dwarf";
       ropts.python_stacks = !no_python;
+      if (ropts.gpu_sample_hz > 1000) throw Error("--gpu-sample-hz must be at most 1000");
       return record::run_record(ropts);
     }
     if (*flame) return run_flamegraph(flame_path, metric, flame_out, flame_pid, peak);

@@ -69,6 +69,14 @@ void Pipeline::add_library(store::LibraryRow row) {
   cv_.notify_one();
 }
 
+void Pipeline::add_gpu_batch(gpu::NvmlSampler::Batch&& b) {
+  {
+    std::lock_guard lock(mu_);
+    // Bounded like the record queue: a stalled writer drops GPU samples, not memory.
+    if (gpu_batches_.size() < 10000) gpu_batches_.push_back(std::move(b));
+  }
+}
+
 void Pipeline::start() {
   last_commit_ns_ = now_ns();
   thread_ = std::thread([this] { run(); });
@@ -94,6 +102,7 @@ void Pipeline::run() {
   for (;;) {
     std::deque<std::vector<uint8_t>> work;
     std::vector<store::LibraryRow> libraries;
+    std::vector<gpu::NvmlSampler::Batch> gpu_batches;
     bool done;
     {
       std::unique_lock lock(mu_);
@@ -101,11 +110,13 @@ void Pipeline::run() {
                    [this] { return stopping_ || !queue_.empty() || !libraries_.empty(); });
       work.swap(queue_);
       libraries.swap(libraries_);
+      gpu_batches.swap(gpu_batches_);
       queued_bytes_ = 0;
       done = stopping_;
     }
     try {
       for (const auto& lib : libraries) writer_.add_library(lib);
+      for (const auto& b : gpu_batches) writer_.add_gpu_batch(b);
       for (const auto& batch : work) process_batch(batch);
       maybe_commit();
     } catch (const std::exception& e) {
@@ -115,7 +126,7 @@ void Pipeline::run() {
     }
     if (done && work.empty()) {
       std::lock_guard lock(mu_);
-      if (queue_.empty() && libraries_.empty()) return;
+      if (queue_.empty() && libraries_.empty() && gpu_batches_.empty()) return;
     }
   }
 }

@@ -63,6 +63,8 @@ class Pipeline {
 
   // A library gpuscope attached to (or failed to); written on the pipeline thread.
   void add_library(store::LibraryRow row);
+  // One NVML sampler tick (any thread); written on the pipeline thread.
+  void add_gpu_batch(gpu::NvmlSampler::Batch&& b);
   // A process running an interpreter whose frames the BPF side walks (any thread).
   void add_python_process(pid_t pid, const discover::PythonProcess& p) { python_.add_process(pid, p); }
 
@@ -116,6 +118,7 @@ class Pipeline {
   std::condition_variable cv_;
   std::deque<std::vector<uint8_t>> queue_;
   std::vector<store::LibraryRow> libraries_;
+  std::vector<gpu::NvmlSampler::Batch> gpu_batches_;
   size_t queued_bytes_ = 0;
   bool stopping_ = false;
   std::thread thread_;

@@ -28,6 +28,7 @@
 #include "common/log.h"
 #include "discover/proc.h"
 #include "discover/python.h"
+#include "gpu/nvml.h"
 #include "record/pipeline.h"
 #include "store/record_writer.h"
 #include "symbolize/elf_file.h"
@@ -159,6 +160,9 @@ class Recorder {
   // What the recording cost: gpuscope's own CPU time and peak memory, and with --bpf-stats
   // each BPF program's runs and run time (spent in the traced threads, not in gpuscope).
   void record_own_cost();
+  // NVML sampling on a thread of its own; without NVML, says so once and records without it.
+  void start_gpu_metrics();
+  std::unique_ptr<gpu::NvmlSampler> nvml_;
 
   int libraries_attached_ = 0;
   bool detach_runtime_launches_with_driver_ = false;
@@ -187,6 +191,25 @@ void Recorder::attach_library(pid_t pid, const std::string& open_path, const std
     log_info("probing {} ({} runtime, {} driver functions) first used by PID {}", shown_path, res.runtime_probes,
              res.driver_probes, pid);
   pipeline_->add_library(std::move(row));
+}
+
+void Recorder::start_gpu_metrics() {
+  const double hz = opts_.gpu_sample_hz < 0 ? kDefaultGpuSampleHz : opts_.gpu_sample_hz;
+  if (hz == 0) {
+    writer_->set_meta("gpu_metrics", "off (--gpu-sample-hz 0)");
+    return;
+  }
+  nvml_ = std::make_unique<gpu::NvmlSampler>();
+  if (!nvml_->available()) {
+    if (!opts_.quiet) log_info("GPU metrics are off: {}", nvml_->error());
+    writer_->set_meta("gpu_metrics", "off: " + nvml_->error());
+    nvml_.reset();
+    return;
+  }
+  for (const auto& d : nvml_->devices()) writer_->add_gpu(d);
+  writer_->set_meta("gpu_metrics", fmt::format("nvml, driver {}", nvml_->driver_version()));
+  writer_->set_meta("gpu_sample_hz", fmt::format("{}", hz));
+  nvml_->start(hz, [this](gpu::NvmlSampler::Batch&& b) { pipeline_->add_gpu_batch(std::move(b)); });
 }
 
 void Recorder::record_own_cost() {
@@ -434,6 +457,8 @@ int Recorder::run() {
     if (!opts_.quiet)
       log_info("recording {} into {}{}", opts_.all ? "every process" : mode == "pid" ? "PID " + what : what,
                opts_.output, opts_.duration_s > 0 ? fmt::format(" for {}s", opts_.duration_s) : "");
+    // After the command has started: a command that cannot run fails with its own error alone.
+    start_gpu_metrics();
 
     const uint64_t deadline = opts_.duration_s > 0 ? start_ns + uint64_t(opts_.duration_s * 1e9) : 0;
     bool running = true;
@@ -468,6 +493,7 @@ int Recorder::run() {
     handle_control();
   } catch (...) {
     stop_consumer();
+    if (nvml_) nvml_->stop();
     pipeline_->stop();
     writer_->set_meta("end_ns", std::to_string(clock_ns(CLOCK_MONOTONIC)));
     writer_->finish();
@@ -475,6 +501,7 @@ int Recorder::run() {
   }
 
   stop_consumer();
+  if (nvml_) nvml_->stop();
   pipeline_->stop();
   writer_->set_meta("end_ns", std::to_string(clock_ns(CLOCK_MONOTONIC)));
   record_own_cost();

@@ -31,7 +31,11 @@ struct RecordOptions {
   bool dwarf_unwind_samples = true;  // CPU samples unwound from .eh_frame (false: frame pointers)
   bool dwarf_unwind_calls = false;   // CUDA calls' stacks too (a 16 KiB copy per call)
   bool python_stacks = true;         // Python frames in the stacks of CPython processes
+  double gpu_sample_hz = -1;         // NVML samples per second; 0: off; < 0: the default
 };
+
+// NVML's default sampling rate (see docs/performance.md: how often NVML refreshes its values).
+inline constexpr double kDefaultGpuSampleHz = 10;
 
 // Returns the exit code gpuscope should exit with: the command's, under `record -- CMD`.
 int run_record(const RecordOptions& opts);

@@ -67,7 +67,16 @@ RecordWriter::RecordWriter(const std::string& path)
       insert_sample_(db_.prepare("INSERT INTO samples(ts_ns, pid, tid, cpu, stack_id, kernel_stack_id) "
                                  "VALUES(?1,?2,?3,?4,?5,?6)")),
       insert_symbol_(db_.prepare("INSERT OR IGNORE INTO symbols(module_id, offset, name) VALUES(?1,?2,?3)")),
-      insert_python_frame_(db_.prepare("INSERT INTO python_frames(id, function, file, line) VALUES(?1,?2,?3,?4)")) {
+      insert_python_frame_(db_.prepare("INSERT INTO python_frames(id, function, file, line) VALUES(?1,?2,?3,?4)")),
+      insert_gpu_(db_.prepare("INSERT OR REPLACE INTO gpus(idx, uuid, name, memory_total, power_limit_mw) "
+                              "VALUES(?1,?2,?3,?4,?5)")),
+      insert_gpu_sample_(db_.prepare(
+          "INSERT INTO gpu_samples(ts_ns, gpu, gpu_util, mem_util, mem_used, power_mw, temperature_c, sm_clock_mhz, "
+          "mem_clock_mhz, throttle_reasons, pcie_tx_kbs, pcie_rx_kbs, ecc_corrected, ecc_uncorrected) "
+          "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)")),
+      insert_gpu_process_(db_.prepare("INSERT INTO gpu_process_samples(ts_ns, gpu, pid, sm_util, mem_util, used_memory) "
+                                      "VALUES(?1,?2,?3,?4,?5,?6)")),
+      insert_gpu_event_(db_.prepare("INSERT INTO gpu_events(ts_ns, gpu, kind, value) VALUES(?1,?2,?3,?4)")) {
   // Written now, not with the first batch: a record killed at once must still say what it is.
   for (auto [key, value] : {std::pair{"format", std::string(kFormatName)},
                             std::pair{"schema_version", std::to_string(kSchemaVersion)}, std::pair{"complete", std::string("0")}})
@@ -89,7 +98,8 @@ RecordWriter::~RecordWriter() {
 }
 
 void RecordWriter::set_meta(const std::string& key, const std::string& value) {
-  filling_.ops.push_back([this, key, value] { set_meta_.bind(1, key).bind(2, value).run(); });
+  std::lock_guard lock(cross_mu_);
+  cross_ops_.push_back([this, key, value] { set_meta_.bind(1, key).bind(2, value).run(); });
 }
 
 void RecordWriter::add_call(const CallEvent& e) { filling_.calls.push_back(e); }
@@ -120,7 +130,60 @@ int64_t RecordWriter::intern_python_frame(const std::string& function, const std
   return python_frames_[key] = id;
 }
 
+namespace {
+template <class T>
+void bind_optional(Stmt& s, int i, const std::optional<T>& v) {
+  if (v)
+    s.bind(i, static_cast<int64_t>(*v));
+  else
+    s.bind_null(i);
+}
+}  // namespace
+
+void RecordWriter::add_gpu(const gpu::GpuDevice& d) {
+  std::lock_guard lock(cross_mu_);
+  cross_ops_.push_back([=, this] {
+    insert_gpu_.bind(1, d.index).bind(2, d.uuid).bind(3, d.name).bind(4, d.memory_total).bind(5, d.power_limit_mw).run();
+  });
+}
+
+void RecordWriter::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
+  filling_.ops.push_back([b, this] {
+    for (const auto& s : b.samples) {
+      auto& q = insert_gpu_sample_;
+      q.bind(1, s.ts_ns).bind(2, s.device);
+      bind_optional(q, 3, s.gpu_util);
+      bind_optional(q, 4, s.mem_util);
+      bind_optional(q, 5, s.mem_used);
+      bind_optional(q, 6, s.power_mw);
+      bind_optional(q, 7, s.temperature_c);
+      bind_optional(q, 8, s.sm_clock_mhz);
+      bind_optional(q, 9, s.mem_clock_mhz);
+      bind_optional(q, 10, s.throttle_reasons);
+      bind_optional(q, 11, s.pcie_tx_kbs);
+      bind_optional(q, 12, s.pcie_rx_kbs);
+      bind_optional(q, 13, s.ecc_corrected);
+      bind_optional(q, 14, s.ecc_uncorrected);
+      q.run();
+    }
+    for (const auto& p : b.processes) {
+      auto& q = insert_gpu_process_;
+      q.bind(1, p.ts_ns).bind(2, p.device).bind(3, p.pid);
+      bind_optional(q, 4, p.sm_util);
+      bind_optional(q, 5, p.mem_util);
+      bind_optional(q, 6, p.used_memory);
+      q.run();
+    }
+    for (const auto& e : b.events) insert_gpu_event_.bind(1, e.ts_ns).bind(2, e.device).bind(3, e.kind).bind(4, e.value).run();
+  });
+}
+
 void RecordWriter::commit() {
+  {
+    std::lock_guard lock(cross_mu_);
+    for (auto& op : cross_ops_) filling_.ops.push_back(std::move(op));
+    cross_ops_.clear();
+  }
   {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [this] { return queue_.size() < kMaxQueuedBatches; });

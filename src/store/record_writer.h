@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/model.h"
+#include "gpu/nvml.h"
 #include "store/sqlite.h"
 
 namespace gpuscope::store {
@@ -44,6 +45,7 @@ class RecordWriter {
   explicit RecordWriter(const std::string& path);
   ~RecordWriter();
 
+  // set_meta and add_gpu may be called from any thread; the rest from one thread only.
   void set_meta(const std::string& key, const std::string& value);
   void add_call(const CallEvent& e);
   int64_t intern_kernel(const std::string& name, const std::string& demangled);
@@ -62,6 +64,9 @@ class RecordWriter {
   // A Python frame (function, file, line): its id, the offset of a stack frame in module
   // "[python]".
   int64_t intern_python_frame(const std::string& function, const std::string& file, int line);
+  // NVML: the GPUs, and one sampler tick's readings.
+  void add_gpu(const gpu::GpuDevice& d);
+  void add_gpu_batch(const gpu::NvmlSampler::Batch& b);
 
   void commit();
   // Writes what is queued, indexes, marks the record complete, folds the write-ahead log
@@ -87,7 +92,8 @@ class RecordWriter {
 
   Db db_;
   Stmt insert_call_, insert_kernel_, insert_module_, insert_stack_, insert_frame_, upsert_process_, process_exit_,
-      upsert_thread_, insert_library_, set_lost_, set_meta_, insert_sample_, insert_symbol_, insert_python_frame_;
+      upsert_thread_, insert_library_, set_lost_, set_meta_, insert_sample_, insert_symbol_, insert_python_frame_, insert_gpu_, insert_gpu_sample_,
+      insert_gpu_process_, insert_gpu_event_;
   std::unordered_map<std::string, int64_t> kernels_;
   std::unordered_map<std::string, int64_t> modules_;
   std::unordered_map<std::string, int64_t> python_frames_;
@@ -96,6 +102,9 @@ class RecordWriter {
   bool finished_ = false;
 
   Batch filling_;
+  // Rows made by other threads (the recorder's), joined to the batch at commit.
+  std::mutex cross_mu_;
+  std::vector<Op> cross_ops_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Batch> queue_;

@@ -33,6 +33,14 @@ CREATE TABLE samples(id INTEGER PRIMARY KEY, ts_ns INTEGER NOT NULL, pid INTEGER
 CREATE TABLE symbols(module_id INTEGER NOT NULL, offset INTEGER NOT NULL, name TEXT NOT NULL,
                      PRIMARY KEY(module_id, offset)) WITHOUT ROWID;
 CREATE TABLE python_frames(id INTEGER PRIMARY KEY, function TEXT NOT NULL, file TEXT NOT NULL, line INTEGER NOT NULL);
+CREATE TABLE gpus(idx INTEGER PRIMARY KEY, uuid TEXT, name TEXT, memory_total INTEGER, power_limit_mw INTEGER);
+CREATE TABLE gpu_samples(ts_ns INTEGER NOT NULL, gpu INTEGER NOT NULL, gpu_util INTEGER, mem_util INTEGER,
+                         mem_used INTEGER, power_mw INTEGER, temperature_c INTEGER, sm_clock_mhz INTEGER,
+                         mem_clock_mhz INTEGER, throttle_reasons INTEGER, pcie_tx_kbs INTEGER, pcie_rx_kbs INTEGER,
+                         ecc_corrected INTEGER, ecc_uncorrected INTEGER);
+CREATE TABLE gpu_process_samples(ts_ns INTEGER NOT NULL, gpu INTEGER NOT NULL, pid INTEGER NOT NULL, sm_util INTEGER,
+                                 mem_util INTEGER, used_memory INTEGER);
+CREATE TABLE gpu_events(ts_ns INTEGER NOT NULL, gpu INTEGER NOT NULL, kind TEXT NOT NULL, value INTEGER);
 )sql";
 
 // Created when a recording ends; a record cut short is readable without them.

@@ -64,8 +64,11 @@ def configurations(gpuscope, nsys, nsys_backtraces):
     if "--cpu-profile" in helptext:
         c["gpuscope +stacks +cpu 99Hz"] = ("gpuscope", ["--cpu-profile", "99"])
         full += ["--cpu-profile", "99"]
-    if "--nvml" in helptext:
-        full += ["--nvml"]
+    if "--gpu-sample-hz" in helptext:
+        # NVML sampling is on by default (10 Hz): every gpuscope row above includes it; this one
+        # shows what it costs.
+        c["gpuscope +stacks no NVML"] = ("gpuscope", ["--gpu-sample-hz", "0"])
+        full += ["--gpu-sample-hz", "10"]
     if "--gpu-times" in helptext:
         full += ["--gpu-times"]
     if len(full) > 2:

@@ -59,14 +59,22 @@ int main(int argc, char** argv) {
       {"pcie_rx", [](const GpuSample& s) { return s.pcie_rx_kbs ? std::optional<double>(*s.pcie_rx_kbs) : std::nullopt; }},
   };
   std::map<std::pair<uint32_t, std::string>, std::vector<std::pair<uint64_t, double>>> seen;
-  std::vector<double> tick_us;
+  std::vector<double> tick_us[2], tick_cpu_us[2];  // [0]: without PCIe counters, [1]: with
+  auto thread_cpu_ns = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
+  };
+  uint64_t tick = 0;
   const uint64_t end = now_ns() + uint64_t(seconds * 1e9);
   const auto period = std::chrono::nanoseconds(int64_t(1e9 / poll_hz));
   auto next = std::chrono::steady_clock::now();
   while (now_ns() < end) {
-    const uint64_t t0 = now_ns();
-    auto batch = nvml.sample_once();
-    tick_us.push_back((now_ns() - t0) / 1e3);
+    const bool pcie = ++tick % 2 == 0;
+    const uint64_t t0 = now_ns(), c0 = thread_cpu_ns();
+    auto batch = nvml.sample_once(pcie);
+    tick_us[pcie].push_back((now_ns() - t0) / 1e3);
+    tick_cpu_us[pcie].push_back((thread_cpu_ns() - c0) / 1e3);
     for (const auto& s : batch.samples)
       for (const auto& [name, get] : metrics)
         if (auto v = get(s)) {
@@ -76,8 +84,9 @@ int main(int argc, char** argv) {
     next += period;
     std::this_thread::sleep_until(next);
   }
-  std::printf("one tick (every metric of every GPU): median %.0f us, max %.0f us\n", median(tick_us),
-              *std::max_element(tick_us.begin(), tick_us.end()));
+  for (int pcie = 0; pcie < 2; ++pcie)
+    std::printf("one tick (every metric of every GPU, %s PCIe throughput): median %.0f us wall, %.0f us CPU\n",
+                pcie ? "with" : "without", median(tick_us[pcie]), median(tick_cpu_us[pcie]));
   std::printf("%-4s %-12s %8s %22s\n", "GPU", "metric", "changes", "median ms between");
   for (const auto& [key, series] : seen) {
     std::vector<double> gaps;

@@ -33,6 +33,13 @@ struct nvmlUtilization_t {
 struct nvmlMemory_t {
   unsigned long long total, free, used;
 };
+// v2 tells the driver's reservation apart from what is used (v1's `used` includes it; nvidia-smi
+// shows v2's).
+struct nvmlMemory_v2_t {
+  unsigned int version;
+  unsigned long long total, reserved, free, used;
+};
+constexpr unsigned int kMemoryV2 = sizeof(nvmlMemory_v2_t) | (2u << 24);
 struct nvmlProcessUtilizationSample_t {
   unsigned int pid;
   unsigned long long timeStamp;
@@ -61,7 +68,7 @@ uint64_t now_ns() {
 enum Metric : uint32_t {
   kUtil = 1 << 0, kMemory = 1 << 1, kPower = 1 << 2, kTemp = 1 << 3, kSmClock = 1 << 4, kMemClock = 1 << 5,
   kThrottle = 1 << 6, kPcieTx = 1 << 7, kPcieRx = 1 << 8, kEccCorrected = 1 << 9, kEccUncorrected = 1 << 10,
-  kProcUtil = 1 << 11, kProcMemory = 1 << 12,
+  kProcUtil = 1 << 11, kProcMemory = 1 << 12, kMemoryV2Bit = 1 << 13,
 };
 
 }  // namespace
@@ -93,6 +100,7 @@ class NvmlLibrary {
   nvmlReturn_t (*DeviceGetUUID)(nvmlDevice_t, char*, unsigned int) = nullptr;
   nvmlReturn_t (*DeviceGetUtilizationRates)(nvmlDevice_t, nvmlUtilization_t*) = nullptr;
   nvmlReturn_t (*DeviceGetMemoryInfo)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
+  nvmlReturn_t (*DeviceGetMemoryInfo_v2)(nvmlDevice_t, nvmlMemory_v2_t*) = nullptr;
   nvmlReturn_t (*DeviceGetPowerUsage)(nvmlDevice_t, unsigned int*) = nullptr;
   nvmlReturn_t (*DeviceGetEnforcedPowerLimit)(nvmlDevice_t, unsigned int*) = nullptr;
   nvmlReturn_t (*DeviceGetTemperature)(nvmlDevice_t, int, unsigned int*) = nullptr;
@@ -158,6 +166,7 @@ NvmlSampler::NvmlSampler() {
   lib->bind(lib->DeviceGetUUID, "nvmlDeviceGetUUID");
   lib->bind(lib->DeviceGetUtilizationRates, "nvmlDeviceGetUtilizationRates");
   lib->bind(lib->DeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo");
+  lib->bind(lib->DeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2");
   lib->bind(lib->DeviceGetPowerUsage, "nvmlDeviceGetPowerUsage");
   lib->bind(lib->DeviceGetEnforcedPowerLimit, "nvmlDeviceGetEnforcedPowerLimit");
   lib->bind(lib->DeviceGetTemperature, "nvmlDeviceGetTemperature");
@@ -221,7 +230,7 @@ std::string NvmlSampler::driver_version() const {
   return {};
 }
 
-NvmlSampler::Batch NvmlSampler::sample_once() {
+NvmlSampler::Batch NvmlSampler::sample_once(bool with_pcie) {
   Batch b;
   if (!lib_) return b;
   NvmlLibrary& L = *lib_;
@@ -243,8 +252,17 @@ NvmlSampler::Batch NvmlSampler::sample_once() {
       s.gpu_util = u.gpu;
       s.mem_util = u.memory;
     }
+    nvmlMemory_v2_t m2{};
+    m2.version = kMemoryV2;
     nvmlMemory_t m{};
-    if (L.DeviceGetMemoryInfo && ask(kMemory, [&] { return L.DeviceGetMemoryInfo(d, &m); })) s.mem_used = m.used;
+    if (L.DeviceGetMemoryInfo_v2 && !(off & kMemoryV2Bit)) {
+      if (L.DeviceGetMemoryInfo_v2(d, &m2) == NVML_SUCCESS)
+        s.mem_used = m2.used;
+      else
+        off |= kMemoryV2Bit;  // an older driver: v1, whose `used` includes the driver's reservation
+    }
+    if (!s.mem_used && L.DeviceGetMemoryInfo && ask(kMemory, [&] { return L.DeviceGetMemoryInfo(d, &m); }))
+      s.mem_used = m.used;
     unsigned int v = 0;
     if (L.DeviceGetPowerUsage && ask(kPower, [&] { return L.DeviceGetPowerUsage(d, &v); })) s.power_mw = v;
     if (L.DeviceGetTemperature && ask(kTemp, [&] { return L.DeviceGetTemperature(d, NVML_TEMPERATURE_GPU, &v); }))
@@ -257,10 +275,11 @@ NvmlSampler::Batch NvmlSampler::sample_once() {
     if (L.DeviceGetCurrentClocksThrottleReasons &&
         ask(kThrottle, [&] { return L.DeviceGetCurrentClocksThrottleReasons(d, &ull); }))
       s.throttle_reasons = ull;
-    if (L.DeviceGetPcieThroughput &&
+    // NVML measures PCIe throughput for ~20 ms per call: read on some ticks only.
+    if (with_pcie && L.DeviceGetPcieThroughput &&
         ask(kPcieTx, [&] { return L.DeviceGetPcieThroughput(d, NVML_PCIE_UTIL_TX_BYTES, &v); }))
       s.pcie_tx_kbs = v;
-    if (L.DeviceGetPcieThroughput &&
+    if (with_pcie && L.DeviceGetPcieThroughput &&
         ask(kPcieRx, [&] { return L.DeviceGetPcieThroughput(d, NVML_PCIE_UTIL_RX_BYTES, &v); }))
       s.pcie_rx_kbs = v;
     if (L.DeviceGetTotalEccErrors &&
@@ -284,17 +303,24 @@ NvmlSampler::Batch NvmlSampler::sample_once() {
       return procs.back();
     };
     if (L.DeviceGetProcessUtilization && !(off & kProcUtil)) {
-      nvmlProcessUtilizationSample_t samples[64];
-      unsigned int n = 64;
-      const nvmlReturn_t r = L.DeviceGetProcessUtilization(d, samples, &n, last_process_ts_[i]);
+      // Asked for the count first, then read into a buffer that holds them all (a short buffer
+      // is refused and left unwritten).
+      unsigned int n = 0;
+      nvmlReturn_t r = L.DeviceGetProcessUtilization(d, nullptr, &n, last_process_ts_[i]);
+      std::vector<nvmlProcessUtilizationSample_t> samples;
+      if (r == NVML_ERROR_INSUFFICIENT_SIZE && n > 0 && n < 4096) {
+        samples.resize(n);
+        r = L.DeviceGetProcessUtilization(d, samples.data(), &n, last_process_ts_[i]);
+        samples.resize(std::min<size_t>(n, samples.size()));
+      }
       if (r == NVML_ERROR_NOT_SUPPORTED) off |= kProcUtil;
-      if (r == NVML_SUCCESS || r == NVML_ERROR_INSUFFICIENT_SIZE) {
+      if (r == NVML_SUCCESS) {
         // Several samples of one process average into one reading.
         struct Sum {
           uint64_t sm = 0, mem = 0, n = 0;
         };
         std::vector<std::pair<uint32_t, Sum>> sums;
-        for (unsigned int k = 0; k < std::min(n, 64u); ++k) {
+        for (size_t k = 0; k < samples.size(); ++k) {
           last_process_ts_[i] = std::max<uint64_t>(last_process_ts_[i], samples[k].timeStamp);
           auto it = std::find_if(sums.begin(), sums.end(), [&](auto& e) { return e.first == samples[k].pid; });
           if (it == sums.end()) it = sums.insert(sums.end(), {samples[k].pid, Sum{}});
@@ -310,12 +336,12 @@ NvmlSampler::Batch NvmlSampler::sample_once() {
       }
     }
     if (L.DeviceGetComputeRunningProcesses && !(off & kProcMemory)) {
-      nvmlProcessInfo_t infos[64];
-      unsigned int n = 64;
+      nvmlProcessInfo_t infos[256] = {};
+      unsigned int n = 256;
       const nvmlReturn_t r = L.DeviceGetComputeRunningProcesses(d, &n, infos);
       if (r == NVML_ERROR_NOT_SUPPORTED) off |= kProcMemory;
       if (r == NVML_SUCCESS)
-        for (unsigned int k = 0; k < std::min(n, 64u); ++k)
+        for (unsigned int k = 0; k < std::min(n, 256u); ++k)
           if (infos[k].usedGpuMemory != kNotAvailable) proc(infos[k].pid).used_memory = infos[k].usedGpuMemory;
     }
     b.processes.insert(b.processes.end(), procs.begin(), procs.end());
@@ -340,9 +366,10 @@ void NvmlSampler::start(double hz, Sink sink) {
   stopping_ = false;
   thread_ = std::thread([this, hz, sink = std::move(sink)] {
     const auto period = std::chrono::nanoseconds(static_cast<int64_t>(1e9 / hz));
+    const uint64_t pcie_every = std::max<uint64_t>(1, uint64_t(hz / kPcieHz + 0.5));
     auto next = std::chrono::steady_clock::now();
-    while (!stopping_) {
-      sink(sample_once());
+    for (uint64_t tick = 0; !stopping_; ++tick) {
+      sink(sample_once(tick % pcie_every == 0));
       next += period;
       const auto now = std::chrono::steady_clock::now();
       if (next < now) next = now;  // a slow tick (PCIe counters take ~20 ms): no catching up

@@ -80,8 +80,10 @@ class NvmlSampler {
   // to `sink` (called on that thread).
   void start(double hz, Sink sink);
   void stop();
-  // One tick's readings now (what the thread does each period).
-  Batch sample_once();
+  // One tick's readings now (what the thread does each period); PCIe throughput only when asked.
+  Batch sample_once(bool with_pcie = true);
+  // PCIe throughput is read at most this often: each reading takes NVML ~20 ms per direction.
+  static constexpr double kPcieHz = 1;
 
  private:
   std::unique_ptr<NvmlLibrary> lib_;

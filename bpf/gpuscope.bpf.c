@@ -779,7 +779,8 @@ int on_exec(void *ctx)
 	r->exit_code = 0;
 	r->ts_ns = bpf_ktime_get_ns();
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
-	bpf_ringbuf_submit(r, 0);
+	/* User space looks at the new program at once (see the recorder's record handler). */
+	bpf_ringbuf_submit(r, BPF_RB_FORCE_WAKEUP);
 	return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "record/recorder.h"
 #include "report/flamegraph.h"
 #include "report/report.h"
+#include "report/timeline.h"
 #include "store/record_reader.h"
 #include "symbolize/symbolizer.h"
 
@@ -61,6 +62,22 @@ int run_flamegraph(const std::string& path, const std::string& metric, const std
   if (!out || !out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())) || !out.flush())
     throw Error("cannot write {}: {}", output, strerror(errno));
   log_info("{} stacks, {} {} in all, written to {}", data.stacks.size(), data.total(), data.unit, output);
+  return 0;
+}
+
+int run_timeline(const std::string& path, const std::string& output, const report::TimelineOptions& opt) {
+  store::RecordReader reader(path);
+  symbolize::Symbolizer symbolizer;
+  if (output == "-") {
+    report::write_timeline(reader, symbolizer, opt, std::cout);
+    return 0;
+  }
+  std::ofstream out(output, std::ios::binary | std::ios::trunc);
+  if (!out) throw Error("cannot write {}: {}", output, strerror(errno));
+  const auto st = report::write_timeline(reader, symbolizer, opt, out);
+  if (!out.flush()) throw Error("cannot write {}: {}", output, strerror(errno));
+  log_info("{} events, {:.1f} MB, written to {} (open it in https://ui.perfetto.dev or chrome://tracing)", st.events,
+           st.bytes / 1e6, output);
   return 0;
 }
 
@@ -140,6 +157,15 @@ int main(int argc, char** argv) {
   flame->add_option("--pid", flame_pid, "Only this process");
   flame->add_flag("--peak", peak, "inuse-bytes: the allocations live when the total in use peaked, not at the end");
 
+  std::string tl_path, tl_out;
+  report::TimelineOptions tl_opt;
+  auto* tl = app.add_subcommand("timeline", "Write a record as a trace for Perfetto's UI or chrome://tracing");
+  tl->add_option("file", tl_path, "Record file")->required();
+  tl->add_option("-o,--output", tl_out, "Trace file (Chrome trace-event JSON); - prints it")->required();
+  tl->add_option("--from", tl_opt.from_s, "Start of the window, in seconds from the recording's start");
+  tl->add_option("--to", tl_opt.to_s, "End of the window, in seconds from the recording's start");
+  tl->add_option("--pid", tl_opt.pid, "Only this process");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -169,6 +195,11 @@ int main(int argc, char** argv) {
       ropts.python_stacks = !no_python;
       if (ropts.gpu_sample_hz > 1000) throw Error("--gpu-sample-hz must be at most 1000");
       return record::run_record(ropts);
+    }
+    if (*tl) {
+      if (tl_opt.from_s < 0 || (tl_opt.to_s > 0 && tl_opt.to_s <= tl_opt.from_s))
+        throw Error("--from must be >= 0 and --to after it");
+      return run_timeline(tl_path, tl_out, tl_opt);
     }
     if (*flame) return run_flamegraph(flame_path, metric, flame_out, flame_pid, peak);
     return run_report(report_path, json, top);

@@ -245,7 +245,6 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       unwinder_.forget(static_cast<pid_t>(rec.pid));
       known_processes_.erase(rec.pid);
       note_process(rec.pid, rec.ts_ns);
-      if (exec_cb_) exec_cb_(rec.pid);
       break;
     }
     default:

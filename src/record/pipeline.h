@@ -57,10 +57,6 @@ class Pipeline {
   void push(const void* data, size_t size);
   void end_batch();
 
-  // Called on the pipeline thread when a target calls execve (its executable may carry a
-  // statically linked CUDA runtime).
-  void on_exec(std::function<void(pid_t)> cb) { exec_cb_ = std::move(cb); }
-
   // A library gpuscope attached to (or failed to); written on the pipeline thread.
   void add_library(store::LibraryRow row);
   // One NVML sampler tick (any thread); written on the pipeline thread.
@@ -146,7 +142,6 @@ class Pipeline {
   uint64_t calls_since_commit_ = 0;
   uint64_t names_unread_ = 0;
   uint64_t last_commit_ns_ = 0;
-  std::function<void(pid_t)> exec_cb_;
 
   std::atomic<uint64_t> records_{0}, calls_{0}, launches_{0}, samples_{0}, dropped_{0};
 };

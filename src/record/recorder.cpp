@@ -411,12 +411,16 @@ int Recorder::run() {
   bpf_->set_handler([this](const void* data, size_t size) {
     uint16_t kind;
     std::memcpy(&kind, data, sizeof(kind));
-    if (kind == GS_REC_LIBLOAD && size >= sizeof(gs_libload_record))
+    if (kind == GS_REC_LIBLOAD && size >= sizeof(gs_libload_record)) {
       control_.push_libload(*static_cast<const gs_libload_record*>(data));
-    else
-      pipeline_->push(data, size);
+      return;
+    }
+    // A new program is looked at now (static CUDA runtime, Python interpreter), not when the
+    // pipeline gets to it: it may lag behind by more than the program takes to start.
+    if (kind == GS_REC_EXEC && size >= sizeof(gs_proc_record))
+      control_.push_exec(static_cast<pid_t>(static_cast<const gs_proc_record*>(data)->pid));
+    pipeline_->push(data, size);
   });
-  pipeline_->on_exec([this](pid_t pid) { control_.push_exec(pid); });
   pipeline_->start();
 
   std::atomic<bool> consuming{true};

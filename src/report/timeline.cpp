@@ -1,0 +1,232 @@
+#include "report/timeline.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "report/stored_stacks.h"
+
+namespace gpuscope::report {
+namespace {
+
+using store::Db;
+
+void escape_into(std::string& out, std::string_view s) {
+  out += '"';
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20)
+          out += fmt::format("\\u{:04x}", static_cast<unsigned char>(c));
+        else
+          out += c;
+    }
+  }
+  out += '"';
+}
+
+std::string quoted(std::string_view s) {
+  std::string out;
+  escape_into(out, s);
+  return out;
+}
+
+// NVML's tracks are processes of their own, numbered past any real pid.
+constexpr int64_t kGpuPidBase = 1'000'000'000;
+
+class Writer {
+ public:
+  explicit Writer(std::ostream& out) : out_(out) { put("{\"traceEvents\":[\n"); }
+  void event(const std::string& json) {
+    if (stats_.events++) put(",\n");
+    put(json);
+  }
+  TimelineStats finish(const std::string& metadata) {
+    put("\n],\"displayTimeUnit\":\"ns\",\"metadata\":" + metadata + "}\n");
+    out_.flush();
+    return stats_;
+  }
+
+ private:
+  void put(const std::string& s) {
+    out_.write(s.data(), static_cast<std::streamsize>(s.size()));
+    stats_.bytes += s.size();
+  }
+  std::ostream& out_;
+  TimelineStats stats_;
+};
+
+// Names for the frames of stored stacks, innermost first, each stack named once.
+class FrameNames {
+ public:
+  FrameNames(Db& db, symbolize::Symbolizer& sym) : stored_(db), sym_(sym) {}
+
+  const std::vector<std::string>& operator()(int64_t stack_id) {
+    auto [it, added] = cache_.try_emplace(stack_id);
+    if (!added || stack_id == 0) return it->second;
+    for (const auto& row : stored_(stack_id)) {
+      if (it->second.size() == kDepth) break;
+      if (row.python) {
+        it->second.push_back(row.python->text());
+      } else if (row.recorded_name) {
+        it->second.push_back(*row.recorded_name);
+      } else if (!row.in_file) {
+        it->second.push_back(fmt::format("{:#x}", row.ip));
+      } else {
+        auto f = sym_.resolve(row.path, row.build_id, row.offset, false, row.depth > 0);
+        it->second.push_back(f.function.empty() ? fmt::format("{}+{:#x}", base_name(row.path), row.offset)
+                                                : f.function);
+      }
+    }
+    return it->second;
+  }
+
+  // The first Python frame, which says which line of the program made the call; "" if none.
+  std::string python_line(int64_t stack_id) {
+    for (const auto& row : stored_(stack_id))
+      if (row.python) return row.python->text();
+    return {};
+  }
+
+ private:
+  static constexpr size_t kDepth = 12;  // frames kept in an event's arguments
+  StoredStacks stored_;
+  symbolize::Symbolizer& sym_;
+  std::unordered_map<int64_t, std::vector<std::string>> cache_;
+};
+
+std::string stack_text(const std::vector<std::string>& frames) {
+  std::string s;
+  for (const auto& f : frames) s += (s.empty() ? "" : " ← ") + f;
+  return s;
+}
+
+}  // namespace
+
+TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sym, const TimelineOptions& opt,
+                             std::ostream& out) {
+  Db& db = rec.db();
+  int64_t origin = 0;
+  try {
+    origin = std::stoll(rec.meta("start_ns", "0"));
+  } catch (const std::exception&) {
+  }
+  if (!origin) {
+    auto q = db.prepare("SELECT min(ts_ns) FROM calls");
+    if (q.step()) origin = q.i64(0);
+  }
+  const int64_t lo = origin + int64_t(std::llround(opt.from_s * 1e9));
+  const int64_t hi = opt.to_s > 0 ? origin + int64_t(std::llround(opt.to_s * 1e9)) : INT64_MAX;
+  const std::string pid_filter = opt.pid ? fmt::format(" AND pid = {}", opt.pid) : "";
+  auto us = [&](int64_t ns) { return fmt::format("{:.3f}", (ns - origin) / 1e3); };
+
+  Writer w(out);
+  FrameNames names(db, sym);
+
+  // Tracks: processes and threads by name.
+  {
+    auto q = db.prepare("SELECT pid, coalesce(comm, ''), coalesce(cmdline, '') FROM processes WHERE 1" + pid_filter);
+    while (q.step())
+      w.event(fmt::format(R"({{"ph":"M","name":"process_name","pid":{},"args":{{"name":{}}}}})", q.i64(0),
+                          quoted(fmt::format("{} ({})", q.str(1).empty() ? "pid" : q.str(1), q.i64(0)))));
+    auto t = db.prepare("SELECT tid, pid, coalesce(comm, '') FROM threads WHERE 1" + pid_filter);
+    while (t.step())
+      w.event(fmt::format(R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":{}}}}})", t.i64(1),
+                          t.i64(0), quoted(fmt::format("{} ({})", t.str(2), t.i64(0)))));
+  }
+
+  // CUDA calls: a slice from entry to return, or an instant for calls recorded at entry only
+  // (launches); nested driver calls sit inside the runtime call that made them.
+  {
+    auto q = db.prepare(
+        "SELECT c.ts_ns, coalesce(c.duration_ns, 0), c.pid, c.tid, f.name, f.kind, coalesce(c.ret, 0), c.bytes, "
+        "c.dir, c.host_mem, c.stream, k.demangled, c.grid_x, c.grid_y, c.grid_z, c.block_x, c.block_y, c.block_z, "
+        "coalesce(c.stack_id, 0), c.ptr, c.parent_id IS NOT NULL FROM calls c JOIN functions f ON f.id = c.func "
+        "LEFT JOIN kernels k ON k.id = c.kernel_id WHERE c.ts_ns >= ?1 AND c.ts_ns <= ?2" +
+        (opt.pid ? fmt::format(" AND c.pid = {}", opt.pid) : "") + " ORDER BY c.ts_ns");
+    q.bind(1, lo).bind(2, hi);
+    while (q.step()) {
+      const std::string func = q.str(4), kind = q.str(5);
+      std::string args = fmt::format("\"function\":{}", quoted(func));
+      std::string name = func;
+      if (kind == "launch") {
+        name = q.is_null(11) ? "[unnamed kernel]" : q.str(11);
+        args += fmt::format(",\"grid\":[{},{},{}],\"block\":[{},{},{}]", q.i64(12), q.i64(13), q.i64(14), q.i64(15),
+                            q.i64(16), q.i64(17));
+      }
+      if (!q.is_null(10)) args += fmt::format(",\"stream\":\"{:#x}\"", uint64_t(q.i64(10)));
+      if (!q.is_null(7)) args += fmt::format(",\"bytes\":{}", q.i64(7));
+      if (!q.is_null(8)) args += ",\"direction\":" + quoted(q.str(8));
+      if (!q.is_null(9) && !q.str(9).empty()) args += ",\"host_memory\":" + quoted(q.str(9));
+      if (kind == "alloc" && !q.is_null(19)) args += fmt::format(",\"ptr\":\"{:#x}\"", uint64_t(q.i64(19)));
+      if (q.i64(6) != 0) args += fmt::format(",\"error\":{}", q.i64(6));
+      if (q.i64(20)) args += ",\"inside_runtime_call\":true";
+      if (const int64_t stack = q.i64(18)) {
+        if (auto py = names.python_line(stack); !py.empty()) args += ",\"python\":" + quoted(py);
+        args += ",\"stack\":" + quoted(stack_text(names(stack)));
+      }
+      const int64_t dur = q.i64(1);
+      if (dur > 0)
+        w.event(fmt::format(R"({{"ph":"X","name":{},"cat":{},"ts":{},"dur":{:.3f},"pid":{},"tid":{},"args":{{{}}}}})",
+                            quoted(name), quoted(kind), us(q.i64(0)), dur / 1e3, q.i64(2), q.i64(3), args));
+      else
+        w.event(fmt::format(R"({{"ph":"i","s":"t","name":{},"cat":{},"ts":{},"pid":{},"tid":{},"args":{{{}}}}})",
+                            quoted(name), quoted(kind), us(q.i64(0)), q.i64(2), q.i64(3), args));
+    }
+  }
+
+  // CPU samples: an instant on the thread's track, named by the innermost frame.
+  if (has_table(db, "samples")) {
+    auto q = db.prepare("SELECT ts_ns, pid, tid, coalesce(stack_id, 0), coalesce(kernel_stack_id, 0) FROM samples "
+                        "WHERE ts_ns >= ?1 AND ts_ns <= ?2" + pid_filter + " ORDER BY ts_ns");
+    q.bind(1, lo).bind(2, hi);
+    while (q.step()) {
+      const auto& user = names(q.i64(3));
+      const auto& kernel = names(q.i64(4));
+      const std::string leaf = !kernel.empty() ? kernel.front() + " [kernel]" : !user.empty() ? user.front() : "[no stack]";
+      std::string args = "\"stack\":" + quoted(stack_text(user));
+      if (!kernel.empty()) args += ",\"kernel_stack\":" + quoted(stack_text(kernel));
+      if (auto py = names.python_line(q.i64(3)); !py.empty()) args += ",\"python\":" + quoted(py);
+      w.event(fmt::format(R"({{"ph":"i","s":"t","name":{},"cat":"cpu_sample","ts":{},"pid":{},"tid":{},"args":{{{}}}}})",
+                          quoted(leaf), us(q.i64(0)), q.i64(1), q.i64(2), args));
+    }
+  }
+
+  // NVML: counter tracks under one process per GPU.
+  if (has_table(db, "gpus")) {
+    auto g = db.prepare("SELECT idx, coalesce(name, '') FROM gpus");
+    while (g.step())
+      w.event(fmt::format(R"({{"ph":"M","name":"process_name","pid":{},"args":{{"name":{}}}}})", kGpuPidBase + g.i64(0),
+                          quoted(fmt::format("GPU {} (NVML): {}", g.i64(0), g.str(1)))));
+    auto q = db.prepare(
+        "SELECT ts_ns, gpu, gpu_util, mem_util, mem_used, power_mw, temperature_c, sm_clock_mhz, pcie_tx_kbs, "
+        "pcie_rx_kbs FROM gpu_samples WHERE ts_ns >= ?1 AND ts_ns <= ?2 ORDER BY ts_ns");
+    q.bind(1, lo).bind(2, hi);
+    while (q.step()) {
+      const int64_t pid = kGpuPidBase + q.i64(1);
+      auto counter = [&](const char* name, const std::string& values) {
+        w.event(fmt::format(R"({{"ph":"C","name":"{}","ts":{},"pid":{},"args":{{{}}}}})", name, us(q.i64(0)), pid,
+                            values));
+      };
+      if (!q.is_null(2)) counter("utilisation %", fmt::format("\"gpu\":{},\"memory\":{}", q.i64(2), q.i64(3)));
+      if (!q.is_null(4)) counter("memory used GiB", fmt::format("\"used\":{:.3f}", q.i64(4) / double(1 << 30)));
+      if (!q.is_null(5)) counter("power W", fmt::format("\"power\":{:.1f}", q.i64(5) / 1e3));
+      if (!q.is_null(6)) counter("temperature C", fmt::format("\"temperature\":{}", q.i64(6)));
+      if (!q.is_null(7)) counter("SM clock MHz", fmt::format("\"sm\":{}", q.i64(7)));
+      if (!q.is_null(8))
+        counter("PCIe MB/s", fmt::format("\"to_gpu\":{:.1f},\"from_gpu\":{:.1f}", q.i64(9) / 1e3, q.i64(8) / 1e3));
+    }
+  }
+
+  return w.finish(fmt::format(R"({{"source":"gpuscope {}","command":{},"clock":"CLOCK_MONOTONIC","origin_ns":{}}})",
+                              rec.meta("gpuscope_version"), quoted(rec.meta("command")), origin));
+}
+
+}  // namespace gpuscope::report

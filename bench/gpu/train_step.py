@@ -20,6 +20,8 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--no-profile", action="store_true",
+                    help="run the same steps without torch.profiler (for gpuscope --gpu-times: one CUPTI user at a time)")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -40,20 +42,32 @@ def main():
         step()
     torch.cuda.synchronize()
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    if args.no_profile:
         t0 = time.monotonic_ns()
         for _ in range(args.steps):
             step()
         torch.cuda.synchronize()
         t1 = time.monotonic_ns()
-
-    trace = os.path.join(tempfile.mkdtemp(), "trace.json")
-    prof.export_chrome_trace(trace)
-    with open(trace) as f:
-        events = json.load(f)["traceEvents"]
+        events = []
+    else:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.monotonic_ns()
+            for _ in range(args.steps):
+                step()
+            torch.cuda.synchronize()
+            t1 = time.monotonic_ns()
+        trace = os.path.join(tempfile.mkdtemp(), "trace.json")
+        prof.export_chrome_trace(trace)
+        with open(trace) as f:
+            events = json.load(f)["traceEvents"]
     kernels = collections.Counter(e["name"] for e in events if e.get("cat") == "kernel")
+    # GPU time per kernel name, microseconds, as torch.profiler (CUPTI) measured it.
+    kernel_us = collections.Counter()
+    for e in events:
+        if e.get("cat") == "kernel":
+            kernel_us[e["name"]] += e.get("dur", 0)
     torch.cuda.synchronize()
-    result = {"pid": os.getpid(), "t0": t0, "t1": t1, "steps": args.steps, "kernels": kernels,
+    result = {"pid": os.getpid(), "t0": t0, "t1": t1, "steps": args.steps, "kernels": kernels, "kernel_us": kernel_us,
               "memory_reserved": torch.cuda.memory_reserved(), "torch": torch.__version__}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -123,6 +123,9 @@ int main(int argc, char** argv) {
                   "Read the GPUs' NVML metrics (utilisation, memory, power, clocks, throttling, PCIe, per-process "
                   "use) this many times per second; 0: off (default: " +
                       fmt::format("{}", record::kDefaultGpuSampleHz) + ")");
+  rec->add_flag("--gpu-times", ropts.gpu_times,
+                 "Record each kernel's, copy's and memset's start and end on the GPU (CUPTI, through a library "
+                 "the CUDA driver loads into the command), tied to the call and stack that made it");
   bool no_python = false;
   rec->add_flag("--no-python", no_python,
                 "Do not walk Python frames (by default stacks of CPython 3.11/3.12 processes show the Python "

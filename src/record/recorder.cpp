@@ -1,5 +1,6 @@
 #include "record/recorder.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -28,9 +29,11 @@
 #include "common/log.h"
 #include "discover/proc.h"
 #include "discover/python.h"
+#include "gpu/gpu_times.h"
 #include "gpu/nvml.h"
 #include "record/pipeline.h"
 #include "store/record_writer.h"
+#include "inject/gpu_trace.h"
 #include "symbolize/elf_file.h"
 #include "symbolize/process_maps.h"
 
@@ -162,6 +165,11 @@ class Recorder {
   void record_own_cost();
   // NVML sampling on a thread of its own; without NVML, says so once and records without it.
   void start_gpu_metrics();
+  // --gpu-times: where the injection library is and writes; after the recording, its traces
+  // are tied to the recorded calls and stored.
+  void prepare_gpu_times();
+  void store_gpu_times();
+  std::string inject_library_, gpu_trace_dir_;
   std::unique_ptr<gpu::NvmlSampler> nvml_;
 
   int libraries_attached_ = 0;
@@ -191,6 +199,92 @@ void Recorder::attach_library(pid_t pid, const std::string& open_path, const std
     log_info("probing {} ({} runtime, {} driver functions) first used by PID {}", shown_path, res.runtime_probes,
              res.driver_probes, pid);
   pipeline_->add_library(std::move(row));
+}
+
+void Recorder::prepare_gpu_times() {
+  if (!opts_.gpu_times) return;
+  if (opts_.command.empty())
+    throw Error("--gpu-times works with record -- CMD; for a service, start it with CUDA_INJECTION64_PATH and {} "
+                "set (docs/gpu-times.md)",
+                GS_GPU_TRACE_ENV);
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  const std::string dir = n > 0 ? std::string(self, size_t(n)).substr(0, std::string(self, size_t(n)).rfind('/')) : ".";
+  inject_library_ = dir + "/libgpuscope_inject.so";
+  if (access(inject_library_.c_str(), R_OK) != 0)
+    throw Error("--gpu-times needs {}, which this build lacks (CUPTI's headers were not found when it was built)",
+                inject_library_);
+  char tmpl[] = "/tmp/gpuscope-gpu-XXXXXX";
+  if (!mkdtemp(tmpl)) throw Error("cannot make a directory for GPU traces: {}", strerror(errno));
+  chmod(tmpl, 0777);  // the command may drop privileges
+  gpu_trace_dir_ = tmpl;
+}
+
+void Recorder::store_gpu_times() {
+  if (gpu_trace_dir_.empty()) return;
+  uint64_t activities = 0, matched = 0, dropped = 0;
+  std::vector<std::string> files;
+  std::string errors;
+  if (DIR* d = opendir(gpu_trace_dir_.c_str())) {
+    while (dirent* e = readdir(d))
+      if (std::string_view(e->d_name).starts_with("gpu-")) files.push_back(gpu_trace_dir_ + "/" + e->d_name);
+    closedir(d);
+  }
+  try {
+    store::Db db(opts_.output, store::Db::Mode::Create);
+    db.exec("BEGIN");
+    auto calls_of = db.prepare(
+        "SELECT c.id, c.tid, c.ts_ns, coalesce(c.duration_ns, 0), f.kind FROM calls c JOIN functions f ON f.id = c.func "
+        "WHERE c.pid = ?1 ORDER BY c.ts_ns");
+    auto insert = db.prepare(
+        "INSERT INTO gpu_activities(pid, kind, gpu, stream, start_ns, end_ns, bytes, copy_kind, name, call_id, "
+        "grid_x, grid_y, grid_z, block_x, block_y, block_z) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)");
+    for (const auto& f : files) {
+      gpu::GpuTrace t;
+      try {
+        t = gpu::read_gpu_trace(f);
+      } catch (const std::exception& e) {
+        errors += std::string(errors.empty() ? "" : "; ") + e.what();
+        continue;
+      }
+      dropped += t.dropped;
+      std::vector<gpu::RecordedCall> calls;
+      calls_of.bind(1, int64_t(t.header.pid));
+      while (calls_of.step())
+        calls.push_back({calls_of.i64(0), uint32_t(calls_of.i64(1)), uint64_t(calls_of.i64(2)),
+                         uint64_t(calls_of.i64(3)), calls_of.str(4)});
+      calls_of.reset();
+      const auto ids = gpu::correlate(t, calls);
+      for (size_t i = 0; i < t.records.size(); ++i) {
+        const auto& r = t.records[i];
+        if (r.kind == GS_GPU_API) continue;
+        const char* kind = r.kind == GS_GPU_KERNEL ? "kernel" : r.kind == GS_GPU_MEMCPY ? "memcpy" : "memset";
+        insert.bind(1, int64_t(t.header.pid)).bind(2, std::string_view(kind)).bind(3, r.device).bind(4, r.stream);
+        insert.bind(5, r.start).bind(6, r.end);
+        if (r.kind != GS_GPU_KERNEL) insert.bind(7, r.bytes);
+        if (r.kind == GS_GPU_MEMCPY) insert.bind(8, uint32_t(r.detail));
+        if (!t.names[i].empty()) insert.bind(9, std::string_view(symbolize::demangle(t.names[i])));
+        if (ids[i]) insert.bind(10, ids[i]);
+        if (r.kind == GS_GPU_KERNEL)
+          for (int k = 0; k < 3; ++k) insert.bind(11 + k, r.grid[k]).bind(14 + k, r.block[k]);
+        insert.run();
+        ++activities;
+        matched += ids[i] != 0;
+      }
+      unlink(f.c_str());
+    }
+    auto meta = db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)");
+    const std::string summary =
+        files.empty() ? "none: no process wrote GPU times (no CUDA driver loaded gpuscope's library into it, or the library said why above)"
+                      : fmt::format("cupti: {} activities from {} process(es), {} tied to their calls, {} dropped{}",
+                                    activities, files.size(), matched, dropped, errors.empty() ? "" : "; " + errors);
+    meta.bind(1, std::string_view("gpu_times")).bind(2, summary).run();
+    db.exec("COMMIT");
+    if (!opts_.quiet) log_info("GPU times: {}", summary);
+  } catch (const std::exception& e) {
+    log_error("could not store GPU times: {}", e.what());
+  }
+  rmdir(gpu_trace_dir_.c_str());
 }
 
 void Recorder::start_gpu_metrics() {
@@ -291,6 +385,21 @@ pid_t Recorder::spawn_command() {
   std::vector<char*> argv;
   for (const auto& a : opts_.command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  // The command's environment, made here: after fork only async-signal-safe calls are allowed.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) {
+    const std::string_view v(*e);
+    if (!gpu_trace_dir_.empty() && (v.starts_with("CUDA_INJECTION64_PATH=") || v.starts_with(GS_GPU_TRACE_ENV "=")))
+      continue;
+    env_strings.emplace_back(*e);
+  }
+  if (!gpu_trace_dir_.empty()) {
+    env_strings.push_back("CUDA_INJECTION64_PATH=" + inject_library_);
+    env_strings.push_back(std::string(GS_GPU_TRACE_ENV "=") + gpu_trace_dir_);
+  }
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
 
   pid_t pid = fork();
   if (pid < 0) throw Error("fork: {}", strerror(errno));
@@ -302,7 +411,7 @@ pid_t Recorder::spawn_command() {
     if (read(go[0], &c, 1) != 1) _exit(127);
     sigset_t all = handled_signals();
     sigprocmask(SIG_UNBLOCK, &all, nullptr);
-    execvp(argv[0], argv.data());
+    execvpe(argv[0], argv.data(), envp.data());
     int e = errno;
     [[maybe_unused]] auto n = write(err[1], &e, sizeof(e));
     _exit(127);
@@ -357,6 +466,7 @@ bool Recorder::targets_alive() const {
 
 int Recorder::run() {
   attach::check_can_trace();
+  prepare_gpu_times();
   // Every thread inherits this mask; signals arrive through the signalfd only.
   sigset_t sigs = handled_signals();
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
@@ -511,6 +621,7 @@ int Recorder::run() {
   record_own_cost();
   writer_->finish();
   close(sfd);
+  store_gpu_times();
 
   const auto st = pipeline_->stats();
   const auto lost = bpf_->lost();

@@ -32,6 +32,7 @@ struct RecordOptions {
   bool dwarf_unwind_calls = false;   // CUDA calls' stacks too (a 16 KiB copy per call)
   bool python_stacks = true;         // Python frames in the stacks of CPython processes
   double gpu_sample_hz = -1;         // NVML samples per second; 0: off; < 0: the default
+  bool gpu_times = false;            // CUPTI activity records through the injection library
 };
 
 // NVML's default sampling rate (see docs/performance.md: how often NVML refreshes its values).

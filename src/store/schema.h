@@ -41,6 +41,10 @@ CREATE TABLE gpu_samples(ts_ns INTEGER NOT NULL, gpu INTEGER NOT NULL, gpu_util 
 CREATE TABLE gpu_process_samples(ts_ns INTEGER NOT NULL, gpu INTEGER NOT NULL, pid INTEGER NOT NULL, sm_util INTEGER,
                                  mem_util INTEGER, used_memory INTEGER);
 CREATE TABLE gpu_events(ts_ns INTEGER NOT NULL, gpu INTEGER NOT NULL, kind TEXT NOT NULL, value INTEGER);
+CREATE TABLE gpu_activities(id INTEGER PRIMARY KEY, pid INTEGER NOT NULL, kind TEXT NOT NULL, gpu INTEGER, stream INTEGER,
+                            start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, bytes INTEGER, copy_kind INTEGER,
+                            name TEXT, call_id INTEGER, grid_x INTEGER, grid_y INTEGER, grid_z INTEGER,
+                            block_x INTEGER, block_y INTEGER, block_z INTEGER);
 )sql";
 
 // Created when a recording ends; a record cut short is readable without them.

@@ -1,0 +1,326 @@
+// libgpuscope_inject.so: loaded into a CUDA program by the driver (CUDA_INJECTION64_PATH) when
+// `gpuscope record --gpu-times` runs it. It asks CUPTI's activity API for each kernel's, copy's
+// and memset's start and end on the GPU, and for the API calls that made them, and writes them to
+// GPUSCOPE_GPU_TRACE/gpu-PID.bin (src/inject/gpu_trace.h) for gpuscope to tie to its own calls.
+//
+// It must never break or block the program: CUPTI is loaded at run time (the program's own, found
+// next to its libcudart, or the system's), and anything missing — no CUPTI, a CUPTI of another
+// version, another CUPTI user (torch.profiler), an unwritable directory — leaves the program
+// running without GPU times, with one line on stderr saying why.
+#include <cupti_activity.h>
+#include <cupti_version.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <link.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "inject/gpu_trace.h"
+
+namespace {
+
+struct Cupti {
+  CUptiResult (*GetVersion)(uint32_t*);
+  CUptiResult (*GetResultString)(CUptiResult, const char**);
+  CUptiResult (*ActivityEnable)(CUpti_ActivityKind);
+  CUptiResult (*ActivityRegisterCallbacks)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
+  CUptiResult (*ActivityGetNextRecord)(uint8_t*, size_t, CUpti_Activity**);
+  CUptiResult (*ActivityFlushAll)(uint32_t);
+  CUptiResult (*ActivityGetNumDroppedRecords)(CUcontext, uint32_t, size_t*);
+  CUptiResult (*ActivityRegisterTimestampCallback)(CUpti_TimestampCallbackFunc);
+  CUptiResult (*GetTimestamp)(uint64_t*);
+};
+
+Cupti g_cupti;
+int g_fd = -1;
+std::mutex g_write_mu;
+std::atomic<bool> g_active{false};
+std::atomic<uint64_t> g_written{0}, g_dropped{0};
+uint64_t g_max_bytes = 4ull << 30;  // GPUSCOPE_GPU_TRACE_MAX_MB: past it, records are counted, not written
+constexpr size_t kBufferSize = 8 << 20;
+
+void say(const char* fmt, const char* detail) {
+  std::fprintf(stderr, "gpuscope: ");
+  std::fprintf(stderr, fmt, detail);
+  std::fprintf(stderr, "\n");
+}
+
+uint64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
+}
+
+// The directory of the libcudart this program loaded: pip wheels ship libcupti beside it.
+std::string cudart_directory() {
+  std::string dir;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        const char* name = info->dlpi_name;
+        if (name && std::strstr(name, "libcudart.so")) {
+          std::string path(name);
+          *static_cast<std::string*>(out) = path.substr(0, path.rfind('/'));
+          return 1;
+        }
+        return 0;
+      },
+      &dir);
+  return dir;
+}
+
+void* open_cupti() {
+  std::string tried;
+  auto attempt = [&](const std::string& path) -> void* {
+    if (path.empty()) return nullptr;
+    tried += (tried.empty() ? "" : ", ") + path;
+    return dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  };
+  // A CUPTI named by the user is the only one tried.
+  if (const char* p = std::getenv("GPUSCOPE_CUPTI"); p && *p) {
+    if (void* h = attempt(p)) return h;
+    say("GPUSCOPE_CUPTI=%s could not be loaded: no GPU times", p);
+    return nullptr;
+  }
+  if (auto dir = cudart_directory(); !dir.empty())
+    for (const char* n : {"/libcupti.so.13", "/libcupti.so"})
+      if (void* h = attempt(dir + n)) return h;
+  for (const char* n : {"libcupti.so.13", "libcupti.so", "/usr/local/cuda/lib64/libcupti.so.13",
+                        "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13"})
+    if (void* h = attempt(n)) return h;
+  say("no CUPTI library could be loaded (tried %s): no GPU times", tried.c_str());
+  return nullptr;
+}
+
+template <class F>
+bool bind(void* h, F& fn, const char* name) {
+  fn = reinterpret_cast<F>(dlsym(h, name));
+  return fn != nullptr;
+}
+
+const char* result_text(CUptiResult r) {
+  const char* s = nullptr;
+  if (g_cupti.GetResultString) g_cupti.GetResultString(r, &s);
+  return s ? s : "unknown CUPTI error";
+}
+
+void write_all(const void* data, size_t n) {
+  // Once the file reached its cap (or the disk is full), records are counted as dropped.
+  if (g_fd < 0 || g_written.load() + n > g_max_bytes) {
+    g_dropped += 1;
+    return;
+  }
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(g_fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      g_dropped += 1;
+      return;
+    }
+    p += w;
+    n -= size_t(w);
+    g_written += uint64_t(w);
+  }
+}
+
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferSize));
+  *size = *buffer ? kBufferSize : 0;
+  *max_records = 0;
+}
+
+void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t* buffer, size_t, size_t valid) {
+  std::string out;
+  out.reserve(valid / 2);
+  CUpti_Activity* rec = nullptr;
+  while (g_cupti.ActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
+    gs_gpu_record r{};
+    std::string name;
+    switch (rec->kind) {
+      case CUPTI_ACTIVITY_KIND_KERNEL:
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+        auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(rec);
+        r.kind = GS_GPU_KERNEL;
+        r.device = k->deviceId;
+        r.start = k->start;
+        r.end = k->end;
+        r.stream = k->streamId;
+        r.correlation = k->correlationId;
+        r.grid[0] = uint32_t(k->gridX), r.grid[1] = uint32_t(k->gridY), r.grid[2] = uint32_t(k->gridZ);
+        r.block[0] = uint32_t(k->blockX), r.block[1] = uint32_t(k->blockY), r.block[2] = uint32_t(k->blockZ);
+        if (k->name) name = k->name;
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        auto* m = reinterpret_cast<CUpti_ActivityMemcpy6*>(rec);
+        r.kind = GS_GPU_MEMCPY;
+        r.detail = m->copyKind;
+        r.device = m->deviceId;
+        r.start = m->start;
+        r.end = m->end;
+        r.stream = m->streamId;
+        r.correlation = m->correlationId;
+        r.bytes = m->bytes;
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMSET: {
+        auto* m = reinterpret_cast<CUpti_ActivityMemset4*>(rec);
+        r.kind = GS_GPU_MEMSET;
+        r.device = m->deviceId;
+        r.start = m->start;
+        r.end = m->end;
+        r.stream = m->streamId;
+        r.correlation = m->correlationId;
+        r.bytes = m->bytes;
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_RUNTIME:
+      case CUPTI_ACTIVITY_KIND_DRIVER: {
+        auto* a = reinterpret_cast<CUpti_ActivityAPI*>(rec);
+        r.kind = GS_GPU_API;
+        r.detail = rec->kind == CUPTI_ACTIVITY_KIND_DRIVER;
+        r.start = a->start;
+        r.end = a->end;
+        r.correlation = a->correlationId;
+        r.bytes = a->cbid;
+        r.thread = a->threadId;
+        break;
+      }
+      default:
+        continue;
+    }
+    r.name_len = uint32_t(name.size());
+    out.append(reinterpret_cast<const char*>(&r), sizeof(r));
+    out += name;
+  }
+  size_t dropped = 0;
+  if (g_cupti.ActivityGetNumDroppedRecords && g_cupti.ActivityGetNumDroppedRecords(ctx, stream_id, &dropped) == CUPTI_SUCCESS &&
+      dropped) {
+    gs_gpu_record d{};
+    d.kind = GS_GPU_DROPPED;
+    d.bytes = dropped;
+    out.append(reinterpret_cast<const char*>(&d), sizeof(d));
+  }
+  {
+    std::lock_guard lock(g_write_mu);
+    write_all(out.data(), out.size());
+  }
+  std::free(buffer);
+}
+
+uint64_t CUPTIAPI timestamp() { return monotonic_ns(); }
+
+void flush_at_exit() {
+  if (!g_active.exchange(false)) return;
+  g_cupti.ActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  std::lock_guard lock(g_write_mu);
+  if (g_dropped.load()) {
+    gs_gpu_record d{};
+    d.kind = GS_GPU_DROPPED;
+    d.bytes = g_dropped.load();
+    g_dropped = 0;
+    write_all(&d, sizeof(d));
+  }
+  if (g_fd >= 0) ::close(g_fd);
+  g_fd = -1;
+}
+
+bool start() {
+  const char* dir = std::getenv(GS_GPU_TRACE_ENV);
+  if (!dir || !*dir) {
+    say("%s is not set (gpuscope record --gpu-times sets it): no GPU times", GS_GPU_TRACE_ENV);
+    return false;
+  }
+  if (const char* cap = std::getenv("GPUSCOPE_GPU_TRACE_MAX_MB")) g_max_bytes = std::strtoull(cap, nullptr, 10) << 20;
+  void* h = open_cupti();
+  if (!h) return false;
+  Cupti& c = g_cupti;
+  if (!bind(h, c.GetVersion, "cuptiGetVersion") || !bind(h, c.ActivityEnable, "cuptiActivityEnable") ||
+      !bind(h, c.ActivityRegisterCallbacks, "cuptiActivityRegisterCallbacks") ||
+      !bind(h, c.ActivityGetNextRecord, "cuptiActivityGetNextRecord") ||
+      !bind(h, c.ActivityFlushAll, "cuptiActivityFlushAll")) {
+    say("%s", "the CUPTI library found lacks the activity API: no GPU times");
+    return false;
+  }
+  bind(h, c.GetResultString, "cuptiGetResultString");
+  bind(h, c.ActivityGetNumDroppedRecords, "cuptiActivityGetNumDroppedRecords");
+  bind(h, c.ActivityRegisterTimestampCallback, "cuptiActivityRegisterTimestampCallback");
+  bind(h, c.GetTimestamp, "cuptiGetTimestamp");
+  uint32_t version = 0;
+  c.GetVersion(&version);
+  // Records are read with this CUPTI's structure layouts: another major version would misread them.
+  if (version / 1000 != CUPTI_API_VERSION / 1000 && version != CUPTI_API_VERSION) {
+    char msg[128];
+    std::snprintf(msg, sizeof(msg), "%u (gpuscope was built with %u)", version, unsigned(CUPTI_API_VERSION));
+    say("CUPTI API version %s: no GPU times", msg);
+    return false;
+  }
+
+  gs_gpu_trace_header hdr{};
+  std::memcpy(hdr.magic, GS_GPU_TRACE_MAGIC, sizeof(hdr.magic));
+  hdr.pid = uint32_t(getpid());
+  hdr.cupti_version = version;
+  // Times on gpuscope's clock: given to CUPTI, or else measured against it once.
+  if (!c.ActivityRegisterTimestampCallback || c.ActivityRegisterTimestampCallback(timestamp) != CUPTI_SUCCESS) {
+    uint64_t cupti_now = 0;
+    if (c.GetTimestamp && c.GetTimestamp(&cupti_now) == CUPTI_SUCCESS)
+      hdr.clock_offset_ns = int64_t(monotonic_ns()) - int64_t(cupti_now);
+  }
+  if (CUptiResult r = c.ActivityRegisterCallbacks(buffer_requested, buffer_completed); r != CUPTI_SUCCESS) {
+    say("CUPTI refused its buffer callbacks (%s): no GPU times", result_text(r));
+    return false;
+  }
+  for (CUpti_ActivityKind k : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                               CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER}) {
+    if (CUptiResult r = c.ActivityEnable(k); r != CUPTI_SUCCESS) {
+      // Typically another CUPTI user (a profiler) holds it.
+      say("CUPTI would not record GPU activity (%s): no GPU times", result_text(r));
+      return false;
+    }
+  }
+  const std::string path = std::string(dir) + "/gpu-" + std::to_string(getpid()) + ".bin";
+  g_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (g_fd < 0) {
+    say("cannot write %s: no GPU times", path.c_str());
+    return false;
+  }
+  write_all(&hdr, sizeof(hdr));
+  g_active = true;
+  std::atexit(flush_at_exit);
+  // Completed buffers are handed over when full or flushed: flush once a second, so that a
+  // program that never exits cleanly loses at most its last second.
+  std::thread([] {
+    while (g_active.load()) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      if (g_active.load()) g_cupti.ActivityFlushAll(0);
+    }
+  }).detach();
+  return true;
+}
+
+}  // namespace
+
+// Called by the CUDA driver once, at cuInit, in the program's process. Returns 1: the program
+// goes on whatever happens here.
+extern "C" __attribute__((visibility("default"))) int InitializeInjection(void) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    try {
+      start();
+    } catch (...) {
+      say("%s", "GPU times failed to start");
+    }
+  });
+  return 1;
+}

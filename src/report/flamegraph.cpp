@@ -134,10 +134,11 @@ Metric parse_metric(const std::string& s) {
                                                      {"launches", Metric::Launches},
                                                      {"memcpy-bytes", Metric::MemcpyBytes},
                                                      {"alloc-bytes", Metric::AllocBytes},
-                                                     {"inuse-bytes", Metric::InuseBytes}};
+                                                     {"inuse-bytes", Metric::InuseBytes},
+                                                     {"gpu-time", Metric::GpuTime}};
   auto it = metrics.find(s);
   if (it == metrics.end())
-    throw Error("unknown metric '{}': use cpu, launches, memcpy-bytes, alloc-bytes or inuse-bytes", s);
+    throw Error("unknown metric '{}': use cpu, launches, memcpy-bytes, alloc-bytes, inuse-bytes or gpu-time", s);
   return it->second;
 }
 
@@ -178,6 +179,21 @@ FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, cons
         // The kernel part goes under the user stack that made the system call.
         add(q.i64(0), q.i64(1), names(q.i64(2)), d.period);
       }
+      break;
+    }
+    case Metric::GpuTime: {
+      if (!has_table(db, "gpu_activities"))
+        throw Error("this record has no GPU times: record with --gpu-times");
+      d.sample_type = "gpu_time";
+      d.unit = "nanoseconds";
+      // Each kernel's (and copy's, memset's) time on the GPU, under the stack that launched it;
+      // the leaf is the kernel, or the kind of transfer.
+      auto q = db.prepare(fmt::format(
+          "SELECT coalesce(c.pid, a.pid), coalesce(c.stack_id, 0), CASE a.kind WHEN 'kernel' THEN "
+          "coalesce(a.name, '[unnamed kernel]') ELSE '[' || a.kind || ']' END, a.end_ns - a.start_ns "
+          "FROM gpu_activities a LEFT JOIN calls c ON c.id = a.call_id{}",
+          opt.pid ? fmt::format(" WHERE a.pid = {}", opt.pid) : ""));
+      while (q.step()) add(q.i64(0), q.i64(1), {q.str(2)}, std::max<int64_t>(q.i64(3), 0));
       break;
     }
     case Metric::Launches: {

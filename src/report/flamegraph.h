@@ -12,7 +12,7 @@
 
 namespace gpuscope::report {
 
-enum class Metric { Cpu, Launches, MemcpyBytes, AllocBytes, InuseBytes };
+enum class Metric { Cpu, Launches, MemcpyBytes, AllocBytes, InuseBytes, GpuTime };
 enum class FlameFormat { Folded, Pprof, Html };
 
 struct FlameOptions {

@@ -555,6 +555,133 @@ json sync(const Record& r, const std::map<int64_t, FunctionStats>& stats) {
 }
 
 // The counts are written when a recording ends: one cut short has none.
+// GPU times (record --gpu-times): how busy each GPU was, where its time went, and its longest
+// idle gaps with what the threads that feed it were doing meanwhile.
+json gpu_time(const Record& r, Stacks& stacks, size_t top) {
+  if (!has_table(r.db, "gpu_activities")) return nullptr;
+  struct Act {
+    int64_t start, end, stack, tid;
+  };
+  std::map<int64_t, std::vector<Act>> by_gpu;
+  struct KernelTotal {
+    int64_t count = 0, ns = 0, max_ns = 0;
+    std::map<int64_t, int64_t> ns_by_stack;
+  };
+  std::map<std::string, KernelTotal> kernels;
+  auto q = r.db.prepare(
+      "SELECT coalesce(a.gpu, 0), a.start_ns, a.end_ns, a.kind, coalesce(a.name, ''), coalesce(c.stack_id, 0), "
+      "coalesce(c.tid, 0) FROM gpu_activities a LEFT JOIN calls c ON c.id = a.call_id ORDER BY a.start_ns");
+  while (q.step()) {
+    const int64_t start = q.i64(1), end = std::max(q.i64(2), q.i64(1));
+    by_gpu[q.i64(0)].push_back({start, end, q.i64(5), q.i64(6)});
+    if (q.str(3) != "kernel") continue;
+    auto& k = kernels[q.str(4).empty() ? "[unnamed kernel]" : q.str(4)];
+    ++k.count;
+    k.ns += end - start;
+    k.max_ns = std::max(k.max_ns, end - start);
+    k.ns_by_stack[q.i64(5)] += end - start;
+  }
+  if (by_gpu.empty()) return nullptr;
+
+  json gpus = json::array();
+  const int64_t span = std::max<int64_t>(r.end - r.origin, 1);
+  for (auto& [gpu, acts] : by_gpu) {
+    // Busy: the union of every activity's interval; gaps: between consecutive busy stretches.
+    std::vector<std::pair<int64_t, int64_t>> busy;
+    std::set<int64_t> feeders;
+    for (const auto& a : acts) {
+      if (a.tid) feeders.insert(a.tid);
+      if (!busy.empty() && a.start <= busy.back().second)
+        busy.back().second = std::max(busy.back().second, a.end);
+      else
+        busy.push_back({a.start, a.end});
+    }
+    int64_t busy_ns = 0;
+    std::vector<int64_t> bucket(kSeriesPoints, 0);
+    const int64_t width = std::max<int64_t>(span / kSeriesPoints, 1);
+    for (const auto& [s, e] : busy) {
+      busy_ns += e - s;
+      for (int64_t t = s; t < e;) {
+        const int64_t b = std::clamp<int64_t>((t - r.origin) / width, 0, kSeriesPoints - 1);
+        const int64_t bucket_end = r.origin + (b + 1) * width;
+        const int64_t upto = b == kSeriesPoints - 1 ? e : std::min(e, bucket_end);
+        bucket[size_t(b)] += upto - t;
+        t = std::max(upto, t + 1);
+      }
+    }
+    json series = json::array();
+    for (int64_t b = 0; b < kSeriesPoints; ++b) series.push_back(std::min(1.0, double(bucket[size_t(b)]) / width));
+    std::vector<std::pair<int64_t, int64_t>> gaps;
+    for (size_t i = 1; i < busy.size(); ++i) gaps.push_back({busy[i - 1].second, busy[i].first});
+    std::stable_sort(gaps.begin(), gaps.end(),
+                     [](const auto& a, const auto& b) { return a.second - a.first > b.second - b.first; });
+    if (gaps.size() > 5) gaps.resize(5);
+    json gj = json::array();
+    std::string tids;
+    for (int64_t t : feeders) tids += (tids.empty() ? "" : ",") + std::to_string(t);
+    for (const auto& [g0, g1] : gaps) {
+      json doing = json::array();
+      if (!tids.empty()) {
+        // Calls of the feeding threads that were under way during the gap, longest overlap first.
+        auto c = r.db.prepare(fmt::format(
+            "SELECT f.name, min(c.ts_ns + coalesce(c.duration_ns, 0), ?2) - max(c.ts_ns, ?1) AS overlap, "
+            "coalesce(c.stack_id, 0) FROM calls c JOIN functions f ON f.id = c.func WHERE c.tid IN ({}) "
+            "AND c.ts_ns < ?2 AND c.ts_ns + coalesce(c.duration_ns, 0) > ?1 ORDER BY overlap DESC LIMIT 3",
+            tids));
+        c.bind(1, g0).bind(2, g1);
+        while (c.step()) {
+          json d{{"call", c.str(0)}, {"overlap_ns", c.i64(1)}, {"site", stacks.site(c.i64(2))}};
+          if (auto py = stacks.python_site(c.i64(2)); !py.empty()) d["python"] = py;
+          doing.push_back(std::move(d));
+        }
+      }
+      json sampled = json::array();
+      if (!tids.empty() && has_table(r.db, "samples")) {
+        std::map<std::string, int64_t> where;
+        auto s = r.db.prepare(fmt::format(
+            "SELECT coalesce(stack_id, 0) FROM samples WHERE tid IN ({}) AND ts_ns BETWEEN ?1 AND ?2", tids));
+        s.bind(1, g0).bind(2, g1);
+        while (s.step()) {
+          const auto& fs = stacks.frames(s.i64(0));
+          const std::string py = stacks.python_site(s.i64(0));
+          where[py.empty() ? (fs.empty() ? "[no stack]" : fs.front().text) : py] += 1;
+        }
+        for (const auto& [w, n] : by_count(where, 3)) sampled.push_back({{"where", w}, {"samples", n}});
+      }
+      gj.push_back({{"start_ns", g0 - r.origin}, {"duration_ns", g1 - g0}, {"calls", doing}, {"cpu_samples", sampled}});
+    }
+    gpus.push_back({{"gpu", gpu},
+                    {"activities", acts.size()},
+                    {"busy_ns", busy_ns},
+                    {"busy_share", double(busy_ns) / span},
+                    {"active_span_ns", busy.back().second - busy.front().first},
+                    {"series", series},
+                    {"longest_gaps", gj}});
+  }
+  std::map<std::string, int64_t> ns;
+  int64_t all_ns = 0;
+  for (const auto& [name, k] : kernels) {
+    ns[name] = k.ns;
+    all_ns += k.ns;
+  }
+  json tk = json::array();
+  for (const auto& [name, total] : by_count(ns, top)) {
+    const auto& k = kernels.at(name);
+    auto site = std::max_element(k.ns_by_stack.begin(), k.ns_by_stack.end(),
+                                 [](const auto& a, const auto& b) { return a.second < b.second; });
+    json j{{"name", name},
+           {"launches", k.count},
+           {"gpu_ns", total},
+           {"share", double(total) / std::max<int64_t>(all_ns, 1)},
+           {"mean_ns", total / std::max<int64_t>(k.count, 1)},
+           {"max_ns", k.max_ns},
+           {"site", stacks.site(site->first)}};
+    if (auto py = stacks.python_site(site->first); !py.empty()) j["python"] = py;
+    tk.push_back(std::move(j));
+  }
+  return {{"gpus", gpus}, {"kernel_ns", all_ns}, {"top_kernels", tk}};
+}
+
 // NVML's view of each GPU over the recording, and each recorded process's share of it.
 json gpus(store::RecordReader& rec, const Record& r) {
   json out = {{"metrics", rec.meta("gpu_metrics")}, {"devices", json::array()}};
@@ -913,6 +1040,39 @@ void sync_text(std::string& out, const json& sync) {
   out += t.render();
 }
 
+void gpu_time_text(std::string& out, const json& g) {
+  if (g.is_null()) return;  // recorded without --gpu-times
+  heading(out, fmt::format("GPU time (CUPTI): {} in kernels", time_text(i64(g, "kernel_ns"))));
+  static constexpr std::string_view kBars[] = {" ", "▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
+  for (const auto& d : g.at("gpus")) {
+    std::string line;
+    for (const auto& v : d.at("series")) line += kBars[size_t(std::lround(v.get<double>() * 8))];
+    out += fmt::format("  GPU {}: busy {} of the recording ({:.1f}%), {} activities\n    busy over time |{}|\n",
+                       i64(d, "gpu"), time_text(i64(d, "busy_ns")), 100 * d.at("busy_share").get<double>(),
+                       num(i64(d, "activities")), line);
+    const auto& gaps = d.at("longest_gaps");
+    if (gaps.empty()) continue;
+    out += "    longest idle gaps, and what the threads that feed this GPU did meanwhile:\n";
+    for (const auto& gap : gaps) {
+      out += fmt::format("      {} idle from {}\n", time_text(i64(gap, "duration_ns")), time_text(i64(gap, "start_ns")));
+      for (const auto& c : gap.at("calls"))
+        out += fmt::format("        in {} for {}, from {}\n", str(c, "call"), time_text(i64(c, "overlap_ns")),
+                           site_text(c, 90));
+      for (const auto& s : gap.at("cpu_samples"))
+        out += fmt::format("        on CPU in {} ({} samples)\n", shorten(str(s, "where"), 100), num(i64(s, "samples")));
+      if (gap.at("calls").empty() && gap.at("cpu_samples").empty())
+        out += "        no call under way and no CPU sample (record with --cpu-profile to see the CPU side)\n";
+    }
+  }
+  Table t({">GPU TIME", ">SHARE", ">LAUNCHES", ">MEAN", "KERNEL"});
+  for (const auto& k : g.at("top_kernels")) {
+    t.add({time_text(i64(k, "gpu_ns")), fmt::format("{:.1f}%", 100 * k.at("share").get<double>()), num(i64(k, "launches")),
+           time_text(i64(k, "mean_ns")), shorten(str(k, "name"), 100)});
+    t.add({"", "", "", "", "  from " + site_text(k, 100)});
+  }
+  out += t.render();
+}
+
 void gpus_text(std::string& out, const json& g) {
   heading(out, "GPUs (NVML)");
   const auto& devs = g.at("devices");
@@ -1035,6 +1195,7 @@ json build_report(store::RecordReader& rec, symbolize::Symbolizer& sym, const Op
           {"sync", sync(r, stats)},
           {"cpu", cpu_profile(rec, sym, opt.top)},
           {"gpus", gpus(rec, r)},
+          {"gpu_time", gpu_time(r, stacks, opt.top)},
           {"lost", lost(r.db)}};
 }
 
@@ -1049,6 +1210,7 @@ std::string render_text(const json& report) {
   errors_text(out, report.at("errors"));
   sync_text(out, report.at("sync"));
   if (report.contains("cpu")) cpu_text(out, report.at("cpu"));
+  if (report.contains("gpu_time")) gpu_time_text(out, report.at("gpu_time"));
   if (report.contains("gpus")) gpus_text(out, report.at("gpus"));
   lost_text(out, report.at("lost"));
   return out;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -129,6 +130,12 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
 
   Writer w(out);
   FrameNames names(db, sym);
+  std::set<int64_t> named_gpus;
+  auto name_gpu = [&](int64_t gpu, const std::string& what) {
+    if (named_gpus.insert(gpu).second)
+      w.event(fmt::format(R"({{"ph":"M","name":"process_name","pid":{},"args":{{"name":{}}}}})", kGpuPidBase + gpu,
+                          quoted(what)));
+  };
 
   // Tracks: processes and threads by name.
   {
@@ -172,13 +179,10 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
         if (auto py = names.python_line(stack); !py.empty()) args += ",\"python\":" + quoted(py);
         args += ",\"stack\":" + quoted(stack_text(names(stack)));
       }
-      const int64_t dur = q.i64(1);
-      if (dur > 0)
-        w.event(fmt::format(R"({{"ph":"X","name":{},"cat":{},"ts":{},"dur":{:.3f},"pid":{},"tid":{},"args":{{{}}}}})",
-                            quoted(name), quoted(kind), us(q.i64(0)), dur / 1e3, q.i64(2), q.i64(3), args));
-      else
-        w.event(fmt::format(R"({{"ph":"i","s":"t","name":{},"cat":{},"ts":{},"pid":{},"tid":{},"args":{{{}}}}})",
-                            quoted(name), quoted(kind), us(q.i64(0)), q.i64(2), q.i64(3), args));
+      // Calls recorded at entry only (launches) are slices of no length: flow arrows to their
+      // kernels start from a slice.
+      w.event(fmt::format(R"({{"ph":"X","name":{},"cat":{},"ts":{},"dur":{:.3f},"pid":{},"tid":{},"args":{{{}}}}})",
+                          quoted(name), quoted(kind), us(q.i64(0)), q.i64(1) / 1e3, q.i64(2), q.i64(3), args));
     }
   }
 
@@ -202,9 +206,7 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
   // NVML: counter tracks under one process per GPU.
   if (has_table(db, "gpus")) {
     auto g = db.prepare("SELECT idx, coalesce(name, '') FROM gpus");
-    while (g.step())
-      w.event(fmt::format(R"({{"ph":"M","name":"process_name","pid":{},"args":{{"name":{}}}}})", kGpuPidBase + g.i64(0),
-                          quoted(fmt::format("GPU {} (NVML): {}", g.i64(0), g.str(1)))));
+    while (g.step()) name_gpu(g.i64(0), fmt::format("GPU {} (NVML): {}", g.i64(0), g.str(1)));
     auto q = db.prepare(
         "SELECT ts_ns, gpu, gpu_util, mem_util, mem_used, power_mw, temperature_c, sm_clock_mhz, pcie_tx_kbs, "
         "pcie_rx_kbs FROM gpu_samples WHERE ts_ns >= ?1 AND ts_ns <= ?2 ORDER BY ts_ns");
@@ -222,6 +224,45 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
       if (!q.is_null(7)) counter("SM clock MHz", fmt::format("\"sm\":{}", q.i64(7)));
       if (!q.is_null(8))
         counter("PCIe MB/s", fmt::format("\"to_gpu\":{:.1f},\"from_gpu\":{:.1f}", q.i64(9) / 1e3, q.i64(8) / 1e3));
+    }
+  }
+
+  // GPU times: a track per GPU stream with its kernels, copies and memsets, and an arrow from
+  // each launch (or copy call) to what it ran.
+  if (has_table(db, "gpu_activities")) {
+    std::set<std::pair<int64_t, int64_t>> streams;
+    auto q = db.prepare(
+        "SELECT a.id, coalesce(a.gpu, 0), coalesce(a.stream, 0), a.start_ns, a.end_ns, a.kind, a.name, a.bytes, "
+        "a.copy_kind, a.grid_x, a.grid_y, a.grid_z, a.block_x, a.block_y, a.block_z, c.pid, c.tid, c.ts_ns "
+        "FROM gpu_activities a LEFT JOIN calls c ON c.id = a.call_id WHERE a.start_ns >= ?1 AND a.start_ns <= ?2" +
+        (opt.pid ? fmt::format(" AND a.pid = {}", opt.pid) : "") + " ORDER BY a.start_ns");
+    q.bind(1, lo).bind(2, hi);
+    static const char* kCopyKinds[] = {"unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP"};
+    while (q.step()) {
+      const int64_t gpu_pid = kGpuPidBase + q.i64(1), stream = q.i64(2);
+      name_gpu(q.i64(1), fmt::format("GPU {}", q.i64(1)));
+      if (streams.insert({q.i64(1), stream}).second)
+        w.event(fmt::format(R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":"stream {}"}}}})",
+                            gpu_pid, stream, stream));
+      const std::string kind = q.str(5);
+      std::string name, args = "\"kind\":" + quoted(kind);
+      if (kind == "kernel") {
+        name = q.is_null(6) ? "[unnamed kernel]" : q.str(6);
+        args += fmt::format(",\"grid\":[{},{},{}],\"block\":[{},{},{}]", q.i64(9), q.i64(10), q.i64(11), q.i64(12),
+                            q.i64(13), q.i64(14));
+      } else {
+        const int64_t ck = q.i64(8);
+        name = kind == "memcpy" ? fmt::format("memcpy {}", ck >= 0 && ck <= 10 ? kCopyKinds[ck] : "?") : "memset";
+        args += fmt::format(",\"bytes\":{}", q.i64(7));
+      }
+      w.event(fmt::format(R"({{"ph":"X","name":{},"cat":"gpu","ts":{},"dur":{:.3f},"pid":{},"tid":{},"args":{{{}}}}})",
+                          quoted(name), us(q.i64(3)), (q.i64(4) - q.i64(3)) / 1e3, gpu_pid, stream, args));
+      if (!q.is_null(15)) {
+        w.event(fmt::format(R"({{"ph":"s","id":{},"name":"launch","cat":"flow","ts":{},"pid":{},"tid":{}}})", q.i64(0),
+                            us(q.i64(17)), q.i64(15), q.i64(16)));
+        w.event(fmt::format(R"({{"ph":"f","bp":"e","id":{},"name":"launch","cat":"flow","ts":{},"pid":{},"tid":{}}})",
+                            q.i64(0), us(q.i64(3)), gpu_pid, stream));
+      }
     }
   }
 

@@ -48,3 +48,64 @@ def test_gpu_times_need_a_command(gpuscope, tmp_path):
     assert run.returncode != 0
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "--gpu-times works with record -- CMD" in lines[0], run.stderr
+
+
+def add_gpu_activities(rec):
+    """What --gpu-times stores, made up for the two launches of a real recording (CI has no GPU):
+    a 2 us kernel starting 1 us after each launch, on stream 7 (launches come microseconds apart:
+    these do not overlap)."""
+    import sqlite3
+    with sqlite3.connect(rec.path) as db:
+        launches = db.execute("SELECT c.id, c.pid, c.ts_ns FROM calls c JOIN functions f ON f.id = c.func "
+                              "WHERE f.kind = 'launch' ORDER BY c.ts_ns").fetchall()
+        for call_id, pid, ts in launches:
+            db.execute("INSERT INTO gpu_activities(pid, kind, gpu, stream, start_ns, end_ns, name, call_id, grid_x, "
+                       "grid_y, grid_z, block_x, block_y, block_z) VALUES(?, 'kernel', 0, 7, ?, ?, 'fake_kernel(int)', "
+                       "?, 4, 1, 1, 32, 1, 1)", (pid, ts + 1000, ts + 3000, call_id))
+    return launches
+
+
+def test_gpu_time_in_flame_graph_report_and_timeline(record, gpuscope):
+    import json
+    from test_python import LIBCUDA_STUB, PYTHON, SCRIPTS, marked_lines
+    from test_timeline import check_trace_event_format
+    from conftest import CUDART
+    script = str(SCRIPTS / "py_cuda.py")
+    rec = record("--", PYTHON, script, CUDART, LIBCUDA_STUB)
+    assert rec.returncode == 0, rec.stderr
+    launches = add_gpu_activities(rec)
+    assert len(launches) == 2
+    at = marked_lines("py_cuda.py")
+
+    # Flame graph: 2 us per kernel, under the Python line that launched it.
+    out = gpuscope("flamegraph", rec.path, "--metric", "gpu-time", "-o", "-")
+    assert out.returncode == 0, out.stderr
+    [line] = out.stdout.splitlines()
+    path, value = line.rsplit(" ", 1)
+    assert int(value) == 4000
+    assert f"Model.launch ({script}:{at['launch']});" in path and path.endswith(";fake_kernel(int)")
+
+    # Report: busy time, the kernel with its Python line, the idle gap between the two kernels.
+    doc = json.loads(gpuscope("report", "--json", rec.path).stdout)["gpu_time"]
+    assert doc["kernel_ns"] == 4000
+    [gpu] = doc["gpus"]
+    assert gpu["busy_ns"] == 4000 and gpu["activities"] == 2
+    [kernel] = doc["top_kernels"]
+    assert kernel["name"] == "fake_kernel(int)" and kernel["launches"] == 2
+    assert kernel["python"] == f"Model.launch ({script}:{at['launch']})"
+    [gap] = gpu["longest_gaps"]
+    assert gap["duration_ns"] == launches[1][2] - launches[0][2] - 2000
+    text = gpuscope("report", rec.path).stdout
+    assert "GPU time (CUPTI): 4.0 µs in kernels" in text and "fake_kernel(int)" in text
+
+    # Timeline: the kernels on their stream's track, an arrow from each launch to its kernel.
+    trace = json.loads(gpuscope("timeline", rec.path, "-o", "-").stdout)
+    check_trace_event_format(trace)
+    events = trace["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "gpu"]
+    assert len(kernels) == 2 and {e["tid"] for e in kernels} == {7} and all(e["dur"] == 2 for e in kernels)
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert len(starts) == 2 and starts.keys() == ends.keys()
+    for i, s in starts.items():
+        assert abs(ends[i]["ts"] - s["ts"] - 1) < 1e-6 and ends[i]["pid"] == kernels[0]["pid"]

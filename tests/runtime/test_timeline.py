@@ -15,7 +15,7 @@ def check_trace_event_format(doc):
     assert isinstance(doc["traceEvents"], list)
     assert doc.get("displayTimeUnit") in ("ms", "ns")
     for e in doc["traceEvents"]:
-        assert e["ph"] in ("X", "i", "C", "M"), e
+        assert e["ph"] in ("X", "i", "C", "M", "s", "f"), e
         assert isinstance(e["name"], str) and e["name"], e
         assert isinstance(e["pid"], int), e
         if e["ph"] == "M":
@@ -28,6 +28,10 @@ def check_trace_event_format(doc):
             assert isinstance(e["dur"], (int, float)) and e["dur"] >= 0, e
         if e["ph"] == "i":
             assert e["s"] in ("t", "p", "g"), e
+        if e["ph"] in ("s", "f"):
+            assert isinstance(e["id"], int) and isinstance(e["tid"], int), e
+        if e["ph"] == "f":
+            assert e["bp"] == "e", e
         if e["ph"] == "C":
             assert e["args"] and all(isinstance(v, (int, float)) for v in e["args"].values()), e
 

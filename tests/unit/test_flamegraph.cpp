@@ -148,7 +148,8 @@ TEST(FlameFormat, ChosenByExtension) {
   EXPECT_EQ(report::format_for_path("-"), report::FlameFormat::Folded);
   EXPECT_EQ(report::format_for_path("cpu.pb.gz"), report::FlameFormat::Pprof);
   EXPECT_THROW(report::format_for_path("a.png"), Error);
-  EXPECT_THROW(report::parse_metric("gpu-time"), Error);
+  EXPECT_THROW(report::parse_metric("gpu-seconds"), Error);
+  EXPECT_EQ(report::parse_metric("gpu-time"), report::Metric::GpuTime);
   EXPECT_EQ(report::parse_metric("inuse-bytes"), report::Metric::InuseBytes);
 }
 

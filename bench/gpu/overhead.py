@@ -70,6 +70,7 @@ def configurations(gpuscope, nsys, nsys_backtraces):
         c["gpuscope +stacks no NVML"] = ("gpuscope", ["--gpu-sample-hz", "0"])
         full += ["--gpu-sample-hz", "10"]
     if "--gpu-times" in helptext:
+        c["gpuscope +stacks +gpu times"] = ("gpuscope", ["--gpu-times"])
         full += ["--gpu-times"]
     if len(full) > 2:
         c["gpuscope everything"] = ("gpuscope", full)

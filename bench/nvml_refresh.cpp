@@ -85,8 +85,11 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_until(next);
   }
   for (int pcie = 0; pcie < 2; ++pcie)
-    std::printf("one tick (every metric of every GPU, %s PCIe throughput): median %.0f us wall, %.0f us CPU\n",
-                pcie ? "with" : "without", median(tick_us[pcie]), median(tick_cpu_us[pcie]));
+    std::printf("one tick (every GPU, %s): median %.0f us wall, %.0f us CPU\n",
+                pcie ? "slow: with PCIe throughput and per-process use" : "fast: device metrics only",
+                median(tick_us[pcie]), median(tick_cpu_us[pcie]));
+  std::printf("mean time per NVML query:\n");
+  for (const auto& [name, us] : nvml.call_costs()) std::printf("  %-20s %9.1f us\n", name.c_str(), us);
   std::printf("%-4s %-12s %8s %22s\n", "GPU", "metric", "changes", "median ms between");
   for (const auto& [key, series] : seen) {
     std::vector<double> gaps;

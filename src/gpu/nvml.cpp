@@ -230,7 +230,7 @@ std::string NvmlSampler::driver_version() const {
   return {};
 }
 
-NvmlSampler::Batch NvmlSampler::sample_once(bool with_pcie) {
+NvmlSampler::Batch NvmlSampler::sample_once(bool slow) {
   Batch b;
   if (!lib_) return b;
   NvmlLibrary& L = *lib_;
@@ -240,7 +240,9 @@ NvmlSampler::Batch NvmlSampler::sample_once(bool with_pcie) {
     // Calls a getter unless NVML said before that it is not supported on this GPU.
     auto ask = [&](uint32_t metric, auto&& call) {
       if (off & metric) return false;
+      const uint64_t t0 = now_ns();
       const nvmlReturn_t r = call();
+      note_cost(metric, now_ns() - t0);
       if (r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_NOT_FOUND) off |= metric;
       return r == NVML_SUCCESS;
     };
@@ -256,7 +258,10 @@ NvmlSampler::Batch NvmlSampler::sample_once(bool with_pcie) {
     m2.version = kMemoryV2;
     nvmlMemory_t m{};
     if (L.DeviceGetMemoryInfo_v2 && !(off & kMemoryV2Bit)) {
-      if (L.DeviceGetMemoryInfo_v2(d, &m2) == NVML_SUCCESS)
+      const uint64_t t0 = now_ns();
+      const nvmlReturn_t r = L.DeviceGetMemoryInfo_v2(d, &m2);
+      note_cost(kMemory, now_ns() - t0);
+      if (r == NVML_SUCCESS)
         s.mem_used = m2.used;
       else
         off |= kMemoryV2Bit;  // an older driver: v1, whose `used` includes the driver's reservation
@@ -275,11 +280,11 @@ NvmlSampler::Batch NvmlSampler::sample_once(bool with_pcie) {
     if (L.DeviceGetCurrentClocksThrottleReasons &&
         ask(kThrottle, [&] { return L.DeviceGetCurrentClocksThrottleReasons(d, &ull); }))
       s.throttle_reasons = ull;
-    // NVML measures PCIe throughput for ~20 ms per call: read on some ticks only.
-    if (with_pcie && L.DeviceGetPcieThroughput &&
+    // NVML measures PCIe throughput for ~20 ms per call: read on slow ticks only.
+    if (slow && L.DeviceGetPcieThroughput &&
         ask(kPcieTx, [&] { return L.DeviceGetPcieThroughput(d, NVML_PCIE_UTIL_TX_BYTES, &v); }))
       s.pcie_tx_kbs = v;
-    if (with_pcie && L.DeviceGetPcieThroughput &&
+    if (slow && L.DeviceGetPcieThroughput &&
         ask(kPcieRx, [&] { return L.DeviceGetPcieThroughput(d, NVML_PCIE_UTIL_RX_BYTES, &v); }))
       s.pcie_rx_kbs = v;
     if (L.DeviceGetTotalEccErrors &&
@@ -302,7 +307,9 @@ NvmlSampler::Batch NvmlSampler::sample_once(bool with_pcie) {
       procs.push_back(GpuProcessSample{s.ts_ns, s.device, pid, {}, {}, {}});
       return procs.back();
     };
-    if (L.DeviceGetProcessUtilization && !(off & kProcUtil)) {
+    // Per-process queries walk the driver's process lists: slow ticks only, like PCIe.
+    if (slow && L.DeviceGetProcessUtilization && !(off & kProcUtil)) {
+      const uint64_t t0 = now_ns();
       // Asked for the count first, then read into a buffer that holds them all (a short buffer
       // is refused and left unwritten).
       unsigned int n = 0;
@@ -334,8 +341,10 @@ NvmlSampler::Batch NvmlSampler::sample_once(bool with_pcie) {
           p.mem_util = uint32_t(sum.mem / sum.n);
         }
       }
+      note_cost(kProcUtil, now_ns() - t0);
     }
-    if (L.DeviceGetComputeRunningProcesses && !(off & kProcMemory)) {
+    if (slow && L.DeviceGetComputeRunningProcesses && !(off & kProcMemory)) {
+      const uint64_t t0 = now_ns();
       nvmlProcessInfo_t infos[256] = {};
       unsigned int n = 256;
       const nvmlReturn_t r = L.DeviceGetComputeRunningProcesses(d, &n, infos);
@@ -343,6 +352,7 @@ NvmlSampler::Batch NvmlSampler::sample_once(bool with_pcie) {
       if (r == NVML_SUCCESS)
         for (unsigned int k = 0; k < std::min(n, 256u); ++k)
           if (infos[k].usedGpuMemory != kNotAvailable) proc(infos[k].pid).used_memory = infos[k].usedGpuMemory;
+      note_cost(kProcMemory, now_ns() - t0);
     }
     b.processes.insert(b.processes.end(), procs.begin(), procs.end());
   }
@@ -361,15 +371,33 @@ NvmlSampler::Batch NvmlSampler::sample_once(bool with_pcie) {
   return b;
 }
 
+void NvmlSampler::note_cost(uint32_t metric, uint64_t ns) {
+  for (size_t i = 0; i < costs_.size(); ++i)
+    if (metric == (1u << i)) {
+      costs_[i].first += 1;
+      costs_[i].second += ns;
+    }
+}
+
+std::vector<std::pair<std::string, double>> NvmlSampler::call_costs() const {
+  static const char* kNames[] = {"utilization", "memory", "power", "temperature", "sm clock", "mem clock",
+                                 "throttle reasons", "pcie tx", "pcie rx", "ecc corrected", "ecc uncorrected",
+                                 "process utilization", "process memory"};
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t i = 0; i < costs_.size() && i < std::size(kNames); ++i)
+    if (costs_[i].first) out.emplace_back(kNames[i], costs_[i].second / 1e3 / double(costs_[i].first));
+  return out;
+}
+
 void NvmlSampler::start(double hz, Sink sink) {
   if (!lib_ || hz <= 0 || thread_.joinable()) return;
   stopping_ = false;
   thread_ = std::thread([this, hz, sink = std::move(sink)] {
     const auto period = std::chrono::nanoseconds(static_cast<int64_t>(1e9 / hz));
-    const uint64_t pcie_every = std::max<uint64_t>(1, uint64_t(hz / kPcieHz + 0.5));
+    const uint64_t slow_every = std::max<uint64_t>(1, uint64_t(hz / kSlowHz + 0.5));
     auto next = std::chrono::steady_clock::now();
     for (uint64_t tick = 0; !stopping_; ++tick) {
-      sink(sample_once(tick % pcie_every == 0));
+      sink(sample_once(tick % slow_every == 0));
       next += period;
       const auto now = std::chrono::steady_clock::now();
       if (next < now) next = now;  // a slow tick (PCIe counters take ~20 ms): no catching up

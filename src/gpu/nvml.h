@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -80,10 +81,14 @@ class NvmlSampler {
   // to `sink` (called on that thread).
   void start(double hz, Sink sink);
   void stop();
-  // One tick's readings now (what the thread does each period); PCIe throughput only when asked.
-  Batch sample_once(bool with_pcie = true);
-  // PCIe throughput is read at most this often: each reading takes NVML ~20 ms per direction.
-  static constexpr double kPcieHz = 1;
+  // One tick's readings now (what the thread does each period); a slow tick also reads PCIe
+  // throughput and each process's use.
+  Batch sample_once(bool slow = true);
+  // Mean wall time of each NVML query so far, microseconds (what a tick spends where).
+  std::vector<std::pair<std::string, double>> call_costs() const;
+  // Slow ticks, at most this often: NVML takes ~20 ms per direction to measure PCIe throughput,
+  // and the per-process queries are the costliest of the rest (bench/nvml_refresh).
+  static constexpr double kSlowHz = 1;
 
  private:
   std::unique_ptr<NvmlLibrary> lib_;
@@ -91,6 +96,8 @@ class NvmlSampler {
   std::vector<GpuDevice> devices_;
   std::vector<uint64_t> last_process_ts_;  // per device: NVML's timestamp of the last process sample read
   std::vector<uint32_t> unsupported_;      // per device: bits of metrics NVML said it does not offer
+  void note_cost(uint32_t metric, uint64_t ns);
+  std::array<std::pair<uint64_t, uint64_t>, 13> costs_{};  // per metric bit: (calls, ns)
   std::thread thread_;
   std::atomic<bool> stopping_{false};
 };

@@ -1,11 +1,12 @@
 // The benchmark workload: threads making probed CUDA calls as fast as they can.
-//   launch_loop --calls N [--threads T] [--mode invalid|real|free-null] [--streams S]
+//   launch_loop --calls N [--threads T] [--mode invalid|real|free-null] [--streams S] [--rate R]
 // invalid:   cudaLaunchKernel of a function that is no kernel (fails inside the runtime, no GPU work)
 // real:      cudaLaunchKernel of an empty <<<1,32>>> kernel (needs a GPU), round-robin over S
 //            streams per thread: on one stream the GPU runs these no faster than ~4 us each, which
 //            hides CPU cost added below that; several streams run them concurrently, so the loop
 //            is bound by the CPU side of a launch, which is what the probes add to.
 // free-null: cudaFree(nullptr), a call with entry and return probes
+// --rate R:  at most R calls per second per thread (paced every 1 ms), for a steady event rate
 // Prints one JSON line: calls, seconds, ns per call (per thread), calls per second (all threads).
 #include <cuda_runtime.h>
 
@@ -26,32 +27,47 @@ int main(int argc, char** argv) {
   int threads = 1;
   int streams = 1;
   std::string mode = "invalid";
+  double rate = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--calls")) calls = atol(argv[i + 1]);
     else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--mode")) mode = argv[i + 1];
     else if (!strcmp(argv[i], "--streams")) streams = atoi(argv[i + 1]) > 0 ? atoi(argv[i + 1]) : 1;
+    else if (!strcmp(argv[i], "--rate")) rate = atof(argv[i + 1]);
   }
   if (mode == "real") {
     cudaFree(nullptr);
     empty_kernel<<<1, 32>>>();
     cudaDeviceSynchronize();
   }
+  // Sleeps until call i is due (with --rate), checked once per 64 calls.
+  auto pace = [&](long i, std::chrono::steady_clock::time_point start) {
+    if (rate <= 0 || (i & 63) != 0) return;
+    const auto due = start + std::chrono::duration<double>(double(i) / rate);
+    std::this_thread::sleep_until(std::chrono::time_point_cast<std::chrono::steady_clock::duration>(due));
+  };
   auto body = [&] {
+    const auto start = std::chrono::steady_clock::now();
     if (mode == "real") {
       std::vector<cudaStream_t> s(streams);
       for (auto& one : s) cudaStreamCreateWithFlags(&one, cudaStreamNonBlocking);
       for (long i = 0; i < calls; ++i) {
+        pace(i, start);
         empty_kernel<<<1, 32, 0, s[i % streams]>>>();
         if ((i & 1023) == 1023)
           for (auto& one : s) cudaStreamSynchronize(one);
       }
       for (auto& one : s) cudaStreamSynchronize(one);
     } else if (mode == "free-null") {
-      for (long i = 0; i < calls; ++i) cudaFree(nullptr);
+      for (long i = 0; i < calls; ++i) {
+        pace(i, start);
+        cudaFree(nullptr);
+      }
     } else {
-      for (long i = 0; i < calls; ++i)
+      for (long i = 0; i < calls; ++i) {
+        pace(i, start);
         cudaLaunchKernel(reinterpret_cast<const void*>(&not_a_kernel), dim3(1), dim3(1), nullptr, 0, nullptr);
+      }
     }
   };
   auto t0 = std::chrono::steady_clock::now();

@@ -18,15 +18,14 @@
 
 #include "gpu/nvml.h"
 
+#include "common/clock.h"
+
 using gpuscope::gpu::GpuSample;
+
+using gpuscope::monotonic_ns;
 
 namespace {
 
-uint64_t now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
-}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -66,14 +65,14 @@ int main(int argc, char** argv) {
     return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
   };
   uint64_t tick = 0;
-  const uint64_t end = now_ns() + uint64_t(seconds * 1e9);
+  const uint64_t end = monotonic_ns() + uint64_t(seconds * 1e9);
   const auto period = std::chrono::nanoseconds(int64_t(1e9 / poll_hz));
   auto next = std::chrono::steady_clock::now();
-  while (now_ns() < end) {
+  while (monotonic_ns() < end) {
     const bool pcie = ++tick % 2 == 0;
-    const uint64_t t0 = now_ns(), c0 = thread_cpu_ns();
+    const uint64_t t0 = monotonic_ns(), c0 = thread_cpu_ns();
     auto batch = nvml.sample_once(pcie);
-    tick_us[pcie].push_back((now_ns() - t0) / 1e3);
+    tick_us[pcie].push_back((monotonic_ns() - t0) / 1e3);
     tick_cpu_us[pcie].push_back((thread_cpu_ns() - c0) / 1e3);
     for (const auto& s : batch.samples)
       for (const auto& [name, get] : metrics)

@@ -8,6 +8,10 @@
 #           per launch (traps per launch).
 # cost:     per-launch cost against the empty-program floor; zero-loss event rate; own CPU/RSS.
 # overhead: issue 3's suite (bench/gpu/overhead.py), all configurations interleaved.
+# nvml:     what each NVML query costs while the GPU is busy (bench/nvml_refresh).
+# agent:    the agent's own CPU and memory idle and at 10k and 100k launches/s (bench/agent_cost.py).
+# budget:   a launch-bound PyTorch job alone and under the agent (bench/agent_cost.py --budget-check).
+# soak:     the agent beside a PyTorch training job for SOAK_SECONDS: its CPU and memory over time.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-static}
@@ -17,6 +21,8 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 TORCH_LIB=$($PY -c 'import os, nvidia.cu13 as m; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null || true)
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:${TORCH_LIB}"
+# The agent links Debian's cpp-httplib (a shared library, with its OpenSSL); carried in $BUILD/lib.
+AGENT_LIBS="$(pwd)/$BUILD/lib"
 
 {
   echo "== machine"; date -u; uname -r; nvidia-smi -L; echo "commit: ${GPUSCOPE_COMMIT:-unknown (set GPUSCOPE_COMMIT)}"
@@ -85,5 +91,30 @@ if [[ " $STAGES " == *" overhead "* ]]; then
   # MERGE: overhead.json files of earlier calls (the device tool's calls are limited to 10 minutes).
   BUILD=$BUILD $PY bench/gpu/overhead.py --rounds ${ROUNDS:-5} --max-seconds ${MAX_SECONDS:-0} --out "$OUT" \
       ${CONFIGS:+--configs "$CONFIGS"} ${MERGE:+--merge $MERGE} 2>&1 | tee "$OUT/overhead.txt"
+fi
+if [[ " $STAGES " == *" nvml "* ]]; then
+{
+  echo "== NVML query costs while the GPU is busy"
+  $PY bench/gpu/gpu_load.py --busy ${NVML_LOAD_SECONDS:-40} --idle 0 > /dev/null 2>&1 &
+  LOAD=$!
+  sleep 8
+  $BUILD/bench/nvml_refresh 6 100
+  kill $LOAD 2>/dev/null; wait $LOAD 2>/dev/null
+} 2>&1 | tee "$OUT/nvml.txt"
+fi
+
+if [[ " $STAGES " == *" agent "* ]]; then
+  LD_LIBRARY_PATH="$AGENT_LIBS:$LD_LIBRARY_PATH" $PY bench/agent_cost.py --build "$BUILD" --mode real \
+      --seconds ${AGENT_SECONDS:-15} --rates ${AGENT_RATES:-0,10000,100000} 2>&1 | tee "$OUT/agent.txt"
+fi
+
+if [[ " $STAGES " == *" budget "* ]]; then
+  LD_LIBRARY_PATH="$AGENT_LIBS:$LD_LIBRARY_PATH" $PY bench/agent_cost.py --build "$BUILD" --budget-check \
+      --rounds ${ROUNDS:-3} --workload "$PY bench/gpu/launch_bound.py --seconds ${BUDGET_SECONDS:-40}" 2>&1 | tee "$OUT/budget.txt"
+fi
+
+if [[ " $STAGES " == *" soak "* ]]; then
+  LD_LIBRARY_PATH="$AGENT_LIBS:$LD_LIBRARY_PATH" $PY bench/agent_soak.py --build "$BUILD" \
+      --seconds ${SOAK_SECONDS:-420} -- $PY bench/gpu/train_step.py /dev/null --steps 1000000 --no-profile 2>&1 | tee "$OUT/soak.txt"
 fi
 rm -f "$OUT"/*.gpuscope "$OUT"/truth-*.json "$OUT"/*.nsys-rep "$OUT"/*.sqlite

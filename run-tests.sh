@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")"
 # The tests also need independent readers of gpuscope's outputs: a real browser for the HTML
 # flame graph, Go's pprof for the pprof profile.
-SETUP_NO_EXAMPLE=1 SETUP_TEST_PACKAGES="chromium golang-go" ./setup.sh
+SETUP_NO_EXAMPLE=1 SETUP_TEST_PACKAGES="chromium golang-go prometheus protobuf-compiler" ./setup.sh
 (cd build && ctest --output-on-failure)
 /usr/bin/python3 -m pytest -q tests/runtime

@@ -17,6 +17,16 @@
 #define GS_DEREF_LEN 128
 #define GS_MAX_STACK_DEPTH 64
 
+/* Stack ids, as records carry them: bpf_get_stackid's id in one of two stack maps, `stacks`
+ * (generation 0) or `stacks_alt` (1), with the generation in bit 30 (ids are below the maps'
+ * sizes, far below 2^30; negative values are errnos, kept as they are). A stack map's entries
+ * are never freed by the kernel, and the agent sees new stacks for as long as it runs: user
+ * space switches captures to the other map and, once no record can name the old map's ids,
+ * empties it (src/record/pipeline.cpp, recycle_stacks). A record's ts_ns is taken before its
+ * stacks are captured: by it, user space knows an id captured before its map was emptied. */
+#define GS_STACK_GEN_BIT (1 << 30)
+#define GS_STACK_ID_MASK (GS_STACK_GEN_BIT - 1)
+
 enum gs_record_kind {
 	GS_REC_CALL = 1,     /* one CUDA API call */
 	GS_REC_LIBLOAD = 2,  /* a target is mapping a library that may need probes; it is stopped */
@@ -27,6 +37,7 @@ enum gs_record_kind {
 	GS_REC_STACK_COPY = 7, /* a call's user registers and stack copy, just before its call record */
 	GS_REC_PY_STACK = 8, /* a Python stack not sent before, ahead of the first record naming it */
 	GS_REC_PY_CODE = 9,  /* a Python code object not sent before: its names and line table */
+	GS_REC_STACK_IPS = 10, /* a user stack its stack map could not take, just before the record naming it */
 };
 
 /* The BPF cookie of each uprobe, set by user space at attach time:
@@ -53,7 +64,8 @@ enum gs_call_flags {
 	GS_CALL_DEREF_OK = 1 << 1,    /* deref[] holds entry data */
 	GS_CALL_OUT_OK = 1 << 2,      /* out_value holds the out-pointer's value at return */
 	GS_CALL_UNDER_RUNTIME = 1 << 3, /* a driver launch right after a runtime launch on its thread */
-	GS_CALL_STACK_COPIED = 1 << 4,  /* the user stack came as a GS_REC_STACK_COPY with this tid and ts_ns */
+	GS_CALL_STACK_COPIED = 1 << 4,  /* the user stack came ahead, as a GS_REC_STACK_COPY or a
+	                                 * GS_REC_STACK_IPS with this tid and ts_ns */
 };
 
 struct gs_call_record {
@@ -65,7 +77,7 @@ struct gs_call_record {
 	__u32 pid;           /* thread group id */
 	__u32 tid;
 	__s64 ret;           /* the function's return value (rax) */
-	__s32 ustack_id;     /* id in the stacks map, or a negative errno */
+	__s32 ustack_id;     /* a stack id (GS_STACK_GEN_BIT), or a negative errno */
 	__u32 deref_len;
 	__u64 py_stack;      /* id of the thread's Python stack (a GS_REC_PY_STACK), 0: none */
 	__u64 out_value;
@@ -104,8 +116,8 @@ struct gs_proc_record {
 };
 
 /* A CPU profile sample: the thread on a CPU when its cpu-clock event fired, with its user
- * and kernel stacks (ids in the stacks map; negative: none, e.g. a thread in user mode has
- * no kernel stack). */
+ * and kernel stacks (stack ids, see GS_STACK_GEN_BIT; negative: none, e.g. a thread in user
+ * mode has no kernel stack). */
 struct gs_sample_record {
 	__u16 kind;          /* GS_REC_SAMPLE */
 	__u16 cpu;
@@ -113,10 +125,28 @@ struct gs_sample_record {
 	__u32 tid;
 	__s32 ustack_id;
 	__s32 kstack_id;
-	__u32 pad;
+	__u32 flags;         /* GS_SAMPLE_* */
 	__u64 ts_ns;
 	__u64 py_stack;      /* as in gs_call_record */
 	char comm[GS_COMM_LEN];
+};
+
+enum gs_sample_flags {
+	GS_SAMPLE_USTACK_SENT = 1 << 0,  /* the user stack came ahead as a GS_REC_STACK_IPS with this tid and ts_ns */
+};
+
+/* A user stack that bpf_get_stackid could not store: its bucket in the stack map holds
+ * another stack (-EEXIST: the kernel hashes stacks into buckets and never chains them), or
+ * the map is full. Its frames travel in the ring buffer instead, ahead of the record that
+ * would have named it, so a collision costs one bigger record, not a lost stack. */
+struct gs_stack_ips_record {
+	__u16 kind;          /* GS_REC_STACK_IPS */
+	__u16 pad;
+	__u32 pid;
+	__u32 tid;
+	__u32 nr;            /* frames in ips[] */
+	__u64 ts_ns;         /* that of the record naming the stack */
+	__u64 ips[GS_MAX_STACK_DEPTH];
 };
 
 /* With --unwind dwarf, a sample also carries the thread's user registers and a copy of the

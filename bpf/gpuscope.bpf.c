@@ -15,6 +15,9 @@
 
 /* Set by user space between open and load, so the verifier prunes what is off. */
 const volatile bool filter_targets = true;  /* false with --all */
+/* The agent: every process is watched for CUDA, but only those added to `targets` (the ones
+ * that use it) are sampled. */
+const volatile bool sample_only_targets = false;
 const volatile bool capture_stacks = true;
 const volatile __u64 wakeup_bytes = 1 << 20;  /* wake the consumer only past this much data */
 const volatile __u32 self_tgid = 0;           /* never trace gpuscope itself */
@@ -77,12 +80,25 @@ struct {
  * launch failed before reaching it). */
 #define RUNTIME_TO_DRIVER_NS 200000
 
+/* Two generations of stack maps (see GS_STACK_GEN_BIT): captures go to the one stack_gen
+ * names; user space empties the other. Both resized by user space. */
 struct {
 	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
 	__uint(max_entries, 16384);
 	__uint(key_size, sizeof(__u32));
 	__uint(value_size, GS_MAX_STACK_DEPTH * sizeof(__u64));
 } stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(max_entries, 16384);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, GS_MAX_STACK_DEPTH * sizeof(__u64));
+} stacks_alt SEC(".maps");
+
+/* Written by user space while the programs run (the skeleton's mmapped .bss), so read at
+ * every capture: 0 captures into `stacks`, 1 into `stacks_alt`. */
+volatile __u32 stack_gen = 0;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -132,6 +148,47 @@ static __always_inline void count_lost(__u32 cause)
 	__u64 *v = bpf_map_lookup_elem(&lost, &cause);
 	if (v)
 		*v += 1;
+}
+
+/* bpf_get_stackid into the current generation's map, the id tagged with that generation.
+ * The verifier needs a constant map pointer at each call: one call per map. Records take
+ * their ts_ns before their stacks: user space tells an id captured before it emptied that
+ * generation's map by the record's time. */
+static __always_inline long get_stackid(void *ctx, __u64 flags)
+{
+	if (stack_gen) {
+		long id = bpf_get_stackid(ctx, &stacks_alt, flags);
+		return id < 0 ? id : id | GS_STACK_GEN_BIT;
+	}
+	return bpf_get_stackid(ctx, &stacks, flags);
+}
+
+/* The user stack that get_stackid could not store, sent as its frames (gs_stack_ips_record)
+ * for the record with this thread and ts_ns, which must be reserved after it. -EFAULT (no
+ * user stack to walk) is not retried. Returns whether it was sent; counts the loss if not. */
+static __always_inline bool send_user_stack(void *ctx, __u64 pid_tgid, __u64 ts_ns, long err)
+{
+	if (err == -EFAULT)
+		return false;
+	struct gs_stack_ips_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+	if (!r) {
+		count_lost(GS_LOST_STACK);
+		return false;
+	}
+	long len = bpf_get_stack(ctx, r->ips, sizeof(r->ips), BPF_F_USER_STACK);
+	if (len <= 0) {
+		bpf_ringbuf_discard(r, BPF_RB_NO_WAKEUP);
+		count_lost(GS_LOST_STACK);
+		return false;
+	}
+	r->kind = GS_REC_STACK_IPS;
+	r->pad = 0;
+	r->pid = pid_tgid >> 32;
+	r->tid = (__u32)pid_tgid;
+	r->nr = len / sizeof(__u64);
+	r->ts_ns = ts_ns;
+	bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+	return true;
 }
 
 static __always_inline bool is_target(__u32 tgid)
@@ -453,7 +510,7 @@ static __always_inline __u64 python_stack(__u64 pid_tgid)
 
 static __always_inline __u32 copy_user_state(struct gs_user_regs *dst, __u8 *stack, struct pt_regs *regs);
 
-/* The call's user stack: an id in the stacks map (frame pointers, walked here), or with
+/* The call's user stack: a stack id (frame pointers, walked here), or with
  * --call-stacks dwarf a copy of the stack sent now, ahead of the call's record. */
 static __always_inline __s32 user_stack_id(struct pt_regs *ctx, __u64 cookie, __u64 ts_ns, __u32 *flags)
 {
@@ -476,9 +533,9 @@ static __always_inline __s32 user_stack_id(struct pt_regs *ctx, __u64 cookie, __
 		*flags |= GS_CALL_STACK_COPIED;
 		return -1;
 	}
-	long id = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
-	if (id < 0)
-		count_lost(GS_LOST_STACK);
+	long id = get_stackid(ctx, BPF_F_USER_STACK);
+	if (id < 0 && send_user_stack(ctx, bpf_get_current_pid_tgid(), ts_ns, id))
+		*flags |= GS_CALL_STACK_COPIED;
 	return id;
 }
 
@@ -675,17 +732,17 @@ int on_exit(void *ctx)
 	return 0;
 }
 
-static __always_inline void fill_sample(struct gs_sample_record *r, __u64 id, void *ctx, __u64 py_stack)
+static __always_inline void fill_sample(struct gs_sample_record *r, __u64 id, void *ctx, __u64 py_stack, __u64 ts_ns)
 {
 	r->py_stack = py_stack;
 	r->kind = GS_REC_SAMPLE;
 	r->cpu = bpf_get_smp_processor_id();
 	r->pid = id >> 32;
 	r->tid = (__u32)id;
-	r->pad = 0;
-	r->ts_ns = bpf_ktime_get_ns();
+	r->flags = 0;
+	r->ts_ns = ts_ns;
 	/* A sample taken in user mode has no kernel stack: EFAULT, not a loss. */
-	r->kstack_id = bpf_get_stackid(ctx, &stacks, 0);
+	r->kstack_id = get_stackid(ctx, 0);
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
 }
 
@@ -730,6 +787,8 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	__u32 tgid = id >> 32;
 	if (tgid == 0 || !is_target(tgid))
 		return 0;
+	if (sample_only_targets && !bpf_map_lookup_elem(&targets, &tgid))
+		return 0;
 	__u64 py_stack = python_stack(id);
 	if (sample_stack_copy) {
 		struct gs_sample_stack_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
@@ -737,7 +796,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 			count_lost(GS_LOST_RINGBUF_FULL);
 			return 0;
 		}
-		fill_sample(&r->s, id, ctx, py_stack);
+		fill_sample(&r->s, id, ctx, py_stack, bpf_ktime_get_ns());
 		r->s.ustack_id = -1;
 		/* The user-mode registers, also when the sample interrupted a system call. */
 		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
@@ -746,15 +805,19 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		bpf_ringbuf_submit(r, submit_flags());
 		return 0;
 	}
+	/* The user stack first: one its map cannot take is sent ahead of the sample. */
+	__u64 ts_ns = bpf_ktime_get_ns();
+	long ustack_id = get_stackid(ctx, BPF_F_USER_STACK);
+	bool ustack_sent = ustack_id < 0 && send_user_stack(ctx, id, ts_ns, ustack_id);
 	struct gs_sample_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
 		count_lost(GS_LOST_RINGBUF_FULL);
 		return 0;
 	}
-	fill_sample(r, id, ctx, py_stack);
-	r->ustack_id = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
-	if (r->ustack_id < 0 && r->ustack_id != -EFAULT)
-		count_lost(GS_LOST_STACK);
+	fill_sample(r, id, ctx, py_stack, ts_ns);
+	r->ustack_id = ustack_id;
+	if (ustack_sent)
+		r->flags |= GS_SAMPLE_USTACK_SENT;
 	bpf_ringbuf_submit(r, submit_flags());
 	return 0;
 }
@@ -833,6 +896,13 @@ int on_openat_enter(struct trace_event_raw_sys_enter *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!is_target(id >> 32))
+		return 0;
+	/* Another gpuscope (a recording beside the agent) opens CUDA libraries to read their
+	 * symbols: that is no load, and it must not be stopped. */
+	char comm[9];
+	bpf_get_current_comm(comm, sizeof(comm));
+	if (comm[0] == 'g' && comm[1] == 'p' && comm[2] == 'u' && comm[3] == 's' && comm[4] == 'c' && comm[5] == 'o' &&
+	    comm[6] == 'p' && comm[7] == 'e')
 		return 0;
 	__u32 tid = (__u32)id;
 	__u64 path = ctx->args[1];
@@ -914,6 +984,15 @@ int on_close(struct trace_event_raw_sys_enter *ctx)
 		count_lost(GS_LOST_RINGBUF_FULL);
 	}
 	bpf_map_delete_elem(&lib_fds, &key);
+	return 0;
+}
+
+/* The agent's calibration: a probe that does nothing, on a function of the agent's own, so
+ * that what one hit costs on this machine (the trap, the kernel's uprobe path) is measured
+ * apart from what the programs above do. */
+SEC("uprobe")
+int calibration_hit(struct pt_regs *ctx)
+{
 	return 0;
 }
 

@@ -3,6 +3,7 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <linux/perf_event.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -11,8 +12,10 @@
 #include <cstring>
 #include <thread>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "decode/functions.h"
+#include "discover/proc.h"
 #include "gpuscope.skel.h"
 #include "symbolize/elf_file.h"
 
@@ -58,6 +61,7 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   if (!skel_) throw Error("cannot open the BPF object: {}", strerror(errno));
 
   skel_->rodata->filter_targets = cfg.filter_targets;
+  skel_->rodata->sample_only_targets = cfg.sample_only_targets;
   skel_->rodata->capture_stacks = cfg.capture_stacks;
   skel_->rodata->stop_for_shared_objects = cfg.stop_for_shared_objects;
   skel_->rodata->sample_stack_copy = cfg.sample_stack_copy;
@@ -66,9 +70,13 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   skel_->rodata->wakeup_bytes = cfg.wakeup_bytes;
   skel_->rodata->self_tgid = static_cast<uint32_t>(getpid());
   bpf_map__set_max_entries(skel_->maps.events, round_up_pow2(cfg.ringbuf_bytes));
-  bpf_map__set_max_entries(skel_->maps.stacks, cfg.capture_stacks ? cfg.stack_map_entries : 1);
+  stack_map_entries_ = cfg.capture_stacks ? cfg.stack_map_entries : 1;
+  stack_generations_ = cfg.stack_generations;
+  bpf_map__set_max_entries(skel_->maps.stacks, stack_map_entries_);
+  bpf_map__set_max_entries(skel_->maps.stacks_alt, stack_generations_ ? stack_map_entries_ : 1);
   if (multi)
-    for (bpf_program* p : {skel_->progs.call_entry_emit, skel_->progs.call_entry, skel_->progs.call_return})
+    for (bpf_program* p : {skel_->progs.call_entry_emit, skel_->progs.call_entry, skel_->progs.call_return,
+                           skel_->progs.calibration_hit})
       bpf_program__set_expected_attach_type(p, static_cast<bpf_attach_type>(kAttachUprobeMulti));
 
   if (int err = gpuscope_bpf__load(skel_.get())) {
@@ -79,7 +87,8 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   multi_ = multi;
 }
 
-BpfSession::BpfSession(const SessionConfig& cfg) : runtime_launch_probes_(cfg.runtime_launch_probes) {
+BpfSession::BpfSession(const SessionConfig& cfg)
+    : runtime_launch_probes_(cfg.runtime_launch_probes), high_rate_per_process_(cfg.high_rate_per_process) {
   libbpf_set_print(libbpf_print);
   // Kernels before 6.6 refuse uprobe-multi programs: fall back to one perf link per probe.
   libbpf_set_print(nullptr);
@@ -108,7 +117,7 @@ BpfSession::BpfSession(const SessionConfig& cfg) : runtime_launch_probes_(cfg.ru
   if (!ring_) throw Error("cannot set up the ring buffer: {}", strerror(errno));
 }
 
-int BpfSession::attach_multi(bpf_program* prog, const std::string& path, const ProbeSet& set, bool retprobe) {
+int BpfSession::attach_multi(bpf_program* prog, const std::string& path, const ProbeSet& set, bool retprobe, pid_t pid) {
   if (set.offsets.empty()) return -1;
   // libbpf 1.1 predates uprobe-multi links: build the BPF_LINK_CREATE attribute by hand
   // (layout of union bpf_attr's link_create.uprobe_multi, include/uapi/linux/bpf.h).
@@ -125,6 +134,8 @@ int BpfSession::attach_multi(bpf_program* prog, const std::string& path, const P
   attr.cookies = reinterpret_cast<uint64_t>(set.cookies.data());
   attr.cnt = static_cast<uint32_t>(set.offsets.size());
   attr.multi_flags = retprobe ? 1 /* BPF_F_UPROBE_MULTI_RETURN */ : 0;
+  // With a pid the kernel plants the breakpoints in that process alone: others pay no trap.
+  attr.pid = static_cast<uint32_t>(pid);
   const int fd = static_cast<int>(syscall(__NR_bpf, BPF_LINK_CREATE, &attr, sizeof(attr)));
   if (fd < 0) throw Error("uprobe-multi link on {}: {}", path, strerror(errno));
   return fd;
@@ -132,6 +143,7 @@ int BpfSession::attach_multi(bpf_program* prog, const std::string& path, const P
 
 BpfSession::~BpfSession() {
   close_link_.reset();
+  high_rate_links_.clear();
   for (int fd : multi_links_) close(fd);
   for (int fd : runtime_launch_multi_links_) close(fd);
   runtime_launch_links_.clear();
@@ -170,6 +182,11 @@ void BpfSession::add_target(pid_t pid) {
   uint32_t key = static_cast<uint32_t>(pid);
   uint8_t one = 1;
   bpf_map__update_elem(skel_->maps.targets, &key, sizeof(key), &one, sizeof(one), BPF_ANY);
+}
+
+void BpfSession::remove_target(pid_t pid) {
+  uint32_t key = static_cast<uint32_t>(pid);
+  bpf_map__delete_elem(skel_->maps.targets, &key, sizeof(key), 0);
 }
 
 bool BpfSession::set_python_process(pid_t pid, const gs_py_process& proc) {
@@ -215,15 +232,15 @@ void BpfSession::mark_checked(uint64_t dev, uint64_t ino) {
 }
 
 void BpfSession::attach_probe(const std::string& path, uint64_t offset, uint64_t cookie, bool entry_only,
-                              bool with_return, std::vector<std::unique_ptr<bpf_link, LinkDeleter>>& into) {
+                              bool with_return, std::vector<std::unique_ptr<bpf_link, LinkDeleter>>& into, pid_t pid) {
   LIBBPF_OPTS(bpf_uprobe_opts, opts, .bpf_cookie = cookie);
   bpf_program* entry = entry_only ? skel_->progs.call_entry_emit : skel_->progs.call_entry;
-  bpf_link* link = bpf_program__attach_uprobe_opts(entry, -1, path.c_str(), offset, &opts);
+  bpf_link* link = bpf_program__attach_uprobe_opts(entry, pid, path.c_str(), offset, &opts);
   if (!link) throw Error("uprobe at {}+{:#x}: {}", path, offset, strerror(errno));
   into.emplace_back(link);
   if (!with_return) return;
   LIBBPF_OPTS(bpf_uprobe_opts, ropts, .bpf_cookie = cookie, .retprobe = true);
-  link = bpf_program__attach_uprobe_opts(skel_->progs.call_return, -1, path.c_str(), offset, &ropts);
+  link = bpf_program__attach_uprobe_opts(skel_->progs.call_return, pid, path.c_str(), offset, &ropts);
   if (!link) throw Error("uretprobe at {}+{:#x}: {}", path, offset, strerror(errno));
   into.emplace_back(link);
 }
@@ -246,12 +263,17 @@ AttachResult BpfSession::attach_file(const std::string& path) {
     for (const auto& f : decode::all_functions()) names.emplace_back(f.symbol);
     auto offsets = elf->function_offsets(names);
     ProbeSet emit, entry, rt_launch;  // entry-only probes, entries of calls with a return probe
+    HighRateSet high_rate;
     for (const auto& f : decode::all_functions()) {
       auto it = offsets.find(std::string(f.symbol));
       if (it == offsets.end()) continue;
       const bool is_rt_launch = f.api == decode::Api::Runtime && f.kind == decode::CallKind::Launch;
       if (is_rt_launch && !runtime_launch_probes_) continue;
-      if (multi_) {
+      if (high_rate_per_process_ && decode::is_high_rate(f.kind)) {
+        ProbeSet& set = f.has_return ? high_rate.entry : high_rate.emit;
+        set.offsets.push_back(it->second);
+        set.cookies.push_back(decode::probe_cookie(f));
+      } else if (multi_) {
         ProbeSet& set = is_rt_launch ? rt_launch : f.has_return ? entry : emit;
         set.offsets.push_back(it->second);
         set.cookies.push_back(decode::probe_cookie(f));
@@ -269,10 +291,101 @@ AttachResult BpfSession::attach_file(const std::string& path) {
       if (int fd = attach_multi(skel_->progs.call_entry_emit, path, rt_launch, false); fd >= 0)
         runtime_launch_multi_links_.push_back(fd);
     }
+    if (!high_rate.emit.offsets.empty() || !high_rate.entry.offsets.empty()) {
+      const int fd = open(path.c_str(), O_PATH | O_CLOEXEC);
+      if (fd < 0) throw Error("cannot hold {} open: {}", path, strerror(errno));
+      high_rate.fd = std::shared_ptr<int>(new int(fd), [](int* p) {
+        close(*p);
+        delete p;
+      });
+      high_rate.path = "/proc/self/fd/" + std::to_string(fd);
+      high_rate_sets_.push_back(std::move(high_rate));
+      for (auto& [pid, links] : high_rate_links_) attach_high_rate(pid, high_rate_sets_.back(), links);
+    }
   } catch (const std::exception& e) {
     result.error = e.what();
   }
   return result;
+}
+
+void BpfSession::attach_high_rate(pid_t pid, const HighRateSet& set, ProcessLinks& into) {
+  if (multi_) {
+    for (int fd : {attach_multi(skel_->progs.call_entry_emit, set.path, set.emit, false, pid),
+                   attach_multi(skel_->progs.call_entry, set.path, set.entry, false, pid),
+                   attach_multi(skel_->progs.call_return, set.path, set.entry, true, pid)})
+      if (fd >= 0) into.fds.push_back(fd);
+    return;
+  }
+  for (size_t i = 0; i < set.emit.offsets.size(); ++i)
+    attach_probe(set.path, set.emit.offsets[i], set.emit.cookies[i], true, false, into.links, pid);
+  for (size_t i = 0; i < set.entry.offsets.size(); ++i)
+    attach_probe(set.path, set.entry.offsets[i], set.entry.cookies[i], false, true, into.links, pid);
+}
+
+int BpfSession::set_high_rate_probes(pid_t pid, bool on) {
+  auto it = high_rate_links_.find(pid);
+  if (!on) {
+    if (it == high_rate_links_.end()) return 0;
+    const int n = static_cast<int>(it->second.fds.size() + it->second.links.size());
+    for (int fd : it->second.fds) close(fd);
+    high_rate_links_.erase(it);
+    return n;
+  }
+  if (it != high_rate_links_.end()) return 0;
+  ProcessLinks links;
+  try {
+    for (const auto& set : high_rate_sets_) attach_high_rate(pid, set, links);
+  } catch (...) {
+    for (int fd : links.fds) close(fd);
+    throw;
+  }
+  const int n = static_cast<int>(links.fds.size() + links.links.size());
+  high_rate_links_.emplace(pid, std::move(links));
+  return n;
+}
+
+BpfSession::HitCost BpfSession::measure_hit_cost(int (*target)(int), int calls) {
+  // The function's file offset, from the mapping that holds it.
+  const auto addr = reinterpret_cast<uint64_t>(target);
+  std::string path;
+  uint64_t offset = 0;
+  for (const auto& m : discover::read_maps(getpid()))
+    if (addr >= m.start && addr < m.end && !m.path.empty()) {
+      path = discover::path_in_target(getpid(), m.path);
+      offset = addr - m.start + m.offset;
+    }
+  if (path.empty()) throw Error("cannot find the calibration function in this process's mappings");
+  auto time_calls = [&] {
+    // The best of a few rounds: the machine's noise only ever adds.
+    double best = 1e300;
+    for (int round = 0; round < 5; ++round) {
+      const uint64_t t0 = monotonic_ns();
+      int acc = 0;
+      for (int i = 0; i < calls; ++i) acc += target(i);
+      const uint64_t t1 = monotonic_ns();
+      if (acc == 42) fprintf(stderr, " ");  // keeps the calls
+      best = std::min(best, double(t1 - t0) / calls);
+    }
+    return best;
+  };
+  const double base = time_calls();
+  HitCost cost;
+  for (bool ret : {false, true}) {
+    // An uprobe-multi link where the kernel has them, like every other probe: a perf-event
+    // uprobe would need CAP_SYS_ADMIN on kernels with the fix for CVE-2025-38466.
+    if (multi_) {
+      const int fd = attach_multi(skel_->progs.calibration_hit, path, ProbeSet{{offset}, {0}}, ret, getpid());
+      (ret ? cost.return_ns : cost.entry_ns) = std::max(0.0, time_calls() - base);
+      close(fd);
+      continue;
+    }
+    LIBBPF_OPTS(bpf_uprobe_opts, opts, .retprobe = ret);
+    std::unique_ptr<bpf_link, LinkDeleter> link(
+        bpf_program__attach_uprobe_opts(skel_->progs.calibration_hit, getpid(), path.c_str(), offset, &opts));
+    if (!link) throw Error("cannot attach the calibration probe: {}", strerror(errno));
+    (ret ? cost.return_ns : cost.entry_ns) = std::max(0.0, time_calls() - base);
+  }
+  return cost;
 }
 
 std::vector<BpfSession::ProgramStats> BpfSession::program_stats() const {
@@ -297,14 +410,38 @@ int BpfSession::detach_runtime_launch_probes() {
 }
 
 std::vector<uint64_t> BpfSession::stack(int32_t id) const {
+  if (id < 0) return {};
+  const bpf_map* map = (id & GS_STACK_GEN_BIT) ? skel_->maps.stacks_alt : skel_->maps.stacks;
+  const uint32_t key = uint32_t(id) & GS_STACK_ID_MASK;
   std::vector<uint64_t> ips(GS_MAX_STACK_DEPTH);
-  if (id < 0 || bpf_map__lookup_elem(skel_->maps.stacks, &id, sizeof(id), ips.data(), ips.size() * sizeof(uint64_t),
-                                     0) != 0)
-    return {};
+  if (bpf_map__lookup_elem(map, &key, sizeof(key), ips.data(), ips.size() * sizeof(uint64_t), 0) != 0) return {};
   size_t n = 0;
   while (n < ips.size() && ips[n]) ++n;
   ips.resize(n);
   return ips;
+}
+
+int BpfSession::stack_generation() const { return int(__atomic_load_n(&skel_->bss->stack_gen, __ATOMIC_RELAXED)); }
+
+int BpfSession::flip_stack_generation() {
+  if (!stack_generations_) throw Error("internal: stack generations flipped without a second stack map");
+  const uint32_t next = uint32_t(stack_generation() ^ 1);
+  // The programs read it from the mmapped .bss at their next capture.
+  __atomic_store_n(&skel_->bss->stack_gen, next, __ATOMIC_SEQ_CST);
+  return int(next);
+}
+
+size_t BpfSession::clear_stacks(int generation) {
+  if (generation == stack_generation()) throw Error("internal: the stack map in use cannot be emptied");
+  const bpf_map* map = generation ? skel_->maps.stacks_alt : skel_->maps.stacks;
+  // Every key first: get_next_key from a deleted key starts over at the first bucket. Stack
+  // maps have no batch delete (ENOTSUPP, kernel 6.18): one system call per entry.
+  std::vector<uint32_t> keys;
+  uint32_t key = 0;
+  for (const uint32_t* prev = nullptr; bpf_map__get_next_key(map, prev, &key, sizeof(key)) == 0; prev = &keys.back())
+    keys.push_back(key);
+  for (uint32_t k : keys) bpf_map__delete_elem(map, &k, sizeof(k), 0);
+  return keys.size();
 }
 
 LostCounts BpfSession::lost() const {

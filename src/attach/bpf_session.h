@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -28,6 +29,9 @@ struct SessionConfig {
   uint32_t ringbuf_bytes = 64u << 20;
   uint32_t wakeup_bytes = 4u << 20;
   uint32_t stack_map_entries = 32768;
+  // A second stack map of the same size, so that stack generations can be flipped and the
+  // old one emptied (see GS_STACK_GEN_BIT); without it, stacks_alt has one entry and is unused.
+  bool stack_generations = false;
   // Ask the kernel to count each program's runs and run time (BPF_ENABLE_STATS): two clock
   // reads per run, so off unless asked for.
   bool program_stats = false;
@@ -41,6 +45,11 @@ struct SessionConfig {
   // Walk the Python frames of the processes given to set_python_process at every CUDA call
   // that has a stack, and in CPU samples.
   bool python_stacks = false;
+  // High-rate probes (launches, copies, memsets) are not attached for every process but per
+  // process, by set_high_rate_probes: each process's can be switched on and off.
+  bool high_rate_per_process = false;
+  // With filter_targets false: CPU samples only of processes given to add_target.
+  bool sample_only_targets = false;
 };
 
 struct AttachResult {
@@ -64,6 +73,7 @@ class BpfSession {
   BpfSession& operator=(const BpfSession&) = delete;
 
   void add_target(pid_t pid);
+  void remove_target(pid_t pid);
   // The process runs CPython: where its runtime state is and how that version lays it out.
   // Forked children inherit it on the BPF side; exec and exit remove it. False if the map is full.
   bool set_python_process(pid_t pid, const gs_py_process& proc);
@@ -83,6 +93,13 @@ class BpfSession {
   // probe alone, one trap instead of two. Returns how many runtime files lost their probes.
   int detach_runtime_launch_probes();
   bool runtime_launch_probes() const { return runtime_launch_probes_; }
+  // With high_rate_per_process: attaches (on) or removes (off) the process's high-rate probes
+  // in every file attached so far and, while on, in files attached later. Returns the number
+  // of links made or removed; throws Error if the kernel refuses.
+  int set_high_rate_probes(pid_t pid, bool on);
+  // Removes what a process that exited still holds.
+  void forget_process(pid_t pid) { set_high_rate_probes(pid, false); }
+  size_t processes_with_high_rate_probes() const { return high_rate_links_.size(); }
 
   // Called with each record, on the thread that calls poll(). Returns after `timeout_ms` or
   // once the kernel woke it and everything available was consumed.
@@ -90,9 +107,24 @@ class BpfSession {
   void set_handler(RecordHandler h) { handler_ = std::move(h); }
   int poll(int timeout_ms);
 
-  // The user stack behind an id, innermost first.
+  // The stack behind an id, innermost first, from the map its generation bit names.
   std::vector<uint64_t> stack(int32_t id) const;
+  // With stack_generations: the generation BPF captures into (0 or 1).
+  int stack_generation() const;
+  // Switches captures to the other generation; returns it. Ids of the one before stay
+  // readable until clear_stacks.
+  int flip_stack_generation();
+  // Deletes every entry of a generation's map (not the current one's); returns how many.
+  size_t clear_stacks(int generation);
+  uint32_t stack_map_entries() const { return stack_map_entries_; }
   LostCounts lost() const;
+
+  // What one probe hit costs on this machine, measured on a function of our own: calls of
+  // `target` timed without a probe, with an entry probe, and with a return probe on it.
+  struct HitCost {
+    double entry_ns = 0, return_ns = 0;
+  };
+  HitCost measure_hit_cost(int (*target)(int), int calls);
 
   struct ProgramStats {
     std::string name;
@@ -114,12 +146,12 @@ class BpfSession {
   static int on_record(void* ctx, void* data, size_t size);
   // Attaches one probe (the per-probe path before kernel 6.6); its links go to `into`.
   void attach_probe(const std::string& path, uint64_t offset, uint64_t cookie, bool entry_only, bool with_return,
-                    std::vector<std::unique_ptr<bpf_link, LinkDeleter>>& into);
+                    std::vector<std::unique_ptr<bpf_link, LinkDeleter>>& into, pid_t pid = -1);
   struct ProbeSet {
     std::vector<uint64_t> offsets, cookies;
   };
   // Returns the link's fd, or -1 for an empty set.
-  int attach_multi(bpf_program* prog, const std::string& path, const ProbeSet& set, bool retprobe);
+  int attach_multi(bpf_program* prog, const std::string& path, const ProbeSet& set, bool retprobe, pid_t pid = 0);
   void open_and_load(const SessionConfig& cfg, bool multi);
 
   std::unique_ptr<gpuscope_bpf, SkelDeleter> skel_;
@@ -137,6 +169,26 @@ class BpfSession {
   std::vector<std::unique_ptr<bpf_link, LinkDeleter>> runtime_launch_links_;
   RecordHandler handler_;
   int stats_fd_ = -1;
+  uint32_t stack_map_entries_ = 0;
+  bool stack_generations_ = false;
+
+  // high_rate_per_process: each attached file's high-rate probes, and each process's links.
+  struct HighRateSet {
+    // The file, held open: the path it was attached by (/proc/PID/root/...) dies with that
+    // process, and later processes' probes go on the same file.
+    std::shared_ptr<int> fd;
+    std::string path;  // /proc/self/fd/N
+    ProbeSet emit;     // entry-only (launches)
+    ProbeSet entry;    // with a return probe (copies, memsets)
+  };
+  struct ProcessLinks {
+    std::vector<int> fds;
+    std::vector<std::unique_ptr<bpf_link, LinkDeleter>> links;
+  };
+  bool high_rate_per_process_ = false;
+  std::vector<HighRateSet> high_rate_sets_;
+  std::map<pid_t, ProcessLinks> high_rate_links_;
+  void attach_high_rate(pid_t pid, const HighRateSet& set, ProcessLinks& into);
 };
 
 }  // namespace gpuscope::attach

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 
+#include "agent/agent.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "discover/proc.h"
@@ -133,6 +134,10 @@ int main(int argc, char** argv) {
   rec->add_flag("--bpf-stats", ropts.bpf_stats,
                  "Record each BPF program's run count and run time (costs two clock reads per probe hit)");
   rec->add_option("--ringbuf-mb", ropts.ringbuf_mb, "Kernel ring buffer size in MiB")->capture_default_str();
+  rec->add_option("--stack-map-entries", ropts.stack_map_entries,
+                  "Distinct native stacks the BPF stack map holds; a stack that does not fit is sent whole, at "
+                  "more ring buffer bandwidth")
+      ->capture_default_str();
   rec->add_flag("-q,--quiet", ropts.quiet, "Print only errors");
   rec->add_flag("-v,--verbose", g_verbose, "Print debugging detail");
   rec->add_option("command", ropts.command, "Command to run under observation (after --)");
@@ -169,6 +174,25 @@ int main(int argc, char** argv) {
   tl->add_option("--to", tl_opt.to_s, "End of the window, in seconds from the recording's start");
   tl->add_option("--pid", tl_opt.pid, "Only this process");
 
+  agent::AgentRun arun;
+  std::string a_listen, a_otlp, a_pyroscope, a_token, a_interval;
+  double a_budget = 0;
+  int a_cpu_hz = -1;
+  auto* ag = app.add_subcommand(
+      "agent", "Run as a node's always-on agent: trace every CUDA process within an overhead budget, serve "
+               "Prometheus /metrics and pprof profiles, push OTLP metrics and Pyroscope profiles");
+  ag->add_option("-c,--config", arun.config_path, "YAML config file (deploy/agent.yaml documents every key); SIGHUP re-reads it");
+  ag->add_option("--listen", a_listen, "HOST:PORT for /metrics and /debug/pprof/ (default 127.0.0.1:9464)");
+  ag->add_option("--budget", a_budget, "Share of each process's CPU time its probes may add (default 0.01)");
+  ag->add_option("--interval", a_interval, "Profile window, e.g. 15s");
+  ag->add_option("--otlp-endpoint", a_otlp, "Push OTLP/HTTP metrics here, e.g. http://collector:4318/v1/metrics");
+  ag->add_option("--pyroscope-url", a_pyroscope, "Push profiles to this Pyroscope, e.g. http://pyroscope:4040");
+  ag->add_option("--bearer-token-file", a_token, "Require this token (Authorization: Bearer) for profiles");
+  ag->add_option("--cpu-profile-hz", a_cpu_hz, "CPU samples per second per CPU (default 19; 0: off)");
+  ag->add_option("-d,--duration", arun.duration_s, "Stop after this many seconds (default: run until SIGTERM)");
+  ag->add_flag("-q,--quiet", arun.quiet, "Print only errors");
+  ag->add_flag("-v,--verbose", g_verbose, "Print debugging detail");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -192,12 +216,27 @@ int main(int argc, char** argv) {
       if (ropts.cpu_profile_hz < 0 || ropts.cpu_profile_hz > 10000)
         throw Error("--cpu-profile must be between 1 and 10000 samples per second");
       if (ropts.ringbuf_mb < 1 || ropts.ringbuf_mb > 2048) throw Error("--ringbuf-mb must be between 1 and 2048");
+      if (ropts.stack_map_entries < 1 || ropts.stack_map_entries > (1u << 22))
+        throw Error("--stack-map-entries must be between 1 and 4194304");
       ropts.stacks = !no_stacks;
       ropts.dwarf_unwind_samples = sample_unwind == "dwarf";
       ropts.dwarf_unwind_calls = call_unwind == "dwarf";
       ropts.python_stacks = !no_python;
       if (ropts.gpu_sample_hz > 1000) throw Error("--gpu-sample-hz must be at most 1000");
       return record::run_record(ropts);
+    }
+    if (*ag) {
+      if (a_budget < 0 || a_budget > 1) throw Error("--budget must be in (0, 1], e.g. 0.01 for 1%");
+      arun.overrides = [&](agent::AgentConfig& c) {
+        if (!a_listen.empty()) c.listen = a_listen;
+        if (a_budget > 0) c.budget = a_budget;
+        if (!a_interval.empty()) c.profile_interval_s = agent::parse_duration_s(a_interval);
+        if (!a_otlp.empty()) c.otlp.url = a_otlp;
+        if (!a_pyroscope.empty()) c.pyroscope.url = a_pyroscope;
+        if (!a_token.empty()) c.bearer_token_file = a_token;
+        if (a_cpu_hz >= 0) c.cpu_profile_hz = a_cpu_hz;
+      };
+      return agent::run_agent(arun);
     }
     if (*tl) {
       if (tl_opt.from_s < 0 || (tl_opt.to_s > 0 && tl_opt.to_s <= tl_opt.from_s))

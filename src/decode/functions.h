@@ -72,6 +72,11 @@ const FunctionSpec* function_by_id(uint16_t id);
 const FunctionSpec* function_by_symbol(std::string_view symbol);
 // The cookie a uprobe on this function carries (bpf/events.h explains the bits).
 uint64_t probe_cookie(const FunctionSpec& f);
+// Calls a program may make thousands of times a second (launches, copies, memsets): the
+// probes an overhead budget switches off first.
+constexpr bool is_high_rate(CallKind k) {
+  return k == CallKind::Launch || k == CallKind::GraphLaunch || k == CallKind::Memcpy || k == CallKind::Memset;
+}
 std::string_view to_string(Api);
 std::string_view to_string(CallKind);
 std::string_view to_string(CopyDir);

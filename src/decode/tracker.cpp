@@ -33,7 +33,7 @@ HostMem Tracker::host_kind(const ProcessState& p, uint64_t addr) const {
     case MemKind::RegisteredHost:
       return HostMem::Pinned;
     case MemKind::None:
-      return complete_history_ ? HostMem::Pageable : HostMem::Unknown;
+      return complete_history_ || p.complete_history ? HostMem::Pageable : HostMem::Unknown;
     default:
       return HostMem::Unknown;
   }
@@ -168,6 +168,13 @@ void Tracker::flush(const std::function<void(CallEvent&)>& emit) {
     settle_runtime_launch(t, nullptr, emit);
     for (auto& d : t.held_driver_calls) emit(d);
     t.held_driver_calls.clear();
+  }
+}
+
+void Tracker::for_each_held(const std::function<void(CallEvent&)>& fn) {
+  for (auto& [tid, t] : threads_) {
+    if (t.held_runtime_launch) fn(*t.held_runtime_launch);
+    for (auto& d : t.held_driver_calls) fn(d);
   }
 }
 

@@ -39,7 +39,12 @@ class Tracker {
   void process(CallEvent e, const std::function<void(CallEvent&)>& emit);
   // Hands on every held call (end of recording, or a process exit).
   void flush(const std::function<void(CallEvent&)>& emit);
+  // Every call held, to update in place (e.g. resolve what will not be resolvable later).
+  void for_each_held(const std::function<void(CallEvent&)>& fn);
   void forget_process(uint32_t pid);
+  // This process was followed from before its first CUDA call (caught at its CUDA library's
+  // load): memory no tracked allocation contains is pageable, as with complete_history.
+  void mark_complete_history(uint32_t pid) { processes_[pid].complete_history = true; }
 
   // Kernel name for a launch, from registrations and lookups seen so far; "" if unknown.
   std::string kernel_name(const CallEvent& launch) const;
@@ -52,6 +57,7 @@ class Tracker {
     std::deque<CallEvent> held_driver_calls;
   };
   struct ProcessState {
+    bool complete_history = false;
     AllocationMap allocations;
     std::unordered_map<uint64_t, std::string> stub_names;     // host stub -> device function
     std::unordered_map<uint64_t, std::string> handle_names;   // CUfunction / CUkernel -> name

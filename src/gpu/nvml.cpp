@@ -1,12 +1,13 @@
 #include "gpu/nvml.h"
 
 #include <dlfcn.h>
-#include <time.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+
+#include "common/clock.h"
 
 namespace gpuscope::gpu {
 namespace {
@@ -58,11 +59,6 @@ struct nvmlEventData_t {
 
 constexpr unsigned long long kNotAvailable = ~0ull;  // NVML's "unknown" for a process's memory
 
-uint64_t now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
-}
 
 // Metrics that NVML may not offer on a GPU; asked once, then skipped.
 enum Metric : uint32_t {
@@ -240,14 +236,14 @@ NvmlSampler::Batch NvmlSampler::sample_once(bool slow) {
     // Calls a getter unless NVML said before that it is not supported on this GPU.
     auto ask = [&](uint32_t metric, auto&& call) {
       if (off & metric) return false;
-      const uint64_t t0 = now_ns();
+      const uint64_t t0 = monotonic_ns();
       const nvmlReturn_t r = call();
-      note_cost(metric, now_ns() - t0);
+      note_cost(metric, monotonic_ns() - t0);
       if (r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_NOT_FOUND) off |= metric;
       return r == NVML_SUCCESS;
     };
     GpuSample s;
-    s.ts_ns = now_ns();
+    s.ts_ns = monotonic_ns();
     s.device = devices_[i].index;
     nvmlUtilization_t u{};
     if (L.DeviceGetUtilizationRates && ask(kUtil, [&] { return L.DeviceGetUtilizationRates(d, &u); })) {
@@ -258,9 +254,9 @@ NvmlSampler::Batch NvmlSampler::sample_once(bool slow) {
     m2.version = kMemoryV2;
     nvmlMemory_t m{};
     if (L.DeviceGetMemoryInfo_v2 && !(off & kMemoryV2Bit)) {
-      const uint64_t t0 = now_ns();
+      const uint64_t t0 = monotonic_ns();
       const nvmlReturn_t r = L.DeviceGetMemoryInfo_v2(d, &m2);
-      note_cost(kMemory, now_ns() - t0);
+      note_cost(kMemory, monotonic_ns() - t0);
       if (r == NVML_SUCCESS)
         s.mem_used = m2.used;
       else
@@ -309,7 +305,7 @@ NvmlSampler::Batch NvmlSampler::sample_once(bool slow) {
     };
     // Per-process queries walk the driver's process lists: slow ticks only, like PCIe.
     if (slow && L.DeviceGetProcessUtilization && !(off & kProcUtil)) {
-      const uint64_t t0 = now_ns();
+      const uint64_t t0 = monotonic_ns();
       // Asked for the count first, then read into a buffer that holds them all (a short buffer
       // is refused and left unwritten).
       unsigned int n = 0;
@@ -341,10 +337,10 @@ NvmlSampler::Batch NvmlSampler::sample_once(bool slow) {
           p.mem_util = uint32_t(sum.mem / sum.n);
         }
       }
-      note_cost(kProcUtil, now_ns() - t0);
+      note_cost(kProcUtil, monotonic_ns() - t0);
     }
     if (slow && L.DeviceGetComputeRunningProcesses && !(off & kProcMemory)) {
-      const uint64_t t0 = now_ns();
+      const uint64_t t0 = monotonic_ns();
       nvmlProcessInfo_t infos[256] = {};
       unsigned int n = 256;
       const nvmlReturn_t r = L.DeviceGetComputeRunningProcesses(d, &n, infos);
@@ -352,7 +348,7 @@ NvmlSampler::Batch NvmlSampler::sample_once(bool slow) {
       if (r == NVML_SUCCESS)
         for (unsigned int k = 0; k < std::min(n, 256u); ++k)
           if (infos[k].usedGpuMemory != kNotAvailable) proc(infos[k].pid).used_memory = infos[k].usedGpuMemory;
-      note_cost(kProcMemory, now_ns() - t0);
+      note_cost(kProcMemory, monotonic_ns() - t0);
     }
     b.processes.insert(b.processes.end(), procs.begin(), procs.end());
   }
@@ -365,7 +361,7 @@ NvmlSampler::Batch NvmlSampler::sample_once(bool slow) {
       uint32_t dev = 0;
       for (size_t i = 0; i < L.handles.size(); ++i)
         if (L.handles[i] == e.device) dev = devices_[i].index;
-      b.events.push_back(GpuEvent{now_ns(), dev, "xid", e.eventData});
+      b.events.push_back(GpuEvent{monotonic_ns(), dev, "xid", e.eventData});
     }
   }
   return b;

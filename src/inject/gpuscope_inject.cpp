@@ -27,8 +27,11 @@
 #include <thread>
 
 #include "inject/gpu_trace.h"
+#include "common/clock.h"
 
 namespace {
+
+using gpuscope::monotonic_ns;
 
 struct Cupti {
   CUptiResult (*GetVersion)(uint32_t*);
@@ -56,11 +59,6 @@ void say(const char* fmt, const char* detail) {
   std::fprintf(stderr, "\n");
 }
 
-uint64_t monotonic_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
-}
 
 // The directory of the libcudart this program loaded: pip wheels ship libcupti beside it.
 std::string cudart_directory() {

@@ -2,31 +2,22 @@
 
 #include <sys/uio.h>
 #include <sys/utsname.h>
-#include <time.h>
-
-#include <fstream>
 
 #include <cstring>
+#include <fstream>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "decode/decoder.h"
 #include "discover/proc.h"
 #include "symbolize/elf_file.h"
 
 namespace gpuscope::record {
-namespace {
 
-uint64_t now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
-}  // namespace
-
-Pipeline::Pipeline(store::RecordWriter& writer, attach::BpfSession& bpf, symbolize::ProcessMaps& maps,
+Pipeline::Pipeline(store::EventSink& sink, attach::BpfSession& bpf, symbolize::ProcessMaps& maps,
                    const PipelineConfig& cfg)
-    : writer_(writer), bpf_(bpf), maps_(maps), cfg_(cfg), tracker_(cfg.complete_history), unwinder_(maps) {
+    : sink_(sink), bpf_(bpf), maps_(maps), cfg_(cfg), tracker_(cfg.complete_history), unwinder_(maps),
+      stack_gens_(cfg.recycle_stacks_at, bpf.stack_map_entries()) {
   filling_.reserve(1 << 20);
 }
 
@@ -78,7 +69,7 @@ void Pipeline::add_gpu_batch(gpu::NvmlSampler::Batch&& b) {
 }
 
 void Pipeline::start() {
-  last_commit_ns_ = now_ns();
+  last_commit_ns_ = monotonic_ns();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -91,11 +82,12 @@ void Pipeline::stop() {
   if (thread_.joinable()) thread_.join();
   tracker_.flush([this](CallEvent& e) { emit(e); });
   write_lost();
-  writer_.commit();
+  sink_.commit();
 }
 
 PipelineStats Pipeline::stats() const {
-  return PipelineStats{records_.load(), calls_.load(), launches_.load(), samples_.load(), dropped_.load()};
+  return PipelineStats{records_.load(), calls_.load(), launches_.load(), samples_.load(), dropped_.load(),
+                       stack_recycles_.load(), stacks_expired_.load(), stacks_sent_whole_.load()};
 }
 
 void Pipeline::run() {
@@ -104,10 +96,12 @@ void Pipeline::run() {
     std::vector<store::LibraryRow> libraries;
     std::vector<gpu::NvmlSampler::Batch> gpu_batches;
     bool done;
+    uint64_t taken_ns;
     {
       std::unique_lock lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(100),
                    [this] { return stopping_ || !queue_.empty() || !libraries_.empty(); });
+      taken_ns = monotonic_ns();
       work.swap(queue_);
       libraries.swap(libraries_);
       gpu_batches.swap(gpu_batches_);
@@ -115,9 +109,10 @@ void Pipeline::run() {
       done = stopping_;
     }
     try {
-      for (const auto& lib : libraries) writer_.add_library(lib);
-      for (const auto& b : gpu_batches) writer_.add_gpu_batch(b);
+      for (const auto& lib : libraries) sink_.add_library(lib);
+      for (const auto& b : gpu_batches) sink_.add_gpu_batch(b);
       for (const auto& batch : work) process_batch(batch);
+      recycle_stacks(taken_ns);
       maybe_commit();
     } catch (const std::exception& e) {
       // A store failure (disk full) must not take the recording down silently: say it once
@@ -131,7 +126,25 @@ void Pipeline::run() {
   }
 }
 
+void Pipeline::mark_complete_history(pid_t pid) {
+  std::lock_guard lock(mu_);
+  complete_history_marks_.push_back(static_cast<uint32_t>(pid));
+}
+
 void Pipeline::process_batch(const std::vector<uint8_t>& batch) {
+  // Marked while the process was stopped at its library load, before its first call: applied
+  // before any batch that can hold that call.
+  std::vector<uint32_t> marks;
+  {
+    std::lock_guard lock(mu_);
+    marks.swap(complete_history_marks_);
+  }
+  for (uint32_t pid : marks) tracker_.mark_complete_history(pid);
+  if (const uint64_t epoch = sink_.stack_epoch(); epoch != stack_epoch_) {
+    stack_epoch_ = epoch;
+    stack_ids_.clear();
+    kernel_stack_ids_.clear();
+  }
   size_t at = 0;
   while (at + sizeof(uint32_t) <= batch.size()) {
     uint32_t len;
@@ -153,13 +166,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       std::memcpy(&rec, data, sizeof(rec));
       CallEvent e;
       if (!decode::decode_call(rec, e)) return;
-      if (rec.flags & GS_CALL_STACK_COPIED) {
-        auto it = copied_stacks_.find({rec.tid, rec.ts_ns});
-        if (it != copied_stacks_.end()) {
-          e.stack_id = store_user_stack(rec.pid, it->second.ips, it->second.truncated, e.py_stack);
-          copied_stacks_.erase(it);
-        }
-      }
+      if (rec.flags & GS_CALL_STACK_COPIED) e.stack_id = take_sent_stack(rec.pid, rec.tid, rec.ts_ns, e.py_stack);
       if (e.name_addr) {
         e.name = read_name(e.pid, e.name_addr, e.name);
         if (e.name.empty()) ++names_unread_;
@@ -182,6 +189,17 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       // Bounded: a copy whose call record was lost must not stay forever.
       if (copied_stacks_.size() >= kMaxCopiedStacks) copied_stacks_.clear();
       copied_stacks_[{tid, ts}] = unwind_stack_copy(pid, tid, &c->regs, c->data, len);
+      break;
+    }
+    case GS_REC_STACK_IPS: {
+      // Frames its stack map could not take (a bucket collision); the record naming it follows.
+      if (size < offsetof(gs_stack_ips_record, ips)) return;
+      gs_stack_ips_record r{};
+      std::memcpy(&r, data, std::min(size, sizeof(r)));
+      const size_t nr = std::min<size_t>({r.nr, GS_MAX_STACK_DEPTH, (size - offsetof(gs_stack_ips_record, ips)) / 8});
+      if (copied_stacks_.size() >= kMaxCopiedStacks) copied_stacks_.clear();
+      copied_stacks_[{r.tid, r.ts_ns}] = Unwound{std::vector<uint64_t>(r.ips, r.ips + nr), false};
+      ++stacks_sent_whole_;
       break;
     }
     case GS_REC_PY_CODE: {
@@ -212,10 +230,12 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
         std::memcpy(&len, &full->stack_len, sizeof(len));
         const auto u = unwind_stack_copy(rec.pid, rec.tid, &full->regs, full->data, len);
         user_stack = store_user_stack(rec.pid, u.ips, u.truncated, rec.py_stack);
+      } else if (rec.flags & GS_SAMPLE_USTACK_SENT) {
+        user_stack = take_sent_stack(rec.pid, rec.tid, rec.ts_ns, rec.py_stack);
       } else {
-        user_stack = resolve_user_stack(rec.pid, rec.ustack_id, rec.py_stack);
+        user_stack = resolve_user_stack(rec.pid, rec.ustack_id, rec.py_stack, rec.ts_ns);
       }
-      writer_.add_sample(rec.ts_ns, rec.pid, rec.tid, rec.cpu, user_stack, resolve_kernel_stack(rec.kstack_id));
+      sink_.add_sample(rec.ts_ns, rec.pid, rec.tid, rec.cpu, user_stack, resolve_kernel_stack(rec.kstack_id, rec.ts_ns));
       ++samples_;
       ++calls_since_commit_;
       break;
@@ -227,7 +247,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       if (known_processes_.count(rec.pid)) {
         // exit_code is the kernel's wait status: code in bits 8..15, or the signal.
         const int status = rec.exit_code;
-        writer_.set_process_exit(rec.pid, rec.ts_ns, (status & 0x7f) ? -(status & 0x7f) : (status >> 8) & 0xff);
+        sink_.set_process_exit(rec.pid, rec.ts_ns, (status & 0x7f) ? -(status & 0x7f) : (status >> 8) & 0xff);
       }
       tracker_.forget_process(rec.pid);
       maps_.forget(rec.pid);
@@ -243,8 +263,8 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       std::memcpy(&rec, data, std::min(size, sizeof(rec)));
       maps_.forget_before(rec.pid, rec.ts_ns);
       unwinder_.forget(static_cast<pid_t>(rec.pid));
-      known_processes_.erase(rec.pid);
-      note_process(rec.pid, rec.ts_ns);
+      const bool known = known_processes_.erase(rec.pid) > 0;
+      if (known || cfg_.note_every_exec) note_process(rec.pid, rec.ts_ns);
       break;
     }
     default:
@@ -255,20 +275,20 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
 void Pipeline::note_process(uint32_t pid, uint64_t ts_ns) {
   if (!known_processes_.insert(pid).second) return;
   maps_.refresh(pid);
-  writer_.upsert_process(pid, discover::read_ppid(pid), discover::read_comm(pid), discover::read_cmdline(pid),
+  sink_.upsert_process(pid, discover::read_ppid(pid), discover::read_comm(pid), discover::read_cmdline(pid),
                          discover::read_exe(pid), ts_ns);
 }
 
 void Pipeline::emit(CallEvent& e) {
   note_process(e.pid, e.ts_ns);
   note_thread(e.tid, e.pid, e.comm);
-  if (!e.stack_id) e.stack_id = resolve_user_stack(e.pid, e.bpf_stack_id, e.py_stack);
+  if (!e.stack_id) e.stack_id = resolve_user_stack(e.pid, e.bpf_stack_id, e.py_stack, e.ts_ns);
   const auto* f = decode::function_by_id(e.func);
   if (f && f->kind == decode::CallKind::Launch) {
     e.kernel_id = resolve_kernel(e);
     if (!e.parent_id) ++launches_;
   }
-  writer_.add_call(e);
+  sink_.add_call(e);
   ++calls_;
   ++calls_since_commit_;
 }
@@ -299,39 +319,89 @@ void Pipeline::note_thread(uint32_t tid, uint32_t pid, const std::string& comm) 
   auto& known = thread_comms_[tid];
   if (known == comm) return;
   known = comm;
-  writer_.upsert_thread(tid, pid, comm);
+  sink_.upsert_thread(tid, pid, comm);
 }
 
-int64_t Pipeline::resolve_kernel_stack(int32_t bpf_stack_id) {
-  if (bpf_stack_id < 0) return 0;
+int64_t Pipeline::resolve_kernel_stack(int32_t bpf_stack_id, uint64_t ts_ns) {
+  if (bpf_stack_id < 0 || stack_expired(bpf_stack_id, ts_ns)) return 0;
   if (auto it = kernel_stack_ids_.find(bpf_stack_id); it != kernel_stack_ids_.end()) return it->second;
+  stack_gens_.seen(bpf_stack_id);
   if (!kallsyms_) {
     kallsyms_ = std::make_unique<symbolize::Kallsyms>();
     utsname u{};
     uname(&u);
-    kernel_module_id_ = writer_.intern_module("[kernel]", u.release);
+    kernel_module_id_ = sink_.intern_module("[kernel]", u.release);
   }
   std::vector<store::StoredFrame> frames;
   for (uint64_t ip : bpf_.stack(bpf_stack_id)) {
     frames.push_back({kernel_module_id_, ip, ip});
     if (named_kernel_ips_.insert(ip).second) {
       const std::string name = kallsyms_->resolve(ip);
-      if (!name.empty()) writer_.add_symbol(kernel_module_id_, ip, name);
+      if (!name.empty()) sink_.add_symbol(kernel_module_id_, ip, name);
     }
   }
-  const int64_t id = frames.empty() ? 0 : writer_.intern_stack(frames);
+  const int64_t id = frames.empty() ? 0 : sink_.intern_stack(frames);
   kernel_stack_ids_.emplace(bpf_stack_id, id);
   return id;
 }
 
-int64_t Pipeline::resolve_user_stack(uint32_t pid, int32_t bpf_stack_id, uint64_t py_stack) {
+int64_t Pipeline::resolve_user_stack(uint32_t pid, int32_t bpf_stack_id, uint64_t py_stack, uint64_t ts_ns) {
+  if (bpf_stack_id >= 0 && stack_expired(bpf_stack_id, ts_ns)) bpf_stack_id = -1;  // its Python frames remain
   if (bpf_stack_id < 0 && !py_stack) return 0;
   auto& ids = stack_ids_[pid];
   if (auto it = ids.find({bpf_stack_id, py_stack}); it != ids.end()) return it->second;
+  if (bpf_stack_id >= 0) stack_gens_.seen(bpf_stack_id);
   const int64_t id =
       store_user_stack(pid, bpf_stack_id < 0 ? std::vector<uint64_t>{} : bpf_.stack(bpf_stack_id), false, py_stack);
   ids.emplace(std::pair{bpf_stack_id, py_stack}, id);
   return id;
+}
+
+int64_t Pipeline::take_sent_stack(uint32_t pid, uint32_t tid, uint64_t ts_ns, uint64_t py_stack) {
+  auto it = copied_stacks_.find({tid, ts_ns});
+  if (it == copied_stacks_.end()) return 0;
+  const int64_t id = store_user_stack(pid, it->second.ips, it->second.truncated, py_stack);
+  copied_stacks_.erase(it);
+  return id;
+}
+
+bool Pipeline::stack_expired(int32_t bpf_stack_id, uint64_t ts_ns) {
+  // Calls in flight across a recycle (entry before the flip, return after the emptying) lose
+  // their stack so; none gets another's.
+  if (!stack_gens_.expired(bpf_stack_id, ts_ns)) return false;
+  ++stacks_expired_;
+  return true;
+}
+
+// The kernel never frees a stack map's entries, and new stacks keep coming to an agent that runs
+// for weeks: each process has its own (address space layout randomisation), and CPU samples hit
+// ever new ones. Once the map is full, every new stack would be lost. So captures go to one of
+// two maps, and when it is full enough (StackGenerations::next), to the other; the first is
+// emptied once every record captured before the switch has been processed.
+void Pipeline::recycle_stacks(uint64_t taken_ns) {
+  switch (stack_gens_.next(taken_ns)) {
+    case StackGenerations::Step::None:
+      return;
+    case StackGenerations::Step::Flip:
+      stack_gens_.flipped(bpf_.flip_stack_generation(), monotonic_ns());
+      return;
+    case StackGenerations::Step::Empty:
+      break;
+  }
+  const int old = stack_gens_.current() ^ 1;
+  auto in_old = [old](int32_t id) { return id >= 0 && StackGenerations::generation_of(id) == old; };
+  // Calls the tracker still holds (a driver call waits for the runtime call around it) are
+  // resolved now, while the map has their stacks.
+  tracker_.for_each_held([&](CallEvent& e) {
+    if (e.stack_id || !in_old(e.bpf_stack_id)) return;
+    e.stack_id = resolve_user_stack(e.pid, e.bpf_stack_id, e.py_stack, e.ts_ns);
+    e.bpf_stack_id = -1;
+  });
+  for (auto& [pid, ids] : stack_ids_) std::erase_if(ids, [&](const auto& kv) { return in_old(kv.first.first); });
+  std::erase_if(kernel_stack_ids_, [&](const auto& kv) { return in_old(kv.first); });
+  bpf_.clear_stacks(old);
+  stack_gens_.emptied(monotonic_ns());
+  ++stack_recycles_;
 }
 
 Pipeline::Unwound Pipeline::unwind_stack_copy(uint32_t pid, uint32_t tid, const gs_user_regs* regs_in_record,
@@ -348,13 +418,13 @@ void Pipeline::merge_python(std::vector<store::StoredFrame>& native, const std::
                             uint64_t py_stack) {
   const auto* py = python_.stack(py_stack);
   if (!py || py->empty()) return;
-  if (!python_module_id_) python_module_id_ = writer_.intern_module("[python]", "");
+  if (!python_module_id_) python_module_id_ = sink_.intern_module("[python]", "");
   std::vector<store::StoredFrame> out;
   out.reserve(native.size() + py->size());
   size_t next = 0;  // the innermost Python frame not placed yet
   auto place = [&](size_t i) {
     const auto& f = (*py)[i];
-    out.push_back({python_module_id_, uint64_t(writer_.intern_python_frame(f.function, f.file, f.line)), 0});
+    out.push_back({python_module_id_, uint64_t(sink_.intern_python_frame(f.function, f.file, f.line)), 0});
   };
   for (size_t i = 0; i < native.size(); ++i) {
     if (eval_loop[i] && next < py->size()) {
@@ -381,7 +451,7 @@ int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ip
     f.ip = ip;
     bool eval = false;
     if (auto m = maps_.resolve(pid, ip)) {
-      f.module_id = writer_.intern_module(m->path, build_id_of(m->open_path));
+      f.module_id = sink_.intern_module(m->path, build_id_of(m->open_path));
       f.offset = m->file_offset;
       eval = py_stack && python_.is_eval_loop(static_cast<pid_t>(pid), m->path, m->file_offset);
     }
@@ -392,14 +462,14 @@ int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ip
     // The outermost frame says the walk was cut short, so that no one mistakes its last
     // frame for where the thread began.
     if (!truncated_module_id_) {
-      truncated_module_id_ = writer_.intern_module("[truncated]", "");
-      writer_.add_symbol(truncated_module_id_, 0, "[truncated stack]");
+      truncated_module_id_ = sink_.intern_module("[truncated]", "");
+      sink_.add_symbol(truncated_module_id_, 0, "[truncated stack]");
     }
     frames.push_back({truncated_module_id_, 0, 0});
     eval_loop.push_back(false);
   }
   if (py_stack) merge_python(frames, eval_loop, py_stack);
-  return frames.empty() ? 0 : writer_.intern_stack(frames);
+  return frames.empty() ? 0 : sink_.intern_stack(frames);
 }
 
 int64_t Pipeline::resolve_kernel(const CallEvent& e) {
@@ -424,24 +494,24 @@ int64_t Pipeline::resolve_kernel(const CallEvent& e) {
       return 0;
     }
   }
-  const int64_t id = writer_.intern_kernel(name, symbolize::demangle(name));
+  const int64_t id = sink_.intern_kernel(name, symbolize::demangle(name));
   ids[key] = id;
   return id;
 }
 
 void Pipeline::write_lost() {
   const auto lost = bpf_.lost();
-  for (int cause = 0; cause < GS_LOST_NR; ++cause) writer_.set_lost(std::string(attach::lost_cause_name(cause)), lost[cause]);
-  writer_.set_lost("queue_full", dropped_.load());
-  writer_.set_lost("name_unreadable", names_unread_);
-  writer_.set_lost("python_frame_unnamed", python_.unnamed_frames());
+  for (int cause = 0; cause < GS_LOST_NR; ++cause) sink_.set_lost(std::string(attach::lost_cause_name(cause)), lost[cause]);
+  sink_.set_lost("queue_full", dropped_.load());
+  sink_.set_lost("name_unreadable", names_unread_);
+  sink_.set_lost("python_frame_unnamed", python_.unnamed_frames());
 }
 
 void Pipeline::maybe_commit() {
-  const uint64_t now = now_ns();
+  const uint64_t now = monotonic_ns();
   if (calls_since_commit_ < cfg_.commit_every_calls && now - last_commit_ns_ < cfg_.commit_interval_ns) return;
   write_lost();
-  writer_.commit();
+  sink_.commit();
   calls_since_commit_ = 0;
   last_commit_ns_ = now;
 }

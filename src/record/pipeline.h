@@ -20,7 +20,8 @@
 
 #include "attach/bpf_session.h"
 #include "decode/tracker.h"
-#include "store/record_writer.h"
+#include "record/stack_generations.h"
+#include "store/sink.h"
 #include "symbolize/dwarf_unwinder.h"
 #include "symbolize/kallsyms.h"
 #include "symbolize/process_maps.h"
@@ -37,6 +38,12 @@ struct PipelineConfig {
   uint64_t commit_interval_ns = 100'000'000;
   uint64_t commit_every_calls = 50'000;
   bool complete_history = true;  // targets followed from their start (see decode::Tracker)
+  // Every new program is noted (read from /proc, given to the sink), not only those that make
+  // CUDA calls: a recording of the whole host names them all; the agent does not.
+  bool note_every_exec = true;
+  // Recycle the BPF stack maps once the current generation's is this full (0: never; needs
+  // the session's stack_generations). See recycle_stacks.
+  double recycle_stacks_at = 0;
 };
 
 struct PipelineStats {
@@ -45,11 +52,16 @@ struct PipelineStats {
   uint64_t launches = 0;
   uint64_t samples = 0;
   uint64_t queue_dropped_records = 0;
+  uint64_t stack_recycles = 0;
+  // Stacks captured before their map was emptied (calls in flight across a recycle): unread.
+  uint64_t stacks_expired = 0;
+  // User stacks sent whole because their stack map could not take them (bucket collisions).
+  uint64_t stacks_sent_whole = 0;
 };
 
 class Pipeline {
  public:
-  Pipeline(store::RecordWriter& writer, attach::BpfSession& bpf, symbolize::ProcessMaps& maps,
+  Pipeline(store::EventSink& sink, attach::BpfSession& bpf, symbolize::ProcessMaps& maps,
            const PipelineConfig& cfg);
   ~Pipeline();
 
@@ -63,6 +75,8 @@ class Pipeline {
   void add_gpu_batch(gpu::NvmlSampler::Batch&& b);
   // A process running an interpreter whose frames the BPF side walks (any thread).
   void add_python_process(pid_t pid, const discover::PythonProcess& p) { python_.add_process(pid, p); }
+  // The process is followed from before its first CUDA call (see decode::Tracker); any thread.
+  void mark_complete_history(pid_t pid);
 
   void start();
   // Processes everything queued, flushes held calls, writes the lost counters, and joins.
@@ -76,7 +90,9 @@ class Pipeline {
   void emit(CallEvent& e);
   void note_process(uint32_t pid, uint64_t ts_ns);
   void note_thread(uint32_t tid, uint32_t pid, const std::string& comm);
-  int64_t resolve_user_stack(uint32_t pid, int32_t bpf_stack_id, uint64_t py_stack);
+  // ts_ns: the record's, taken before its stacks were captured (see StackGenerations::expired).
+  int64_t resolve_user_stack(uint32_t pid, int32_t bpf_stack_id, uint64_t py_stack, uint64_t ts_ns);
+  int64_t take_sent_stack(uint32_t pid, uint32_t tid, uint64_t ts_ns, uint64_t py_stack);
   // Stores a native stack (innermost first) merged with the thread's Python stack, if any; a
   // native walk cut short gets its truncation marker.
   int64_t store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated, uint64_t py_stack);
@@ -91,7 +107,12 @@ class Pipeline {
   void merge_python(std::vector<store::StoredFrame>& native, const std::vector<bool>& eval_loop,
                     uint64_t py_stack);
   // Kernel stacks are the same in every process: cached once, frames named from kallsyms.
-  int64_t resolve_kernel_stack(int32_t bpf_stack_id);
+  int64_t resolve_kernel_stack(int32_t bpf_stack_id, uint64_t ts_ns);
+  // Switches the BPF side to the other stack map when the current one is full enough, and
+  // empties the old one once no record on its way can name it. `taken_ns`: when the work just
+  // processed was taken from the queue.
+  void recycle_stacks(uint64_t taken_ns);
+  bool stack_expired(int32_t bpf_stack_id, uint64_t ts_ns);
   int64_t resolve_kernel(const CallEvent& e);
   const std::string& build_id_of(const std::string& open_path);
   // A name in the target's memory (or, once it is gone, its file); `partial` if neither reads.
@@ -99,7 +120,7 @@ class Pipeline {
   void write_lost();
   void maybe_commit();
 
-  store::RecordWriter& writer_;
+  store::EventSink& sink_;
   attach::BpfSession& bpf_;
   symbolize::ProcessMaps& maps_;
   symbolize::Symbolizer symbolizer_;
@@ -115,6 +136,7 @@ class Pipeline {
   std::deque<std::vector<uint8_t>> queue_;
   std::vector<store::LibraryRow> libraries_;
   std::vector<gpu::NvmlSampler::Batch> gpu_batches_;
+  std::vector<uint32_t> complete_history_marks_;
   size_t queued_bytes_ = 0;
   bool stopping_ = false;
   std::thread thread_;
@@ -127,14 +149,16 @@ class Pipeline {
   std::unordered_map<uint32_t, std::map<std::pair<int32_t, uint64_t>, int64_t>> stack_ids_;
   std::unordered_map<std::string, std::string> build_ids_;
   std::unordered_map<int32_t, int64_t> kernel_stack_ids_;
+  uint64_t stack_epoch_ = 0;  // the sink's, when the two caches above were filled
   std::unique_ptr<symbolize::Kallsyms> kallsyms_;  // read at the first kernel stack
   symbolize::DwarfUnwinder unwinder_;               // stacks sent as copies (samples, --call-stacks dwarf)
   int64_t kernel_module_id_ = 0;
   int64_t truncated_module_id_ = 0;
   int64_t python_module_id_ = 0;
   symbolize::PythonFrames python_;
-  // Stacks of calls still in flight (--call-stacks dwarf), by (tid, entry time); stored when
-  // the call's record brings its Python stack.
+  // Stacks sent ahead of their record (copies with --call-stacks dwarf, or frames that their
+  // stack map could not take), by (tid, the record's time); stored when that record, with its
+  // Python stack, comes.
   static constexpr size_t kMaxCopiedStacks = 65536;
   std::map<std::pair<uint32_t, uint64_t>, Unwound> copied_stacks_;
   std::unordered_set<uint64_t> named_kernel_ips_;
@@ -142,8 +166,10 @@ class Pipeline {
   uint64_t calls_since_commit_ = 0;
   uint64_t names_unread_ = 0;
   uint64_t last_commit_ns_ = 0;
+  StackGenerations stack_gens_;
 
-  std::atomic<uint64_t> records_{0}, calls_{0}, launches_{0}, samples_{0}, dropped_{0};
+  std::atomic<uint64_t> records_{0}, calls_{0}, launches_{0}, samples_{0}, dropped_{0}, stack_recycles_{0},
+      stacks_expired_{0}, stacks_sent_whole_{0};
 };
 
 }  // namespace gpuscope::record

@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -12,39 +11,23 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstring>
 #include <fstream>
-#include <map>
-#include <mutex>
-#include <optional>
-#include <set>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
-#include "attach/bpf_session.h"
 #include "attach/preflight.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "discover/proc.h"
-#include "discover/python.h"
 #include "gpu/gpu_times.h"
-#include "gpu/nvml.h"
-#include "record/pipeline.h"
-#include "store/record_writer.h"
 #include "inject/gpu_trace.h"
+#include "store/record_writer.h"
 #include "symbolize/elf_file.h"
-#include "symbolize/process_maps.h"
 
 namespace gpuscope::record {
 namespace {
-
-uint64_t clock_ns(clockid_t clock) {
-  timespec ts{};
-  clock_gettime(clock, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
@@ -83,123 +66,28 @@ sigset_t handled_signals() {
   return set;
 }
 
-// Messages from the ring-buffer and pipeline threads to the control loop.
-class ControlQueue {
- public:
-  ControlQueue() : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
-  ~ControlQueue() { close(fd_); }
-  int fd() const { return fd_; }
-  void push_libload(const gs_libload_record& r) {
-    std::lock_guard lock(mu_);
-    libloads_.push_back(r);
-    wake();
-  }
-  void push_exec(pid_t pid) {
-    std::lock_guard lock(mu_);
-    execs_.push_back(pid);
-    wake();
-  }
-  void take(std::vector<gs_libload_record>& libloads, std::vector<pid_t>& execs) {
-    uint64_t v;
-    [[maybe_unused]] auto n = read(fd_, &v, sizeof(v));
-    std::lock_guard lock(mu_);
-    libloads.swap(libloads_);
-    execs.swap(execs_);
-  }
-
- private:
-  void wake() {
-    uint64_t one = 1;
-    [[maybe_unused]] auto n = write(fd_, &one, sizeof(one));
-  }
-  int fd_;
-  std::mutex mu_;
-  std::vector<gs_libload_record> libloads_;
-  std::vector<pid_t> execs_;
-};
-
-// Processes stopped by the BPF side while we attach; continued however we leave.
-class StoppedProcesses {
- public:
-  void add(pid_t pid) { pids_.insert(pid); }
-  void resume(pid_t pid) {
-    kill(pid, SIGCONT);
-    pids_.erase(pid);
-  }
-  ~StoppedProcesses() {
-    for (pid_t p : pids_) kill(p, SIGCONT);
-  }
-
- private:
-  std::set<pid_t> pids_;
-};
-
 class Recorder {
  public:
   explicit Recorder(const RecordOptions& opts) : opts_(opts) {}
   int run();
 
  private:
-  void attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns);
-  void attach_mapped_libraries(pid_t pid);
-  // Gives the BPF side the process's interpreter, if it runs one gpuscope can walk.
-  void find_python(pid_t pid);
-  std::map<std::pair<uint64_t, uint64_t>, std::optional<discover::PythonBinary>> python_binaries_;
-  std::set<std::string> python_versions_said_;
-  // True when the file carries a CUDA runtime of its own and was probed.
-  bool check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown);
   pid_t spawn_command();
-  void handle_control();
   bool targets_alive() const;
-
-  const RecordOptions& opts_;
-  std::unique_ptr<store::RecordWriter> writer_;
-  std::unique_ptr<attach::BpfSession> bpf_;
-  std::unique_ptr<Pipeline> pipeline_;
-  symbolize::ProcessMaps maps_;
-  ControlQueue control_;
-  StoppedProcesses stopped_;
-  std::set<std::pair<uint64_t, uint64_t>> checked_executables_;
   // What the recording cost: gpuscope's own CPU time and peak memory, and with --bpf-stats
   // each BPF program's runs and run time (spent in the traced threads, not in gpuscope).
   void record_own_cost();
-  // NVML sampling on a thread of its own; without NVML, says so once and records without it.
-  void start_gpu_metrics();
   // --gpu-times: where the injection library is and writes; after the recording, its traces
   // are tied to the recorded calls and stored.
   void prepare_gpu_times();
   void store_gpu_times();
+
+  const RecordOptions& opts_;
+  std::unique_ptr<store::RecordWriter> writer_;
+  std::unique_ptr<Tracer> tracer_;
   std::string inject_library_, gpu_trace_dir_;
-  std::unique_ptr<gpu::NvmlSampler> nvml_;
-
-  int libraries_attached_ = 0;
-  bool detach_runtime_launches_with_driver_ = false;
   pid_t child_ = 0;
-  int go_fd_ = -1;
 };
-
-void Recorder::attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns) {
-  auto res = bpf_->attach_file(open_path);
-  if (res.already_attached) return;
-  store::LibraryRow row{static_cast<uint32_t>(pid), shown_path, res.build_id, res.runtime_probes, res.driver_probes,
-                        ts_ns, res.error};
-  if (!res.error.empty())
-    log_error("could not probe {} in PID {}: {}", shown_path, pid, res.error);
-  else if (res.runtime_probes + res.driver_probes > 0)
-    ++libraries_attached_;
-  if (res.error.empty() && res.driver_probes > 0 && detach_runtime_launches_with_driver_ &&
-      bpf_->runtime_launch_probes()) {
-    // Every runtime launch that can run goes through the driver's launch functions, which are
-    // probed from now on; its runtime probe would only add a second trap.
-    const int n = bpf_->detach_runtime_launch_probes();
-    writer_->set_meta("runtime_launch_probes_removed_at_ns", std::to_string(ts_ns));
-    log_debug("driver probed: launch probes removed from {} runtime link(s); launches recorded by the driver", n);
-  }
-  if (!opts_.quiet && res.error.empty())
-    log_info("probing {} ({} runtime, {} driver functions) first used by PID {}", shown_path, res.runtime_probes,
-             res.driver_probes, pid);
-  pipeline_->add_library(std::move(row));
-}
 
 void Recorder::prepare_gpu_times() {
   if (!opts_.gpu_times) return;
@@ -287,25 +175,6 @@ void Recorder::store_gpu_times() {
   rmdir(gpu_trace_dir_.c_str());
 }
 
-void Recorder::start_gpu_metrics() {
-  const double hz = opts_.gpu_sample_hz < 0 ? kDefaultGpuSampleHz : opts_.gpu_sample_hz;
-  if (hz == 0) {
-    writer_->set_meta("gpu_metrics", "off (--gpu-sample-hz 0)");
-    return;
-  }
-  nvml_ = std::make_unique<gpu::NvmlSampler>();
-  if (!nvml_->available()) {
-    if (!opts_.quiet) log_info("GPU metrics are off: {}", nvml_->error());
-    writer_->set_meta("gpu_metrics", "off: " + nvml_->error());
-    nvml_.reset();
-    return;
-  }
-  for (const auto& d : nvml_->devices()) writer_->add_gpu(d);
-  writer_->set_meta("gpu_metrics", fmt::format("nvml, driver {}", nvml_->driver_version()));
-  writer_->set_meta("gpu_sample_hz", fmt::format("{}", hz));
-  nvml_->start(hz, [this](gpu::NvmlSampler::Batch&& b) { pipeline_->add_gpu_batch(std::move(b)); });
-}
-
 void Recorder::record_own_cost() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -314,69 +183,9 @@ void Recorder::record_own_cost() {
   writer_->set_meta("recorder_max_rss_kb", std::to_string(ru.ru_maxrss));
   if (!opts_.bpf_stats) return;
   nlohmann::json progs = nlohmann::json::object();
-  for (const auto& p : bpf_->program_stats())
+  for (const auto& p : tracer_->bpf().program_stats())
     if (p.runs) progs[p.name] = {{"runs", p.runs}, {"run_time_ns", p.run_time_ns}};
   writer_->set_meta("bpf_program_stats", progs.dump());
-}
-
-bool Recorder::check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown) {
-  struct stat st{};
-  if (stat(exe_path.c_str(), &st) != 0 || !checked_executables_.insert({st.st_dev, st.st_ino}).second) return false;
-  if (discover::is_cuda_runtime_library(shown) || discover::is_cuda_driver_library(shown)) return false;
-  // A file that is not ELF (a script) defines nothing.
-  if (!symbolize::defines_any_function(exe_path, {"cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMalloc"}))
-    return false;
-  attach_library(pid, exe_path, shown + " (static CUDA runtime)", clock_ns(CLOCK_MONOTONIC));
-  return true;
-}
-
-void Recorder::find_python(pid_t pid) {
-  if (!opts_.python_stacks) return;
-  auto inspect = [&](const discover::Mapping& m) {
-    const std::pair key{(uint64_t(m.dev_major) << 20) | m.dev_minor, m.inode};
-    auto it = python_binaries_.find(key);
-    if (it == python_binaries_.end())
-      it = python_binaries_.emplace(key, discover::inspect_python_binary(discover::path_in_target(pid, m.path), m.path))
-               .first;
-    return it->second;
-  };
-  auto py = discover::find_python(discover::read_maps(pid), inspect);
-  if (!py) return;
-  const auto& b = py->binary;
-  const std::string version = fmt::format("{}.{}.{}", b.major, b.minor, b.micro);
-  if (!b.layout) {
-    if (python_versions_said_.insert(version).second)
-      log_warn("PID {} runs Python {}, whose frames gpuscope cannot walk (it knows {}); its stacks stay native", pid,
-               version, discover::supported_python_versions());
-    return;
-  }
-  gs_py_process proc{py->runtime_addr, b.layout->bpf};
-  if (!bpf_->set_python_process(pid, proc)) {
-    log_warn("too many Python processes: PID {}'s stacks stay native", pid);
-    return;
-  }
-  pipeline_->add_python_process(pid, *py);
-  if (python_versions_said_.insert(version).second && !opts_.quiet)
-    log_info("PID {} runs Python {} ({}): its stacks show Python functions and lines", pid, version, b.path);
-  else
-    log_debug("PID {} runs Python {} ({})", pid, version, b.path);
-}
-
-void Recorder::attach_mapped_libraries(pid_t pid) {
-  std::set<std::string> seen;
-  bool has_cuda = false;
-  for (const auto& m : discover::read_maps(pid)) {
-    if (m.path.empty() || !seen.insert(m.path).second) continue;
-    if (discover::is_cuda_runtime_library(m.path) || discover::is_cuda_driver_library(m.path)) {
-      has_cuda = true;
-      attach_library(pid, discover::path_in_target(pid, m.path), m.path, clock_ns(CLOCK_MONOTONIC));
-    }
-  }
-  if (has_cuda || !opts_.all) check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid));
-  if (!has_cuda && !opts_.all && !opts_.quiet)
-    log_info("PID {} has no CUDA library loaded yet; its probes attach when it loads one", pid);
-  maps_.refresh(pid);
-  find_python(pid);
 }
 
 pid_t Recorder::spawn_command() {
@@ -418,8 +227,8 @@ pid_t Recorder::spawn_command() {
   }
   close(go[0]);
   close(err[1]);
-  bpf_->add_target(pid);
-  if (std::string exe = find_in_path(opts_.command[0]); !exe.empty()) check_static_runtime(pid, exe, exe);
+  tracer_->add_target(pid);
+  if (std::string exe = find_in_path(opts_.command[0]); !exe.empty()) tracer_->check_static_runtime(pid, exe, exe);
   [[maybe_unused]] auto n = write(go[1], "g", 1);
   close(go[1]);
   int child_errno = 0;
@@ -430,32 +239,6 @@ pid_t Recorder::spawn_command() {
   }
   close(err[0]);
   return pid;
-}
-
-void Recorder::handle_control() {
-  std::vector<gs_libload_record> libloads;
-  std::vector<pid_t> execs;
-  control_.take(libloads, execs);
-  for (const auto& l : libloads) {
-    const pid_t pid = static_cast<pid_t>(l.pid);
-    if (l.stopped) stopped_.add(pid);
-    const std::string path(l.path, strnlen(l.path, sizeof(l.path)));
-    const std::string open_path = discover::path_in_target(pid, path);
-    const bool probed = l.cuda_name ? (attach_library(pid, open_path, path, l.ts_ns), true)
-                                    : check_static_runtime(pid, open_path, path);
-    // The library is mapped now: name its frames even if the process dies soon. A process
-    // stopped here is snapshotted in any case: the C library, mapped after the CUDA runtime,
-    // is often in only this snapshot of a short-lived process.
-    if (probed || l.stopped) maps_.refresh(pid);
-    // A libpython is found at its load, before its first Python frame runs.
-    if (discover::looks_like_python(path)) find_python(pid);
-    bpf_->mark_checked(l.dev, l.ino);
-    if (l.stopped) stopped_.resume(pid);
-  }
-  for (pid_t pid : execs) {
-    check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid));
-    find_python(pid);
-  }
 }
 
 bool Recorder::targets_alive() const {
@@ -484,86 +267,42 @@ int Recorder::run() {
   writer_->set_meta("mode", mode);
   writer_->set_meta("command", what);
   writer_->set_meta("clock", "CLOCK_MONOTONIC");
-  writer_->set_meta("realtime_offset_ns", std::to_string(clock_ns(CLOCK_REALTIME) - clock_ns(CLOCK_MONOTONIC)));
+  writer_->set_meta("realtime_offset_ns", std::to_string(realtime_ns() - monotonic_ns()));
   writer_->set_meta("cuda_driver_version", driver_version());
   writer_->set_meta("stacks", opts_.stacks ? "1" : "0");
 
-  attach::SessionConfig cfg;
+  TracerOptions topts;
+  topts.all = opts_.all;
   // Kernels loaded before gpuscope started are named only by their runtime registration, so
   // the runtime's launch probes stay where processes are joined late.
-  const bool whole_history = opts_.pids.empty() && !opts_.all;
-  cfg.runtime_launch_probes = opts_.launch_probes != LaunchProbes::Driver;
-  detach_runtime_launches_with_driver_ = opts_.launch_probes == LaunchProbes::Auto && whole_history;
-  writer_->set_meta("launch_probes", opts_.launch_probes == LaunchProbes::Driver ? "driver"
-                                     : detach_runtime_launches_with_driver_     ? "driver once probed"
-                                                                                 : "runtime and driver");
-  cfg.filter_targets = !opts_.all;
-  cfg.program_stats = opts_.bpf_stats;
-  cfg.sample_stack_copy = opts_.dwarf_unwind_samples;
-  cfg.call_stack_copy = opts_.dwarf_unwind_calls && opts_.stacks;
-  writer_->set_meta("call_unwinding", !opts_.stacks ? "none" : opts_.dwarf_unwind_calls ? "dwarf" : "frame pointers");
-  cfg.capture_stacks = opts_.stacks;
-  cfg.python_stacks = opts_.stacks && opts_.python_stacks;
-  writer_->set_meta("python_stacks", cfg.python_stacks ? "1" : "0");
-  cfg.stop_for_shared_objects = !opts_.all;
-  cfg.ringbuf_bytes = opts_.ringbuf_mb << 20;
-  cfg.wakeup_bytes = cfg.ringbuf_bytes / 4;
-  bpf_ = std::make_unique<attach::BpfSession>(cfg);
-  if (opts_.cpu_profile_hz) {
-    bpf_->start_cpu_sampling(opts_.cpu_profile_hz);
-    writer_->set_meta("cpu_profile_hz", std::to_string(opts_.cpu_profile_hz));
-    writer_->set_meta("sample_unwinding", opts_.dwarf_unwind_samples ? "dwarf" : "frame pointers");
-  }
+  topts.whole_history = opts_.pids.empty() && !opts_.all;
+  topts.stacks = opts_.stacks;
+  topts.python_stacks = opts_.python_stacks;
+  topts.dwarf_unwind_samples = opts_.dwarf_unwind_samples;
+  topts.dwarf_unwind_calls = opts_.dwarf_unwind_calls;
+  topts.launch_probes = opts_.launch_probes;
+  topts.bpf_stats = opts_.bpf_stats;
+  topts.cpu_profile_hz = opts_.cpu_profile_hz;
+  topts.ringbuf_mb = opts_.ringbuf_mb;
+  topts.stack_map_entries = opts_.stack_map_entries;
+  topts.gpu_sample_hz = opts_.gpu_sample_hz < 0 ? kDefaultGpuSampleHz : opts_.gpu_sample_hz;
+  topts.quiet = opts_.quiet;
+  tracer_ = std::make_unique<Tracer>(topts, *writer_);
+  tracer_->start();
 
-  PipelineConfig pcfg;
-  pcfg.complete_history = whole_history;
-  pipeline_ = std::make_unique<Pipeline>(*writer_, *bpf_, maps_, pcfg);
-  bpf_->set_handler([this](const void* data, size_t size) {
-    uint16_t kind;
-    std::memcpy(&kind, data, sizeof(kind));
-    if (kind == GS_REC_LIBLOAD && size >= sizeof(gs_libload_record)) {
-      control_.push_libload(*static_cast<const gs_libload_record*>(data));
-      return;
-    }
-    // A new program is looked at now (static CUDA runtime, Python interpreter), not when the
-    // pipeline gets to it: it may lag behind by more than the program takes to start.
-    if (kind == GS_REC_EXEC && size >= sizeof(gs_proc_record))
-      control_.push_exec(static_cast<pid_t>(static_cast<const gs_proc_record*>(data)->pid));
-    pipeline_->push(data, size);
-  });
-  pipeline_->start();
-
-  std::atomic<bool> consuming{true};
-  std::thread consumer([&] {
-    while (consuming.load(std::memory_order_relaxed)) {
-      bpf_->poll(20);
-      pipeline_->end_batch();
-    }
-  });
-  auto stop_consumer = [&] {
-    if (!consuming.exchange(false)) return;
-    // No new stops from here on; those already made are in the ring buffer or the control
-    // queue, and are answered below, so that no process is left stopped.
-    bpf_->stop_stopping_processes();
-    consumer.join();
-    while (bpf_->poll(0) > 0) pipeline_->end_batch();  // drain what is left
-    pipeline_->end_batch();
-    handle_control();
-  };
-
-  const uint64_t start_ns = clock_ns(CLOCK_MONOTONIC);
+  const uint64_t start_ns = monotonic_ns();
   writer_->set_meta("start_ns", std::to_string(start_ns));
   int exit_code = 0;
   try {
     if (opts_.all) {
       for (pid_t p : discover::list_pids())
-        if (p != getpid()) attach_mapped_libraries(p);
+        if (p != getpid()) tracer_->attach_mapped_libraries(p);
     } else if (!opts_.pids.empty()) {
       std::vector<pid_t> all = opts_.pids;
       for (pid_t d : discover::descendants(opts_.pids)) all.push_back(d);
       for (pid_t p : all) {
-        bpf_->add_target(p);
-        attach_mapped_libraries(p);
+        tracer_->add_target(p);
+        tracer_->attach_mapped_libraries(p);
       }
     } else {
       child_ = spawn_command();
@@ -572,14 +311,14 @@ int Recorder::run() {
       log_info("recording {} into {}{}", opts_.all ? "every process" : mode == "pid" ? "PID " + what : what,
                opts_.output, opts_.duration_s > 0 ? fmt::format(" for {}s", opts_.duration_s) : "");
     // After the command has started: a command that cannot run fails with its own error alone.
-    start_gpu_metrics();
+    tracer_->start_gpu_metrics();
 
     const uint64_t deadline = opts_.duration_s > 0 ? start_ns + uint64_t(opts_.duration_s * 1e9) : 0;
     bool running = true;
     while (running) {
-      pollfd fds[2] = {{sfd, POLLIN, 0}, {control_.fd(), POLLIN, 0}};
+      pollfd fds[2] = {{sfd, POLLIN, 0}, {tracer_->control_fd(), POLLIN, 0}};
       ::poll(fds, 2, 100);
-      if (fds[1].revents & POLLIN) handle_control();
+      if (fds[1].revents & POLLIN) tracer_->handle_control();
       signalfd_siginfo si{};
       while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
         if (si.ssi_signo == SIGCHLD) continue;
@@ -602,37 +341,33 @@ int Recorder::run() {
         if (!opts_.quiet) log_info("the target process exited");
         running = false;
       }
-      if (deadline && clock_ns(CLOCK_MONOTONIC) >= deadline) running = false;
+      if (deadline && monotonic_ns() >= deadline) running = false;
     }
-    handle_control();
+    tracer_->handle_control();
   } catch (...) {
-    stop_consumer();
-    if (nvml_) nvml_->stop();
-    pipeline_->stop();
-    writer_->set_meta("end_ns", std::to_string(clock_ns(CLOCK_MONOTONIC)));
+    tracer_->stop();
+    writer_->set_meta("end_ns", std::to_string(monotonic_ns()));
     writer_->finish();
     throw;
   }
 
-  stop_consumer();
-  if (nvml_) nvml_->stop();
-  pipeline_->stop();
-  writer_->set_meta("end_ns", std::to_string(clock_ns(CLOCK_MONOTONIC)));
+  tracer_->stop();
+  writer_->set_meta("end_ns", std::to_string(monotonic_ns()));
   record_own_cost();
   writer_->finish();
   close(sfd);
   store_gpu_times();
 
-  const auto st = pipeline_->stats();
-  const auto lost = bpf_->lost();
+  const auto st = tracer_->stats();
+  const auto lost = tracer_->bpf().lost();
   uint64_t lost_total = st.queue_dropped_records;
   for (uint64_t v : lost) lost_total += v;
   if (!opts_.quiet) {
     log_info("recorded {} CUDA calls ({} kernel launches){} into {}; {} events lost", st.calls, st.launches,
              opts_.cpu_profile_hz ? fmt::format(" and {} CPU samples", st.samples) : "", opts_.output, lost_total);
     if (st.calls == 0)
-      log_info("{}", libraries_attached_ == 0 ? "no CUDA library was loaded by the target: nothing to record"
-                                              : "the target loaded CUDA but made no probed call");
+      log_info("{}", tracer_->libraries_attached() == 0 ? "no CUDA library was loaded by the target: nothing to record"
+                                                        : "the target loaded CUDA but made no probed call");
   }
 
   // A command still running after --duration keeps running, unobserved; we wait for it.

@@ -7,14 +7,9 @@
 #include <string>
 #include <vector>
 
-namespace gpuscope::record {
+#include "record/tracer.h"
 
-// Which probes record a kernel launch made through the CUDA runtime.
-enum class LaunchProbes {
-  Auto,    // driver only once the driver is probed, when every process is seen from its start
-  Driver,  // driver only: one trap per launch; kernels loaded before gpuscope started go unnamed
-  Both,    // runtime and driver: two traps per runtime launch, names from either side
-};
+namespace gpuscope::record {
 
 struct RecordOptions {
   std::vector<std::string> command;  // record -- CMD ...
@@ -24,6 +19,7 @@ struct RecordOptions {
   std::string output = "gpuscope.record";
   bool stacks = true;
   uint32_t ringbuf_mb = 64;
+  uint32_t stack_map_entries = 32768;
   bool quiet = false;
   LaunchProbes launch_probes = LaunchProbes::Auto;
   bool bpf_stats = false;

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/protobuf.h"
 #include "report/stored_stacks.h"
 
 namespace gpuscope::report {
@@ -74,36 +75,6 @@ std::string calls_of_kind_sql(const std::string& columns, const std::string& kin
       "ORDER BY c.id",
       columns, kinds, pid ? fmt::format(" AND c.pid = {}", pid) : "");
 }
-
-// --- pprof: just enough of the protobuf wire format for profile.proto.
-class Proto {
- public:
-  void varint(uint64_t v) {
-    while (v >= 0x80) {
-      out_ += static_cast<char>(v | 0x80);
-      v >>= 7;
-    }
-    out_ += static_cast<char>(v);
-  }
-  void field_varint(int field, uint64_t v) {
-    varint(uint64_t(field) << 3);
-    varint(v);
-  }
-  void field_bytes(int field, std::string_view b) {
-    varint(uint64_t(field) << 3 | 2);
-    varint(b.size());
-    out_.append(b);
-  }
-  void field_packed(int field, const std::vector<uint64_t>& vs) {
-    Proto p;
-    for (uint64_t v : vs) p.varint(v);
-    field_bytes(field, p.out_);
-  }
-  const std::string& str() const { return out_; }
-
- private:
-  std::string out_;
-};
 
 std::string gzip(const std::string& in) {
   z_stream z{};
@@ -286,12 +257,12 @@ std::string to_pprof(const FlameData& d) {
     return it->second;
   };
   auto value_type = [&](const std::string& type, const std::string& unit) {
-    Proto vt;
+    ProtoWriter vt;
     vt.field_varint(1, intern(type));
     vt.field_varint(2, intern(unit));
     return vt.str();
   };
-  Proto profile;
+  ProtoWriter profile;
   profile.field_bytes(1, value_type(d.sample_type, d.unit));  // sample_type
   // One function and one location per distinct frame name (ids from 1); pprof lists a
   // sample's locations leaf first.
@@ -304,13 +275,13 @@ std::string to_pprof(const FlameData& d) {
       if (added) by_id.push_back(&found->first);
       locs.push_back(found->second);
     }
-    Proto sample;
+    ProtoWriter sample;
     sample.field_packed(1, locs);                             // location_id
     sample.field_packed(2, {static_cast<uint64_t>(value)});  // value
     profile.field_bytes(2, sample.str());
   }
   for (uint64_t id = 1; id <= by_id.size(); ++id) {
-    Proto line, loc;
+    ProtoWriter line, loc;
     line.field_varint(1, id);  // Line.function_id
     if (auto src = d.sources.find(*by_id[id - 1]); src != d.sources.end())
       line.field_varint(2, static_cast<uint64_t>(src->second.second));  // Line.line
@@ -319,7 +290,7 @@ std::string to_pprof(const FlameData& d) {
     profile.field_bytes(4, loc.str());
   }
   for (uint64_t id = 1; id <= by_id.size(); ++id) {
-    Proto fn;
+    ProtoWriter fn;
     fn.field_varint(1, id);                   // Function.id
     fn.field_varint(2, intern(*by_id[id - 1]));  // Function.name
     if (auto src = d.sources.find(*by_id[id - 1]); src != d.sources.end())

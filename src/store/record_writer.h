@@ -18,57 +18,41 @@
 
 #include "common/model.h"
 #include "gpu/nvml.h"
+#include "store/sink.h"
 #include "store/sqlite.h"
 
 namespace gpuscope::store {
 
-struct StoredFrame {
-  int64_t module_id = 0;  // 0: the address fell in no file-backed mapping
-  uint64_t offset = 0;    // file offset within the module
-  uint64_t ip = 0;
-  bool operator==(const StoredFrame&) const = default;
-};
-
-struct LibraryRow {
-  uint32_t pid = 0;
-  std::string path;
-  std::string build_id;
-  int runtime_probes = 0;
-  int driver_probes = 0;
-  uint64_t ts_ns = 0;
-  std::string error;
-};
-
-class RecordWriter {
+class RecordWriter final : public EventSink {
  public:
   // Creates (replacing) the file at path. Throws Error when it cannot be written.
   explicit RecordWriter(const std::string& path);
   ~RecordWriter();
 
   // set_meta and add_gpu may be called from any thread; the rest from one thread only.
-  void set_meta(const std::string& key, const std::string& value);
-  void add_call(const CallEvent& e);
-  int64_t intern_kernel(const std::string& name, const std::string& demangled);
-  int64_t intern_module(const std::string& path, const std::string& build_id);
-  int64_t intern_stack(const std::vector<StoredFrame>& frames);
+  void set_meta(const std::string& key, const std::string& value) override;
+  void add_call(const CallEvent& e) override;
+  int64_t intern_kernel(const std::string& name, const std::string& demangled) override;
+  int64_t intern_module(const std::string& path, const std::string& build_id) override;
+  int64_t intern_stack(const std::vector<StoredFrame>& frames) override;
   void upsert_process(uint32_t pid, uint32_t ppid, const std::string& comm, const std::string& cmdline,
-                      const std::string& exe, uint64_t ts_ns);
-  void set_process_exit(uint32_t pid, uint64_t ts_ns, int exit_code);
-  void upsert_thread(uint32_t tid, uint32_t pid, const std::string& comm);
-  void add_library(const LibraryRow& lib);
+                      const std::string& exe, uint64_t ts_ns) override;
+  void set_process_exit(uint32_t pid, uint64_t ts_ns, int exit_code) override;
+  void upsert_thread(uint32_t tid, uint32_t pid, const std::string& comm) override;
+  void add_library(const LibraryRow& lib) override;
   // A CPU profile sample; stack ids from intern_stack (0: none).
-  void add_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, uint32_t cpu, int64_t stack_id, int64_t kernel_stack_id);
+  void add_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, uint32_t cpu, int64_t stack_id, int64_t kernel_stack_id) override;
   // A frame's name known only while recording (kernel frames, from /proc/kallsyms).
-  void add_symbol(int64_t module_id, uint64_t offset, const std::string& name);
-  void set_lost(const std::string& cause, uint64_t count);
+  void add_symbol(int64_t module_id, uint64_t offset, const std::string& name) override;
+  void set_lost(const std::string& cause, uint64_t count) override;
   // A Python frame (function, file, line): its id, the offset of a stack frame in module
   // "[python]".
-  int64_t intern_python_frame(const std::string& function, const std::string& file, int line);
+  int64_t intern_python_frame(const std::string& function, const std::string& file, int line) override;
   // NVML: the GPUs, and one sampler tick's readings.
-  void add_gpu(const gpu::GpuDevice& d);
-  void add_gpu_batch(const gpu::NvmlSampler::Batch& b);
+  void add_gpu(const gpu::GpuDevice& d) override;
+  void add_gpu_batch(const gpu::NvmlSampler::Batch& b) override;
 
-  void commit();
+  void commit() override;
   // Writes what is queued, indexes, marks the record complete, folds the write-ahead log
   // into the one file.
   void finish();

@@ -305,6 +305,58 @@ std::string demangle(const std::string& name) {
   return status == 0 && out ? std::string(out.get()) : name;
 }
 
+std::vector<std::string> name_offsets(const std::string& path, const std::string& expected_build_id,
+                                      const std::vector<uint64_t>& file_offsets) {
+  ElfHandle h(path);
+  Elf* elf = h.get();
+  if (!expected_build_id.empty() && build_id_of(elf) != expected_build_id)
+    throw std::runtime_error(path + ": another build than the one that ran");
+  struct Load {
+    uint64_t vaddr, offset, filesz;
+  };
+  std::vector<Load> loads;
+  size_t nphdr = 0;
+  elf_getphdrnum(elf, &nphdr);
+  for (size_t i = 0; i < nphdr; ++i) {
+    GElf_Phdr ph;
+    if (gelf_getphdr(elf, static_cast<int>(i), &ph) && ph.p_type == PT_LOAD)
+      loads.push_back({ph.p_vaddr, ph.p_offset, ph.p_filesz});
+  }
+  // The offsets sorted (with where each came from), and per offset the best symbol so far: the
+  // one starting closest below it, the better-ranked of names at one address.
+  std::vector<std::pair<uint64_t, size_t>> sorted;
+  for (size_t i = 0; i < file_offsets.size(); ++i) sorted.emplace_back(file_offsets[i], i);
+  std::sort(sorted.begin(), sorted.end());
+  struct Best {
+    uint64_t start = 0;
+    int rank = -1;
+    std::string name;
+  };
+  std::vector<Best> best(sorted.size());
+  for_each_function(elf, [&](const FunctionSymbol& s) {
+    if (s.size == 0) return true;
+    for (const auto& l : loads) {
+      if (s.value < l.vaddr || s.value >= l.vaddr + l.filesz) continue;
+      const uint64_t start = s.value - l.vaddr + l.offset, end = start + s.size;
+      for (auto it = std::lower_bound(sorted.begin(), sorted.end(), std::make_pair(start, size_t(0)));
+           it != sorted.end() && it->first < end; ++it) {
+        Best& b = best[size_t(it - sorted.begin())];
+        if (start > b.start || b.rank < 0 || (start == b.start && s.rank > b.rank)) {
+          b.start = start;
+          b.rank = s.rank;
+          b.name.assign(s.name);
+        }
+      }
+      break;
+    }
+    return true;
+  });
+  std::vector<std::string> out(file_offsets.size());
+  for (size_t i = 0; i < sorted.size(); ++i)
+    if (!best[i].name.empty()) out[sorted[i].second] = demangle(best[i].name);
+  return out;
+}
+
 bool defines_any_function(const std::string& path, const std::vector<std::string>& names) {
   try {
     ElfHandle h(path);

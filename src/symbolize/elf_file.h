@@ -77,6 +77,13 @@ struct ElfObject {
 // unreadable file.
 std::unordered_map<std::string, ElfObject> object_symbols(const std::string& path,
                                                          const std::vector<std::string>& names);
+// The functions containing each of `file_offsets`, demangled ("" where none does), found in one
+// pass over the symbol tables that keeps nothing else. For a caller that names a few addresses in
+// large libraries now and then and must stay small (the agent): ElfFile indexes every symbol,
+// which for libtorch is over a hundred megabytes. Checks the build id when one is expected.
+// Throws std::runtime_error for an unreadable file or another build.
+std::vector<std::string> name_offsets(const std::string& path, const std::string& expected_build_id,
+                                      const std::vector<uint64_t>& file_offsets);
 // The GNU build id of a file as hex, "" if it has none or cannot be read. Cheap: no symbols read.
 std::string read_build_id(const std::string& path);
 

@@ -1,9 +1,10 @@
 #include "symbolize/process_maps.h"
 
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+
+#include "common/clock.h"
 
 namespace gpuscope::symbolize {
 namespace {
@@ -11,12 +12,6 @@ namespace {
 // Addresses outside any file (JIT code, a process already gone) would otherwise make every
 // lookup re-read /proc.
 constexpr uint64_t kMinRefreshIntervalNs = 20'000'000;
-
-uint64_t now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
 
 }  // namespace
 
@@ -32,7 +27,7 @@ bool ProcessMaps::refresh(pid_t pid) {
   std::sort(maps.begin(), maps.end(), [](const auto& a, const auto& b) { return a.start < b.start; });
   std::lock_guard lock(mu_);
   maps_[pid] = std::move(maps);
-  last_refresh_ns_[pid] = now_ns();
+  last_refresh_ns_[pid] = monotonic_ns();
   return true;
 }
 
@@ -52,7 +47,7 @@ std::optional<ModuleAddress> ProcessMaps::resolve(pid_t pid, uint64_t addr) {
     std::lock_guard lock(mu_);
     if (auto r = lookup(pid, addr)) return r;
     auto last = last_refresh_ns_.find(pid);
-    if (last != last_refresh_ns_.end() && now_ns() - last->second < kMinRefreshIntervalNs) return std::nullopt;
+    if (last != last_refresh_ns_.end() && monotonic_ns() - last->second < kMinRefreshIntervalNs) return std::nullopt;
   }
   if (!refresh(pid)) return std::nullopt;
   std::lock_guard lock(mu_);

@@ -58,3 +58,18 @@ def gpuscope():
         return subprocess.run([str(GPUSCOPE), *map(str, args)], capture_output=True, text=True,
                               timeout=timeout, **kw)
     return run
+
+
+@pytest.fixture
+def agent(tmp_path):
+    """Starts `gpuscope agent` with a config (agent_util.Agent); stops every one at the end."""
+    from agent_util import Agent
+    started = []
+
+    def start(config="", **kw):
+        a = Agent(tmp_path, config, **kw)
+        started.append(a)
+        return a
+    yield start
+    for a in started:
+        a.stop()

@@ -236,3 +236,23 @@ TEST_F(TrackerTest, DriverLookupsNameCuFunctions) {
   t.flush(emit);
   EXPECT_EQ(t.kernel_name(out.back()), "triton_kernel");
 }
+
+TEST_F(TrackerTest, HeldCallsCanBeUpdatedInPlaceBeforeTheyAreHandedOn) {
+  Tracker t(true);
+  auto rt = raw("cudaLaunchKernel", {0x401000, pack(1, 1), 1, pack(1, 1), 1, 0, 0, 0}, 10);
+  rt.ustack_id = 5;
+  t.process(decoded(rt), emit);
+  auto drv = raw("cuMemAlloc_v2", {0, 64}, 20, 10, 0, 8);  // another thread's, held for its runtime call
+  drv.ustack_id = 6;
+  t.process(decoded(drv), emit);
+  ASSERT_TRUE(out.empty());
+  std::set<int32_t> seen;
+  t.for_each_held([&](CallEvent& e) {
+    seen.insert(e.bpf_stack_id);
+    e.stack_id = 100 + e.bpf_stack_id;
+  });
+  EXPECT_EQ(seen, (std::set<int32_t>{5, 6}));
+  t.flush(emit);
+  ASSERT_EQ(out.size(), 2u);
+  for (const auto& e : out) EXPECT_EQ(e.stack_id, 100 + e.bpf_stack_id);
+}

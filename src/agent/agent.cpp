@@ -1,0 +1,587 @@
+#include "agent/agent.h"
+
+#include <httplib.h>
+#include <malloc.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <set>
+#include <fstream>
+#include <thread>
+#include <tuple>
+
+#include "agent/aggregator.h"
+#include "agent/budget.h"
+#include "agent/metrics.h"
+#include "attach/preflight.h"
+#include "common/clock.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "discover/proc.h"
+#include "record/tracer.h"
+#include "report/flamegraph.h"
+
+// The calibration probe's target: a function of our own that the compiler keeps as a call.
+extern "C" [[gnu::noinline]] int gpuscope_calibration_target(int x) {
+  asm volatile("" ::: "memory");
+  return x & 1;
+}
+
+namespace gpuscope::agent {
+namespace {
+
+uint64_t self_rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * uint64_t(sysconf(_SC_PAGESIZE));
+}
+
+double self_cpu_s() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+std::string read_token(const std::string& path) {
+  if (path.empty()) return {};
+  std::ifstream in(path);
+  std::string token;
+  if (!in || !std::getline(in, token) || token.empty())
+    throw Error("cannot read a bearer token from {} (one line, non-empty)", path);
+  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  return token;
+}
+
+std::pair<std::string, int> split_listen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || (port = std::atoi(listen.c_str() + colon + 1)) <= 0 || port > 65535)
+    throw Error("listen address '{}' must be HOST:PORT, e.g. 127.0.0.1:9464", listen);
+  std::string host = listen.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return {host.empty() ? "0.0.0.0" : host, port};
+}
+
+// scheme://host[:port] and the path of a URL, for httplib's client.
+std::pair<std::string, std::string> split_url(const std::string& url) {
+  const size_t scheme_end = url.find("://");
+  const size_t path_at = url.find('/', scheme_end == std::string::npos ? 0 : scheme_end + 3);
+  if (path_at == std::string::npos) return {url, "/"};
+  return {url.substr(0, path_at), url.substr(path_at)};
+}
+
+// Pyroscope's application name: NAME{label=value,...}; label values may not hold , } =.
+std::string pyroscope_name(const std::string& base, const Labels& labels) {
+  std::string out = base + "{";
+  bool first = true;
+  for (const auto& [k, v] : labels) {
+    if (v.empty()) continue;
+    std::string clean = v;
+    for (char& c : clean)
+      if (c == ',' || c == '}' || c == '{' || c == '=' || c == ' ') c = '_';
+    out += (first ? "" : ",") + k + "=" + clean;
+    first = false;
+  }
+  return out + "}";
+}
+
+class Agent {
+ public:
+  explicit Agent(const AgentRun& run) : run_(run) {}
+  int run();
+
+ private:
+  AgentConfig read_config() const;
+  void apply_live(AgentConfig c);
+  void start_server();
+  void stop_server();
+  void exporter_loop();
+  void push_otlp();
+  void take_and_push_profiles();
+  void update_health();
+  void enforce_memory_limit();
+  std::string metrics_text();
+  std::string profile_bytes(const std::string& type, int64_t pid, bool& found);
+  bool authorized(const httplib::Request& req, bool profiles) const;
+
+  const AgentRun& run_;
+  AgentConfig cfg_;
+  std::unique_ptr<Aggregator> agg_;
+  std::unique_ptr<record::Tracer> tracer_;
+  std::unique_ptr<BudgetController> budget_;
+  attach::BpfSession::HitCost hit_cost_;
+  uint64_t start_unix_ns_ = realtime_ns();
+  std::string hostname_;
+
+  // Read by the HTTP and exporter threads.
+  mutable std::mutex mu_;
+  std::string token_;
+  std::vector<MetricFamily> health_;  // the agent's own series and the budget's, at the last tick
+  std::vector<ProcessProfile> profiles_;  // the last complete window
+  std::map<std::string, double> export_errors_;
+
+  std::unique_ptr<httplib::Server> server_;
+  std::thread server_thread_;
+  std::thread exporter_;
+  std::mutex exporter_mu_;
+  std::condition_variable exporter_cv_;
+  bool exporter_stop_ = false;
+  uint64_t shed_memory_ = 0;
+  std::set<pid_t> probe_errors_said_;
+  double last_cpu_s_ = 0;
+  uint64_t last_cpu_ns_ = 0;
+};
+
+AgentConfig Agent::read_config() const {
+  AgentConfig c = run_.config_path.empty() ? AgentConfig{} : load_config(run_.config_path);
+  if (run_.overrides) run_.overrides(c);
+  return c;
+}
+
+bool Agent::authorized(const httplib::Request& req, bool profiles) const {
+  std::lock_guard lock(mu_);
+  if (token_.empty() || (!profiles && !cfg_.protect_metrics)) return true;
+  return req.get_header_value("Authorization") == "Bearer " + token_;
+}
+
+std::string Agent::metrics_text() {
+  std::vector<MetricFamily> extra;
+  {
+    std::lock_guard lock(mu_);
+    extra = health_;
+  }
+  return to_prometheus_text(agg_->snapshot(std::move(extra), start_unix_ns_));
+}
+
+std::string Agent::profile_bytes(const std::string& type, int64_t pid, bool& found) {
+  std::lock_guard lock(mu_);
+  report::FlameData merged;
+  found = false;
+  for (const auto& p : profiles_) {
+    if (pid && p.pid != uint64_t(pid)) continue;
+    const auto& d = type == "cpu" ? p.cpu : p.launches;
+    if (!found) {
+      merged.sample_type = d.sample_type;
+      merged.unit = d.unit;
+      merged.period = d.period;
+    }
+    found = true;
+    for (const auto& [stack, v] : d.stacks) merged.stacks[stack] += v;
+    merged.sources.insert(d.sources.begin(), d.sources.end());
+  }
+  if (!found) return {};
+  if (merged.sample_type.empty()) {
+    merged.sample_type = type == "cpu" ? "cpu" : "launches";
+    merged.unit = type == "cpu" ? "nanoseconds" : "count";
+  }
+  return report::to_pprof(merged);
+}
+
+void Agent::start_server() {
+  const auto [host, port] = split_listen(cfg_.listen);
+  server_ = std::make_unique<httplib::Server>();
+  // Two handler threads: scrapes are few, and memory is bounded.
+  server_->new_task_queue = [] { return new httplib::ThreadPool(2); };
+  server_->set_read_timeout(5);
+  server_->set_write_timeout(10);
+  server_->Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, false)) {
+      res.status = 401;
+      return;
+    }
+    res.set_content(metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  // pprof, as Parca and `go tool pprof` fetch it: the last complete window, one process
+  // (?pid=) or all of them, each under a root frame naming the process.
+  auto serve_profile = [this](const std::string& type) {
+    return [this, type](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, true)) {
+        res.status = 401;
+        return;
+      }
+      const int64_t pid = req.has_param("pid") ? std::atoll(req.get_param_value("pid").c_str()) : 0;
+      bool found = false;
+      std::string bytes = profile_bytes(type, pid, found);
+      if (!found) {
+        res.status = 404;
+        res.set_content(pid ? "no profile for this pid in the last window\n" : "no profile yet: wait one interval\n",
+                        "text/plain");
+        return;
+      }
+      res.set_content(std::move(bytes), "application/octet-stream");
+    };
+  };
+  server_->Get("/debug/pprof/profile", serve_profile("cpu"));
+  server_->Get("/debug/pprof/cuda_launches", serve_profile("launches"));
+  server_->Get("/debug/pprof/", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, true)) {
+      res.status = 401;
+      return;
+    }
+    std::string out = "profiles of the last window (pprof): /debug/pprof/profile (CPU), /debug/pprof/cuda_launches; ?pid=N for one process\n";
+    std::lock_guard lock(mu_);
+    for (const auto& p : profiles_)
+      out += fmt::format("pid {} ({}): {} CPU stacks, {} launch stacks\n", p.pid, p.comm, p.cpu.stacks.size(),
+                         p.launches.stacks.size());
+    res.set_content(out, "text/plain");
+  });
+  if (!server_->bind_to_port(host, port))
+    throw Error("cannot listen on {}: {} (is another agent running? set listen: in the config)", cfg_.listen,
+                strerror(errno));
+  server_thread_ = std::thread([this] { server_->listen_after_bind(); });
+  if (!run_.quiet) log_info("serving /metrics and /debug/pprof/ on http://{}", cfg_.listen);
+}
+
+void Agent::stop_server() {
+  if (!server_) return;
+  server_->stop();
+  if (server_thread_.joinable()) server_thread_.join();
+  server_.reset();
+}
+
+void Agent::push_otlp() {
+  std::vector<MetricFamily> extra;
+  PushTarget target;
+  {
+    std::lock_guard lock(mu_);
+    extra = health_;
+    target = cfg_.otlp;
+  }
+  const auto snap = agg_->snapshot(std::move(extra), start_unix_ns_);
+  const Labels resource{{"service.name", "gpuscope-agent"}, {"host.name", hostname_}, {"service.version", GPUSCOPE_VERSION}};
+  const std::string body = to_otlp_metrics(snap, resource);
+  const auto [base, path] = split_url(target.url);
+  httplib::Client client(base);
+  client.set_connection_timeout(5);
+  client.set_read_timeout(10);
+  httplib::Headers headers;
+  for (const auto& [k, v] : target.headers) headers.emplace(k, v);
+  auto res = client.Post(path, headers, body, "application/x-protobuf");
+  if (!res || res->status / 100 != 2) {
+    std::lock_guard lock(mu_);
+    if (export_errors_["otlp"]++ == 0 || g_verbose)
+      log_warn("OTLP export to {} failed: {} (retrying each interval; counted in gpuscope_agent_export_errors_total)",
+               target.url, res ? fmt::format("HTTP {}", res->status) : httplib::to_string(res.error()));
+  }
+}
+
+void Agent::take_and_push_profiles() {
+  auto profiles = agg_->take_profiles();
+  PushTarget target;
+  {
+    std::lock_guard lock(mu_);
+    profiles_ = profiles;
+    target = cfg_.pyroscope;
+  }
+  if (target.url.empty()) return;
+  httplib::Client client(target.url);
+  client.set_connection_timeout(5);
+  client.set_read_timeout(10);
+  httplib::Headers headers;
+  for (const auto& [k, v] : target.headers) headers.emplace(k, v);
+  for (const auto& p : profiles) {
+    for (const auto* d : {&p.cpu, &p.launches}) {
+      if (d->stacks.empty()) continue;
+      const std::string name = pyroscope_name(d == &p.cpu ? "gpuscope.cpu" : "gpuscope.cuda_launches", p.labels);
+      const std::string query = fmt::format("/ingest?name={}&from={}&until={}&format=pprof&spyName=gpuscope{}",
+                                            httplib::detail::encode_query_param(name), p.from_unix_ns / 1'000'000'000,
+                                            p.until_unix_ns / 1'000'000'000,
+                                            d == &p.cpu ? fmt::format("&sampleRate={}", cfg_.cpu_profile_hz) : "");
+      httplib::MultipartFormDataItems items{{"profile", report::to_pprof(*d), "profile.pprof", "application/octet-stream"}};
+      auto res = client.Post(query, headers, items);
+      if (!res || res->status / 100 != 2) {
+        std::lock_guard lock(mu_);
+        if (export_errors_["pyroscope"]++ == 0 || g_verbose)
+          log_warn("profile push to {} failed: {} (retrying each interval; counted in gpuscope_agent_export_errors_total)",
+                   target.url, res ? fmt::format("HTTP {}", res->status) : httplib::to_string(res.error()));
+      }
+    }
+  }
+}
+
+void Agent::exporter_loop() {
+  uint64_t next_profiles = monotonic_ns(), next_otlp = monotonic_ns();
+  {
+    std::lock_guard lock(mu_);
+    next_profiles += uint64_t(cfg_.profile_interval_s * 1e9);
+    next_otlp += uint64_t(cfg_.otlp.interval_s * 1e9);
+  }
+  std::unique_lock lock(exporter_mu_);
+  while (!exporter_stop_) {
+    exporter_cv_.wait_for(lock, std::chrono::milliseconds(200));
+    if (exporter_stop_) break;
+    lock.unlock();
+    const uint64_t now = monotonic_ns();
+    AgentConfig c;
+    {
+      std::lock_guard l(mu_);
+      c = cfg_;
+    }
+    try {
+      if (now >= next_profiles) {
+        take_and_push_profiles();
+        next_profiles = now + uint64_t(c.profile_interval_s * 1e9);
+      }
+      if (!c.otlp.url.empty() && now >= next_otlp) {
+        push_otlp();
+        next_otlp = now + uint64_t(c.otlp.interval_s * 1e9);
+      }
+    } catch (const std::exception& e) {
+      log_warn("export: {}", e.what());
+    }
+    lock.lock();
+  }
+}
+
+void Agent::update_health() {
+  const auto st = tracer_->stats();
+  const auto lost = tracer_->bpf().lost();
+  const auto shed = agg_->shed();
+  std::vector<MetricFamily> h;
+  auto add = [&](std::string name, std::string help, std::string unit, MetricType type,
+                 std::vector<MetricSample> samples) {
+    h.push_back(MetricFamily{std::move(name), std::move(help), std::move(unit), type, std::move(samples)});
+  };
+  add("gpuscope_agent_events_total", "Records the agent read from the kernel", "", MetricType::Counter,
+      {{{}, double(st.records)}});
+  std::vector<MetricSample> lost_samples;
+  for (int cause = 0; cause < GS_LOST_NR; ++cause)
+    lost_samples.push_back({{{"cause", std::string(attach::lost_cause_name(cause))}}, double(lost[cause])});
+  lost_samples.push_back({{{"cause", "queue_full"}}, double(st.queue_dropped_records)});
+  lost_samples.push_back({{{"cause", "stack_expired"}}, double(st.stacks_expired)});
+  add("gpuscope_agent_lost_events_total", "Events that could not be recorded, by cause", "", MetricType::Counter,
+      std::move(lost_samples));
+  add("gpuscope_agent_stacks_sent_whole_total",
+      "User stacks sent as frames because their BPF stack map bucket held another stack", "", MetricType::Counter,
+      {{{}, double(st.stacks_sent_whole)}});
+  add("gpuscope_agent_stack_map_recycles_total", "Times the BPF stack maps were switched and the old one emptied", "",
+      MetricType::Counter, {{{}, double(st.stack_recycles)}});
+  add("gpuscope_agent_attached_processes", "Processes whose CUDA libraries are probed", "", MetricType::Gauge,
+      {{{}, double(budget_->processes().size())}});
+  add("gpuscope_agent_cpu_seconds_total", "CPU time the agent used", "seconds", MetricType::Counter, {{{}, self_cpu_s()}});
+  add("gpuscope_agent_resident_memory_bytes", "The agent's resident memory", "bytes", MetricType::Gauge,
+      {{{}, double(self_rss_bytes())}});
+  add("gpuscope_agent_probe_hit_cost_seconds", "What one probe hit costs on this machine, measured at start", "seconds",
+      MetricType::Gauge, {{{{"probe", "entry"}}, hit_cost_.entry_ns / 1e9}, {{{"probe", "entry_and_return"}}, hit_cost_.return_ns / 1e9}});
+  add("gpuscope_agent_shed_total", "Detail dropped to stay within bounds, by what", "", MetricType::Counter,
+      {{{{"what", "kernel_names"}}, double(shed.kernel_names)},
+       {{{"what", "stacks"}}, double(shed.stacks)},
+       {{{"what", "processes"}}, double(shed.processes)},
+       {{{"what", "allocations"}}, double(shed.allocations)},
+       {{{"what", "memory_limit"}}, double(shed_memory_)}});
+  add("gpuscope_agent_budget_ratio", "The share of each process's CPU time its probes may add", "ratio",
+      MetricType::Gauge, {{{}, budget_->config().budget}});
+  add("gpuscope_agent_observation_factor",
+      "What the agent's own CPU budget leaves of each process's duty cycle (1: nothing taken)", "ratio",
+      MetricType::Gauge, {{{}, budget_->agent_factor()}});
+  h.push_back(budget_->overhead_family(*agg_));
+  std::lock_guard lock(mu_);
+  std::vector<MetricSample> errors;
+  for (const auto& [target, n] : export_errors_) errors.push_back({{{"target", target}}, n});
+  add("gpuscope_agent_export_errors_total", "Pushes that failed, by target", "", MetricType::Counter, std::move(errors));
+  health_ = std::move(h);
+}
+
+void Agent::enforce_memory_limit() {
+  const uint64_t limit = uint64_t(cfg_.memory_limit_mb) << 20;
+  // Bursts (a program registering thousands of kernels at its start) leave freed heap behind
+  // that the allocator keeps unless asked: hand it back first.
+  if (self_rss_bytes() >= limit * 7 / 10) malloc_trim(0);
+  if (self_rss_bytes() < limit * 9 / 10) return;
+  // Then shed what grows with the workload: the window's stacks (the profiles of this window
+  // are lost; the counters are not).
+  agg_->take_profiles();
+  malloc_trim(0);
+  ++shed_memory_;
+  if (shed_memory_ == 1 || g_verbose)
+    log_warn("resident memory near the {} MiB limit: dropped this window's profiles (counted in "
+             "gpuscope_agent_shed_total{{what=\"memory_limit\"}})",
+             cfg_.memory_limit_mb);
+}
+
+// The settings a reload cannot change (they shape what was loaded and attached at start), as
+// one tuple of references: compared, and copied back, together.
+auto restart_only(AgentConfig& c) {
+  return std::tie(c.listen, c.cpu_profile_hz, c.stacks, c.python_stacks, c.ringbuf_mb, c.gpu_sample_hz, c.host_root,
+                  c.max_kernel_names, c.stack_map_entries);
+}
+
+void Agent::apply_live(AgentConfig c) {
+  if (restart_only(c) != restart_only(cfg_))
+    log_warn("reload: listen, cpu_profile_hz, stacks, python_stacks, ringbuf_mb, gpu_sample_hz, host_root, "
+             "max_kernel_names and stack_map_entries take effect at restart; the rest now");
+  const std::string token = read_token(c.bearer_token_file);
+  std::lock_guard lock(mu_);
+  token_ = token;
+  restart_only(c) = restart_only(cfg_);  // they keep their running values
+  cfg_ = c;
+  budget_->set_budget(c.budget);
+}
+
+int Agent::run() {
+  attach::check_can_trace();
+  // Few malloc arenas: each thread's own arena would keep its freed memory apart.
+  mallopt(M_ARENA_MAX, 2);
+  cfg_ = read_config();
+  token_ = read_token(cfg_.bearer_token_file);
+  if (!token_.empty() && cfg_.listen.starts_with("0.0.0.0") && !run_.quiet)
+    log_info("profiles are served on all interfaces, behind the bearer token");
+  utsname u{};
+  uname(&u);
+  hostname_ = u.nodename;
+
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&sigs, s);
+  sigaddset(&sigs, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  const int sfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
+
+  AggregatorLimits limits;
+  limits.max_kernel_names = cfg_.max_kernel_names;
+  agg_ = std::make_unique<Aggregator>(limits, cfg_.cpu_profile_hz, cfg_.host_root);
+
+  record::TracerOptions topts;
+  topts.all = true;
+  topts.only_cuda_processes = true;
+  topts.high_rate_per_process = true;
+  topts.stacks = cfg_.stacks;
+  topts.python_stacks = cfg_.python_stacks;
+  topts.launch_probes = record::LaunchProbes::Both;  // processes are joined late
+  topts.bpf_stats = false;
+  topts.cpu_profile_hz = cfg_.stacks ? cfg_.cpu_profile_hz : 0;
+  topts.dwarf_unwind_samples = false;  // frame pointers: no 16 KiB copy per sample in a daemon
+  topts.ringbuf_mb = cfg_.ringbuf_mb;
+  topts.gpu_sample_hz = cfg_.gpu_sample_hz;
+  topts.quiet = true;
+  topts.pipeline.max_queued_bytes = 16u << 20;
+  topts.pipeline.max_batch_bytes = 2u << 20;
+  topts.pipeline.note_every_exec = false;
+  // A new stack is also lost when its bucket in the map holds another one, with a chance equal
+  // to the map's occupancy: recycled at 1/32 full, the maps lose 1.5% of new stacks on average.
+  // A recycle costs two system calls per entry emptied, and the stacks still in use are read
+  // again.
+  topts.stack_map_entries = cfg_.stack_map_entries;
+  topts.pipeline.recycle_stacks_at = 1.0 / 32;
+  tracer_ = std::make_unique<record::Tracer>(topts, *agg_);
+
+  hit_cost_ = tracer_->bpf().measure_hit_cost(&gpuscope_calibration_target, 20000);
+  if (!run_.quiet)
+    log_info("one probe hit costs {:.2f} µs here (entry), {:.2f} µs (entry and return); budget {:.2g}% of each "
+             "process's CPU time",
+             hit_cost_.entry_ns / 1e3, hit_cost_.return_ns / 1e3, cfg_.budget * 100);
+  BudgetConfig bcfg;
+  bcfg.budget = cfg_.budget;
+  bcfg.entry_hit_ns = hit_cost_.entry_ns;
+  bcfg.return_hit_ns = hit_cost_.return_ns;
+  budget_ = std::make_unique<BudgetController>(bcfg, *agg_, [this](pid_t pid, bool on) {
+    try {
+      tracer_->bpf().set_high_rate_probes(pid, on);
+      return on;
+    } catch (const std::exception& e) {
+      // Said once per process; its launches and copies go unobserved (observed_ratio shows it).
+      if (probe_errors_said_.insert(pid).second)
+        log_warn("PID {}: cannot switch its launch and copy probes {}: {}", pid, on ? "on" : "off", e.what());
+      return false;
+    }
+  });
+  tracer_->on_cuda_process = [this](pid_t pid) {
+    budget_->add_process(pid, monotonic_ns());
+    log_debug("tracing PID {} ({})", pid, discover::read_comm(pid));
+  };
+  tracer_->start();
+  for (pid_t p : discover::list_pids())
+    if (p != getpid()) tracer_->attach_mapped_libraries(p);
+  tracer_->start_gpu_metrics();
+  update_health();
+  start_server();
+  exporter_ = std::thread([this] { exporter_loop(); });
+
+  const uint64_t deadline = run_.duration_s > 0 ? monotonic_ns() + uint64_t(run_.duration_s * 1e9) : 0;
+  uint64_t next_health = 0;
+  int exit_code = 0;
+  bool running = true;
+  while (running) {
+    pollfd fds[2] = {{sfd, POLLIN, 0}, {tracer_->control_fd(), POLLIN, 0}};
+    ::poll(fds, 2, 100);
+    if (fds[1].revents & POLLIN) tracer_->handle_control();
+    signalfd_siginfo si{};
+    while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
+      if (si.ssi_signo == SIGHUP) {
+        try {
+          apply_live(read_config());
+          if (!run_.quiet) log_info("configuration reloaded from {}", run_.config_path.empty() ? "flags" : run_.config_path);
+        } catch (const std::exception& e) {
+          log_error("reload failed, keeping the running configuration: {}", e.what());
+        }
+      } else if (si.ssi_signo != SIGPIPE) {
+        running = false;
+      }
+    }
+    const uint64_t now = monotonic_ns();
+    // Exits: from exit records, and once a second a sweep of /proc for any whose record was lost.
+    std::vector<pid_t> gone = tracer_->take_exited();
+    if (now >= next_health)
+      for (const auto& [pid, st] : budget_->processes())
+        if (!discover::process_exists(pid)) gone.push_back(pid);
+    for (pid_t pid : gone)
+      if (budget_->processes().contains(pid)) {
+        budget_->remove_process(pid);
+        tracer_->forget_process(pid);
+        probe_errors_said_.erase(pid);
+        log_debug("PID {} exited", pid);
+      }
+    budget_->tick(now);
+    if (now >= next_health) {
+      // The agent's own CPU over the last seconds steers how much of every process it observes.
+      const double cpu = self_cpu_s();
+      if (last_cpu_ns_) {
+        const double share = (cpu - last_cpu_s_) / (double(now - last_cpu_ns_) / 1e9);
+        double agent_budget;
+        {
+          std::lock_guard lock(mu_);
+          agent_budget = cfg_.agent_cpu_budget;
+        }
+        budget_->note_agent_cpu(share, agent_budget);
+      }
+      last_cpu_s_ = cpu;
+      last_cpu_ns_ = now;
+      update_health();
+      enforce_memory_limit();
+      next_health = now + 1'000'000'000;
+    }
+    if (deadline && now >= deadline) running = false;
+  }
+
+  {
+    std::lock_guard lock(exporter_mu_);
+    exporter_stop_ = true;
+  }
+  exporter_cv_.notify_all();
+  exporter_.join();
+  stop_server();
+  tracer_->stop();
+  close(sfd);
+  if (!run_.quiet) {
+    const auto st = tracer_->stats();
+    log_info("agent stopped: {} records read, {} CUDA calls, {} lost", st.records, st.calls,
+             agg_->lost_total() + st.queue_dropped_records);
+  }
+  return exit_code;
+}
+
+}  // namespace
+
+int run_agent(const AgentRun& run) {
+  Agent a(run);
+  return a.run();
+}
+
+}  // namespace gpuscope::agent

@@ -1,0 +1,614 @@
+#include "agent/aggregator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+
+#include "common/clock.h"
+#include "decode/functions.h"
+#include "discover/proc.h"
+#include "report/stored_stacks.h"
+#include "symbolize/elf_file.h"
+
+namespace gpuscope::agent {
+namespace {
+
+std::string_view direction_label(decode::CopyDir d) {
+  switch (d) {
+    case decode::CopyDir::HostToDevice: return "h2d";
+    case decode::CopyDir::DeviceToHost: return "d2h";
+    case decode::CopyDir::DeviceToDevice: return "d2d";
+    case decode::CopyDir::HostToHost: return "h2h";
+    default: return "unknown";
+  }
+}
+
+std::string_view host_memory_label(HostMem h) {
+  switch (h) {
+    case HostMem::Pageable: return "pageable";
+    case HostMem::Pinned: return "pinned";
+    case HostMem::Unknown: return "unknown";
+    case HostMem::NotApplicable: return "none";
+  }
+  return "unknown";
+}
+
+std::string function_name(uint16_t id) {
+  const auto* f = decode::function_by_id(id);
+  return f ? std::string(f->symbol) : fmt::format("function {}", id);
+}
+
+// A frame's bytes as a hash key.
+std::string stack_key(const std::vector<store::StoredFrame>& frames) {
+  std::string key(frames.size() * 2 * sizeof(uint64_t), '\0');
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const uint64_t words[2] = {uint64_t(frames[i].module_id), frames[i].module_id ? frames[i].offset : frames[i].ip};
+    std::memcpy(key.data() + i * sizeof(words), words, sizeof(words));
+  }
+  return key;
+}
+
+MetricFamily family(std::string name, std::string help, std::string unit, MetricType type) {
+  return MetricFamily{std::move(name), std::move(help), std::move(unit), type, {}};
+}
+
+Labels with(Labels base, std::initializer_list<std::pair<std::string, std::string>> more) {
+  for (const auto& m : more) base.push_back(m);
+  return base;
+}
+
+}  // namespace
+
+std::string kernel_label(const std::string& demangled) {
+  std::string s = demangled;
+  if (s.starts_with("void ")) s.erase(0, 5);
+  // Cut the parameter list: the '(' that closes at the very end, outside template brackets.
+  if (!s.empty() && s.back() == ')') {
+    int depth = 0;
+    for (size_t i = s.size(); i-- > 0;) {
+      if (s[i] == ')') ++depth;
+      if (s[i] == '(' && --depth == 0) {
+        if (i > 0) s.resize(i);
+        break;
+      }
+    }
+  }
+  constexpr size_t kMax = 160;
+  if (s.size() > kMax) s = s.substr(0, kMax - 3) + "...";
+  return s;
+}
+
+Aggregator::Aggregator(const AggregatorLimits& limits, int cpu_profile_hz, std::string host_root)
+    : limits_(limits), cpu_profile_hz_(cpu_profile_hz), host_root_(std::move(host_root)) {}
+
+// Labels without a value are left out: Prometheus reads an empty label as an absent one.
+Labels Aggregator::Process::labels() const {
+  Labels l{{"pid", std::to_string(pid)}, {"comm", comm}};
+  if (!container.container_id.empty()) l.emplace_back("container_id", container.container_id.substr(0, 12));
+  if (!container.pod.empty()) l.emplace_back("pod", container.pod);
+  if (!container.namespace_.empty()) l.emplace_back("namespace", container.namespace_);
+  return l;
+}
+
+Aggregator::Process* Aggregator::process(uint32_t pid) {
+  auto it = processes_.find(pid);
+  if (it != processes_.end()) return &it->second;
+  if (processes_.size() >= limits_.max_processes) {
+    ++shed_.processes;
+    return nullptr;
+  }
+  Process& p = processes_[pid];
+  p.pid = pid;
+  p.comm = discover::read_comm(static_cast<pid_t>(pid));
+  p.container = discover::container_of(static_cast<pid_t>(pid), host_root_);
+  p.window_start_unix_ns = realtime_ns();
+  return &p;
+}
+
+void Aggregator::set_meta(const std::string&, const std::string&) {}
+
+void Aggregator::add_gpu(const gpu::GpuDevice& d) {
+  std::lock_guard lock(mu_);
+  gpus_[d.index].device = d;
+}
+
+void Aggregator::upsert_process(uint32_t pid, uint32_t, const std::string& comm, const std::string&,
+                                const std::string&, uint64_t) {
+  std::lock_guard lock(mu_);
+  // Only processes already known as CUDA users: every program started on the host comes here.
+  auto it = processes_.find(pid);
+  if (it == processes_.end()) return;
+  if (!comm.empty()) it->second.comm = comm;
+  it->second.container = discover::container_of(static_cast<pid_t>(pid), host_root_);
+}
+
+void Aggregator::set_process_exit(uint32_t pid, uint64_t, int) {
+  std::lock_guard lock(mu_);
+  auto it = processes_.find(pid);
+  if (it == processes_.end() || it->second.exited) return;
+  it->second.exited = true;
+  exited_.push_back(pid);
+}
+
+void Aggregator::add_library(const store::LibraryRow& lib) {
+  std::lock_guard lock(mu_);
+  process(lib.pid);
+}
+
+void Aggregator::add_call(const CallEvent& e) {
+  const auto* f = decode::function_by_id(e.func);
+  if (!f) return;
+  std::lock_guard lock(mu_);
+  Process* p = process(e.pid);
+  if (!p) return;
+  // Probe hits, for the budget: each call is one entry hit, plus its return probe's, plus the
+  // driver launch folded into a runtime launch.
+  ++p->hits.entries;
+  if (e.has_return) ++p->hits.returns;
+  if (e.driver_func) ++p->hits.entries;
+  // A driver call made inside a runtime call is part of that call: counted once, as the program made it.
+  if (e.parent_id) return;
+  const double w = decode::is_high_rate(f->kind) ? p->high_rate_weight : 1.0;
+  const bool failed = e.has_return && e.ret != 0;
+  if (failed) p->errors[e.func] += 1;
+  switch (f->kind) {
+    case decode::CallKind::Launch:
+    case decode::CallKind::GraphLaunch: {
+      const int64_t k = f->kind == decode::CallKind::GraphLaunch ? -1 : e.kernel_id;
+      auto it = p->launches.find(k);
+      if (it != p->launches.end())
+        it->second += w;
+      else if (p->launches.size() < limits_.max_kernel_names)
+        p->launches.emplace(k, w);
+      else {
+        p->launches_other += w;
+        ++shed_.kernel_names;
+      }
+      if (e.stack_id) p->launch_window[e.stack_id] += 1;
+      break;
+    }
+    case decode::CallKind::Memcpy: {
+      auto& t = p->copies[CopyKey{std::string(direction_label(e.dir)), std::string(host_memory_label(e.host_mem))}];
+      t.count += w;
+      t.bytes += double(e.bytes) * w;
+      t.seconds += double(e.duration_ns) * 1e-9 * w;
+      break;
+    }
+    case decode::CallKind::Alloc: {
+      const bool pinned = f->mem == decode::MemKind::PinnedHost;
+      if (failed) {
+        if (!pinned) p->allocation_failures += 1;
+        break;
+      }
+      if (!e.has_return) break;
+      if (!pinned) {
+        p->allocations += 1;
+        p->allocated_bytes += double(e.bytes);
+      }
+      if (p->live.size() < limits_.max_live_allocations || p->live.contains(e.ptr)) {
+        p->live[e.ptr] = {e.bytes, pinned};
+        (pinned ? p->pinned_in_use : p->device_in_use) += double(e.bytes);
+      } else {
+        ++shed_.allocations;
+      }
+      break;
+    }
+    case decode::CallKind::Free: {
+      auto it = p->live.find(e.ptr);
+      if (it == p->live.end()) break;
+      if (it->second.pinned_host) {
+        p->pinned_in_use -= double(it->second.size);
+      } else {
+        p->device_in_use -= double(it->second.size);
+        p->freed_bytes += double(it->second.size);
+      }
+      p->live.erase(it);
+      break;
+    }
+    case decode::CallKind::Sync: {
+      auto& t = p->syncs[e.func];
+      t.count += 1;
+      t.seconds += double(e.duration_ns) * 1e-9;
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+int64_t Aggregator::intern_kernel(const std::string& name, const std::string& demangled) {
+  std::lock_guard lock(mu_);
+  auto it = kernel_ids_.find(name);
+  if (it != kernel_ids_.end()) return it->second;
+  // Names are few (one per kernel in the loaded modules); the cap guards against a flood.
+  if (kernel_names_.size() >= 65536) {
+    ++shed_.kernel_names;
+    return 0;
+  }
+  kernel_names_.push_back(kernel_label(demangled.empty() ? name : demangled));
+  return kernel_ids_[name] = int64_t(kernel_names_.size());
+}
+
+int64_t Aggregator::intern_module(const std::string& path, const std::string& build_id) {
+  std::lock_guard lock(mu_);
+  for (size_t i = 0; i < modules_.size(); ++i)
+    if (modules_[i].path == path && modules_[i].build_id == build_id) return int64_t(i + 1);
+  modules_.push_back({path, build_id});
+  const int64_t id = int64_t(modules_.size());
+  if (path == "[kernel]") kernel_module_ = id;
+  if (path == "[python]") python_module_ = id;
+  if (path == "[truncated]") truncated_module_ = id;
+  return id;
+}
+
+int64_t Aggregator::intern_stack(const std::vector<store::StoredFrame>& frames) {
+  std::lock_guard lock(mu_);
+  std::string key = stack_key(frames);
+  auto it = stack_ids_.find(key);
+  if (it != stack_ids_.end()) return it->second;
+  if (stacks_.size() >= limits_.max_stacks) {
+    ++shed_.stacks;
+    return 0;
+  }
+  const int64_t id = next_stack_id_++;
+  stacks_.emplace(id, frames);
+  return stack_ids_[std::move(key)] = id;
+}
+
+int64_t Aggregator::intern_python_frame(const std::string& function, const std::string& file, int line) {
+  std::lock_guard lock(mu_);
+  std::string text = fmt::format("{} ({}:{})", function, report::short_python_path(file), line);
+  auto it = python_ids_.find(text);
+  if (it != python_ids_.end()) return it->second;
+  const int64_t id = next_python_id_++;
+  python_frames_.emplace(id, PythonFrame{text, file, line});
+  return python_ids_[std::move(text)] = id;
+}
+
+void Aggregator::add_symbol(int64_t module_id, uint64_t offset, const std::string& name) {
+  std::lock_guard lock(mu_);
+  // Kernel function names: one per address seen in a kernel stack, bounded by the kernel's text.
+  symbols_[{module_id, offset}] = name;
+}
+
+void Aggregator::add_sample(uint64_t, uint32_t pid, uint32_t, uint32_t, int64_t stack_id, int64_t) {
+  std::lock_guard lock(mu_);
+  Process* p = process(pid);
+  if (p && stack_id) p->cpu_window[stack_id] += 1;
+}
+
+void Aggregator::set_lost(const std::string& cause, uint64_t count) {
+  std::lock_guard lock(mu_);
+  lost_[cause] = count;
+}
+
+void Aggregator::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
+  std::lock_guard lock(mu_);
+  for (const auto& s : b.samples) gpus_[s.device].sample = s;
+  for (const auto& s : b.processes) gpu_processes_[{s.device, s.pid}] = s;
+  for (const auto& e : b.events)
+    if (e.kind == "xid") gpus_[e.device].xids[e.value] += 1;
+}
+
+void Aggregator::set_high_rate_weight(uint32_t pid, double weight, double observed_ratio) {
+  std::lock_guard lock(mu_);
+  auto it = processes_.find(pid);
+  if (it == processes_.end()) return;
+  it->second.high_rate_weight = weight;
+  it->second.observed_ratio = observed_ratio;
+}
+
+std::map<uint32_t, ProbeHits> Aggregator::probe_hits() const {
+  std::lock_guard lock(mu_);
+  std::map<uint32_t, ProbeHits> out;
+  for (const auto& [pid, p] : processes_)
+    if (!p.exited) out[pid] = p.hits;
+  return out;
+}
+
+std::vector<uint32_t> Aggregator::take_exited() {
+  std::lock_guard lock(mu_);
+  return std::exchange(exited_, {});
+}
+
+Labels Aggregator::labels_of(uint32_t pid) const {
+  std::lock_guard lock(mu_);
+  auto it = processes_.find(pid);
+  return it == processes_.end() ? Labels{} : it->second.labels();
+}
+
+Aggregator::Shed Aggregator::shed() const {
+  std::lock_guard lock(mu_);
+  return shed_;
+}
+
+std::map<std::string, uint64_t> Aggregator::lost() const {
+  std::lock_guard lock(mu_);
+  return lost_;
+}
+
+uint64_t Aggregator::lost_total() const {
+  uint64_t n = 0;
+  for (const auto& [cause, count] : lost()) n += count;
+  return n;
+}
+
+MetricSnapshot Aggregator::snapshot(std::vector<MetricFamily> extra, uint64_t start_unix_ns) {
+  MetricSnapshot s;
+  s.time_unix_ns = realtime_ns();
+  s.start_time_unix_ns = start_unix_ns;
+  auto launches = family("gpuscope_kernel_launches_total", "Kernel launches, by kernel (scaled by 1/observed_ratio)", "", MetricType::Counter);
+  auto copies = family("gpuscope_memcpy_total", "Memory copies, by direction and host memory kind (scaled by 1/observed_ratio)", "", MetricType::Counter);
+  auto copy_bytes = family("gpuscope_memcpy_bytes_total", "Bytes copied, by direction and host memory kind (scaled by 1/observed_ratio)", "bytes", MetricType::Counter);
+  auto copy_seconds = family("gpuscope_memcpy_seconds_total", "Time spent in copy calls (scaled by 1/observed_ratio)", "seconds", MetricType::Counter);
+  auto allocs = family("gpuscope_device_memory_allocations_total", "Device and managed memory allocations", "", MetricType::Counter);
+  auto alloc_bytes = family("gpuscope_device_memory_allocated_bytes_total", "Device and managed memory allocated", "bytes", MetricType::Counter);
+  auto freed = family("gpuscope_device_memory_freed_bytes_total", "Device and managed memory freed", "bytes", MetricType::Counter);
+  auto in_use = family("gpuscope_device_memory_used_bytes", "Device and managed memory allocated and not yet freed, as traced", "bytes", MetricType::Gauge);
+  auto failures = family("gpuscope_device_memory_allocation_failures_total", "Allocations that returned an error", "", MetricType::Counter);
+  auto pinned = family("gpuscope_pinned_host_memory_used_bytes", "Pinned host memory allocated and not yet freed, as traced", "bytes", MetricType::Gauge);
+  auto syncs = family("gpuscope_synchronizations_total", "Calls that wait for the GPU, by function", "", MetricType::Counter);
+  auto sync_seconds = family("gpuscope_synchronization_seconds_total", "Time spent waiting for the GPU in synchronising calls, by function", "seconds", MetricType::Counter);
+  auto errors = family("gpuscope_cuda_call_errors_total", "CUDA calls that returned an error, by function", "", MetricType::Counter);
+  auto observed = family("gpuscope_observed_ratio", "Share of the process's traced time its high-rate probes (launches, copies) were on", "ratio", MetricType::Gauge);
+  auto hits = family("gpuscope_probe_hits_total", "Probe hits in the process (observed, not scaled)", "", MetricType::Counter);
+
+  std::lock_guard lock(mu_);
+  std::erase_if(processes_, [](const auto& kv) { return kv.second.exited && kv.second.reported_exit; });
+  for (auto& [pid, p] : processes_) {
+    const Labels base = p.labels();
+    for (const auto& [k, n] : p.launches) {
+      const std::string name = k < 0 ? "[graph]" : k == 0 || size_t(k) > kernel_names_.size() ? "unknown" : kernel_names_[size_t(k) - 1];
+      launches.samples.push_back({with(base, {{"kernel", name}}), n});
+    }
+    if (p.launches_other > 0) launches.samples.push_back({with(base, {{"kernel", "other"}}), p.launches_other});
+    for (const auto& [key, t] : p.copies) {
+      const Labels l = with(base, {{"direction", key.direction}, {"host_memory", key.host_memory}});
+      copies.samples.push_back({l, t.count});
+      copy_bytes.samples.push_back({l, t.bytes});
+      copy_seconds.samples.push_back({l, t.seconds});
+    }
+    allocs.samples.push_back({base, p.allocations});
+    alloc_bytes.samples.push_back({base, p.allocated_bytes});
+    freed.samples.push_back({base, p.freed_bytes});
+    in_use.samples.push_back({base, p.device_in_use});
+    failures.samples.push_back({base, p.allocation_failures});
+    pinned.samples.push_back({base, p.pinned_in_use});
+    for (const auto& [func, t] : p.syncs) {
+      const Labels l = with(base, {{"function", function_name(func)}});
+      syncs.samples.push_back({l, t.count});
+      sync_seconds.samples.push_back({l, t.seconds});
+    }
+    for (const auto& [func, n] : p.errors) errors.samples.push_back({with(base, {{"function", function_name(func)}}), n});
+    observed.samples.push_back({base, p.observed_ratio});
+    hits.samples.push_back({base, double(p.hits.entries + p.hits.returns)});
+  }
+  for (auto* f : {&launches, &copies, &copy_bytes, &copy_seconds, &allocs, &alloc_bytes, &freed, &in_use, &failures,
+                  &pinned, &syncs, &sync_seconds, &errors, &observed, &hits})
+    s.families.push_back(std::move(*f));
+
+  // GPUs: the latest reading of each.
+  auto g = [&](const char* name, const char* help, const char* unit, MetricType type = MetricType::Gauge) {
+    s.families.push_back(family(name, help, unit, type));
+    return s.families.size() - 1;
+  };
+  const size_t util = g("gpuscope_gpu_utilization_ratio", "Share of the last sample period a kernel ran on the GPU (NVML)", "ratio");
+  const size_t mem_util = g("gpuscope_gpu_memory_utilization_ratio", "Share of the last sample period device memory was read or written (NVML)", "ratio");
+  const size_t mem_used = g("gpuscope_gpu_memory_used_bytes", "Device memory in use (NVML)", "bytes");
+  const size_t mem_total = g("gpuscope_gpu_memory_total_bytes", "Device memory (NVML)", "bytes");
+  const size_t power = g("gpuscope_gpu_power_watts", "Power draw (NVML)", "watts");
+  const size_t power_limit = g("gpuscope_gpu_power_limit_watts", "Enforced power limit (NVML)", "watts");
+  const size_t temp = g("gpuscope_gpu_temperature_celsius", "GPU temperature (NVML)", "celsius");
+  const size_t sm_clock = g("gpuscope_gpu_sm_clock_hertz", "SM clock (NVML)", "hertz");
+  const size_t mem_clock = g("gpuscope_gpu_memory_clock_hertz", "Memory clock (NVML)", "hertz");
+  const size_t throttle = g("gpuscope_gpu_throttle_reasons", "Clock throttle reasons, NVML's bit mask", "");
+  const size_t throttled = g("gpuscope_gpu_throttled", "1 while the clocks are held back for this reason (NVML)", "");
+  const size_t tx = g("gpuscope_gpu_pcie_transmit_bytes_per_second", "PCIe transmit throughput (NVML)", "bytes_per_second");
+  const size_t rx = g("gpuscope_gpu_pcie_receive_bytes_per_second", "PCIe receive throughput (NVML)", "bytes_per_second");
+  const size_t ecc = g("gpuscope_gpu_ecc_errors_total", "ECC errors since the driver loaded (volatile counts)", "", MetricType::Counter);
+  const size_t xid = g("gpuscope_gpu_xid_errors_total", "XID error events seen, by XID", "", MetricType::Counter);
+  const size_t proc_mem = g("gpuscope_gpu_process_memory_used_bytes", "Device memory a process uses (NVML)", "bytes");
+  const size_t proc_sm = g("gpuscope_gpu_process_sm_utilization_ratio", "Share of time a process's kernels ran (NVML)", "ratio");
+  for (const auto& [index, gpu] : gpus_) {
+    const Labels l{{"gpu", std::to_string(index)}, {"uuid", gpu.device.uuid}, {"model", gpu.device.name}};
+    auto put = [&](size_t fam, double v) { s.families[fam].samples.push_back({l, v}); };
+    const auto& x = gpu.sample;
+    if (x.gpu_util) put(util, *x.gpu_util / 100.0);
+    if (x.mem_util) put(mem_util, *x.mem_util / 100.0);
+    if (x.mem_used) put(mem_used, double(*x.mem_used));
+    if (gpu.device.memory_total) put(mem_total, double(gpu.device.memory_total));
+    if (x.power_mw) put(power, *x.power_mw / 1000.0);
+    if (gpu.device.power_limit_mw) put(power_limit, gpu.device.power_limit_mw / 1000.0);
+    if (x.temperature_c) put(temp, *x.temperature_c);
+    if (x.sm_clock_mhz) put(sm_clock, *x.sm_clock_mhz * 1e6);
+    if (x.mem_clock_mhz) put(mem_clock, *x.mem_clock_mhz * 1e6);
+    if (x.throttle_reasons) {
+      put(throttle, double(*x.throttle_reasons));
+      for (const auto& reason : gpu::throttle_reason_names(*x.throttle_reasons))
+        s.families[throttled].samples.push_back({with(l, {{"reason", reason}}), 1});
+    }
+    if (x.pcie_tx_kbs) put(tx, *x.pcie_tx_kbs * 1024.0);
+    if (x.pcie_rx_kbs) put(rx, *x.pcie_rx_kbs * 1024.0);
+    if (x.ecc_corrected) s.families[ecc].samples.push_back({with(l, {{"type", "corrected"}}), double(*x.ecc_corrected)});
+    if (x.ecc_uncorrected)
+      s.families[ecc].samples.push_back({with(l, {{"type", "uncorrected"}}), double(*x.ecc_uncorrected)});
+    for (const auto& [code, n] : gpu.xids) s.families[xid].samples.push_back({with(l, {{"xid", std::to_string(code)}}), n});
+  }
+  for (auto it = gpu_processes_.begin(); it != gpu_processes_.end();) {
+    const auto& [key, x] = *it;
+    const auto p = processes_.find(x.pid);
+    const bool alive = discover::process_exists(static_cast<pid_t>(x.pid));
+    if (!alive) {
+      it = gpu_processes_.erase(it);
+      continue;
+    }
+    Labels l = p != processes_.end() ? p->second.labels()
+                                     : Labels{{"pid", std::to_string(x.pid)}, {"comm", discover::read_comm(pid_t(x.pid))}};
+    l.insert(l.begin(), {"gpu", std::to_string(key.first)});
+    if (x.used_memory) s.families[proc_mem].samples.push_back({l, double(*x.used_memory)});
+    if (x.sm_util) s.families[proc_sm].samples.push_back({l, *x.sm_util / 100.0});
+    ++it;
+  }
+  for (auto& f : extra) s.families.push_back(std::move(f));
+
+  // Exited processes are shown once more after their exit (their last counts), then dropped.
+  for (auto& [pid, p] : processes_)
+    if (p.exited) p.reported_exit = true;
+  return s;
+}
+
+// A frame as take_profiles names it: a name known now, or a place in a file to symbolize once
+// the lock is let go.
+struct Aggregator::PendingFrame {
+  std::string name;  // set: the frame's name
+  std::string open_path, path, build_id;
+  uint64_t offset = 0;
+  std::string python_file;
+  int64_t python_line = 0;
+};
+
+std::vector<Aggregator::PendingFrame> Aggregator::pending_frames(uint32_t pid, int64_t stack_id) const {
+  std::vector<PendingFrame> out;
+  const auto stack = stacks_.find(stack_id);
+  if (stack == stacks_.end()) return out;
+  const auto& frames = stack->second;
+  for (auto f = frames.rbegin(); f != frames.rend(); ++f) {  // outermost first
+    PendingFrame p;
+    if (f->module_id == 0 || size_t(f->module_id) > modules_.size()) {
+      p.name = fmt::format("{:#x}", f->ip);
+    } else if (f->module_id == python_module_) {
+      const auto py = python_frames_.find(int64_t(f->offset));
+      p.name = py == python_frames_.end() ? "[python frame]" : py->second.text;
+      if (py != python_frames_.end()) {
+        p.python_file = py->second.file;
+        p.python_line = py->second.line;
+      }
+    } else if (auto sym = symbols_.find({f->module_id, f->offset}); sym != symbols_.end()) {
+      p.name = sym->second + (f->module_id == kernel_module_ ? "_[k]" : "");
+    } else if (f->module_id == kernel_module_) {
+      p.name = fmt::format("{:#x}_[k]", f->ip);
+    } else {
+      const Module& m = modules_[size_t(f->module_id) - 1];
+      p.open_path = discover::path_in_target(static_cast<pid_t>(pid), m.path);
+      p.path = m.path;
+      p.build_id = m.build_id;
+      p.offset = f->offset;
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::vector<ProcessProfile> Aggregator::take_profiles() {
+  // One caller at a time (the exporter, or the memory limit); names_cache_ is theirs.
+  std::lock_guard profiles_lock(profile_mu_);
+  // Names of stacks from before the table was last emptied are of no use any more.
+  if (names_epoch_ != stack_epoch() || names_cache_.size() >= limits_.max_stacks) {
+    names_cache_.clear();
+    names_epoch_ = stack_epoch();
+  }
+  const uint64_t now = realtime_ns();
+  const int64_t period = cpu_profile_hz_ > 0 ? 1'000'000'000 / cpu_profile_hz_ : 1;
+  struct Window {
+    ProcessProfile prof;
+    std::unordered_map<int64_t, int64_t> cpu, launches;
+  };
+  std::vector<Window> windows;
+  // Stacks not named yet, frames resolved as far as the tables go (under the lock; the
+  // pipeline waits meanwhile) and symbolized after (without it).
+  std::unordered_map<int64_t, std::vector<PendingFrame>> pending;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [pid, p] : processes_) {
+      if (p.cpu_window.empty() && p.launch_window.empty()) {
+        p.window_start_unix_ns = now;
+        continue;
+      }
+      Window w;
+      w.prof.pid = pid;
+      w.prof.comm = p.comm;
+      w.prof.labels = p.labels();
+      w.prof.from_unix_ns = p.window_start_unix_ns;
+      w.prof.until_unix_ns = now;
+      w.cpu.swap(p.cpu_window);
+      w.launches.swap(p.launch_window);
+      p.window_start_unix_ns = now;
+      for (const auto* window : {&w.cpu, &w.launches})
+        for (const auto& [stack_id, n] : *window)
+          if (!names_cache_.contains(stack_id) && !pending.contains(stack_id) && stacks_.contains(stack_id))
+            pending.emplace(stack_id, pending_frames(pid, stack_id));
+      windows.push_back(std::move(w));
+    }
+    // Bounded: once half the stack table is used, start a new one. Ids handed out before are
+    // void from here (the pipeline sees the new epoch and forgets the ones it cached); this
+    // window's stacks were copied above.
+    if (stacks_.size() >= limits_.max_stacks / 2) {
+      stacks_.clear();
+      stack_ids_.clear();
+      python_frames_.clear();
+      python_ids_.clear();
+      stack_epoch_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  // Each file's addresses named in one pass over its symbols (see symbolize::name_offsets).
+  std::map<std::tuple<std::string, std::string, std::string>, std::vector<PendingFrame*>> by_file;
+  for (auto& [stack_id, frames] : pending)
+    for (auto& f : frames)
+      if (f.name.empty()) by_file[{f.open_path, f.path, f.build_id}].push_back(&f);
+  for (auto& [file, frames] : by_file) {
+    const auto& [open_path, path, build_id] = file;
+    std::vector<uint64_t> offsets;
+    for (const auto* f : frames) offsets.push_back(f->offset);
+    std::vector<std::string> names;
+    for (const auto& candidate : {open_path, path}) {
+      try {
+        names = symbolize::name_offsets(candidate, build_id, offsets);
+        break;
+      } catch (const std::exception&) {
+        // The process is gone (its root with it), or the file changed: try the host's path.
+      }
+    }
+    names.resize(frames.size());
+    for (size_t i = 0; i < frames.size(); ++i)
+      frames[i]->name = names[i].empty() ? fmt::format("{}+{:#x}", report::base_name(path), frames[i]->offset)
+                                         : std::move(names[i]);
+  }
+  std::map<std::string, std::pair<std::string, int64_t>> sources;
+  for (auto& [stack_id, frames] : pending) {
+    std::vector<std::string> names;
+    for (auto& f : frames) {
+      if (!f.python_file.empty()) sources.try_emplace(f.name, f.python_file, f.python_line);
+      names.push_back(std::move(f.name));
+    }
+    names_cache_[stack_id] = std::move(names);
+  }
+
+  std::vector<ProcessProfile> out;
+  for (auto& w : windows) {
+    const std::string root = fmt::format("{} ({})", w.prof.comm, w.prof.pid);
+    auto fill = [&](report::FlameData& d, const std::unordered_map<int64_t, int64_t>& window, int64_t weight) {
+      for (const auto& [stack_id, n] : window) {
+        const auto names = names_cache_.find(stack_id);
+        if (names == names_cache_.end()) continue;  // from before the table was emptied
+        std::vector<std::string> path{root};
+        path.insert(path.end(), names->second.begin(), names->second.end());
+        for (const auto& frame : names->second)
+          if (auto src = sources.find(frame); src != sources.end()) d.sources.insert(*src);
+        d.stacks[path] += n * weight;
+      }
+    };
+    w.prof.cpu.sample_type = "cpu";
+    w.prof.cpu.unit = "nanoseconds";
+    w.prof.cpu.period = period;
+    fill(w.prof.cpu, w.cpu, period);
+    w.prof.launches.sample_type = "launches";
+    w.prof.launches.unit = "count";
+    fill(w.prof.launches, w.launches, 1);
+    out.push_back(std::move(w.prof));
+  }
+  return out;
+}
+
+}  // namespace gpuscope::agent

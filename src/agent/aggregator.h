@@ -1,0 +1,181 @@
+// The agent's sink: instead of a record file, live per-process aggregates (counters by kernel,
+// copy direction, allocation...) and each process's stacks of the current profile window.
+// Everything is bounded: past each limit detail is shed (kernel names fold into "other", new
+// stacks are not kept) and counted, never grown. The pipeline thread writes; exporters read
+// snapshots from other threads.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "agent/metrics.h"
+#include "discover/container.h"
+#include "report/flamegraph.h"
+#include "store/sink.h"
+
+namespace gpuscope::agent {
+
+struct AggregatorLimits {
+  size_t max_processes = 2048;          // live ones and those exited since the last export
+  size_t max_kernel_names = 100;        // per process; further kernels count as kernel="other"
+  size_t max_stacks = 4096;             // distinct stacks held (all processes); the table is
+                                        // emptied after an export once it is half full
+  size_t max_live_allocations = 1u << 20;  // tracked for the memory-in-use gauges
+};
+
+// What the overhead budget needs of a process: its probe hits so far (observed, not scaled).
+struct ProbeHits {
+  uint64_t entries = 0;  // uprobe hits
+  uint64_t returns = 0;  // uretprobe hits (costlier)
+};
+
+// One process's profiles for one window, ready for pprof.
+struct ProcessProfile {
+  uint32_t pid = 0;
+  std::string comm;
+  Labels labels;  // pid, comm, container_id, pod, namespace
+  uint64_t from_unix_ns = 0, until_unix_ns = 0;
+  report::FlameData cpu, launches;  // empty stacks: nothing in the window
+};
+
+class Aggregator final : public store::EventSink {
+ public:
+  // cpu_profile_hz: the CPU sampling rate (a sample's weight in nanoseconds); `host_root` is
+  // where the host's / is (for container runtimes' state; tests point it elsewhere).
+  Aggregator(const AggregatorLimits& limits, int cpu_profile_hz, std::string host_root = "/");
+
+  // store::EventSink
+  void set_meta(const std::string& key, const std::string& value) override;
+  void add_gpu(const gpu::GpuDevice& d) override;
+  void add_call(const CallEvent& e) override;
+  int64_t intern_kernel(const std::string& name, const std::string& demangled) override;
+  int64_t intern_module(const std::string& path, const std::string& build_id) override;
+  int64_t intern_stack(const std::vector<store::StoredFrame>& frames) override;
+  int64_t intern_python_frame(const std::string& function, const std::string& file, int line) override;
+  void upsert_process(uint32_t pid, uint32_t ppid, const std::string& comm, const std::string& cmdline,
+                      const std::string& exe, uint64_t ts_ns) override;
+  void set_process_exit(uint32_t pid, uint64_t ts_ns, int exit_code) override;
+  void upsert_thread(uint32_t, uint32_t, const std::string&) override {}
+  void add_library(const store::LibraryRow& lib) override;
+  void add_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, uint32_t cpu, int64_t stack_id,
+                  int64_t kernel_stack_id) override;
+  void add_symbol(int64_t module_id, uint64_t offset, const std::string& name) override;
+  void set_lost(const std::string& cause, uint64_t count) override;
+  void add_gpu_batch(const gpu::NvmlSampler::Batch& b) override;
+  void commit() override {}
+  uint64_t stack_epoch() const override { return stack_epoch_.load(std::memory_order_relaxed); }
+
+  // The weight of each observed high-rate call of a process (launches, copies, memsets): 1 /
+  // the share of time its high-rate probes are on, so that counters estimate the whole; and
+  // the share of its life they have been on so far, which the series state.
+  void set_high_rate_weight(uint32_t pid, double weight, double observed_ratio);
+  std::map<uint32_t, ProbeHits> probe_hits() const;
+  // Processes that exited, so that the agent lets go of them; each is reported once.
+  std::vector<uint32_t> take_exited();
+  // The process's labels (empty if unknown).
+  Labels labels_of(uint32_t pid) const;
+
+  // Per-process and per-GPU families; `extra` (the agent's own health, the budget's figures)
+  // is appended. Exited processes are dropped after the snapshot that follows their exit.
+  MetricSnapshot snapshot(std::vector<MetricFamily> extra, uint64_t start_unix_ns);
+  // Each process's stacks since the last call, named; the window restarts.
+  std::vector<ProcessProfile> take_profiles();
+
+  struct Shed {
+    uint64_t kernel_names = 0, stacks = 0, processes = 0, allocations = 0;
+  };
+  Shed shed() const;
+  uint64_t lost_total() const;
+  std::map<std::string, uint64_t> lost() const;
+
+ private:
+  struct CopyKey {
+    std::string direction, host_memory;
+    auto operator<=>(const CopyKey&) const = default;
+  };
+  struct CopyTotals {
+    double count = 0, bytes = 0, seconds = 0;
+  };
+  struct CallTotals {
+    double count = 0, seconds = 0;
+  };
+  struct Allocation {
+    uint64_t size;
+    bool pinned_host;
+  };
+  struct Process {
+    uint32_t pid = 0;
+    std::string comm;
+    discover::ContainerInfo container;
+    bool exited = false, reported_exit = false;
+    double high_rate_weight = 1, observed_ratio = 1;
+    std::unordered_map<int64_t, double> launches;  // kernel id (0: unnamed) -> count
+    double launches_other = 0;
+    std::map<CopyKey, CopyTotals> copies;
+    double allocations = 0, allocated_bytes = 0, freed_bytes = 0, allocation_failures = 0;
+    std::unordered_map<uint64_t, Allocation> live;
+    double device_in_use = 0, pinned_in_use = 0;
+    std::map<uint16_t, CallTotals> syncs;  // function id
+    std::map<uint16_t, double> errors;     // function id -> calls that returned an error
+    ProbeHits hits;
+    std::unordered_map<int64_t, int64_t> cpu_window, launch_window;  // stack id -> weight
+    uint64_t window_start_unix_ns = 0;
+    Labels labels() const;
+  };
+  struct GpuLatest {
+    gpu::GpuDevice device;
+    gpu::GpuSample sample;
+    std::map<uint64_t, double> xids;  // xid -> count
+  };
+
+  Process* process(uint32_t pid);  // created on first sight; null past max_processes
+  struct PendingFrame;
+  std::vector<PendingFrame> pending_frames(uint32_t pid, int64_t stack_id) const;
+
+  AggregatorLimits limits_;
+  int cpu_profile_hz_;
+  std::string host_root_;
+  mutable std::mutex mu_;
+  std::unordered_map<uint32_t, Process> processes_;
+  std::vector<uint32_t> exited_;
+  std::vector<std::string> kernel_names_;  // id - 1 -> label
+  std::unordered_map<std::string, int64_t> kernel_ids_;
+  struct Module {
+    std::string path, build_id;
+  };
+  std::vector<Module> modules_;  // id - 1
+  std::map<std::pair<int64_t, uint64_t>, std::string> symbols_;  // recorded names
+  // Stacks and Python frames, emptied together (a new epoch) once the table is half full.
+  // Ids are never reused, so that one handed out before is simply not found after.
+  std::unordered_map<int64_t, std::vector<store::StoredFrame>> stacks_;
+  std::unordered_map<std::string, int64_t> stack_ids_;  // frames' bytes -> id
+  struct PythonFrame {
+    std::string text;  // "qualname (file:line)"
+    std::string file;
+    int64_t line = 0;
+  };
+  std::unordered_map<int64_t, PythonFrame> python_frames_;
+  std::unordered_map<std::string, int64_t> python_ids_;
+  int64_t next_stack_id_ = 1, next_python_id_ = 1;
+  std::mutex profile_mu_;  // take_profiles; guards names_cache_
+  std::unordered_map<int64_t, std::vector<std::string>> names_cache_;  // stack id -> names, outermost first
+  uint64_t names_epoch_ = 0;
+  std::atomic<uint64_t> stack_epoch_{0};
+  int64_t kernel_module_ = 0, python_module_ = 0, truncated_module_ = 0;
+  std::map<uint32_t, GpuLatest> gpus_;
+  std::map<std::pair<uint32_t, uint32_t>, gpu::GpuProcessSample> gpu_processes_;  // (gpu, pid)
+  std::map<std::string, uint64_t> lost_;
+  Shed shed_;
+};
+
+// A kernel's name as a label: the demangled name without its parameter list, at most 160
+// characters (PyTorch's template names run to thousands).
+std::string kernel_label(const std::string& demangled);
+
+}  // namespace gpuscope::agent

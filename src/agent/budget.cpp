@@ -1,0 +1,135 @@
+#include "agent/budget.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+namespace gpuscope::agent {
+
+uint64_t process_cpu_ns(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(in, text)) return 0;
+  // Fields after the command (which may hold spaces and parentheses): state is field 3,
+  // utime and stime fields 14 and 15.
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(text.substr(close + 2));
+  std::string field;
+  uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  static const double ns_per_tick = 1e9 / double(sysconf(_SC_CLK_TCK));
+  return uint64_t(double(utime + stime) * ns_per_tick);
+}
+
+double BudgetController::ProcessState::observed_ratio() const {
+  const uint64_t span = last_tick_ns > first_ns ? last_tick_ns - first_ns : 0;
+  return span ? std::min(1.0, double(on_ns) / double(span)) : 1.0;
+}
+
+BudgetController::BudgetController(const BudgetConfig& cfg, Aggregator& agg, SwitchFn switch_probes)
+    : cfg_(cfg), agg_(agg), switch_(std::move(switch_probes)) {}
+
+double BudgetController::hits_cost_ns(const ProbeHits& from, const ProbeHits& to) const {
+  const double calls = double(to.entries - from.entries);
+  const double with_return = double(to.returns - from.returns);
+  return (calls - with_return) * cfg_.entry_hit_ns + with_return * cfg_.return_hit_ns;
+}
+
+void BudgetController::add_process(pid_t pid, uint64_t now_ns) {
+  if (state_.contains(pid)) return;
+  ProcessState st;
+  st.on = switch_(pid, true);
+  st.phase_start_ns = st.first_ns = st.last_tick_ns = now_ns;
+  st.last_cpu_ns = process_cpu_ns(pid);
+  auto hits = agg_.probe_hits();
+  if (auto it = hits.find(uint32_t(pid)); it != hits.end()) st.last_hits = it->second;
+  state_.emplace(pid, st);
+}
+
+void BudgetController::remove_process(pid_t pid) {
+  if (state_.erase(pid)) switch_(pid, false);
+}
+
+void BudgetController::tick(uint64_t now_ns) {
+  const auto hits = agg_.probe_hits();
+  for (auto& [pid, st] : state_) {
+    const uint64_t dt = now_ns - st.last_tick_ns;
+    if (dt == 0) continue;
+    const uint64_t cpu = process_cpu_ns(pid);
+    const double cpu_delta = cpu > st.last_cpu_ns ? double(cpu - st.last_cpu_ns) : 0;
+    const auto h = hits.find(uint32_t(pid));
+    const ProbeHits now_hits = h != hits.end() ? h->second : st.last_hits;
+    const double added = hits_cost_ns(st.last_hits, now_hits);
+    st.cpu_ns_total += cpu_delta;
+    st.added_ns_total += added;
+    // Probes switch only at ticks: the whole tick was on, or off.
+    if (st.on) {
+      st.on_ns += dt;
+      st.acc_on_wall_ns += dt;
+      st.acc_on_cpu_ns += cpu_delta;
+      st.acc_on_added_ns += added;
+    }
+    st.last_cpu_ns = cpu;
+    st.last_hits = now_hits;
+    st.last_tick_ns = now_ns;
+
+    // Re-estimated from at least a second of on-time (the CPU clock ticks in 10 ms steps).
+    if (cfg_.budget >= 1) {
+      st.duty = 1;  // no limit
+    } else if (st.acc_on_wall_ns >= 1'000'000'000) {
+      const double wanted = st.acc_on_added_ns > 0 ? cfg_.budget * st.acc_on_cpu_ns / st.acc_on_added_ns : 1.0;
+      // Lower at once; raise at most twofold per estimate (a burst may follow a quiet spell).
+      st.duty = std::clamp(wanted < st.duty ? wanted : std::min(wanted, st.duty * 2), kMinDuty, 1.0);
+      st.acc_on_wall_ns = 0;
+      st.acc_on_cpu_ns = st.acc_on_added_ns = 0;
+    }
+
+    // Where in the cycle: on for duty * cycle, off for the rest.
+    // budget >= 1: nothing is limited, the agent's own CPU budget included.
+    const double duty = cfg_.budget >= 1 ? 1.0 : std::clamp(st.duty * agent_factor_, kMinDuty, 1.0);
+    const double on_len_s = std::max(cfg_.min_on_s, duty * cfg_.cycle_s);
+    const double off_len_s = duty >= 1 ? 0 : on_len_s * (1 - duty) / duty;
+    const double phase_s = double(now_ns - st.phase_start_ns) / 1e9;
+    if (st.on && off_len_s > 0 && phase_s >= on_len_s) {
+      switch_(pid, false);
+      st.on = false;
+      st.phase_start_ns = now_ns;
+    } else if (!st.on && phase_s >= off_len_s) {
+      st.on = switch_(pid, true);
+      st.phase_start_ns = now_ns;
+    }
+    agg_.set_high_rate_weight(uint32_t(pid), on_len_s + off_len_s > 0 ? (on_len_s + off_len_s) / on_len_s : 1.0,
+                              st.observed_ratio());
+  }
+}
+
+void BudgetController::note_agent_cpu(double share, double budget) {
+  if (budget <= 0 || budget >= 1) {
+    agent_factor_ = 1;
+  } else if (share > budget) {
+    // Not below 5%: part of the agent's CPU does not shrink with what it observes (NVML, the
+    // low-rate probes, other processes' starts), and observing nothing would not bring it under.
+    agent_factor_ = std::max(kMinAgentFactor, agent_factor_ * budget / share);
+  } else if (share < 0.7 * budget) {
+    agent_factor_ = std::min(1.0, agent_factor_ * 1.25);
+  }
+}
+
+MetricFamily BudgetController::overhead_family(Aggregator& agg) const {
+  MetricFamily f{"gpuscope_probe_overhead_ratio",
+                 "Estimated CPU time the probes added to the process since it was found, as a share of its CPU time",
+                 "ratio", MetricType::Gauge, {}};
+  for (const auto& [pid, st] : state_) {
+    Labels l = agg.labels_of(uint32_t(pid));
+    if (!l.empty()) f.samples.push_back({std::move(l), st.cpu_ns_total > 0 ? st.added_ns_total / st.cpu_ns_total : 0});
+  }
+  return f;
+}
+
+}  // namespace gpuscope::agent

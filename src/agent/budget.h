@@ -1,0 +1,84 @@
+// The overhead budget: keeps what each process's probes add to its CPU time under a share of
+// that time, by duty-cycling its high-rate probes (launches, copies, memsets) while the
+// low-rate ones (allocations, frees, syncs, module loads) stay on.
+//
+// It estimates a process's probe cost from its hit counts and what one hit costs on this
+// machine (measured at start), compares it with the CPU time /proc says the process used while
+// its probes were on, and sets the share of each cycle they are on:
+//   duty = budget * CPU time while on / probe cost while on      (between kMinDuty and 1)
+// Counters of sampled calls are scaled by 1/duty; the series say which share was observed.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+
+#include "agent/aggregator.h"
+
+namespace gpuscope::agent {
+
+struct BudgetConfig {
+  double budget = 0.01;           // share of the process's CPU time; 1 (or more): no limit
+  double entry_hit_ns = 0;        // an entry-only probe hit (uprobe)
+  double return_hit_ns = 0;       // a call probed at entry and return (uprobe + uretprobe)
+  double cycle_s = 10;            // high-rate probes are on for duty * cycle_s of each cycle
+  double min_on_s = 0.2;          // shorter on-periods are not worth their attach cost
+};
+
+class BudgetController {
+ public:
+  // `switch_probes(pid, on)` attaches or removes a process's high-rate probes; false if that failed.
+  using SwitchFn = std::function<bool(pid_t, bool)>;
+  BudgetController(const BudgetConfig& cfg, Aggregator& agg, SwitchFn switch_probes);
+
+  void set_budget(double budget) { cfg_.budget = budget; }
+  // The agent's own CPU budget: every event costs the agent CPU time, so when the agent spends
+  // more than `budget` of a core (`share`, measured), every process's duty is scaled down by
+  // the same factor; it recovers slowly once the agent is back under.
+  void note_agent_cpu(double share, double budget);
+  double agent_factor() const { return agent_factor_; }
+  const BudgetConfig& config() const { return cfg_; }
+  // A process whose first CUDA library was just probed: its high-rate probes start on.
+  void add_process(pid_t pid, uint64_t now_ns);
+  void remove_process(pid_t pid);
+  // Re-estimates each process's duty and switches probes where a cycle's phase says so.
+  void tick(uint64_t now_ns);
+
+  struct ProcessState {
+    bool on = true;
+    double duty = 1;
+    uint64_t phase_start_ns = 0;       // when the current on- or off-period began
+    uint64_t first_ns = 0, on_ns = 0;  // tracked since; of which high-rate probes were on
+    uint64_t last_tick_ns = 0, last_cpu_ns = 0;
+    ProbeHits last_hits;
+    double cpu_ns_total = 0;    // the process's CPU time while tracked
+    double added_ns_total = 0;  // estimated probe cost in that time
+    // Since the last estimate of the duty: on-time, and CPU time and probe cost in it.
+    uint64_t acc_on_wall_ns = 0;
+    double acc_on_cpu_ns = 0, acc_on_added_ns = 0;
+    double observed_ratio() const;
+  };
+  const std::map<pid_t, ProcessState>& processes() const { return state_; }
+  // gpuscope_probe_overhead_ratio: each process's estimated probe cost over its CPU time so far.
+  MetricFamily overhead_family(Aggregator& agg) const;
+
+ private:
+  // At least one on-period (min_on_s) per 100 of them: counters must move within minutes, and
+  // a process costlier than that shows it in gpuscope_probe_overhead_ratio.
+  static constexpr double kMinDuty = 0.01;
+  static constexpr double kMinAgentFactor = 0.05;
+  double hits_cost_ns(const ProbeHits& from, const ProbeHits& to) const;
+
+  BudgetConfig cfg_;
+  double agent_factor_ = 1;  // applied to every process's duty (see note_agent_cpu)
+  Aggregator& agg_;
+  SwitchFn switch_;
+  std::map<pid_t, ProcessState> state_;
+};
+
+// CPU time (user + system, all threads) a process has used, in nanoseconds; 0 if it is gone.
+uint64_t process_cpu_ns(pid_t pid);
+
+}  // namespace gpuscope::agent

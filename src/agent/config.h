@@ -1,0 +1,45 @@
+// `gpuscope agent`'s settings: a YAML file (deploy/agent.yaml documents every key), then
+// command-line flags over it. Read again on SIGHUP.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace gpuscope::agent {
+
+struct PushTarget {
+  std::string url;  // "" : off
+  double interval_s = 15;
+  std::map<std::string, std::string> headers;
+};
+
+struct AgentConfig {
+  std::string listen = "127.0.0.1:9464";
+  std::string bearer_token_file;  // protects the profile endpoints (and /metrics with protect_metrics)
+  bool protect_metrics = false;
+  double budget = 0.01;           // share of each process's CPU time its probes may add; 1: no limit
+  double profile_interval_s = 15; // window of each pprof profile
+  PushTarget otlp;                // e.g. http://collector:4318/v1/metrics
+  PushTarget pyroscope;           // e.g. http://pyroscope:4040 (POST /ingest)
+  size_t max_kernel_names = 100;
+  size_t memory_limit_mb = 100;
+  // The agent's own CPU, as a share of one core: above it, every process is observed less.
+  double agent_cpu_budget = 0.05;
+  double gpu_sample_hz = 1;
+  int cpu_profile_hz = 19;
+  bool stacks = true;
+  bool python_stacks = true;
+  uint32_t ringbuf_mb = 8;
+  // Entries of each of the two BPF stack maps (the agent recycles them; see
+  // record::Pipeline::recycle_stacks). Not in deploy/agent.yaml: for tests and odd hosts.
+  uint32_t stack_map_entries = 8192;
+  std::string host_root = "/";  // where the host's / is (containers' state, for pod names)
+};
+
+// Reads a config file over the defaults. Throws Error naming the file, line and key.
+AgentConfig load_config(const std::string& path, AgentConfig base = {});
+// "15s", "2m", "500ms", "1h" or plain seconds.
+double parse_duration_s(const std::string& text);
+
+}  // namespace gpuscope::agent

@@ -1,0 +1,308 @@
+#include "record/tracer.h"
+
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/clock.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "discover/proc.h"
+#include "symbolize/elf_file.h"
+
+namespace gpuscope::record {
+
+// Messages from the ring-buffer thread to the control loop.
+class Tracer::ControlQueue {
+ public:
+  ControlQueue() : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    if (fd_ < 0) throw Error("eventfd: {}", strerror(errno));
+  }
+  ~ControlQueue() { close(fd_); }
+  int fd() const { return fd_; }
+  void push_libload(const gs_libload_record& r) {
+    std::lock_guard lock(mu_);
+    libloads_.push_back(r);
+    wake();
+  }
+  void push_exec(pid_t pid) {
+    std::lock_guard lock(mu_);
+    execs_.push_back(pid);
+    wake();
+  }
+  void push_exit(pid_t pid) {
+    std::lock_guard lock(mu_);
+    exits_.push_back(pid);
+    wake();
+  }
+  void take(std::vector<gs_libload_record>& libloads, std::vector<pid_t>& execs) {
+    uint64_t v;
+    [[maybe_unused]] auto n = read(fd_, &v, sizeof(v));
+    std::lock_guard lock(mu_);
+    libloads.swap(libloads_);
+    execs.swap(execs_);
+  }
+  std::vector<pid_t> take_exits() {
+    std::lock_guard lock(mu_);
+    return std::exchange(exits_, {});
+  }
+
+ private:
+  void wake() {
+    uint64_t one = 1;
+    [[maybe_unused]] auto n = write(fd_, &one, sizeof(one));
+  }
+  int fd_;
+  std::mutex mu_;
+  std::vector<gs_libload_record> libloads_;
+  std::vector<pid_t> execs_, exits_;
+};
+
+void StoppedProcesses::resume(pid_t pid) {
+  // Without CAP_KILL (root with capabilities dropped) the process would stay stopped: say so.
+  if (kill(pid, SIGCONT) != 0 && errno != ESRCH)
+    log_error("cannot continue PID {}, stopped while its CUDA library was probed: {} (gpuscope needs CAP_KILL)", pid,
+              strerror(errno));
+  pids_.erase(pid);
+}
+
+StoppedProcesses::~StoppedProcesses() {
+  for (pid_t p : pids_) kill(p, SIGCONT);
+}
+
+Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
+    : opts_(opts), sink_(sink), control_(std::make_unique<ControlQueue>()) {
+  attach::SessionConfig cfg;
+  cfg.runtime_launch_probes = opts_.launch_probes != LaunchProbes::Driver;
+  detach_runtime_launches_with_driver_ = opts_.launch_probes == LaunchProbes::Auto && opts_.whole_history;
+  sink_.set_meta("launch_probes", opts_.launch_probes == LaunchProbes::Driver ? "driver"
+                                  : detach_runtime_launches_with_driver_     ? "driver once probed"
+                                                                              : "runtime and driver");
+  cfg.filter_targets = !opts_.all;
+  cfg.program_stats = opts_.bpf_stats;
+  cfg.sample_stack_copy = opts_.dwarf_unwind_samples;
+  cfg.call_stack_copy = opts_.dwarf_unwind_calls && opts_.stacks;
+  sink_.set_meta("call_unwinding", !opts_.stacks ? "none" : opts_.dwarf_unwind_calls ? "dwarf" : "frame pointers");
+  cfg.capture_stacks = opts_.stacks;
+  cfg.python_stacks = opts_.stacks && opts_.python_stacks;
+  sink_.set_meta("python_stacks", cfg.python_stacks ? "1" : "0");
+  cfg.stop_for_shared_objects = !opts_.all;
+  cfg.high_rate_per_process = opts_.high_rate_per_process;
+  cfg.sample_only_targets = opts_.all && opts_.only_cuda_processes;
+  cfg.ringbuf_bytes = opts_.ringbuf_mb << 20;
+  cfg.stack_map_entries = opts_.stack_map_entries;
+  cfg.stack_generations = opts_.stacks && opts_.pipeline.recycle_stacks_at > 0;
+  cfg.wakeup_bytes = cfg.ringbuf_bytes / 4;
+  bpf_ = std::make_unique<attach::BpfSession>(cfg);
+  if (opts_.cpu_profile_hz) {
+    bpf_->start_cpu_sampling(opts_.cpu_profile_hz);
+    sink_.set_meta("cpu_profile_hz", std::to_string(opts_.cpu_profile_hz));
+    sink_.set_meta("sample_unwinding", opts_.dwarf_unwind_samples ? "dwarf" : "frame pointers");
+  }
+
+  PipelineConfig pcfg = opts_.pipeline;
+  pcfg.complete_history = opts_.whole_history;
+  if (!cfg.stack_generations) pcfg.recycle_stacks_at = 0;
+  pipeline_ = std::make_unique<Pipeline>(sink_, *bpf_, maps_, pcfg);
+  bpf_->set_handler([this](const void* data, size_t size) {
+    uint16_t kind;
+    std::memcpy(&kind, data, sizeof(kind));
+    if (kind == GS_REC_LIBLOAD && size >= sizeof(gs_libload_record)) {
+      control_->push_libload(*static_cast<const gs_libload_record*>(data));
+      return;
+    }
+    // A new program is looked at now (static CUDA runtime, Python interpreter), not when the
+    // pipeline gets to it: it may lag behind by more than the program takes to start.
+    if (kind == GS_REC_EXEC && size >= sizeof(gs_proc_record))
+      control_->push_exec(static_cast<pid_t>(static_cast<const gs_proc_record*>(data)->pid));
+    if (kind == GS_REC_EXIT && opts_.all && size >= sizeof(gs_proc_record))
+      control_->push_exit(static_cast<pid_t>(static_cast<const gs_proc_record*>(data)->pid));
+    pipeline_->push(data, size);
+  });
+}
+
+Tracer::~Tracer() {
+  if (!stopped_threads_) stop();
+}
+
+void Tracer::start() {
+  pipeline_->start();
+  consuming_ = true;
+  consumer_ = std::thread([this] {
+    while (consuming_.load(std::memory_order_relaxed)) {
+      bpf_->poll(20);
+      pipeline_->end_batch();
+    }
+  });
+}
+
+void Tracer::stop() {
+  if (stopped_threads_) return;
+  stopped_threads_ = true;
+  if (consuming_.exchange(false)) {
+    // No new stops from here on; those already made are in the ring buffer or the control
+    // queue, and are answered below, so that no process is left stopped.
+    bpf_->stop_stopping_processes();
+    consumer_.join();
+    while (bpf_->poll(0) > 0) pipeline_->end_batch();  // drain what is left
+    pipeline_->end_batch();
+    handle_control();
+  }
+  if (nvml_) nvml_->stop();
+  pipeline_->stop();
+}
+
+int Tracer::control_fd() const { return control_->fd(); }
+
+std::vector<pid_t> Tracer::take_exited() { return control_->take_exits(); }
+
+void Tracer::add_target(pid_t pid) { bpf_->add_target(pid); }
+
+void Tracer::forget_process(pid_t pid) {
+  cuda_processes_.erase(pid);
+  bpf_->forget_process(pid);
+  if (opts_.only_cuda_processes) bpf_->remove_target(pid);
+}
+
+void Tracer::attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns) {
+  auto res = bpf_->attach_file(open_path);
+  if (res.error.empty() && cuda_processes_.insert(pid).second && opts_.only_cuda_processes) {
+    bpf_->add_target(pid);  // sampled from now on
+    if (on_cuda_process) on_cuda_process(pid);
+  }
+  if (res.already_attached) return;
+  store::LibraryRow row{static_cast<uint32_t>(pid), shown_path, res.build_id, res.runtime_probes, res.driver_probes,
+                        ts_ns, res.error};
+  if (!res.error.empty())
+    log_error("could not probe {} in PID {}: {}", shown_path, pid, res.error);
+  else if (res.runtime_probes + res.driver_probes > 0)
+    ++libraries_attached_;
+  if (res.error.empty() && res.driver_probes > 0 && detach_runtime_launches_with_driver_ &&
+      bpf_->runtime_launch_probes()) {
+    // Every runtime launch that can run goes through the driver's launch functions, which are
+    // probed from now on; its runtime probe would only add a second trap.
+    const int n = bpf_->detach_runtime_launch_probes();
+    sink_.set_meta("runtime_launch_probes_removed_at_ns", std::to_string(ts_ns));
+    log_debug("driver probed: launch probes removed from {} runtime link(s); launches recorded by the driver", n);
+  }
+  if (!opts_.quiet && res.error.empty())
+    log_info("probing {} ({} runtime, {} driver functions) first used by PID {}", shown_path, res.runtime_probes,
+             res.driver_probes, pid);
+  pipeline_->add_library(std::move(row));
+}
+
+bool Tracer::check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown) {
+  struct stat st{};
+  if (stat(exe_path.c_str(), &st) != 0 || !checked_executables_.insert({st.st_dev, st.st_ino}).second) return false;
+  if (discover::is_cuda_runtime_library(shown) || discover::is_cuda_driver_library(shown)) return false;
+  // A file that is not ELF (a script) defines nothing.
+  if (!symbolize::defines_any_function(exe_path, {"cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMalloc"}))
+    return false;
+  attach_library(pid, exe_path, shown + " (static CUDA runtime)", monotonic_ns());
+  return true;
+}
+
+void Tracer::find_python(pid_t pid) {
+  if (!opts_.python_stacks || !opts_.stacks) return;
+  auto inspect = [&](const discover::Mapping& m) {
+    const std::pair key{(uint64_t(m.dev_major) << 20) | m.dev_minor, m.inode};
+    auto it = python_binaries_.find(key);
+    if (it == python_binaries_.end())
+      it = python_binaries_.emplace(key, discover::inspect_python_binary(discover::path_in_target(pid, m.path), m.path))
+               .first;
+    return it->second;
+  };
+  auto py = discover::find_python(discover::read_maps(pid), inspect);
+  if (!py) return;
+  const auto& b = py->binary;
+  const std::string version = fmt::format("{}.{}.{}", b.major, b.minor, b.micro);
+  if (!b.layout) {
+    if (python_versions_said_.insert(version).second)
+      log_warn("PID {} runs Python {}, whose frames gpuscope cannot walk (it knows {}); its stacks stay native", pid,
+               version, discover::supported_python_versions());
+    return;
+  }
+  gs_py_process proc{py->runtime_addr, b.layout->bpf};
+  if (!bpf_->set_python_process(pid, proc)) {
+    log_warn("too many Python processes: PID {}'s stacks stay native", pid);
+    return;
+  }
+  pipeline_->add_python_process(pid, *py);
+  if (python_versions_said_.insert(version).second && !opts_.quiet)
+    log_info("PID {} runs Python {} ({}): its stacks show Python functions and lines", pid, version, b.path);
+  else
+    log_debug("PID {} runs Python {} ({})", pid, version, b.path);
+}
+
+void Tracer::attach_mapped_libraries(pid_t pid) {
+  std::set<std::string> seen;
+  bool has_cuda = false;
+  for (const auto& m : discover::read_maps(pid)) {
+    if (m.path.empty() || !seen.insert(m.path).second) continue;
+    if (discover::is_cuda_runtime_library(m.path) || discover::is_cuda_driver_library(m.path)) {
+      has_cuda = true;
+      attach_library(pid, discover::path_in_target(pid, m.path), m.path, monotonic_ns());
+    }
+  }
+  if (has_cuda || !opts_.all) check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid));
+  if (!has_cuda && !opts_.all && !opts_.quiet)
+    log_info("PID {} has no CUDA library loaded yet; its probes attach when it loads one", pid);
+  if (opts_.all && opts_.only_cuda_processes && !has_cuda) return;
+  maps_.refresh(pid);
+  find_python(pid);
+}
+
+void Tracer::handle_control() {
+  std::vector<gs_libload_record> libloads;
+  std::vector<pid_t> execs;
+  control_->take(libloads, execs);
+  for (const auto& l : libloads) {
+    const pid_t pid = static_cast<pid_t>(l.pid);
+    if (l.stopped) stopped_.add(pid);
+    const std::string path(l.path, strnlen(l.path, sizeof(l.path)));
+    const std::string open_path = discover::path_in_target(pid, path);
+    // Stopped at its first CUDA library's load: no CUDA call has run, so every allocation of
+    // pinned or registered host memory will be seen.
+    const bool first_cuda = l.cuda_name && l.stopped && !cuda_processes_.contains(pid);
+    const bool probed = l.cuda_name ? (attach_library(pid, open_path, path, l.ts_ns), true)
+                                    : check_static_runtime(pid, open_path, path);
+    if (first_cuda && !opts_.whole_history) pipeline_->mark_complete_history(pid);
+    // The library is mapped now: name its frames even if the process dies soon. A process
+    // stopped here is snapshotted in any case: the C library, mapped after the CUDA runtime,
+    // is often in only this snapshot of a short-lived process.
+    if (probed || l.stopped) maps_.refresh(pid);
+    // A libpython is found at its load, before its first Python frame runs.
+    if (discover::looks_like_python(path) && !opts_.only_cuda_processes) find_python(pid);
+    if (probed && opts_.only_cuda_processes) find_python(pid);
+    bpf_->mark_checked(l.dev, l.ino);
+    if (l.stopped) stopped_.resume(pid);
+  }
+  for (pid_t pid : execs) {
+    check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid));
+    if (!opts_.only_cuda_processes) find_python(pid);
+  }
+}
+
+void Tracer::start_gpu_metrics() {
+  const double hz = opts_.gpu_sample_hz;
+  if (hz <= 0) {
+    sink_.set_meta("gpu_metrics", "off (--gpu-sample-hz 0)");
+    return;
+  }
+  nvml_ = std::make_unique<gpu::NvmlSampler>();
+  if (!nvml_->available()) {
+    if (!opts_.quiet) log_info("GPU metrics are off: {}", nvml_->error());
+    sink_.set_meta("gpu_metrics", "off: " + nvml_->error());
+    nvml_.reset();
+    return;
+  }
+  for (const auto& d : nvml_->devices()) sink_.add_gpu(d);
+  sink_.set_meta("gpu_metrics", fmt::format("nvml, driver {}", nvml_->driver_version()));
+  sink_.set_meta("gpu_sample_hz", fmt::format("{}", hz));
+  nvml_->start(hz, [this](gpu::NvmlSampler::Batch&& b) { pipeline_->add_gpu_batch(std::move(b)); });
+}
+
+}  // namespace gpuscope::record

@@ -1,0 +1,129 @@
+// The tracing core that `record` and `agent` share: loads the BPF programs, finds the processes
+// that use CUDA (given ones, or every one on the host) and probes their libraries as they load
+// them, walks Python frames, samples NVML, and runs the pipeline that decodes everything into
+// an EventSink. Its owner runs the control loop: poll control_fd() and call handle_control().
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attach/bpf_session.h"
+#include "discover/python.h"
+#include "gpu/nvml.h"
+#include "record/pipeline.h"
+#include "store/sink.h"
+#include "symbolize/process_maps.h"
+
+namespace gpuscope::record {
+
+// Which probes record a kernel launch made through the CUDA runtime.
+enum class LaunchProbes {
+  Auto,    // driver only once the driver is probed, when every process is seen from its start
+  Driver,  // driver only: one trap per launch; kernels loaded before gpuscope started go unnamed
+  Both,    // runtime and driver: two traps per runtime launch, names from either side
+};
+
+struct TracerOptions {
+  bool all = false;            // every process on the host, including those that start later
+  // With `all`: look closer (maps, Python) only at processes once they use CUDA.
+  bool only_cuda_processes = false;
+  bool whole_history = false;  // the targets are followed from their start (record -- CMD)
+  bool stacks = true;
+  bool python_stacks = true;         // Python frames in the stacks of CPython processes
+  bool dwarf_unwind_samples = true;  // CPU samples unwound from .eh_frame (false: frame pointers)
+  bool dwarf_unwind_calls = false;   // CUDA calls' stacks too (a 16 KiB copy per call)
+  LaunchProbes launch_probes = LaunchProbes::Auto;
+  bool bpf_stats = false;
+  // High-rate probes (launches, copies, memsets) attached per process, so that each process's
+  // can be switched on and off (the agent's overhead budget); low-rate ones stay on for all.
+  bool high_rate_per_process = false;
+  int cpu_profile_hz = 0;  // 0: no CPU sampling
+  uint32_t ringbuf_mb = 64;
+  uint32_t stack_map_entries = 32768;  // of each BPF stack map
+  double gpu_sample_hz = 0;  // NVML samples per second; 0: off
+  bool quiet = false;
+  PipelineConfig pipeline;
+};
+
+// Processes stopped by the BPF side while we attach; continued however we leave.
+class StoppedProcesses {
+ public:
+  void add(pid_t pid) { pids_.insert(pid); }
+  void resume(pid_t pid);
+  ~StoppedProcesses();
+
+ private:
+  std::set<pid_t> pids_;
+};
+
+class Tracer {
+ public:
+  // Loads and attaches the BPF programs (throws Error with what to do). Events go to `sink`.
+  Tracer(const TracerOptions& opts, store::EventSink& sink);
+  ~Tracer();
+
+  // Starts the ring-buffer and pipeline threads.
+  void start();
+  // NVML sampling on a thread of its own, if asked for; without NVML, says so once (and in the
+  // sink's meta) and goes on without it.
+  void start_gpu_metrics();
+  // Makes `pid` a target (when not tracing every process).
+  void add_target(pid_t pid);
+  // Probes the CUDA libraries a running process has mapped, and finds its Python.
+  void attach_mapped_libraries(pid_t pid);
+  // Probes a program's own CUDA runtime, if it links one statically. True if it was probed.
+  bool check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown);
+  // Readable when library loads, new programs or exits wait for handle_control().
+  int control_fd() const;
+  void handle_control();
+  // Stops the threads: everything already in the ring buffer is decoded and handed to the sink.
+  void stop();
+
+  attach::BpfSession& bpf() { return *bpf_; }
+  PipelineStats stats() const { return pipeline_->stats(); }
+  int libraries_attached() const { return libraries_attached_; }
+  // Processes that exited since the last call (when tracing every process; from exit records).
+  std::vector<pid_t> take_exited();
+  // Lets go of a process that exited: its per-process probes and state.
+  void forget_process(pid_t pid);
+  // Processes with at least one probed CUDA library.
+  const std::set<pid_t>& cuda_processes() const { return cuda_processes_; }
+  // With only_cuda_processes: called (on the control thread) when a process's first CUDA
+  // library is probed; it is a target (sampled) from then on.
+  std::function<void(pid_t)> on_cuda_process;
+
+ private:
+  class ControlQueue;
+  void attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns);
+  // Gives the BPF side the process's interpreter, if it runs one gpuscope can walk.
+  void find_python(pid_t pid);
+
+  TracerOptions opts_;
+  store::EventSink& sink_;
+  std::unique_ptr<attach::BpfSession> bpf_;
+  symbolize::ProcessMaps maps_;
+  std::unique_ptr<Pipeline> pipeline_;
+  std::unique_ptr<ControlQueue> control_;
+  StoppedProcesses stopped_;
+  std::unique_ptr<gpu::NvmlSampler> nvml_;
+  std::set<std::pair<uint64_t, uint64_t>> checked_executables_;
+  std::map<std::pair<uint64_t, uint64_t>, std::optional<discover::PythonBinary>> python_binaries_;
+  std::set<std::string> python_versions_said_;
+  std::set<pid_t> cuda_processes_;
+  int libraries_attached_ = 0;
+  bool detach_runtime_launches_with_driver_ = false;
+  std::atomic<bool> consuming_{false};
+  std::thread consumer_;
+  bool stopped_threads_ = false;
+};
+
+}  // namespace gpuscope::record

@@ -1,0 +1,65 @@
+// Where the pipeline puts what it decodes: the record file (RecordWriter) or the agent's
+// live aggregates (agent::Aggregator). Called from the pipeline thread, except where said.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/model.h"
+#include "gpu/nvml.h"
+
+namespace gpuscope::store {
+
+struct StoredFrame {
+  int64_t module_id = 0;  // 0: the address fell in no file-backed mapping
+  uint64_t offset = 0;    // file offset within the module
+  uint64_t ip = 0;
+  bool operator==(const StoredFrame&) const = default;
+};
+
+struct LibraryRow {
+  uint32_t pid = 0;
+  std::string path;
+  std::string build_id;
+  int runtime_probes = 0;
+  int driver_probes = 0;
+  uint64_t ts_ns = 0;
+  std::string error;
+};
+
+class EventSink {
+ public:
+  virtual ~EventSink() = default;
+
+  // These two from any thread.
+  virtual void set_meta(const std::string& key, const std::string& value) = 0;
+  virtual void add_gpu(const gpu::GpuDevice& d) = 0;
+
+  virtual void add_call(const CallEvent& e) = 0;
+  // Ids the sink hands out; 0 means "none" (a sink may refuse new entries to stay bounded).
+  virtual int64_t intern_kernel(const std::string& name, const std::string& demangled) = 0;
+  virtual int64_t intern_module(const std::string& path, const std::string& build_id) = 0;
+  virtual int64_t intern_stack(const std::vector<StoredFrame>& frames) = 0;
+  // A Python frame: its id is the offset of a stack frame in module "[python]".
+  virtual int64_t intern_python_frame(const std::string& function, const std::string& file, int line) = 0;
+  virtual void upsert_process(uint32_t pid, uint32_t ppid, const std::string& comm, const std::string& cmdline,
+                              const std::string& exe, uint64_t ts_ns) = 0;
+  virtual void set_process_exit(uint32_t pid, uint64_t ts_ns, int exit_code) = 0;
+  virtual void upsert_thread(uint32_t tid, uint32_t pid, const std::string& comm) = 0;
+  virtual void add_library(const LibraryRow& lib) = 0;
+  // A CPU profile sample; stack ids from intern_stack (0: none).
+  virtual void add_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, uint32_t cpu, int64_t stack_id,
+                          int64_t kernel_stack_id) = 0;
+  // A frame's name known only while tracing (kernel frames, from /proc/kallsyms).
+  virtual void add_symbol(int64_t module_id, uint64_t offset, const std::string& name) = 0;
+  virtual void set_lost(const std::string& cause, uint64_t count) = 0;
+  virtual void add_gpu_batch(const gpu::NvmlSampler::Batch& b) = 0;
+  // The end of a batch of events: what came before it may be made visible.
+  virtual void commit() = 0;
+  // Changes when the sink forgets its stacks (to stay bounded): stack ids it handed out
+  // before are void, and the pipeline drops those it cached.
+  virtual uint64_t stack_epoch() const { return 0; }
+};
+
+}  // namespace gpuscope::store

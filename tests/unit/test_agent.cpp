@@ -1,0 +1,334 @@
+// The agent's parts that need no kernel: cgroup paths, runtime bundles, the config file, the
+// aggregates and the budget's duty cycle.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "agent/aggregator.h"
+#include "agent/budget.h"
+#include "agent/config.h"
+#include "common/error.h"
+#include "decode/functions.h"
+#include "discover/container.h"
+#include "symbolize/elf_file.h"
+
+using namespace gpuscope;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kId = "3f1c2ab5e6d7c8b9a0f1e2d3c4b5a6978877665544332211ffeeddccbbaa9988";
+const std::string kUid = "6b1c7d2e-0f3a-4b5c-8d9e-a1b2c3d4e5f6";
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("gpuscope-test-" + name + "-" + std::to_string(getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+void write(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p) << text;
+}
+
+uint16_t id_of(const char* symbol) { return decode::function_by_symbol(symbol)->id; }
+
+CallEvent call(uint32_t pid, const char* symbol) {
+  CallEvent e;
+  e.pid = pid;
+  e.tid = pid;
+  e.func = id_of(symbol);
+  e.has_return = decode::function_by_symbol(symbol)->has_return;
+  return e;
+}
+
+double value(const agent::MetricSnapshot& s, const std::string& name,
+             std::initializer_list<std::pair<std::string, std::string>> match = {}) {
+  double total = 0;
+  bool found = false;
+  for (const auto& f : s.families) {
+    if (f.name != name) continue;
+    for (const auto& sample : f.samples) {
+      bool ok = true;
+      for (const auto& m : match) ok = ok && std::find(sample.labels.begin(), sample.labels.end(), m) != sample.labels.end();
+      if (ok) {
+        total += sample.value;
+        found = true;
+      }
+    }
+  }
+  return found ? total : -1;
+}
+
+}  // namespace
+
+TEST(Container, KubeletSystemdDriverWithContainerd) {
+  std::string uid_underscores = kUid;
+  std::replace(uid_underscores.begin(), uid_underscores.end(), '-', '_');
+  auto c = discover::parse_cgroup_path("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" +
+                                       uid_underscores + ".slice/cri-containerd-" + kId + ".scope");
+  EXPECT_EQ(c.container_id, kId);
+  EXPECT_EQ(c.runtime, "containerd");
+  EXPECT_EQ(c.pod_uid, kUid);
+}
+
+TEST(Container, KubeletCgroupfsDriverAndOtherRuntimes) {
+  auto c = discover::parse_cgroup_path("/kubepods/besteffort/pod" + kUid + "/" + kId);
+  EXPECT_EQ(c.container_id, kId);
+  EXPECT_EQ(c.pod_uid, kUid);
+  c = discover::parse_cgroup_path("/kubepods.slice/kubepods-pod" + kUid + ".slice/crio-" + kId + ".scope");
+  EXPECT_EQ(c.runtime, "cri-o");
+  EXPECT_EQ(c.container_id, kId);
+  c = discover::parse_cgroup_path("/system.slice/docker-" + kId + ".scope");
+  EXPECT_EQ(c.runtime, "docker");
+  EXPECT_TRUE(c.pod_uid.empty());
+  c = discover::parse_cgroup_path("/docker/" + kId);
+  EXPECT_EQ(c.container_id, kId);
+  EXPECT_EQ(c.runtime, "docker");
+  c = discover::parse_cgroup_path("/user.slice/user-1000.slice/session-2.scope");
+  EXPECT_TRUE(c.container_id.empty());
+  EXPECT_TRUE(c.pod_uid.empty());
+}
+
+TEST(Container, BundleAnnotationsOfContainerdAndCriO) {
+  const auto dir = temp_dir("bundle");
+  write(dir / "containerd.json",
+        R"({"ociVersion":"1.1.0","annotations":{"io.kubernetes.cri.sandbox-name":"trainer-0",)"
+        R"("io.kubernetes.cri.sandbox-namespace":"ml","io.kubernetes.cri.container-name":"main"}})");
+  write(dir / "crio.json", R"({"annotations":{"io.kubernetes.pod.name":"infer-7","io.kubernetes.pod.namespace":"serving",)"
+                           R"("io.kubernetes.container.name":"server","io.kubernetes.pod.uid":")" + kUid + R"("}})");
+  write(dir / "none.json", R"({"annotations":{}})");
+  write(dir / "broken.json", R"({"annotations": )");
+  discover::ContainerInfo a, b, c, d;
+  ASSERT_TRUE(discover::read_bundle_annotations(dir / "containerd.json", a));
+  EXPECT_EQ(a.pod, "trainer-0");
+  EXPECT_EQ(a.namespace_, "ml");
+  EXPECT_EQ(a.container, "main");
+  ASSERT_TRUE(discover::read_bundle_annotations(dir / "crio.json", b));
+  EXPECT_EQ(b.pod, "infer-7");
+  EXPECT_EQ(b.namespace_, "serving");
+  EXPECT_EQ(b.pod_uid, kUid);
+  EXPECT_FALSE(discover::read_bundle_annotations(dir / "none.json", c));
+  EXPECT_FALSE(discover::read_bundle_annotations(dir / "broken.json", d));
+  EXPECT_FALSE(discover::read_bundle_annotations(dir / "missing.json", d));
+  fs::remove_all(dir);
+}
+
+TEST(AgentConfig, ReadsEveryKeyAndSaysWhereItIsWrong) {
+  const auto dir = temp_dir("config");
+  write(dir / "ok.yaml",
+        "listen: 0.0.0.0:9500\nbudget: 0.02\ninterval: 30s\notlp:\n  endpoint: http://c:4318/v1/metrics\n"
+        "  interval: 500ms\n  headers:\n    X-Tenant: a\npyroscope:\n  url: http://p:4040\nmax_kernel_names: 50\n"
+        "cpu_profile_hz: 0\n");
+  const auto c = agent::load_config(dir / "ok.yaml");
+  EXPECT_EQ(c.listen, "0.0.0.0:9500");
+  EXPECT_DOUBLE_EQ(c.budget, 0.02);
+  EXPECT_DOUBLE_EQ(c.profile_interval_s, 30);
+  EXPECT_EQ(c.otlp.url, "http://c:4318/v1/metrics");
+  EXPECT_DOUBLE_EQ(c.otlp.interval_s, 0.5);
+  EXPECT_EQ(c.otlp.headers.at("X-Tenant"), "a");
+  EXPECT_EQ(c.pyroscope.url, "http://p:4040");
+  EXPECT_EQ(c.max_kernel_names, 50u);
+  EXPECT_EQ(c.cpu_profile_hz, 0);
+  EXPECT_EQ(c.memory_limit_mb, 100u);  // default kept
+  EXPECT_EQ(c.stack_map_entries, 8192u);
+
+  write(dir / "typo.yaml", "budget: 0.02\notlp:\n  endpiont: http://c\n");
+  try {
+    agent::load_config(dir / "typo.yaml");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("typo.yaml:3: unknown key 'otlp.endpiont'"), std::string::npos) << e.what();
+  }
+  write(dir / "stacks.yaml", "stack_map_entries: 512\n");
+  EXPECT_EQ(agent::load_config(dir / "stacks.yaml").stack_map_entries, 512u);
+  write(dir / "few.yaml", "budget: 0.02\nstack_map_entries: 16\n");
+  try {
+    agent::load_config(dir / "few.yaml");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("few.yaml:2: stack_map_entries must be"), std::string::npos) << e.what();
+  }
+  write(dir / "type.yaml", "budget: lots\n");
+  EXPECT_THROW(agent::load_config(dir / "type.yaml"), Error);
+  write(dir / "syntax.yaml", "budget: [0.01\n");
+  EXPECT_THROW(agent::load_config(dir / "syntax.yaml"), Error);
+  EXPECT_THROW(agent::load_config(dir / "missing.yaml"), Error);
+  EXPECT_DOUBLE_EQ(agent::parse_duration_s("2m"), 120);
+  EXPECT_DOUBLE_EQ(agent::parse_duration_s("1.5"), 1.5);
+  EXPECT_THROW(agent::parse_duration_s("5 minutes"), Error);
+  fs::remove_all(dir);
+}
+
+TEST(Aggregator, KernelLabelsDropParametersAndStayShort) {
+  EXPECT_EQ(agent::kernel_label("vecAdd(float const*, float const*, float*, int)"), "vecAdd");
+  EXPECT_EQ(agent::kernel_label("void scale<float>(float*, float, int)"), "scale<float>");
+  EXPECT_EQ(agent::kernel_label("void at::native::f<(anonymous namespace)::Op>(int)"),
+            "at::native::f<(anonymous namespace)::Op>");
+  EXPECT_EQ(agent::kernel_label("plain_c_kernel"), "plain_c_kernel");
+  EXPECT_LE(agent::kernel_label(std::string(1000, 'k')).size(), 160u);
+}
+
+TEST(Aggregator, CountsCallsByWhatTheyDid) {
+  agent::AggregatorLimits limits;
+  limits.max_kernel_names = 2;
+  agent::Aggregator agg(limits, 99);
+  const uint32_t pid = static_cast<uint32_t>(getpid());
+  const int64_t k1 = agg.intern_kernel("_Z1av", "a()"), k2 = agg.intern_kernel("_Z1bv", "b()"),
+                k3 = agg.intern_kernel("_Z1cv", "c()");
+  for (int64_t k : {k1, k1, k2, k3}) {
+    auto e = call(pid, "cudaLaunchKernel");
+    e.kernel_id = k;
+    agg.add_call(e);
+  }
+  auto copy = call(pid, "cudaMemcpy");
+  copy.bytes = 1000;
+  copy.dir = decode::CopyDir::HostToDevice;
+  copy.host_mem = HostMem::Pinned;
+  copy.duration_ns = 2'000'000;
+  agg.add_call(copy);
+  auto alloc = call(pid, "cudaMalloc");
+  alloc.ptr = 0x1000;
+  alloc.bytes = 4096;
+  agg.add_call(alloc);
+  auto failed = call(pid, "cudaMalloc");
+  failed.ret = 2;  // cudaErrorMemoryAllocation
+  failed.bytes = 1 << 30;
+  agg.add_call(failed);
+  auto inner = call(pid, "cuMemAlloc_v2");  // the driver call inside cudaMalloc: not counted again
+  inner.parent_id = 7;
+  agg.add_call(inner);
+  auto sync = call(pid, "cudaStreamSynchronize");
+  sync.duration_ns = 5'000'000;
+  agg.add_call(sync);
+
+  auto s = agg.snapshot({}, 1);
+  EXPECT_EQ(value(s, "gpuscope_kernel_launches_total", {{"kernel", "a"}}), 2);
+  EXPECT_EQ(value(s, "gpuscope_kernel_launches_total", {{"kernel", "b"}}), 1);
+  EXPECT_EQ(value(s, "gpuscope_kernel_launches_total", {{"kernel", "other"}}), 1);  // past the cap of 2
+  EXPECT_EQ(value(s, "gpuscope_memcpy_bytes_total", {{"direction", "h2d"}, {"host_memory", "pinned"}}), 1000);
+  EXPECT_DOUBLE_EQ(value(s, "gpuscope_memcpy_seconds_total"), 0.002);
+  EXPECT_EQ(value(s, "gpuscope_device_memory_allocations_total"), 1);
+  EXPECT_EQ(value(s, "gpuscope_device_memory_used_bytes"), 4096);
+  EXPECT_EQ(value(s, "gpuscope_device_memory_allocation_failures_total"), 1);
+  EXPECT_EQ(value(s, "gpuscope_cuda_call_errors_total", {{"function", "cudaMalloc"}}), 1);
+  EXPECT_DOUBLE_EQ(value(s, "gpuscope_synchronization_seconds_total", {{"function", "cudaStreamSynchronize"}}), 0.005);
+  EXPECT_EQ(agg.shed().kernel_names, 1u);
+  // Probe hits: 4 launches (entry only), and 5 calls probed at entry and return.
+  const auto hits = agg.probe_hits().at(pid);
+  EXPECT_EQ(hits.entries, 9u);
+  EXPECT_EQ(hits.returns, 5u);
+
+  auto free = call(pid, "cudaFree");
+  free.ptr = 0x1000;
+  agg.add_call(free);
+  // A sampled process: each observed launch stands for four.
+  agg.set_high_rate_weight(pid, 4, 0.25);
+  auto e = call(pid, "cudaLaunchKernel");
+  e.kernel_id = k2;
+  agg.add_call(e);
+  s = agg.snapshot({}, 1);
+  EXPECT_EQ(value(s, "gpuscope_device_memory_used_bytes"), 0);
+  EXPECT_EQ(value(s, "gpuscope_device_memory_freed_bytes_total"), 4096);
+  EXPECT_EQ(value(s, "gpuscope_kernel_launches_total", {{"kernel", "b"}}), 5);
+  EXPECT_EQ(value(s, "gpuscope_observed_ratio"), 0.25);
+
+  // An exited process is exported once more, then let go.
+  agg.set_process_exit(pid, 0, 0);
+  EXPECT_EQ(agg.take_exited(), std::vector<uint32_t>{pid});
+  EXPECT_EQ(value(agg.snapshot({}, 1), "gpuscope_kernel_launches_total", {{"kernel", "a"}}), 2);
+  EXPECT_EQ(value(agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), -1);
+}
+
+TEST(Aggregator, StackTableIsBoundedAndOldIdsStayVoid) {
+  agent::AggregatorLimits limits;
+  limits.max_stacks = 8;
+  agent::Aggregator agg(limits, 100);
+  const uint32_t pid = static_cast<uint32_t>(getpid());
+  const int64_t m = agg.intern_module("/nonexistent/libx.so", "");
+  std::vector<int64_t> ids;
+  for (uint64_t i = 0; i < 10; ++i) ids.push_back(agg.intern_stack({{m, 0x100 + i, 0}}));
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 0), 2);  // past the cap: shed
+  EXPECT_EQ(agg.shed().stacks, 2u);
+  for (int64_t id : ids)
+    if (id) agg.add_sample(0, pid, pid, 0, id, 0);
+  const uint64_t epoch = agg.stack_epoch();
+  auto profiles = agg.take_profiles();
+  ASSERT_EQ(profiles.size(), 1u);
+  EXPECT_EQ(profiles[0].cpu.stacks.size(), 8u);
+  EXPECT_EQ(profiles[0].cpu.total(), 8 * 10'000'000);  // 8 samples at 100 Hz
+  EXPECT_EQ(profiles[0].cpu.stacks.begin()->first[1], "libx.so+0x100");
+  EXPECT_NE(agg.stack_epoch(), epoch);  // emptied: more than half full
+  // An id from before the table was emptied names nothing now.
+  agg.add_sample(0, pid, pid, 0, ids[0], 0);
+  const auto later = agg.take_profiles();
+  EXPECT_TRUE(later.empty() || later[0].cpu.stacks.empty());
+  EXPECT_NE(agg.intern_stack({{m, 0x100, 0}}), ids[0]);  // ids are not reused
+}
+
+TEST(Budget, DutyFollowsWhatTheProbesCostAgainstTheProcessCpu) {
+  agent::Aggregator agg({}, 0);
+  const pid_t pid = getpid();
+  std::vector<std::pair<pid_t, bool>> switches;
+  agent::BudgetConfig cfg;
+  cfg.budget = 0.01;
+  cfg.entry_hit_ns = 1000;
+  cfg.return_hit_ns = 3000;
+  agent::BudgetController budget(cfg, agg, [&](pid_t p, bool on) {
+    switches.emplace_back(p, on);
+    return on;
+  });
+  // The process (this test) must be known to the aggregator for its hits to count.
+  agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
+  uint64_t now = 1'000'000'000;
+  budget.add_process(pid, now);
+  ASSERT_EQ(switches, (std::vector<std::pair<pid_t, bool>>{{pid, true}}));
+
+  // Burn about a second of CPU, then report probe hits costing 10% of what was burnt.
+  const uint64_t cpu0 = agent::process_cpu_ns(pid);
+  volatile uint64_t x = 0;
+  while (agent::process_cpu_ns(pid) - cpu0 < 1'000'000'000) x = x + 1;
+  const uint64_t burnt = agent::process_cpu_ns(pid) - cpu0;
+  const auto hits = burnt / 10 / 1000;  // entry-only hits at 1 µs each
+  for (uint64_t i = 0; i < hits; ++i) agg.add_call(call(uint32_t(pid), "cudaLaunchKernel"));
+  now += 1'050'000'000;
+  budget.tick(now);
+  const auto& st = budget.processes().at(pid);
+  EXPECT_NEAR(st.duty, 0.1, 0.02);  // 1% budget / 10% cost
+  // On for duty * 10 s of each cycle (1 s, already spent), then off for the rest (about 9 s).
+  EXPECT_FALSE(st.on);
+  EXPECT_EQ(switches.back(), std::make_pair(pid, false));
+  now += 8'000'000'000;
+  budget.tick(now);
+  EXPECT_FALSE(budget.processes().at(pid).on);
+  now += 1'100'000'000;
+  budget.tick(now);
+  EXPECT_TRUE(budget.processes().at(pid).on);
+  EXPECT_NEAR(budget.processes().at(pid).observed_ratio(), 1.05 / 10.15, 0.01);
+  budget.remove_process(pid);
+  EXPECT_EQ(switches.back(), std::make_pair(pid, false));
+}
+
+TEST(NameOffsets, AgreesWithTheIndexedFileAndKeepsNothing) {
+  // This test binary: its own functions, named by the full index and by the one-pass reader.
+  const std::string exe = fs::read_symlink("/proc/self/exe");
+  auto elf = symbolize::ElfFile::open(exe);
+  const auto offsets = elf->function_offsets({"main", "gpuscope_calibration_target"});
+  std::vector<uint64_t> wanted;
+  for (const auto& [name, off] : offsets) wanted.push_back(off + 1);
+  ASSERT_FALSE(wanted.empty());
+  wanted.push_back(1);  // the ELF header: in no function
+  const auto names = symbolize::name_offsets(exe, elf->build_id(), wanted);
+  ASSERT_EQ(names.size(), wanted.size());
+  for (size_t i = 0; i + 1 < wanted.size(); ++i) {
+    const auto indexed = elf->symbolize(wanted[i]);
+    ASSERT_TRUE(indexed);
+    EXPECT_EQ(names[i], symbolize::demangle(indexed->first.name));
+  }
+  EXPECT_EQ(names.back(), "");
+  EXPECT_THROW(symbolize::name_offsets(exe, "00ff", wanted), std::runtime_error);  // another build
+}

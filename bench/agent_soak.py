@@ -2,9 +2,11 @@
 """The agent beside a long-running job: its CPU (share of one core) and resident memory every
 --every seconds, the job's observed_ratio and probe overhead estimate, events and lost events.
 
-    sudo bench/agent_soak.py [--build build] [--seconds 3600] [--every 10] -- JOB ARGS...
+    sudo bench/agent_soak.py [--build build] [--seconds 3600] [--every 10] [--profile-agent F] -- JOB ARGS...
 
-Prints one JSON line per sample and a summary (max and final RSS, mean CPU share)."""
+Prints one JSON line per sample and a summary (max and final RSS, mean CPU share). With
+--profile-agent, gpuscope itself samples the agent's CPU (999 Hz, from the second sample to the
+end) and writes the agent's folded CPU stacks to F, with a summary of where its time went."""
 import argparse
 import json
 import os
@@ -18,18 +20,52 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from agent_cost import ROOT, Agent, cpu_s, metrics, rss_mib, total  # noqa: E402
 
 
+def start_profiler(build, pid, folded):
+    record = folded.with_suffix(".gpuscope")
+    record.unlink(missing_ok=True)
+    return subprocess.Popen([build / "gpuscope", "record", "-q", "--pid", str(pid), "--cpu-profile", "999",
+                             "-o", record], stderr=subprocess.PIPE, text=True)
+
+
+def stop_profiler(proc, build, folded):
+    """Stops the recording and writes the folded stacks, with the agent's time by thread and
+    by the functions most time is spent under."""
+    proc.send_signal(2)
+    err = proc.communicate(timeout=60)[1]
+    record = folded.with_suffix(".gpuscope")
+    out = subprocess.run([build / "gpuscope", "flamegraph", record, "--metric", "cpu", "-o", folded],
+                         capture_output=True, text=True)
+    if out.returncode:
+        print(f"agent profile failed: {err}{out.stderr}")
+        return
+    stacks = []
+    for line in folded.read_text().splitlines():
+        path, value = line.rsplit(" ", 1)
+        stacks.append((path.split(";"), int(value)))
+    total = sum(v for _, v in stacks) or 1
+    inclusive = {}
+    for frames, v in stacks:
+        for f in set(frames[1:]):
+            inclusive[f] = inclusive.get(f, 0) + v
+    print(f"\nagent CPU profile ({total / 1e9:.2f} s of CPU sampled): functions by inclusive share")
+    for f, v in sorted(inclusive.items(), key=lambda kv: -kv[1])[:40]:
+        print(f"  {100 * v / total:5.1f}%  {f[:160]}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", type=pathlib.Path, default=pathlib.Path(os.environ.get("BUILD", ROOT / "build")))
     ap.add_argument("--seconds", type=float, default=3600)
     ap.add_argument("--every", type=float, default=10)
     ap.add_argument("--budget", type=float, default=0.01)
+    ap.add_argument("--profile-agent", type=pathlib.Path, help="write the agent's own folded CPU profile here")
     ap.add_argument("job", nargs="+")
     args = ap.parse_args()
     agent = Agent(args.build.resolve(), args.budget, "gpu_sample_hz: 1\n")
     job = subprocess.Popen(args.job, stdout=subprocess.DEVNULL)
     rows = []
     last = {}
+    profiler = None
     try:
         start = time.time()
         c_prev, t_prev = cpu_s(agent.proc.pid), start
@@ -50,7 +86,11 @@ def main():
             last = m
             rows.append(row)
             print(json.dumps(row), flush=True)
+            if args.profile_agent and profiler is None:
+                profiler = start_profiler(args.build.resolve(), agent.proc.pid, args.profile_agent)
     finally:
+        if profiler:
+            stop_profiler(profiler, args.build.resolve(), args.profile_agent)
         job.kill()
         job.wait()
         log = agent.stop()

@@ -115,6 +115,6 @@ fi
 
 if [[ " $STAGES " == *" soak "* ]]; then
   LD_LIBRARY_PATH="$AGENT_LIBS:$LD_LIBRARY_PATH" $PY bench/agent_soak.py --build "$BUILD" \
-      --seconds ${SOAK_SECONDS:-420} -- $PY bench/gpu/train_step.py /dev/null --steps 1000000 --no-profile 2>&1 | tee "$OUT/soak.txt"
+      --profile-agent "$OUT/agent-profile.folded" --seconds ${SOAK_SECONDS:-420} -- $PY bench/gpu/train_step.py /dev/null --steps 1000000 --no-profile 2>&1 | tee "$OUT/soak.txt"
 fi
 rm -f "$OUT"/*.gpuscope "$OUT"/truth-*.json "$OUT"/*.nsys-rep "$OUT"/*.sqlite

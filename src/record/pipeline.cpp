@@ -143,6 +143,7 @@ void Pipeline::process_batch(const std::vector<uint8_t>& batch) {
   if (const uint64_t epoch = sink_.stack_epoch(); epoch != stack_epoch_) {
     stack_epoch_ = epoch;
     stack_ids_.clear();
+    sent_stack_ids_.clear();
     kernel_stack_ids_.clear();
   }
   size_t at = 0;
@@ -253,6 +254,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       maps_.forget(rec.pid);
       known_processes_.erase(rec.pid);
       stack_ids_.erase(rec.pid);
+      sent_stack_ids_.erase(rec.pid);
       kernel_ids_.erase(rec.pid);
       unwinder_.forget(static_cast<pid_t>(rec.pid));
       python_.forget(static_cast<pid_t>(rec.pid));
@@ -263,6 +265,9 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       std::memcpy(&rec, data, std::min(size, sizeof(rec)));
       maps_.forget_before(rec.pid, rec.ts_ns);
       unwinder_.forget(static_cast<pid_t>(rec.pid));
+      // The same addresses are other code in the new program.
+      stack_ids_.erase(rec.pid);
+      sent_stack_ids_.erase(rec.pid);
       const bool known = known_processes_.erase(rec.pid) > 0;
       if (known || cfg_.note_every_exec) note_process(rec.pid, rec.ts_ns);
       break;
@@ -360,7 +365,21 @@ int64_t Pipeline::resolve_user_stack(uint32_t pid, int32_t bpf_stack_id, uint64_
 int64_t Pipeline::take_sent_stack(uint32_t pid, uint32_t tid, uint64_t ts_ns, uint64_t py_stack) {
   auto it = copied_stacks_.find({tid, ts_ns});
   if (it == copied_stacks_.end()) return 0;
-  const int64_t id = store_user_stack(pid, it->second.ips, it->second.truncated, py_stack);
+  const Unwound& u = it->second;
+  // The same frames come again and again (a hot call whose stack collides in its map): the
+  // stack is stored once per process and found again by its frames.
+  std::string key(reinterpret_cast<const char*>(u.ips.data()), u.ips.size() * sizeof(uint64_t));
+  key.append(reinterpret_cast<const char*>(&py_stack), sizeof(py_stack));
+  key.push_back(u.truncated ? 1 : 0);
+  auto& ids = sent_stack_ids_[pid];
+  int64_t id;
+  if (auto known = ids.find(key); known != ids.end()) {
+    id = known->second;
+  } else {
+    if (ids.size() >= kMaxSentStacksPerProcess) ids.clear();
+    id = store_user_stack(pid, u.ips, u.truncated, py_stack);
+    ids.emplace(std::move(key), id);
+  }
   copied_stacks_.erase(it);
   return id;
 }

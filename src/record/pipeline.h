@@ -161,6 +161,10 @@ class Pipeline {
   // Python stack, comes.
   static constexpr size_t kMaxCopiedStacks = 65536;
   std::map<std::pair<uint32_t, uint64_t>, Unwound> copied_stacks_;
+  // Stacks that came ahead, stored: by process, then by their frames, Python stack and
+  // truncation (bytes), so that one sent again is not resolved and interned again.
+  static constexpr size_t kMaxSentStacksPerProcess = 16384;
+  std::unordered_map<uint32_t, std::unordered_map<std::string, int64_t>> sent_stack_ids_;
   std::unordered_set<uint64_t> named_kernel_ips_;
   std::unordered_map<uint32_t, std::unordered_map<uint64_t, int64_t>> kernel_ids_;  // handle ^ api -> kernel
   uint64_t calls_since_commit_ = 0;

@@ -12,6 +12,9 @@ namespace {
 // Addresses outside any file (JIT code, a process already gone) would otherwise make every
 // lookup re-read /proc.
 constexpr uint64_t kMinRefreshIntervalNs = 20'000'000;
+// How long openable_path's answer for a (process, file) is reused: it changes only when the
+// process exits (its root goes), and asking costs a path walk in the kernel per frame.
+constexpr uint64_t kOpenablePathTtlNs = 1'000'000'000;
 
 }  // namespace
 
@@ -39,7 +42,10 @@ std::optional<ModuleAddress> ProcessMaps::lookup(pid_t pid, uint64_t addr) const
   if (m == maps.begin()) return std::nullopt;
   --m;
   if (addr >= m->end) return std::nullopt;
-  return ModuleAddress{m->path, openable_path(pid, m->path), addr - m->start + m->offset};
+  auto& cached = open_paths_[pid][m->path];
+  const uint64_t now = monotonic_ns();
+  if (cached.first.empty() || now - cached.second > kOpenablePathTtlNs) cached = {openable_path(pid, m->path), now};
+  return ModuleAddress{m->path, cached.first, addr - m->start + m->offset};
 }
 
 std::optional<ModuleAddress> ProcessMaps::resolve(pid_t pid, uint64_t addr) {
@@ -67,12 +73,14 @@ void ProcessMaps::forget_before(pid_t pid, uint64_t ts_ns) {
   if (it == last_refresh_ns_.end() || it->second >= ts_ns) return;
   maps_.erase(pid);
   last_refresh_ns_.erase(it);
+  open_paths_.erase(pid);
 }
 
 void ProcessMaps::forget(pid_t pid) {
   std::lock_guard lock(mu_);
   maps_.erase(pid);
   last_refresh_ns_.erase(pid);
+  open_paths_.erase(pid);
 }
 
 }  // namespace gpuscope::symbolize

@@ -464,6 +464,10 @@ int Agent::run() {
   topts.pipeline.max_queued_bytes = 16u << 20;
   topts.pipeline.max_batch_bytes = 2u << 20;
   topts.pipeline.note_every_exec = false;
+  // A daemon that mostly waits: records may come 100 ms late, the lost counters are read each
+  // second (the health gauges read them anyway).
+  topts.poll_ms = 100;
+  topts.pipeline.commit_interval_ns = 1'000'000'000;
   // A new stack is also lost when its bucket in the map holds another one, with a chance equal
   // to the map's occupancy: recycled at 1/32 full, the maps lose 1.5% of new stacks on average.
   // A recycle costs two system calls per entry emptied, and the stacks still in use are read

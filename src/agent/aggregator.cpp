@@ -145,9 +145,13 @@ void Aggregator::add_call(const CallEvent& e) {
   if (!p) return;
   // Probe hits, for the budget: each call is one entry hit, plus its return probe's, plus the
   // driver launch folded into a runtime launch.
-  ++p->hits.entries;
-  if (e.has_return) ++p->hits.returns;
-  if (e.driver_func) ++p->hits.entries;
+  const uint64_t entries = e.driver_func ? 2 : 1, returns = e.has_return ? 1 : 0;
+  p->hits.entries += entries;
+  p->hits.returns += returns;
+  if (decode::is_high_rate(f->kind)) {
+    p->hits.high_rate_entries += entries;
+    p->hits.high_rate_returns += returns;
+  }
   // A driver call made inside a runtime call is part of that call: counted once, as the program made it.
   if (e.parent_id) return;
   const double w = decode::is_high_rate(f->kind) ? p->high_rate_weight : 1.0;
@@ -557,23 +561,50 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
   for (auto& [stack_id, frames] : pending)
     for (auto& f : frames)
       if (f.name.empty()) by_file[{f.open_path, f.path, f.build_id}].push_back(&f);
+  if (known_function_count_ >= kMaxKnownFunctions) {
+    known_functions_.clear();
+    known_function_count_ = 0;
+  }
   for (auto& [file, frames] : by_file) {
     const auto& [open_path, path, build_id] = file;
+    auto& known = known_functions_[{path, build_id}];
+    auto name_frame = [&](PendingFrame& f, const std::string& name) {
+      f.name = name.empty() ? fmt::format("{}+{:#x}", report::base_name(path), f.offset) : name;
+    };
+    std::vector<PendingFrame*> unknown;
+    for (auto* f : frames) {
+      auto it = known.upper_bound(f->offset);
+      if (it != known.begin() && f->offset < std::prev(it)->second.first)
+        name_frame(*f, std::prev(it)->second.second);
+      else
+        unknown.push_back(f);
+    }
+    if (unknown.empty()) continue;
     std::vector<uint64_t> offsets;
-    for (const auto* f : frames) offsets.push_back(f->offset);
-    std::vector<std::string> names;
+    for (const auto* f : unknown) offsets.push_back(f->offset);
+    std::vector<symbolize::OffsetName> names;
+    bool read = false;
     for (const auto& candidate : {open_path, path}) {
       try {
         names = symbolize::name_offsets(candidate, build_id, offsets);
+        read = true;
         break;
       } catch (const std::exception&) {
         // The process is gone (its root with it), or the file changed: try the host's path.
       }
     }
-    names.resize(frames.size());
-    for (size_t i = 0; i < frames.size(); ++i)
-      frames[i]->name = names[i].empty() ? fmt::format("{}+{:#x}", report::base_name(path), frames[i]->offset)
-                                         : std::move(names[i]);
+    names.resize(unknown.size());
+    for (size_t i = 0; i < unknown.size(); ++i) {
+      auto& n = names[i];
+      if (read && !build_id.empty()) {
+        // Remembered (a file told apart from another at its path by its build id): a function
+        // over its range, or that this offset is in none.
+        const uint64_t start = n.name.empty() ? unknown[i]->offset : n.start;
+        const uint64_t end = n.name.empty() ? unknown[i]->offset + 1 : n.end;
+        if (known.try_emplace(start, end, n.name).second) ++known_function_count_;
+      }
+      name_frame(*unknown[i], n.name);
+    }
   }
   std::map<std::string, std::pair<std::string, int64_t>> sources;
   for (auto& [stack_id, frames] : pending) {

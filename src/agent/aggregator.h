@@ -33,6 +33,9 @@ struct AggregatorLimits {
 struct ProbeHits {
   uint64_t entries = 0;  // uprobe hits
   uint64_t returns = 0;  // uretprobe hits (costlier)
+  // Of those, the hits of high-rate probes (the ones the budget switches).
+  uint64_t high_rate_entries = 0;
+  uint64_t high_rate_returns = 0;
 };
 
 // One process's profiles for one window, ready for pprof.
@@ -166,6 +169,13 @@ class Aggregator final : public store::EventSink {
   std::mutex profile_mu_;  // take_profiles; guards names_cache_
   std::unordered_map<int64_t, std::vector<std::string>> names_cache_;  // stack id -> names, outermost first
   uint64_t names_epoch_ = 0;
+  // Functions named before, kept across windows so that a new stack through known functions
+  // (CPU samples land at ever new offsets in the same hot ones) costs no pass over a library's
+  // symbols. By (file, build id): start offset -> (end, name); offsets in no function are kept
+  // as an empty name over [offset, offset + 1). At most kMaxKnownFunctions in all.
+  static constexpr size_t kMaxKnownFunctions = 20000;
+  std::map<std::pair<std::string, std::string>, std::map<uint64_t, std::pair<uint64_t, std::string>>> known_functions_;
+  size_t known_function_count_ = 0;
   std::atomic<uint64_t> stack_epoch_{0};
   int64_t kernel_module_ = 0, python_module_ = 0, truncated_module_ = 0;
   std::map<uint32_t, GpuLatest> gpus_;

@@ -35,10 +35,9 @@ double BudgetController::ProcessState::observed_ratio() const {
 BudgetController::BudgetController(const BudgetConfig& cfg, Aggregator& agg, SwitchFn switch_probes)
     : cfg_(cfg), agg_(agg), switch_(std::move(switch_probes)) {}
 
-double BudgetController::hits_cost_ns(const ProbeHits& from, const ProbeHits& to) const {
-  const double calls = double(to.entries - from.entries);
-  const double with_return = double(to.returns - from.returns);
-  return (calls - with_return) * cfg_.entry_hit_ns + with_return * cfg_.return_hit_ns;
+double BudgetController::hits_cost_ns(uint64_t entries, uint64_t returns) const {
+  const double with_return = double(std::min(returns, entries));
+  return (double(entries) - with_return) * cfg_.entry_hit_ns + with_return * cfg_.return_hit_ns;
 }
 
 void BudgetController::add_process(pid_t pid, uint64_t now_ns) {
@@ -65,15 +64,19 @@ void BudgetController::tick(uint64_t now_ns) {
     const double cpu_delta = cpu > st.last_cpu_ns ? double(cpu - st.last_cpu_ns) : 0;
     const auto h = hits.find(uint32_t(pid));
     const ProbeHits now_hits = h != hits.end() ? h->second : st.last_hits;
-    const double added = hits_cost_ns(st.last_hits, now_hits);
+    const double high_added = hits_cost_ns(now_hits.high_rate_entries - st.last_hits.high_rate_entries,
+                                           now_hits.high_rate_returns - st.last_hits.high_rate_returns);
+    const double added = hits_cost_ns(now_hits.entries - st.last_hits.entries, now_hits.returns - st.last_hits.returns);
     st.cpu_ns_total += cpu_delta;
     st.added_ns_total += added;
+    st.acc_cpu_ns += cpu_delta;
+    st.acc_high_added_ns += high_added;
+    st.acc_low_added_ns += std::max(0.0, added - high_added);
     // Probes switch only at ticks: the whole tick was on, or off.
     if (st.on) {
       st.on_ns += dt;
       st.acc_on_wall_ns += dt;
       st.acc_on_cpu_ns += cpu_delta;
-      st.acc_on_added_ns += added;
     }
     st.last_cpu_ns = cpu;
     st.last_hits = now_hits;
@@ -83,11 +86,18 @@ void BudgetController::tick(uint64_t now_ns) {
     if (cfg_.budget >= 1) {
       st.duty = 1;  // no limit
     } else if (st.acc_on_wall_ns >= 1'000'000'000) {
-      const double wanted = st.acc_on_added_ns > 0 ? cfg_.budget * st.acc_on_cpu_ns / st.acc_on_added_ns : 1.0;
+      // The always-on probes take their share of the budget first; the high-rate ones cost
+      // `per_on` of the CPU time while on, so on for (budget - that share) / per_on of the time.
+      // High-rate records reach the agent a poll or two late: those that arrive in an off
+      // period belong to the on-time before it, and are counted there, not lost.
+      const double low_share = st.acc_cpu_ns > 0 ? st.acc_low_added_ns / st.acc_cpu_ns : 0;
+      const double per_on = st.acc_on_cpu_ns > 0 ? st.acc_high_added_ns / st.acc_on_cpu_ns
+                                                 : (st.acc_high_added_ns > 0 ? 1.0 : 0.0);
+      const double wanted = per_on > 0 ? std::max(0.0, cfg_.budget - low_share) / per_on : 1.0;
       // Lower at once; raise at most twofold per estimate (a burst may follow a quiet spell).
       st.duty = std::clamp(wanted < st.duty ? wanted : std::min(wanted, st.duty * 2), kMinDuty, 1.0);
       st.acc_on_wall_ns = 0;
-      st.acc_on_cpu_ns = st.acc_on_added_ns = 0;
+      st.acc_on_cpu_ns = st.acc_cpu_ns = st.acc_high_added_ns = st.acc_low_added_ns = 0;
     }
 
     // Where in the cycle: on for duty * cycle, off for the rest.

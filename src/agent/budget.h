@@ -55,9 +55,11 @@ class BudgetController {
     ProbeHits last_hits;
     double cpu_ns_total = 0;    // the process's CPU time while tracked
     double added_ns_total = 0;  // estimated probe cost in that time
-    // Since the last estimate of the duty: on-time, and CPU time and probe cost in it.
+    // Since the last estimate of the duty: on-time and the CPU time in it; all CPU time; the
+    // cost of high-rate hits (whenever their records arrive: some come after the switch-off)
+    // and of the always-on probes' hits.
     uint64_t acc_on_wall_ns = 0;
-    double acc_on_cpu_ns = 0, acc_on_added_ns = 0;
+    double acc_on_cpu_ns = 0, acc_cpu_ns = 0, acc_high_added_ns = 0, acc_low_added_ns = 0;
     double observed_ratio() const;
   };
   const std::map<pid_t, ProcessState>& processes() const { return state_; }
@@ -69,7 +71,7 @@ class BudgetController {
   // a process costlier than that shows it in gpuscope_probe_overhead_ratio.
   static constexpr double kMinDuty = 0.01;
   static constexpr double kMinAgentFactor = 0.05;
-  double hits_cost_ns(const ProbeHits& from, const ProbeHits& to) const;
+  double hits_cost_ns(uint64_t entries, uint64_t returns) const;
 
   BudgetConfig cfg_;
   double agent_factor_ = 1;  // applied to every process's duty (see note_agent_cpu)

@@ -45,10 +45,15 @@ void Pipeline::end_batch() {
       queued_bytes_ += filling_.size();
       queue_.push_back(std::move(filling_));
     }
+    // A buffer the pipeline is done with, rather than a new megabyte for each poll.
+    if (!spare_.empty()) {
+      filling_ = std::move(spare_.back());
+      spare_.pop_back();
+    }
   }
   cv_.notify_one();
-  filling_ = {};
-  filling_.reserve(1 << 20);
+  filling_.clear();
+  if (filling_.capacity() < (1 << 20)) filling_.reserve(1 << 20);
   filling_records_ = 0;
 }
 
@@ -118,6 +123,14 @@ void Pipeline::run() {
       // A store failure (disk full) must not take the recording down silently: say it once
       // per batch and keep consuming so the ring buffer never backs up into the targets.
       log_error("writing the record failed: {}", e.what());
+    }
+    {
+      std::lock_guard lock(mu_);
+      for (auto& batch : work) {
+        if (spare_.size() >= kMaxSpareBatches || batch.capacity() > cfg_.max_batch_bytes * 2) break;
+        batch.clear();
+        spare_.push_back(std::move(batch));
+      }
     }
     if (done && work.empty()) {
       std::lock_guard lock(mu_);

@@ -129,6 +129,8 @@ class Pipeline {
 
   // Ring-buffer thread side.
   std::vector<uint8_t> filling_;
+  static constexpr size_t kMaxSpareBatches = 4;
+  std::vector<std::vector<uint8_t>> spare_;  // processed batches' buffers, for end_batch to refill (under mu_)
   uint64_t filling_records_ = 0;
 
   mutable std::mutex mu_;

@@ -133,7 +133,7 @@ void Tracer::start() {
   consuming_ = true;
   consumer_ = std::thread([this] {
     while (consuming_.load(std::memory_order_relaxed)) {
-      bpf_->poll(20);
+      bpf_->poll(opts_.poll_ms);
       pipeline_->end_batch();
     }
   });

@@ -48,6 +48,10 @@ struct TracerOptions {
   bool high_rate_per_process = false;
   int cpu_profile_hz = 0;  // 0: no CPU sampling
   uint32_t ringbuf_mb = 64;
+  // How long the ring buffer's reader sleeps when no one wakes it: the BPF side wakes it once
+  // the buffer holds a share of its size (submit_flags), so this bounds only how late a
+  // trickle of records arrives, and how often an idle tracer wakes.
+  int poll_ms = 20;
   uint32_t stack_map_entries = 32768;  // of each BPF stack map
   double gpu_sample_hz = 0;  // NVML samples per second; 0: off
   bool quiet = false;

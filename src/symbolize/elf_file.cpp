@@ -305,8 +305,8 @@ std::string demangle(const std::string& name) {
   return status == 0 && out ? std::string(out.get()) : name;
 }
 
-std::vector<std::string> name_offsets(const std::string& path, const std::string& expected_build_id,
-                                      const std::vector<uint64_t>& file_offsets) {
+std::vector<OffsetName> name_offsets(const std::string& path, const std::string& expected_build_id,
+                                     const std::vector<uint64_t>& file_offsets) {
   ElfHandle h(path);
   Elf* elf = h.get();
   if (!expected_build_id.empty() && build_id_of(elf) != expected_build_id)
@@ -328,7 +328,7 @@ std::vector<std::string> name_offsets(const std::string& path, const std::string
   for (size_t i = 0; i < file_offsets.size(); ++i) sorted.emplace_back(file_offsets[i], i);
   std::sort(sorted.begin(), sorted.end());
   struct Best {
-    uint64_t start = 0;
+    uint64_t start = 0, end = 0;
     int rank = -1;
     std::string name;
   };
@@ -343,6 +343,7 @@ std::vector<std::string> name_offsets(const std::string& path, const std::string
         Best& b = best[size_t(it - sorted.begin())];
         if (start > b.start || b.rank < 0 || (start == b.start && s.rank > b.rank)) {
           b.start = start;
+          b.end = end;
           b.rank = s.rank;
           b.name.assign(s.name);
         }
@@ -351,9 +352,9 @@ std::vector<std::string> name_offsets(const std::string& path, const std::string
     }
     return true;
   });
-  std::vector<std::string> out(file_offsets.size());
+  std::vector<OffsetName> out(file_offsets.size());
   for (size_t i = 0; i < sorted.size(); ++i)
-    if (!best[i].name.empty()) out[sorted[i].second] = demangle(best[i].name);
+    if (!best[i].name.empty()) out[sorted[i].second] = {demangle(best[i].name), best[i].start, best[i].end};
   return out;
 }
 

@@ -82,8 +82,12 @@ std::unordered_map<std::string, ElfObject> object_symbols(const std::string& pat
 // large libraries now and then and must stay small (the agent): ElfFile indexes every symbol,
 // which for libtorch is over a hundred megabytes. Checks the build id when one is expected.
 // Throws std::runtime_error for an unreadable file or another build.
-std::vector<std::string> name_offsets(const std::string& path, const std::string& expected_build_id,
-                                      const std::vector<uint64_t>& file_offsets);
+struct OffsetName {
+  std::string name;               // demangled; "" where no function contains the offset
+  uint64_t start = 0, end = 0;    // the function's file offsets: it names every offset in [start, end)
+};
+std::vector<OffsetName> name_offsets(const std::string& path, const std::string& expected_build_id,
+                                     const std::vector<uint64_t>& file_offsets);
 // The GNU build id of a file as hex, "" if it has none or cannot be read. Cheap: no symbols read.
 std::string read_build_id(const std::string& path);
 

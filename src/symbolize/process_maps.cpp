@@ -9,9 +9,12 @@
 namespace gpuscope::symbolize {
 namespace {
 
-// Addresses outside any file (JIT code, a process already gone) would otherwise make every
-// lookup re-read /proc.
+// Addresses outside any file (JIT code, a process already gone, a frame-pointer walk gone
+// astray in code built without them) would otherwise make every lookup re-read /proc, which
+// for a PyTorch process is thousands of lines: a miss re-reads the maps at most this often,
+// the interval doubling while re-reading does not find the address and reset once it does.
 constexpr uint64_t kMinRefreshIntervalNs = 20'000'000;
+constexpr uint64_t kMaxRefreshIntervalNs = 2'000'000'000;
 // How long openable_path's answer for a (process, file) is reused: it changes only when the
 // process exits (its root goes), and asking costs a path walk in the kernel per frame.
 constexpr uint64_t kOpenablePathTtlNs = 1'000'000'000;
@@ -53,11 +56,16 @@ std::optional<ModuleAddress> ProcessMaps::resolve(pid_t pid, uint64_t addr) {
     std::lock_guard lock(mu_);
     if (auto r = lookup(pid, addr)) return r;
     auto last = last_refresh_ns_.find(pid);
-    if (last != last_refresh_ns_.end() && monotonic_ns() - last->second < kMinRefreshIntervalNs) return std::nullopt;
+    const auto interval = miss_refresh_interval_ns_.find(pid);
+    const uint64_t wait = interval == miss_refresh_interval_ns_.end() ? kMinRefreshIntervalNs : interval->second;
+    if (last != last_refresh_ns_.end() && monotonic_ns() - last->second < wait) return std::nullopt;
   }
   if (!refresh(pid)) return std::nullopt;
   std::lock_guard lock(mu_);
-  return lookup(pid, addr);
+  auto r = lookup(pid, addr);
+  uint64_t& interval = miss_refresh_interval_ns_.try_emplace(pid, kMinRefreshIntervalNs).first->second;
+  interval = r ? kMinRefreshIntervalNs : std::min(interval * 2, kMaxRefreshIntervalNs);
+  return r;
 }
 
 std::vector<discover::Mapping> ProcessMaps::mappings(pid_t pid) {
@@ -73,6 +81,7 @@ void ProcessMaps::forget_before(pid_t pid, uint64_t ts_ns) {
   if (it == last_refresh_ns_.end() || it->second >= ts_ns) return;
   maps_.erase(pid);
   last_refresh_ns_.erase(it);
+  miss_refresh_interval_ns_.erase(pid);
   open_paths_.erase(pid);
 }
 
@@ -80,6 +89,7 @@ void ProcessMaps::forget(pid_t pid) {
   std::lock_guard lock(mu_);
   maps_.erase(pid);
   last_refresh_ns_.erase(pid);
+  miss_refresh_interval_ns_.erase(pid);
   open_paths_.erase(pid);
 }
 

@@ -46,6 +46,7 @@ class ProcessMaps {
   mutable std::mutex mu_;
   std::unordered_map<pid_t, std::vector<discover::Mapping>> maps_;
   std::unordered_map<pid_t, uint64_t> last_refresh_ns_;
+  std::unordered_map<pid_t, uint64_t> miss_refresh_interval_ns_;  // see kMinRefreshIntervalNs
   // openable_path's recent answers, by process and path: (answer, when asked).
   mutable std::unordered_map<pid_t, std::unordered_map<std::string, std::pair<std::string, uint64_t>>> open_paths_;
 };

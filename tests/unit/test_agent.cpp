@@ -313,6 +313,52 @@ TEST(Budget, DutyFollowsWhatTheProbesCostAgainstTheProcessCpu) {
   EXPECT_EQ(switches.back(), std::make_pair(pid, false));
 }
 
+// Burns about `ns` of this process's CPU time; returns what it burnt.
+static uint64_t burn_cpu(uint64_t ns) {
+  const uint64_t cpu0 = agent::process_cpu_ns(getpid());
+  volatile uint64_t x = 0;
+  while (agent::process_cpu_ns(getpid()) - cpu0 < ns) x = x + 1;
+  return agent::process_cpu_ns(getpid()) - cpu0;
+}
+
+TEST(Budget, AlwaysOnProbesTakeTheirShareAndLateHitsStillCount) {
+  agent::Aggregator agg({}, 0);
+  const pid_t pid = getpid();
+  agent::BudgetConfig cfg;
+  cfg.budget = 0.01;
+  cfg.entry_hit_ns = 1000;
+  cfg.return_hit_ns = 1000;
+  agent::BudgetController budget(cfg, agg, [](pid_t, bool on) { return on; });
+  agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
+  uint64_t now = 1'000'000'000;
+  budget.add_process(pid, now);
+  auto hits = [&](const char* func, uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i) agg.add_call(call(uint32_t(pid), func));
+  };
+  // Launches cost 5% of the CPU time while on, the always-on probes 0.5%: the launches get
+  // what is left of the 1%, on (1% - 0.5%) / 5% = 10% of the time.
+  uint64_t burnt = burn_cpu(1'000'000'000);
+  hits("cudaLaunchKernel", burnt / 20 / 1000);
+  hits("cudaDeviceSynchronize", burnt / 200 / 1000);
+  now += 1'050'000'000;
+  budget.tick(now);
+  EXPECT_NEAR(budget.processes().at(pid).duty, 0.1, 0.02);
+  EXPECT_FALSE(budget.processes().at(pid).on);
+  // Launch records that arrive after the switch-off belong to the on-time before it: here,
+  // the next on-period's launches all arrive late, costing 10% of its CPU time.
+  hits("cudaLaunchKernel", burnt / 10 / 1000);
+  now += 500'000'000;
+  budget.tick(now);
+  now += 9'000'000'000;
+  budget.tick(now);  // the next cycle: on
+  ASSERT_TRUE(budget.processes().at(pid).on);
+  burnt = burn_cpu(1'000'000'000);
+  now += 1'050'000'000;
+  budget.tick(now);
+  // 1% / 10%; had the late hits been dropped, the period would look free and the duty double.
+  EXPECT_LT(budget.processes().at(pid).duty, 0.15);
+}
+
 TEST(NameOffsets, AgreesWithTheIndexedFileAndKeepsNothing) {
   // This test binary: its own functions, named by the full index and by the one-pass reader.
   const std::string exe = fs::read_symlink("/proc/self/exe");
@@ -327,8 +373,11 @@ TEST(NameOffsets, AgreesWithTheIndexedFileAndKeepsNothing) {
   for (size_t i = 0; i + 1 < wanted.size(); ++i) {
     const auto indexed = elf->symbolize(wanted[i]);
     ASSERT_TRUE(indexed);
-    EXPECT_EQ(names[i], symbolize::demangle(indexed->first.name));
+    EXPECT_EQ(names[i].name, symbolize::demangle(indexed->first.name));
+    EXPECT_EQ(names[i].start, indexed->first.file_offset);
+    EXPECT_EQ(names[i].start, wanted[i] - 1);
+    EXPECT_GT(names[i].end, wanted[i]);
   }
-  EXPECT_EQ(names.back(), "");
+  EXPECT_EQ(names.back().name, "");
   EXPECT_THROW(symbolize::name_offsets(exe, "00ff", wanted), std::runtime_error);  // another build
 }

@@ -468,6 +468,7 @@ int Agent::run() {
   // second (the health gauges read them anyway).
   topts.poll_ms = 100;
   topts.pipeline.commit_interval_ns = 1'000'000'000;
+  topts.pipeline.lazy_registration_names = true;
   // A new stack is also lost when its bucket in the map holds another one, with a chance equal
   // to the map's occupancy: recycled at 1/32 full, the maps lose 1.5% of new stacks on average.
   // A recycle costs two system calls per entry emptied, and the stacks still in use are read

@@ -75,9 +75,9 @@ void Tracker::update_state(ProcessState& p, const CallEvent& e) {
       break;
     case CallKind::KernelLookup:
       if (f->sig == Signature::RegisterFunction) {
-        if (!e.name.empty()) p.stub_names[e.kernel_handle] = e.name;
+        if (!e.name.empty() || e.name_addr) p.stub_names[e.kernel_handle] = {e.name, e.name.empty() ? e.name_addr : 0};
       } else if (f->sig == Signature::NamedLookup) {
-        if (e.out_valid && !e.name.empty()) p.handle_names[e.out_handle] = e.name;
+        if (e.out_valid && !e.name.empty()) p.handle_names[e.out_handle] = {e.name, 0};
       } else if (e.out_valid) {  // cuKernelGetFunction: the function is named as its kernel
         auto it = p.handle_names.find(e.kernel_handle);
         if (it != p.handle_names.end()) p.handle_names[e.out_handle] = it->second;
@@ -88,13 +88,23 @@ void Tracker::update_state(ProcessState& p, const CallEvent& e) {
   }
 }
 
-std::string Tracker::kernel_name(const CallEvent& e) const {
+const Tracker::KernelName* Tracker::find_kernel_name(const CallEvent& e) const {
   auto pit = processes_.find(e.pid);
-  if (pit == processes_.end()) return {};
+  if (pit == processes_.end()) return nullptr;
   const FunctionSpec* f = function_by_id(e.func);
   const auto& names = (f && f->api == Api::Runtime) ? pit->second.stub_names : pit->second.handle_names;
   auto it = names.find(e.kernel_handle);
-  return it == names.end() ? std::string{} : it->second;
+  return it == names.end() ? nullptr : &it->second;
+}
+
+std::string Tracker::kernel_name(const CallEvent& e) const {
+  const KernelName* k = find_kernel_name(e);
+  return k ? k->name : std::string{};
+}
+
+uint64_t Tracker::kernel_name_addr(const CallEvent& e) const {
+  const KernelName* k = find_kernel_name(e);
+  return k && k->name.empty() ? k->addr : 0;
 }
 
 void Tracker::settle_runtime_launch(ThreadState& t, CallEvent* driver_launch,

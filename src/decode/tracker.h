@@ -48,8 +48,20 @@ class Tracker {
 
   // Kernel name for a launch, from registrations and lookups seen so far; "" if unknown.
   std::string kernel_name(const CallEvent& launch) const;
+  // Where in the process the launch's kernel name is, when it was learnt from a registration
+  // whose name was not read (a CallEvent with name_addr and no name: see lazy names in
+  // record::PipelineConfig); 0 if none.
+  uint64_t kernel_name_addr(const CallEvent& launch) const;
 
  private:
+  // A kernel's name, or where it is in the process (a registration's string literal, read only
+  // if the kernel is launched: PyTorch registers tens of thousands and launches a few hundred).
+  struct KernelName {
+    std::string name;
+    uint64_t addr = 0;
+  };
+  const KernelName* find_kernel_name(const CallEvent& launch) const;
+
   struct ThreadState {
     // A runtime launch is held until the thread's next call: if that is the driver launch
     // it made, the two are tied (and each can name the other's kernel).
@@ -59,8 +71,8 @@ class Tracker {
   struct ProcessState {
     bool complete_history = false;
     AllocationMap allocations;
-    std::unordered_map<uint64_t, std::string> stub_names;     // host stub -> device function
-    std::unordered_map<uint64_t, std::string> handle_names;   // CUfunction / CUkernel -> name
+    std::unordered_map<uint64_t, KernelName> stub_names;     // host stub -> device function
+    std::unordered_map<uint64_t, KernelName> handle_names;   // CUfunction / CUkernel -> name
   };
 
   void resolve_copy(ProcessState& p, CallEvent& e) const;

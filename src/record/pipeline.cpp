@@ -181,7 +181,9 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       CallEvent e;
       if (!decode::decode_call(rec, e)) return;
       if (rec.flags & GS_CALL_STACK_COPIED) e.stack_id = take_sent_stack(rec.pid, rec.tid, rec.ts_ns, e.py_stack);
-      if (e.name_addr) {
+      if (e.name_addr && cfg_.lazy_registration_names && is_registration(e)) {
+        e.name.clear();  // the Tracker keeps name_addr, read at the kernel's first launch
+      } else if (e.name_addr) {
         e.name = read_name(e.pid, e.name_addr, e.name);
         if (e.name.empty()) ++names_unread_;
       }
@@ -290,6 +292,11 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
   }
 }
 
+bool Pipeline::is_registration(const CallEvent& e) {
+  const auto* f = decode::function_by_id(e.func);
+  return f && f->sig == decode::Signature::RegisterFunction;
+}
+
 void Pipeline::note_process(uint32_t pid, uint64_t ts_ns) {
   if (!known_processes_.insert(pid).second) return;
   maps_.refresh(pid);
@@ -311,9 +318,16 @@ void Pipeline::emit(CallEvent& e) {
   ++calls_since_commit_;
 }
 
-const std::string& Pipeline::build_id_of(const std::string& open_path) {
-  auto it = build_ids_.find(open_path);
-  if (it == build_ids_.end()) it = build_ids_.emplace(open_path, symbolize::read_build_id(open_path)).first;
+// ProcessMaps reuses its answer to where a file can be opened for a while, so a process that
+// has just exited may still be given its root's path: then the file is read at the path it
+// had, as openable_path would have said.
+const std::string& Pipeline::readable_path(const symbolize::ModuleAddress& m) {
+  return m.open_path == m.path || access(m.open_path.c_str(), R_OK) == 0 ? m.open_path : m.path;
+}
+
+const std::string& Pipeline::build_id_of(const symbolize::ModuleAddress& m) {
+  auto it = build_ids_.find(m.open_path);
+  if (it == build_ids_.end()) it = build_ids_.emplace(m.open_path, symbolize::read_build_id(readable_path(m))).first;
   return it->second;
 }
 
@@ -325,7 +339,7 @@ std::string Pipeline::read_name(uint32_t pid, uint64_t addr, const std::string& 
     // The process is gone: the name is in its file, where the mapping says.
     auto m = maps_.resolve(pid, addr);
     if (!m) return partial;
-    std::ifstream in(m->open_path, std::ios::binary);
+    std::ifstream in(readable_path(*m), std::ios::binary);
     in.seekg(static_cast<std::streamoff>(m->file_offset));
     in.read(buf, sizeof(buf) - 1);
   }
@@ -483,7 +497,7 @@ int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ip
     f.ip = ip;
     bool eval = false;
     if (auto m = maps_.resolve(pid, ip)) {
-      f.module_id = sink_.intern_module(m->path, build_id_of(m->open_path));
+      f.module_id = sink_.intern_module(m->path, build_id_of(*m));
       f.offset = m->file_offset;
       eval = py_stack && python_.is_eval_loop(static_cast<pid_t>(pid), m->path, m->file_offset);
     }
@@ -512,12 +526,18 @@ int64_t Pipeline::resolve_kernel(const CallEvent& e) {
   if (cached != ids.end() && cached->second) return cached->second;
   std::string name = tracker_.kernel_name(e);
   if (name.empty()) {
+    if (const uint64_t addr = tracker_.kernel_name_addr(e)) {
+      name = read_name(e.pid, addr, "");
+      if (name.empty()) ++names_unread_;
+    }
+  }
+  if (name.empty()) {
     if (cached != ids.end()) return 0;  // the symbol table was already asked
     // No registration or lookup seen (attached to a running process): the runtime's host
     // stub is a function of the program, named like the kernel.
     if (f->api == decode::Api::Runtime) {
       if (auto m = maps_.resolve(e.pid, e.kernel_handle)) {
-        auto frame = symbolizer_.resolve(m->open_path, build_id_of(m->open_path), m->file_offset);
+        auto frame = symbolizer_.resolve(readable_path(*m), build_id_of(*m), m->file_offset);
         if (!frame.function.empty() && frame.offset_in_function == 0) name = frame.raw_function;
       }
     }

@@ -41,6 +41,10 @@ struct PipelineConfig {
   // Every new program is noted (read from /proc, given to the sink), not only those that make
   // CUDA calls: a recording of the whole host names them all; the agent does not.
   bool note_every_exec = true;
+  // Kernel registrations' names (too long for the record's copy) are read from the process
+  // only when the kernel is first launched, not at the registration: the calls' rows then
+  // lack the names of registered kernels, which the agent does not keep anyway.
+  bool lazy_registration_names = false;
   // Recycle the BPF stack maps once the current generation's is this full (0: never; needs
   // the session's stack_generations). See recycle_stacks.
   double recycle_stacks_at = 0;
@@ -92,6 +96,7 @@ class Pipeline {
   void note_thread(uint32_t tid, uint32_t pid, const std::string& comm);
   // ts_ns: the record's, taken before its stacks were captured (see StackGenerations::expired).
   int64_t resolve_user_stack(uint32_t pid, int32_t bpf_stack_id, uint64_t py_stack, uint64_t ts_ns);
+  static bool is_registration(const CallEvent& e);
   int64_t take_sent_stack(uint32_t pid, uint32_t tid, uint64_t ts_ns, uint64_t py_stack);
   // Stores a native stack (innermost first) merged with the thread's Python stack, if any; a
   // native walk cut short gets its truncation marker.
@@ -114,7 +119,8 @@ class Pipeline {
   void recycle_stacks(uint64_t taken_ns);
   bool stack_expired(int32_t bpf_stack_id, uint64_t ts_ns);
   int64_t resolve_kernel(const CallEvent& e);
-  const std::string& build_id_of(const std::string& open_path);
+  static const std::string& readable_path(const symbolize::ModuleAddress& m);
+  const std::string& build_id_of(const symbolize::ModuleAddress& m);
   // A name in the target's memory (or, once it is gone, its file); `partial` if neither reads.
   std::string read_name(uint32_t pid, uint64_t addr, const std::string& partial);
   void write_lost();

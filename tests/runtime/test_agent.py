@@ -145,6 +145,22 @@ def test_prometheus_scrapes_calls_gpus_and_health(agent, prometheus):
     assert not series(a.metrics(), "gpuscope_kernel_launches_total", comm="cuda_ops")
 
 
+def test_long_kernel_names_are_read_at_the_first_launch(agent, prometheus):
+    # Registration names longer than the record's copy are read from the process only when the
+    # kernel is launched (PyTorch registers tens of thousands of kernels and launches a few
+    # hundred); the name is whole all the same.
+    a = agent("budget: 1\ngpu_sample_hz: 0\ninterval: 2s\n")
+    prom = prometheus(a.url.removeprefix("http://"))
+    prom.wait_for('gpuscope_agent_budget_ratio')
+    run = cuda_ops("--iterations", 2, "--long-name", 1)
+    assert run.returncode == 3, run.stderr
+    launches = prom.wait_for('max_over_time(gpuscope_kernel_launches_total{comm="cuda_ops"}[5m])')
+    by_kernel = {dict(k)["kernel"]: v for k, v in launches.items()}
+    assert by_kernel == {"vecAdd": 2, "scale<float>": 2,
+                         "gpuscope_targets::kernel_with_a_name_longer_than_the_copy_in_the_call_record<128>": 2}, by_kernel
+    assert sum(series(a.metrics(), "gpuscope_agent_lost_events_total")) == 0
+
+
 def test_container_and_pod_labels_from_the_cgroup(agent, tmp_path):
     """A process in a cgroup named as kubelet and containerd name them, with the containerd
     bundle's annotations under the agent's host_root, is labelled with its pod and namespace."""

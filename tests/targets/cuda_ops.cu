@@ -2,7 +2,9 @@
 // Without a GPU every call fails ("driver insufficient"), but each is a real call into the
 // real libcudart, so its probes fire with these exact arguments.
 //
-//   cuda_ops [--iterations N] [--threads T] [--sleep-ms MS] [--wait-file PATH]
+//   cuda_ops [--iterations N] [--threads T] [--sleep-ms MS] [--wait-file PATH] [--long-name 1]
+// --long-name 1: also launches a kernel whose mangled name is longer than the call record's
+// copy of a registration's name, so the name must be read from the process.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -26,9 +28,18 @@ __global__ void scale(T* x, T factor, int n) {
   if (i < n) x[i] *= factor;
 }
 
+namespace gpuscope_targets {
+template <int Block>
+__global__ void kernel_with_a_name_longer_than_the_copy_in_the_call_record(float* x, int n) {
+  int i = blockIdx.x * Block + threadIdx.x;
+  if (i < n) x[i] += 1;
+}
+}  // namespace gpuscope_targets
+
 namespace {
 
 constexpr size_t kMiB = 1 << 20;
+bool long_name_kernel = false;
 
 __attribute__((noinline)) void launch_kernels(float* a, float* b, float* c, cudaStream_t stream) {
   vecAdd<<<dim3(4, 2, 1), dim3(128, 1, 1)>>>(a, b, c, 1024);
@@ -54,6 +65,8 @@ void work(int iterations) {
     copy_data(a, pinned, pageable.data());
     cudaMemset(c, 0, 4 * kMiB);
     launch_kernels(a, b, c, nullptr);
+    if (long_name_kernel)
+      gpuscope_targets::kernel_with_a_name_longer_than_the_copy_in_the_call_record<128><<<8, 128>>>(c, 1024);
     cudaStreamSynchronize(nullptr);
   }
   cudaDeviceSynchronize();
@@ -72,6 +85,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--sleep-ms")) sleep_ms = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--wait-file")) wait_file = argv[i + 1];
+    else if (!strcmp(argv[i], "--long-name")) long_name_kernel = atoi(argv[i + 1]) != 0;
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
   // --wait-file: poll until the file exists (a test attaches with --pid, then creates it).

@@ -204,6 +204,33 @@ TEST_F(TrackerTest, DriverLaunchNestsUnderRuntimeLaunchAndInheritsItsName) {
   EXPECT_EQ(t.kernel_name(out[2]), "_Z6kernelv");  // learnt from the runtime launch
 }
 
+TEST_F(TrackerTest, UnreadRegistrationNamesAreKeptAsAddressesAndTaughtToTheDriver) {
+  // The agent reads a long registration name only at the kernel's first launch: the Tracker
+  // keeps where it is, for runtime launches and (once tied) the driver launches they make.
+  Tracker t(true);
+  CallEvent reg = decoded(raw("__cudaRegisterFunction", {0, 0x401000, 0x7000, 0}, 1));
+  reg.name.clear();
+  reg.name_addr = 0x7000;
+  t.process(reg, emit);
+  t.process(decoded(raw("cudaLaunchKernel", {0x401000, pack(1, 1), 1, pack(1, 1), 1, 0, 0, 0}, 10)), emit);
+  t.process(decoded(raw("cuLaunchKernel", {0xf00, 1, 1, 1, 1, 1, 1, 0, 0}, 11)), emit);
+  t.process(decoded(raw("cuLaunchKernel", {0xf00, 1, 1, 1, 1, 1, 1, 0, 0}, 20)), emit);
+  t.flush(emit);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(t.kernel_name(out[1]), "");
+  EXPECT_EQ(t.kernel_name_addr(out[1]), 0x7000u);
+  EXPECT_EQ(t.kernel_name_addr(out[2]), 0x7000u);  // the driver handle learnt it
+  // A name that was read is the name; no address is offered then.
+  auto named = raw("__cudaRegisterFunction", {0, 0x402000, 0, 0}, 30);
+  std::strcpy(reinterpret_cast<char*>(named.deref), "_Z1kv");
+  named.flags |= GS_CALL_DEREF_OK;
+  t.process(decoded(named), emit);
+  t.process(decoded(raw("cudaLaunchKernel", {0x402000, pack(1, 1), 1, pack(1, 1), 1, 0, 0, 0}, 31)), emit);
+  t.flush(emit);
+  EXPECT_EQ(t.kernel_name(out.back()), "_Z1kv");
+  EXPECT_EQ(t.kernel_name_addr(out.back()), 0u);
+}
+
 TEST_F(TrackerTest, DriverCallsInsideARuntimeCallAreItsChildren) {
   Tracker t(true);
   // cudaMalloc [100, 200] calls cuMemAlloc_v2 [120, 150]; the return of the inner call comes first.

@@ -410,13 +410,13 @@ void Agent::enforce_memory_limit() {
 // one tuple of references: compared, and copied back, together.
 auto restart_only(AgentConfig& c) {
   return std::tie(c.listen, c.cpu_profile_hz, c.stacks, c.python_stacks, c.ringbuf_mb, c.gpu_sample_hz, c.host_root,
-                  c.max_kernel_names, c.stack_map_entries);
+                  c.max_kernel_names, c.stack_map_entries, c.gpu_process_sample_s);
 }
 
 void Agent::apply_live(AgentConfig c) {
   if (restart_only(c) != restart_only(cfg_))
     log_warn("reload: listen, cpu_profile_hz, stacks, python_stacks, ringbuf_mb, gpu_sample_hz, host_root, "
-             "max_kernel_names and stack_map_entries take effect at restart; the rest now");
+             "max_kernel_names, stack_map_entries and gpu_process_sample_interval take effect at restart; the rest now");
   const std::string token = read_token(c.bearer_token_file);
   std::lock_guard lock(mu_);
   token_ = token;
@@ -460,6 +460,7 @@ int Agent::run() {
   topts.dwarf_unwind_samples = false;  // frame pointers: no 16 KiB copy per sample in a daemon
   topts.ringbuf_mb = cfg_.ringbuf_mb;
   topts.gpu_sample_hz = cfg_.gpu_sample_hz;
+  topts.gpu_slow_sample_hz = 1 / cfg_.gpu_process_sample_s;
   topts.quiet = true;
   topts.pipeline.max_queued_bytes = 16u << 20;
   topts.pipeline.max_batch_bytes = 2u << 20;

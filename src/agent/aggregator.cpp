@@ -290,7 +290,14 @@ void Aggregator::set_lost(const std::string& cause, uint64_t count) {
 
 void Aggregator::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
   std::lock_guard lock(mu_);
-  for (const auto& s : b.samples) gpus_[s.device].sample = s;
+  for (const auto& s : b.samples) {
+    auto& gpu = gpus_[s.device].sample;
+    // PCIe throughput is read on slow ticks only: the last reading stands until the next.
+    auto tx = gpu.pcie_tx_kbs, rx = gpu.pcie_rx_kbs;
+    gpu = s;
+    if (!gpu.pcie_tx_kbs) gpu.pcie_tx_kbs = tx;
+    if (!gpu.pcie_rx_kbs) gpu.pcie_rx_kbs = rx;
+  }
   for (const auto& s : b.processes) gpu_processes_[{s.device, s.pid}] = s;
   for (const auto& e : b.events)
     if (e.kind == "xid") gpus_[e.device].xids[e.value] += 1;

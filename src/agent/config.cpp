@@ -74,7 +74,7 @@ AgentConfig load_config(const std::string& path, AgentConfig c) {
   check_keys(path, "", root,
              {"listen", "bearer_token_file", "protect_metrics", "budget", "interval", "otlp", "pyroscope",
               "max_kernel_names", "memory_limit_mb", "gpu_sample_hz", "cpu_profile_hz", "stacks", "python_stacks",
-              "ringbuf_mb", "host_root", "stack_map_entries", "agent_cpu_budget"});
+              "ringbuf_mb", "host_root", "stack_map_entries", "agent_cpu_budget", "gpu_process_sample_interval"});
   auto get = [&](const char* key, auto& out) {
     if (const auto n = root[key]) out = scalar<std::decay_t<decltype(out)>>(path, key, n);
   };
@@ -88,6 +88,8 @@ AgentConfig load_config(const std::string& path, AgentConfig c) {
   get("max_kernel_names", c.max_kernel_names);
   get("memory_limit_mb", c.memory_limit_mb);
   get("gpu_sample_hz", c.gpu_sample_hz);
+  if (const auto n = root["gpu_process_sample_interval"])
+    c.gpu_process_sample_s = parse_duration_s(scalar<std::string>(path, "gpu_process_sample_interval", n));
   get("cpu_profile_hz", c.cpu_profile_hz);
   get("stacks", c.stacks);
   get("python_stacks", c.python_stacks);
@@ -99,6 +101,8 @@ AgentConfig load_config(const std::string& path, AgentConfig c) {
   if (c.budget <= 0 || c.budget > 1) fail(path, at("budget"), "budget must be in (0, 1], e.g. 0.01 for 1%");
   if (c.cpu_profile_hz < 0 || c.cpu_profile_hz > 1000) fail(path, at("cpu_profile_hz"), "cpu_profile_hz must be 0..1000");
   if (c.profile_interval_s < 1) fail(path, at("interval"), "interval must be at least 1s");
+  if (c.gpu_process_sample_s <= 0 || c.gpu_process_sample_s > 3600)
+    fail(path, at("gpu_process_sample_interval"), "gpu_process_sample_interval must be in (0, 1h], e.g. 10s");
   if (c.memory_limit_mb < 32) fail(path, at("memory_limit_mb"), "memory_limit_mb must be at least 32");
   if (c.agent_cpu_budget <= 0 || c.agent_cpu_budget > 16)
     fail(path, at("agent_cpu_budget"), "agent_cpu_budget must be in (0, 16] cores, e.g. 0.01");

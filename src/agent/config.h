@@ -27,6 +27,9 @@ struct AgentConfig {
   // The agent's own CPU, as a share of one core: above it, every process is observed less.
   double agent_cpu_budget = 0.05;
   double gpu_sample_hz = 1;
+  // PCIe throughput and per-process GPU use are read this often: each read costs ~3 ms of CPU on
+  // an H100 (bench/nvml_refresh), a third of an idle agent's CPU if done every second.
+  double gpu_process_sample_s = 10;
   int cpu_profile_hz = 19;
   bool stacks = true;
   bool python_stacks = true;

@@ -385,12 +385,12 @@ std::vector<std::pair<std::string, double>> NvmlSampler::call_costs() const {
   return out;
 }
 
-void NvmlSampler::start(double hz, Sink sink) {
+void NvmlSampler::start(double hz, Sink sink, double slow_hz) {
   if (!lib_ || hz <= 0 || thread_.joinable()) return;
   stopping_ = false;
-  thread_ = std::thread([this, hz, sink = std::move(sink)] {
+  thread_ = std::thread([this, hz, slow_hz, sink = std::move(sink)] {
     const auto period = std::chrono::nanoseconds(static_cast<int64_t>(1e9 / hz));
-    const uint64_t slow_every = std::max<uint64_t>(1, uint64_t(hz / kSlowHz + 0.5));
+    const uint64_t slow_every = std::max<uint64_t>(1, uint64_t(hz / std::max(slow_hz, 1e-6) + 0.5));
     auto next = std::chrono::steady_clock::now();
     for (uint64_t tick = 0; !stopping_; ++tick) {
       sink(sample_once(tick % slow_every == 0));

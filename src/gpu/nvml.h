@@ -78,16 +78,16 @@ class NvmlSampler {
   std::string driver_version() const;
 
   // Samples every GPU `hz` times per second on a thread of its own, handing each tick's readings
-  // to `sink` (called on that thread).
-  void start(double hz, Sink sink);
+  // to `sink` (called on that thread); a tick in every hz / slow_hz is a slow one.
+  void start(double hz, Sink sink, double slow_hz = kSlowHz);
   void stop();
   // One tick's readings now (what the thread does each period); a slow tick also reads PCIe
   // throughput and each process's use.
   Batch sample_once(bool slow = true);
   // Mean wall time of each NVML query so far, microseconds (what a tick spends where).
   std::vector<std::pair<std::string, double>> call_costs() const;
-  // Slow ticks, at most this often: NVML takes ~20 ms per direction to measure PCIe throughput,
-  // and the per-process queries are the costliest of the rest (bench/nvml_refresh).
+  // Slow ticks, by default at most this often: NVML takes ~20 ms per direction to measure PCIe
+  // throughput, and the per-process queries are the costliest of the rest (bench/nvml_refresh).
   static constexpr double kSlowHz = 1;
 
  private:

@@ -302,7 +302,8 @@ void Tracer::start_gpu_metrics() {
   for (const auto& d : nvml_->devices()) sink_.add_gpu(d);
   sink_.set_meta("gpu_metrics", fmt::format("nvml, driver {}", nvml_->driver_version()));
   sink_.set_meta("gpu_sample_hz", fmt::format("{}", hz));
-  nvml_->start(hz, [this](gpu::NvmlSampler::Batch&& b) { pipeline_->add_gpu_batch(std::move(b)); });
+  nvml_->start(hz, [this](gpu::NvmlSampler::Batch&& b) { pipeline_->add_gpu_batch(std::move(b)); },
+               opts_.gpu_slow_sample_hz);
 }
 
 }  // namespace gpuscope::record

@@ -54,6 +54,7 @@ struct TracerOptions {
   int poll_ms = 20;
   uint32_t stack_map_entries = 32768;  // of each BPF stack map
   double gpu_sample_hz = 0;  // NVML samples per second; 0: off
+  double gpu_slow_sample_hz = 1;  // of which PCIe and per-process readings (see NvmlSampler::kSlowHz)
   bool quiet = false;
   PipelineConfig pipeline;
 };

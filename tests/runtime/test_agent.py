@@ -452,6 +452,7 @@ def test_sighup_reloads_the_config_and_a_bad_one_is_refused(agent):
     ("budget: 2\n", ":1: budget must be in (0, 1]"),
     ("otlp:\n  endpoint: collector:4318\n", "otlp url must start with http:// or https://"),
     ("interval: soon\n", "'soon' is not a duration"),
+    ("gpu_process_sample_interval: 0s\n", ":1: gpu_process_sample_interval must be in (0, 1h]"),
     ("bearer_token_file: /nonexistent/token\n", "cannot read a bearer token from /nonexistent/token"),
 ])
 def test_bad_config_is_one_line_and_exit_1(tmp_path, config, message):

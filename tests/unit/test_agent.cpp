@@ -123,7 +123,7 @@ TEST(AgentConfig, ReadsEveryKeyAndSaysWhereItIsWrong) {
   write(dir / "ok.yaml",
         "listen: 0.0.0.0:9500\nbudget: 0.02\ninterval: 30s\notlp:\n  endpoint: http://c:4318/v1/metrics\n"
         "  interval: 500ms\n  headers:\n    X-Tenant: a\npyroscope:\n  url: http://p:4040\nmax_kernel_names: 50\n"
-        "cpu_profile_hz: 0\n");
+        "cpu_profile_hz: 0\ngpu_process_sample_interval: 2m\n");
   const auto c = agent::load_config(dir / "ok.yaml");
   EXPECT_EQ(c.listen, "0.0.0.0:9500");
   EXPECT_DOUBLE_EQ(c.budget, 0.02);
@@ -136,6 +136,8 @@ TEST(AgentConfig, ReadsEveryKeyAndSaysWhereItIsWrong) {
   EXPECT_EQ(c.cpu_profile_hz, 0);
   EXPECT_EQ(c.memory_limit_mb, 100u);  // default kept
   EXPECT_EQ(c.stack_map_entries, 8192u);
+  EXPECT_DOUBLE_EQ(c.gpu_process_sample_s, 120);
+  EXPECT_DOUBLE_EQ(agent::AgentConfig{}.gpu_process_sample_s, 10);
 
   write(dir / "typo.yaml", "budget: 0.02\notlp:\n  endpiont: http://c\n");
   try {
@@ -268,6 +270,24 @@ TEST(Aggregator, StackTableIsBoundedAndOldIdsStayVoid) {
   const auto later = agg.take_profiles();
   EXPECT_TRUE(later.empty() || later[0].cpu.stacks.empty());
   EXPECT_NE(agg.intern_stack({{m, 0x100, 0}}), ids[0]);  // ids are not reused
+}
+
+TEST(Aggregator, PcieReadingsStandBetweenTheTicksThatReadThem) {
+  // PCIe throughput is read on slow ticks only (gpu_process_sample_interval): the ticks in
+  // between keep its last reading, and update everything else.
+  agent::Aggregator agg({}, 0);
+  gpu::GpuSample slow;
+  slow.gpu_util = 50;
+  slow.pcie_tx_kbs = 1000;
+  slow.pcie_rx_kbs = 2000;
+  agg.add_gpu_batch({{slow}, {}, {}});
+  gpu::GpuSample fast;
+  fast.gpu_util = 60;
+  agg.add_gpu_batch({{fast}, {}, {}});
+  const auto s = agg.snapshot({}, 1);
+  EXPECT_DOUBLE_EQ(value(s, "gpuscope_gpu_utilization_ratio"), 0.6);
+  EXPECT_DOUBLE_EQ(value(s, "gpuscope_gpu_pcie_transmit_bytes_per_second"), 1000 * 1024.0);
+  EXPECT_DOUBLE_EQ(value(s, "gpuscope_gpu_pcie_receive_bytes_per_second"), 2000 * 1024.0);
 }
 
 TEST(Budget, DutyFollowsWhatTheProbesCostAgainstTheProcessCpu) {

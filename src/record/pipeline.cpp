@@ -270,6 +270,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       known_processes_.erase(rec.pid);
       stack_ids_.erase(rec.pid);
       sent_stack_ids_.erase(rec.pid);
+      build_ids_.erase(rec.pid);
       kernel_ids_.erase(rec.pid);
       unwinder_.forget(static_cast<pid_t>(rec.pid));
       python_.forget(static_cast<pid_t>(rec.pid));
@@ -325,9 +326,10 @@ const std::string& Pipeline::readable_path(const symbolize::ModuleAddress& m) {
   return m.open_path == m.path || access(m.open_path.c_str(), R_OK) == 0 ? m.open_path : m.path;
 }
 
-const std::string& Pipeline::build_id_of(const symbolize::ModuleAddress& m) {
-  auto it = build_ids_.find(m.open_path);
-  if (it == build_ids_.end()) it = build_ids_.emplace(m.open_path, symbolize::read_build_id(readable_path(m))).first;
+const std::string& Pipeline::build_id_of(uint32_t pid, const symbolize::ModuleAddress& m) {
+  auto& ids = build_ids_[pid];
+  auto it = ids.find(m.open_path);
+  if (it == ids.end()) it = ids.emplace(m.open_path, symbolize::read_build_id(readable_path(m))).first;
   return it->second;
 }
 
@@ -348,6 +350,9 @@ std::string Pipeline::read_name(uint32_t pid, uint64_t addr, const std::string& 
 }
 
 void Pipeline::note_thread(uint32_t tid, uint32_t pid, const std::string& comm) {
+  // Bounded on a host where threads come and go for weeks: forgetting only costs telling the
+  // sink a thread's name again.
+  if (thread_comms_.size() >= kMaxThreadComms) thread_comms_.clear();
   auto& known = thread_comms_[tid];
   if (known == comm) return;
   known = comm;
@@ -497,7 +502,7 @@ int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ip
     f.ip = ip;
     bool eval = false;
     if (auto m = maps_.resolve(pid, ip)) {
-      f.module_id = sink_.intern_module(m->path, build_id_of(*m));
+      f.module_id = sink_.intern_module(m->path, build_id_of(pid, *m));
       f.offset = m->file_offset;
       eval = py_stack && python_.is_eval_loop(static_cast<pid_t>(pid), m->path, m->file_offset);
     }
@@ -537,7 +542,7 @@ int64_t Pipeline::resolve_kernel(const CallEvent& e) {
     // stub is a function of the program, named like the kernel.
     if (f->api == decode::Api::Runtime) {
       if (auto m = maps_.resolve(e.pid, e.kernel_handle)) {
-        auto frame = symbolizer_.resolve(readable_path(*m), build_id_of(*m), m->file_offset);
+        auto frame = symbolizer_.resolve(readable_path(*m), build_id_of(e.pid, *m), m->file_offset);
         if (!frame.function.empty() && frame.offset_in_function == 0) name = frame.raw_function;
       }
     }

@@ -120,7 +120,7 @@ class Pipeline {
   bool stack_expired(int32_t bpf_stack_id, uint64_t ts_ns);
   int64_t resolve_kernel(const CallEvent& e);
   static const std::string& readable_path(const symbolize::ModuleAddress& m);
-  const std::string& build_id_of(const symbolize::ModuleAddress& m);
+  const std::string& build_id_of(uint32_t pid, const symbolize::ModuleAddress& m);
   // A name in the target's memory (or, once it is gone, its file); `partial` if neither reads.
   std::string read_name(uint32_t pid, uint64_t addr, const std::string& partial);
   void write_lost();
@@ -151,11 +151,14 @@ class Pipeline {
 
   // Pipeline thread side.
   std::unordered_set<uint32_t> known_processes_;
+  static constexpr size_t kMaxThreadComms = 65536;
   std::unordered_map<uint32_t, std::string> thread_comms_;
   // Per process, forgotten at its exit: a later process may reuse the pid with other mappings.
   // (BPF stack id, Python stack id) -> stored
   std::unordered_map<uint32_t, std::map<std::pair<int32_t, uint64_t>, int64_t>> stack_ids_;
-  std::unordered_map<std::string, std::string> build_ids_;
+  // Build ids by process (dropped at its exit: the paths go through its /proc/PID/root), then
+  // by the path they were read at.
+  std::unordered_map<uint32_t, std::unordered_map<std::string, std::string>> build_ids_;
   std::unordered_map<int32_t, int64_t> kernel_stack_ids_;
   uint64_t stack_epoch_ = 0;  // the sink's, when the two caches above were filled
   std::unique_ptr<symbolize::Kallsyms> kallsyms_;  // read at the first kernel stack

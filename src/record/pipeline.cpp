@@ -319,17 +319,12 @@ void Pipeline::emit(CallEvent& e) {
   ++calls_since_commit_;
 }
 
-// ProcessMaps reuses its answer to where a file can be opened for a while, so a process that
-// has just exited may still be given its root's path: then the file is read at the path it
-// had, as openable_path would have said.
-const std::string& Pipeline::readable_path(const symbolize::ModuleAddress& m) {
-  return m.open_path == m.path || access(m.open_path.c_str(), R_OK) == 0 ? m.open_path : m.path;
-}
-
 const std::string& Pipeline::build_id_of(uint32_t pid, const symbolize::ModuleAddress& m) {
   auto& ids = build_ids_[pid];
   auto it = ids.find(m.open_path);
-  if (it == ids.end()) it = ids.emplace(m.open_path, symbolize::read_build_id(readable_path(m))).first;
+  // Asked again, not m.open_path: ProcessMaps reuses its answer for a while, so a process that
+  // has just exited may still be given its root's path.
+  if (it == ids.end()) it = ids.emplace(m.open_path, symbolize::read_build_id(symbolize::openable_path(pid, m.path))).first;
   return it->second;
 }
 
@@ -341,7 +336,7 @@ std::string Pipeline::read_name(uint32_t pid, uint64_t addr, const std::string& 
     // The process is gone: the name is in its file, where the mapping says.
     auto m = maps_.resolve(pid, addr);
     if (!m) return partial;
-    std::ifstream in(readable_path(*m), std::ios::binary);
+    std::ifstream in(symbolize::openable_path(pid, m->path), std::ios::binary);  // as in build_id_of
     in.seekg(static_cast<std::streamoff>(m->file_offset));
     in.read(buf, sizeof(buf) - 1);
   }
@@ -542,7 +537,7 @@ int64_t Pipeline::resolve_kernel(const CallEvent& e) {
     // stub is a function of the program, named like the kernel.
     if (f->api == decode::Api::Runtime) {
       if (auto m = maps_.resolve(e.pid, e.kernel_handle)) {
-        auto frame = symbolizer_.resolve(readable_path(*m), build_id_of(e.pid, *m), m->file_offset);
+        auto frame = symbolizer_.resolve(symbolize::openable_path(e.pid, m->path), build_id_of(e.pid, *m), m->file_offset);
         if (!frame.function.empty() && frame.offset_in_function == 0) name = frame.raw_function;
       }
     }

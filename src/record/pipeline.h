@@ -119,7 +119,6 @@ class Pipeline {
   void recycle_stacks(uint64_t taken_ns);
   bool stack_expired(int32_t bpf_stack_id, uint64_t ts_ns);
   int64_t resolve_kernel(const CallEvent& e);
-  static const std::string& readable_path(const symbolize::ModuleAddress& m);
   const std::string& build_id_of(uint32_t pid, const symbolize::ModuleAddress& m);
   // A name in the target's memory (or, once it is gone, its file); `partial` if neither reads.
   std::string read_name(uint32_t pid, uint64_t addr, const std::string& partial);

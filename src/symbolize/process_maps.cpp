@@ -32,20 +32,21 @@ bool ProcessMaps::refresh(pid_t pid) {
   std::erase_if(maps, [](const discover::Mapping& m) { return m.path.empty() || m.path[0] != '/'; });
   std::sort(maps.begin(), maps.end(), [](const auto& a, const auto& b) { return a.start < b.start; });
   std::lock_guard lock(mu_);
-  maps_[pid] = std::move(maps);
-  last_refresh_ns_[pid] = monotonic_ns();
+  Process& p = processes_[pid];
+  p.maps = std::move(maps);
+  p.refreshed_ns = monotonic_ns();
   return true;
 }
 
-std::optional<ModuleAddress> ProcessMaps::lookup(pid_t pid, uint64_t addr) const {
-  auto it = maps_.find(pid);
-  if (it == maps_.end()) return std::nullopt;
-  const auto& maps = it->second;
+std::optional<ModuleAddress> ProcessMaps::lookup(pid_t pid, uint64_t addr) {
+  auto it = processes_.find(pid);
+  if (it == processes_.end()) return std::nullopt;
+  const auto& maps = it->second.maps;
   auto m = std::upper_bound(maps.begin(), maps.end(), addr, [](uint64_t a, const auto& map) { return a < map.start; });
   if (m == maps.begin()) return std::nullopt;
   --m;
   if (addr >= m->end) return std::nullopt;
-  auto& cached = open_paths_[pid][m->path];
+  auto& cached = it->second.open_paths[m->path];
   const uint64_t now = monotonic_ns();
   if (cached.first.empty() || now - cached.second > kOpenablePathTtlNs) cached = {openable_path(pid, m->path), now};
   return ModuleAddress{m->path, cached.first, addr - m->start + m->offset};
@@ -55,42 +56,36 @@ std::optional<ModuleAddress> ProcessMaps::resolve(pid_t pid, uint64_t addr) {
   {
     std::lock_guard lock(mu_);
     if (auto r = lookup(pid, addr)) return r;
-    auto last = last_refresh_ns_.find(pid);
-    const auto interval = miss_refresh_interval_ns_.find(pid);
-    const uint64_t wait = interval == miss_refresh_interval_ns_.end() ? kMinRefreshIntervalNs : interval->second;
-    if (last != last_refresh_ns_.end() && monotonic_ns() - last->second < wait) return std::nullopt;
+    if (auto it = processes_.find(pid); it != processes_.end()) {
+      const uint64_t wait = std::max(it->second.miss_refresh_interval_ns, kMinRefreshIntervalNs);
+      if (monotonic_ns() - it->second.refreshed_ns < wait) return std::nullopt;
+    }
   }
   if (!refresh(pid)) return std::nullopt;
   std::lock_guard lock(mu_);
   auto r = lookup(pid, addr);
-  uint64_t& interval = miss_refresh_interval_ns_.try_emplace(pid, kMinRefreshIntervalNs).first->second;
-  interval = r ? kMinRefreshIntervalNs : std::min(interval * 2, kMaxRefreshIntervalNs);
+  uint64_t& interval = processes_[pid].miss_refresh_interval_ns;
+  interval = r ? kMinRefreshIntervalNs : std::min(std::max(interval, kMinRefreshIntervalNs) * 2, kMaxRefreshIntervalNs);
   return r;
 }
 
 std::vector<discover::Mapping> ProcessMaps::mappings(pid_t pid) {
   refresh(pid);
   std::lock_guard lock(mu_);
-  auto it = maps_.find(pid);
-  return it == maps_.end() ? std::vector<discover::Mapping>{} : it->second;
+  auto it = processes_.find(pid);
+  return it == processes_.end() ? std::vector<discover::Mapping>{} : it->second.maps;
 }
 
 void ProcessMaps::forget_before(pid_t pid, uint64_t ts_ns) {
   std::lock_guard lock(mu_);
-  auto it = last_refresh_ns_.find(pid);
-  if (it == last_refresh_ns_.end() || it->second >= ts_ns) return;
-  maps_.erase(pid);
-  last_refresh_ns_.erase(it);
-  miss_refresh_interval_ns_.erase(pid);
-  open_paths_.erase(pid);
+  auto it = processes_.find(pid);
+  if (it == processes_.end() || it->second.refreshed_ns >= ts_ns) return;
+  processes_.erase(it);
 }
 
 void ProcessMaps::forget(pid_t pid) {
   std::lock_guard lock(mu_);
-  maps_.erase(pid);
-  last_refresh_ns_.erase(pid);
-  miss_refresh_interval_ns_.erase(pid);
-  open_paths_.erase(pid);
+  processes_.erase(pid);
 }
 
 }  // namespace gpuscope::symbolize

@@ -42,13 +42,16 @@ class ProcessMaps {
   std::vector<discover::Mapping> mappings(pid_t pid);
 
  private:
-  std::optional<ModuleAddress> lookup(pid_t pid, uint64_t addr) const;
+  struct Process {
+    std::vector<discover::Mapping> maps;
+    uint64_t refreshed_ns = 0;
+    uint64_t miss_refresh_interval_ns = 0;  // 0: the shortest (see kMinRefreshIntervalNs)
+    // openable_path's recent answers, by path: (answer, when asked).
+    std::unordered_map<std::string, std::pair<std::string, uint64_t>> open_paths;
+  };
+  std::optional<ModuleAddress> lookup(pid_t pid, uint64_t addr);
   mutable std::mutex mu_;
-  std::unordered_map<pid_t, std::vector<discover::Mapping>> maps_;
-  std::unordered_map<pid_t, uint64_t> last_refresh_ns_;
-  std::unordered_map<pid_t, uint64_t> miss_refresh_interval_ns_;  // see kMinRefreshIntervalNs
-  // openable_path's recent answers, by process and path: (answer, when asked).
-  mutable std::unordered_map<pid_t, std::unordered_map<std::string, std::pair<std::string, uint64_t>>> open_paths_;
+  std::unordered_map<pid_t, Process> processes_;  // those whose maps were read
 };
 
 }  // namespace gpuscope::symbolize

@@ -375,6 +375,7 @@ void Agent::update_health() {
        {{{"what", "stacks"}}, double(shed.stacks)},
        {{{"what", "processes"}}, double(shed.processes)},
        {{{"what", "allocations"}}, double(shed.allocations)},
+       {{{"what", "frame_names"}}, double(shed.frame_names)},
        {{{"what", "memory_limit"}}, double(shed_memory_)}});
   add("gpuscope_agent_budget_ratio", "The share of each process's CPU time its probes may add", "ratio",
       MetricType::Gauge, {{{}, budget_->config().budget}});

@@ -332,7 +332,9 @@ Labels Aggregator::labels_of(uint32_t pid) const {
 
 Aggregator::Shed Aggregator::shed() const {
   std::lock_guard lock(mu_);
-  return shed_;
+  Shed s = shed_;
+  s.frame_names = deferred_frames_.load(std::memory_order_relaxed);
+  return s;
 }
 
 std::map<std::string, uint64_t> Aggregator::lost() const {
@@ -476,6 +478,7 @@ struct Aggregator::PendingFrame {
   std::string name;  // set: the frame's name
   std::string open_path, path, build_id;
   uint64_t offset = 0;
+  bool deferred = false;  // named file+offset: its file's symbols were passed over too recently
   std::string python_file;
   int64_t python_line = 0;
 };
@@ -587,6 +590,17 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
         unknown.push_back(f);
     }
     if (unknown.empty()) continue;
+    const uint64_t now_ns = monotonic_ns();
+    auto [last_pass, first_pass] = last_symbol_pass_ns_.try_emplace({path, build_id}, now_ns);
+    if (!first_pass && now_ns - last_pass->second < kSymbolPassIntervalNs) {
+      for (auto* f : unknown) {
+        name_frame(*f, "");
+        f->deferred = true;
+      }
+      deferred_frames_ += unknown.size();
+      continue;
+    }
+    last_pass->second = now_ns;
     std::vector<uint64_t> offsets;
     for (const auto* f : unknown) offsets.push_back(f->offset);
     std::vector<symbolize::OffsetName> names;
@@ -614,13 +628,17 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
     }
   }
   std::map<std::string, std::pair<std::string, int64_t>> sources;
+  std::vector<int64_t> name_again;  // stacks with deferred frames: named for this window only
   for (auto& [stack_id, frames] : pending) {
     std::vector<std::string> names;
+    bool deferred = false;
     for (auto& f : frames) {
       if (!f.python_file.empty()) sources.try_emplace(f.name, f.python_file, f.python_line);
       names.push_back(std::move(f.name));
+      deferred |= f.deferred;
     }
     names_cache_[stack_id] = std::move(names);
+    if (deferred) name_again.push_back(stack_id);
   }
 
   std::vector<ProcessProfile> out;
@@ -646,6 +664,7 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
     fill(w.prof.launches, w.launches, 1);
     out.push_back(std::move(w.prof));
   }
+  for (int64_t stack_id : name_again) names_cache_.erase(stack_id);
   return out;
 }
 

@@ -92,6 +92,7 @@ class Aggregator final : public store::EventSink {
 
   struct Shed {
     uint64_t kernel_names = 0, stacks = 0, processes = 0, allocations = 0;
+    uint64_t frame_names = 0;  // profile frames left file+offset for a window (kSymbolPassIntervalNs)
   };
   Shed shed() const;
   uint64_t lost_total() const;
@@ -176,6 +177,13 @@ class Aggregator final : public store::EventSink {
   static constexpr size_t kMaxKnownFunctions = 20000;
   std::map<std::pair<std::string, std::string>, std::map<uint64_t, std::pair<uint64_t, std::string>>> known_functions_;
   size_t known_function_count_ = 0;
+  // A pass over libtorch's symbols costs tens of milliseconds, and frame-pointer walks through
+  // code built without frame pointers give ever new (garbage) offsets in it: so at most one pass
+  // per file per kSymbolPassIntervalNs. Offsets met in between that no known function covers
+  // are named file+offset in that window, and their stacks named again in the next one.
+  static constexpr uint64_t kSymbolPassIntervalNs = 60'000'000'000;
+  std::map<std::pair<std::string, std::string>, uint64_t> last_symbol_pass_ns_;
+  std::atomic<uint64_t> deferred_frames_{0};  // named file+offset while their file's pass waited
   std::atomic<uint64_t> stack_epoch_{0};
   int64_t kernel_module_ = 0, python_module_ = 0, truncated_module_ = 0;
   std::map<uint32_t, GpuLatest> gpus_;

@@ -105,6 +105,12 @@ def main():
           f"{rows[-1]['job_observed_ratio']:.4f}, estimated probe overhead {rows[-1]['job_probe_overhead_ratio']:.4f}")
     print("lost by cause: " + ", ".join(f"{labels} {v:.0f}" for labels, v in last.get("gpuscope_agent_lost_events_total", [])
                                         if v))
+    job_series = [(name, labels, v) for name, series in last.items() for labels, v in series
+                  if f'pid="{job.pid}"' in labels and name != "gpuscope_kernel_launches_total"]
+    print(f"the job's series at the last scrape (kernel launches left out): {len(job_series)}")
+    own_pid = f'pid="{job.pid}",'
+    for name, labels, v in job_series:
+        print(f"  {name}{labels.replace(own_pid, '')} {v:g}")
     print("agent log:\n" + log)
 
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <sstream>
 
@@ -104,18 +105,23 @@ void BudgetController::tick(uint64_t now_ns) {
     // budget >= 1: nothing is limited, the agent's own CPU budget included.
     const double duty = cfg_.budget >= 1 ? 1.0 : std::clamp(st.duty * agent_factor_, kMinDuty, 1.0);
     const double on_len_s = std::max(cfg_.min_on_s, duty * cfg_.cycle_s);
-    const double off_len_s = duty >= 1 ? 0 : on_len_s * (1 - duty) / duty;
     const double phase_s = double(now_ns - st.phase_start_ns) / 1e9;
-    if (st.on && off_len_s > 0 && phase_s >= on_len_s) {
+    if (st.on && duty < 1 && phase_s >= on_len_s) {
+      const auto detach_start = std::chrono::steady_clock::now();
       switch_(pid, false);
+      // The probes were live from the tick that switched them on until the switch-off returned:
+      // longer than planned, as ticks come late and attaching and detaching take the agent time
+      // (on the H100 VM the planned duty was overrun severalfold). So the off-period is sized
+      // from the on-period as it was, and the share observed stays the duty.
+      const double live_s = phase_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - detach_start).count();
+      st.off_len_s = live_s * (1 - duty) / duty;
       st.on = false;
       st.phase_start_ns = now_ns;
-    } else if (!st.on && phase_s >= off_len_s) {
+    } else if (!st.on && (duty >= 1 || phase_s >= st.off_len_s)) {
       st.on = switch_(pid, true);
       st.phase_start_ns = now_ns;
     }
-    agg_.set_high_rate_weight(uint32_t(pid), on_len_s + off_len_s > 0 ? (on_len_s + off_len_s) / on_len_s : 1.0,
-                              st.observed_ratio());
+    agg_.set_high_rate_weight(uint32_t(pid), 1 / duty, st.observed_ratio());
   }
 }
 

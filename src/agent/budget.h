@@ -50,6 +50,7 @@ class BudgetController {
     bool on = true;
     double duty = 1;
     uint64_t phase_start_ns = 0;       // when the current on- or off-period began
+    double off_len_s = 0;              // the current off-period's length, set at the switch-off
     uint64_t first_ns = 0, on_ns = 0;  // tracked since; of which high-rate probes were on
     uint64_t last_tick_ns = 0, last_cpu_ns = 0;
     ProbeHits last_hits;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -322,16 +323,18 @@ TEST(Budget, DutyFollowsWhatTheProbesCostAgainstTheProcessCpu) {
   budget.tick(now);
   const auto& st = budget.processes().at(pid);
   EXPECT_NEAR(st.duty, 0.1, 0.02);  // 1% budget / 10% cost
-  // On for duty * 10 s of each cycle (1 s, already spent), then off for the rest (about 9 s).
+  // On for duty * 10 s of each cycle (1 s, already spent), then off for 9 times what the
+  // on-period really lasted (1.05 s): 9.45 s.
   EXPECT_FALSE(st.on);
   EXPECT_EQ(switches.back(), std::make_pair(pid, false));
-  now += 8'000'000'000;
+  EXPECT_NEAR(st.off_len_s, 9.45, 0.05);
+  now += 9'100'000'000;
   budget.tick(now);
   EXPECT_FALSE(budget.processes().at(pid).on);
-  now += 1'100'000'000;
+  now += 400'000'000;
   budget.tick(now);
   EXPECT_TRUE(budget.processes().at(pid).on);
-  EXPECT_NEAR(budget.processes().at(pid).observed_ratio(), 1.05 / 10.15, 0.01);
+  EXPECT_NEAR(budget.processes().at(pid).observed_ratio(), 1.05 / 10.55, 0.01);
   budget.remove_process(pid);
   EXPECT_EQ(switches.back(), std::make_pair(pid, false));
 }
@@ -380,6 +383,34 @@ TEST(Budget, AlwaysOnProbesTakeTheirShareAndLateHitsStillCount) {
   budget.tick(now);
   // 1% / 10%; had the late hits been dropped, the period would look free and the duty double.
   EXPECT_LT(budget.processes().at(pid).duty, 0.15);
+}
+
+TEST(Budget, SlowSwitchesLengthenTheOffPeriodNotTheShareObserved) {
+  // Detaching takes the agent time during which the probes still fire: the off-period is
+  // sized from the on-period as it really was, so the share observed stays the duty.
+  agent::Aggregator agg({}, 0);
+  const pid_t pid = getpid();
+  agent::BudgetConfig cfg;
+  cfg.budget = 0.01;
+  cfg.entry_hit_ns = 1000;
+  cfg.return_hit_ns = 1000;
+  agent::BudgetController budget(cfg, agg, [](pid_t, bool on) {
+    if (!on) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    return on;
+  });
+  agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
+  uint64_t now = 1'000'000'000;
+  budget.add_process(pid, now);
+  const uint64_t burnt = burn_cpu(1'000'000'000);
+  for (uint64_t i = 0; i < burnt / 10 / 1000; ++i) agg.add_call(call(uint32_t(pid), "cudaLaunchKernel"));
+  now += 1'050'000'000;
+  budget.tick(now);
+  const auto& st = budget.processes().at(pid);
+  ASSERT_FALSE(st.on);
+  EXPECT_NEAR(st.duty, 0.1, 0.02);
+  // Live for 1.05 s and the 0.3 s the switch-off took: off for 1.35 * (1 - duty) / duty.
+  EXPECT_GT(st.off_len_s, 1.34 * (1 - st.duty) / st.duty);
+  EXPECT_LT(st.off_len_s, 1.45 * (1 - st.duty) / st.duty);
 }
 
 TEST(NameOffsets, AgreesWithTheIndexedFileAndKeepsNothing) {

@@ -336,10 +336,11 @@ enum gs_lost_cause {
 	GS_LOST_TARGETS_FULL,      /* a target's child could not be followed */
 	GS_LOST_PY_STACK,          /* a Python stack could not be walked or sent */
 	/* An eh-frame walk cut short (the frames before the cut are kept), by why: */
-	GS_LOST_UNWIND_NO_MAPPING, /* an address in no mapping with a table (walked on with frame pointers) */
+	GS_LOST_UNWIND_NO_TABLE,   /* a frame in code without a table (walked on with frame pointers), or a
+	                            * process without tables yet (the whole stack from frame pointers) */
 	GS_LOST_UNWIND_NO_ROW,     /* an address without frame information (hand-written code) */
 	GS_LOST_UNWIND_UNSUPPORTED,/* a frame rule the walker does not know */
-	GS_LOST_UNWIND_READ,       /* the stack could not be read where the rules point */
+	GS_LOST_UNWIND_READ,       /* the stack could not be read where the rules point, or went backwards */
 	GS_LOST_UNWIND_DEPTH,      /* deeper than GS_MAX_NATIVE_DEPTH */
 	GS_LOST_UNWIND_SEND,       /* a new stack found no room in the ring buffer */
 	GS_LOST_NR,

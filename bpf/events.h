@@ -38,6 +38,7 @@ enum gs_record_kind {
 	GS_REC_PY_STACK = 8, /* a Python stack not sent before, ahead of the first record naming it */
 	GS_REC_PY_CODE = 9,  /* a Python code object not sent before: its names and line table */
 	GS_REC_STACK_IPS = 10, /* a user stack its stack map could not take, just before the record naming it */
+	GS_REC_NATIVE_STACK = 11, /* a user stack walked from .eh_frame tables, sent once per process */
 };
 
 /* The BPF cookie of each uprobe, set by user space at attach time:
@@ -80,6 +81,7 @@ struct gs_call_record {
 	__s32 ustack_id;     /* a stack id (GS_STACK_GEN_BIT), or a negative errno */
 	__u32 deref_len;
 	__u64 py_stack;      /* id of the thread's Python stack (a GS_REC_PY_STACK), 0: none */
+	__u64 native_stack;  /* id of its user stack walked from .eh_frame (a GS_REC_NATIVE_STACK), 0: none */
 	__u64 out_value;
 	__u64 args[GS_NUM_ARGS];
 	__u8 deref[GS_DEREF_LEN];
@@ -128,6 +130,7 @@ struct gs_sample_record {
 	__u32 flags;         /* GS_SAMPLE_* */
 	__u64 ts_ns;
 	__u64 py_stack;      /* as in gs_call_record */
+	__u64 native_stack;  /* as in gs_call_record */
 	char comm[GS_COMM_LEN];
 };
 
@@ -260,6 +263,69 @@ struct gs_py_code_record {
 	__u8 linetable[GS_PY_LINETABLE_LEN];
 };
 
+/* ---- Unwinding from .eh_frame in BPF (--call-stacks eh-frame, --sample-unwind eh-frame) ----
+ * User space compiles each mapped file's call frame information into rows (one per address
+ * range with the same rules, sorted by address; src/symbolize/unwind_table.h) and stores them
+ * in one shared array, `unwind_rows`; each process has a sorted table of its executable
+ * mappings naming their rows (`unwind_procs`). At a CUDA call or sample the BPF side walks the
+ * stack with them: the CFA from rsp or rbp, the return address at CFA - 8 (x86-64), rbp from
+ * where the rules say it was saved. */
+enum gs_cfa_rule {
+	GS_CFA_NONE = 0,        /* no frame information here (a gap between FDEs) */
+	GS_CFA_RSP = 1,         /* CFA = rsp + off */
+	GS_CFA_RBP = 2,         /* CFA = rbp + off */
+	GS_CFA_PLT = 3,         /* a PLT entry: CFA = rsp + 8 + ((rip & 15) >= off ? 8 : 0) */
+	GS_CFA_DEREF_RBP = 4,   /* CFA = *(rbp + off): a function that realigned its stack */
+	GS_CFA_OUTERMOST = 5,   /* the return address is undefined: the stack ends here */
+	GS_CFA_UNSUPPORTED = 6, /* a rule the walker does not know (another register, an expression) */
+};
+
+enum gs_rbp_rule {
+	GS_RBP_SAME = 0,        /* rbp is the caller's */
+	GS_RBP_AT_CFA = 1,      /* the caller's rbp is saved at CFA + off */
+	GS_RBP_AT_RBP = 2,      /* ... at rbp + off (realigned frames) */
+	GS_RBP_UNKNOWN = 3,     /* clobbered, or a rule the walker does not know */
+};
+
+/* Offsets are in 8-byte words: CFI offsets on x86-64 are (rules with others are unsupported). */
+struct gs_unwind_row {
+	__u32 pc;        /* the first address it applies to, minus its table's base */
+	__u8 rules;      /* gs_cfa_rule | gs_rbp_rule << 4 */
+	__s8 rbp_off;    /* words */
+	__s16 cfa_off;   /* words; GS_CFA_PLT: the (rip & 15) threshold itself */
+};
+
+#define GS_UNWIND_MAX_MAPPINGS 512  /* executable mappings per process with a table */
+#define GS_MAX_NATIVE_DEPTH 127     /* frames an eh-frame walk keeps */
+
+struct gs_unwind_mapping {
+	__u64 start, end;  /* the process's addresses */
+	__u64 pc_delta;    /* ip - pc_delta: the pc the table's rows are in */
+	__u32 table_off;   /* first row in unwind_rows */
+	__u32 table_len;   /* rows; 0: no table, walked with frame pointers */
+};
+
+struct gs_unwind_proc {
+	__u32 nr;          /* mappings used, sorted by start */
+	__u32 pad;
+	struct gs_unwind_mapping maps[GS_UNWIND_MAX_MAPPINGS];
+};
+
+enum gs_native_stack_flags {
+	GS_NATIVE_COMPLETE = 1 << 0,  /* the walk reached a frame whose rules say the stack ends */
+};
+
+/* A stack walked in BPF, sent the first time it is seen in its process; records carry its id. */
+struct gs_native_stack_record {
+	__u16 kind;          /* GS_REC_NATIVE_STACK */
+	__u16 nr;            /* ips[] used; the record is cut after them */
+	__u32 pid;
+	__u64 id;            /* a hash of the process, the frames and the flags; never 0 */
+	__u32 flags;         /* gs_native_stack_flags */
+	__u32 pad;
+	__u64 ips[GS_MAX_NATIVE_DEPTH];
+};
+
 /* Causes of lost information, counted per CPU in the `lost` map. */
 enum gs_lost_cause {
 	GS_LOST_RINGBUF_FULL = 0,  /* no room to reserve a record */
@@ -269,6 +335,14 @@ enum gs_lost_cause {
 	GS_LOST_DEREF,             /* user memory behind an argument could not be read */
 	GS_LOST_TARGETS_FULL,      /* a target's child could not be followed */
 	GS_LOST_PY_STACK,          /* a Python stack could not be walked or sent */
+	/* An eh-frame walk cut short (the frames before the cut are kept), by why: */
+	GS_LOST_UNWIND_NO_TABLE,   /* a frame in code without a table (walked on with frame pointers), or a
+	                            * process without tables yet (the whole stack from frame pointers) */
+	GS_LOST_UNWIND_NO_ROW,     /* an address without frame information (hand-written code) */
+	GS_LOST_UNWIND_UNSUPPORTED,/* a frame rule the walker does not know */
+	GS_LOST_UNWIND_READ,       /* the stack could not be read where the rules point, or went backwards */
+	GS_LOST_UNWIND_DEPTH,      /* deeper than GS_MAX_NATIVE_DEPTH */
+	GS_LOST_UNWIND_SEND,       /* a new stack found no room in the ring buffer */
 	GS_LOST_NR,
 };
 

@@ -28,6 +28,10 @@ const volatile bool stop_for_shared_objects = true;
 const volatile bool sample_stack_copy = false;  /* samples carry a user stack copy (dwarf unwinding) */
 const volatile bool call_stack_copy = false;    /* --call-stacks dwarf: so do CUDA calls */
 const volatile bool python_stacks = false;      /* walk Python frames of the processes in python_procs */
+/* --call-stacks eh-frame / --sample-unwind eh-frame: user stacks walked here from the tables in
+ * unwind_rows (see events.h), sent once per process as GS_REC_NATIVE_STACK. */
+const volatile bool call_unwind_tables = false;
+const volatile bool sample_unwind_tables = false;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -44,6 +48,7 @@ struct {
 struct pending_call {
 	__u64 ts_ns;
 	__u64 py_stack;
+	__u64 native_stack;
 	__s32 ustack_id;
 	__u32 deref_len;
 	__u32 flags;
@@ -161,6 +166,283 @@ static __always_inline long get_stackid(void *ctx, __u64 flags)
 		return id < 0 ? id : id | GS_STACK_GEN_BIT;
 	}
 	return bpf_get_stackid(ctx, &stacks, flags);
+}
+
+/* ---- stacks walked from .eh_frame tables (events.h: gs_unwind_row) ---- */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);  /* resized by user space: the cap on table memory */
+	__uint(map_flags, BPF_F_MMAPABLE);  /* user space writes tables in place */
+	__type(key, __u32);
+	__type(value, struct gs_unwind_row);
+} unwind_rows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);  /* 16 KiB a process: only for those that have one */
+	__type(key, __u32);  /* tgid */
+	__type(value, struct gs_unwind_proc);
+} unwind_procs SEC(".maps");
+
+/* Stacks user space has been sent (their id hashes the process in): a stack costs a record once. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, __u8);
+} native_stacks_sent SEC(".maps");
+
+/* Processes whose walks met code in no mapping of their table, or that have no table yet
+ * (forked children, processes found late): user space reads their mappings again. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);  /* tgid */
+	__type(value, __u8);
+} unwind_wanted SEC(".maps");
+
+struct unwind_scratch {
+	struct gs_native_stack_record rec;
+	__u64 ip, sp, bp;
+	__u64 hash;
+	__u32 bp_known;
+	__u32 stop;        /* a GS_LOST_UNWIND_* cause, or GS_LOST_NR: not stopped yet / ended whole */
+	__u16 fp_steps;    /* frames stepped with frame pointers */
+	__u16 unmapped;    /* of which in no mapping of the table */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unwind_scratch);
+} unwind_scratch_map SEC(".maps");
+
+struct unwind_ctx {
+	struct unwind_scratch *s;
+	struct gs_unwind_proc *proc;
+};
+
+#define UNWIND_MAP_SEARCH 10   /* log2(GS_UNWIND_MAX_MAPPINGS) + 1 */
+#define UNWIND_ROW_SEARCH 32   /* row indexes are 32-bit */
+
+/* Binary searches, one halving per bpf_loop iteration: the verifier checks a callback once,
+ * where a plain loop made it follow every path through both searches (over a million
+ * instructions). */
+struct search {
+	__u32 lo, hi;      /* the answer is the last element <= key, at lo - 1 */
+	__u32 first;       /* rows: the table's first row */
+	__u32 key32;
+	__u64 key;
+	struct gs_unwind_proc *proc;
+};
+
+static long search_mapping(__u32 i, struct search *q)
+{
+	if (q->lo >= q->hi)
+		return 1;
+	__u32 mid = (q->lo + q->hi) / 2;
+	if (q->proc->maps[mid & (GS_UNWIND_MAX_MAPPINGS - 1)].start <= q->key)
+		q->lo = mid + 1;
+	else
+		q->hi = mid;
+	return 0;
+}
+
+static long search_row(__u32 i, struct search *q)
+{
+	if (q->lo >= q->hi)
+		return 1;
+	__u32 mid = q->lo + (q->hi - q->lo) / 2, idx = q->first + mid;
+	struct gs_unwind_row *r = bpf_map_lookup_elem(&unwind_rows, &idx);
+	if (!r)
+		return 1;
+	if (r->pc <= q->key32)
+		q->lo = mid + 1;
+	else
+		q->hi = mid;
+	return 0;
+}
+
+/* Stops the walk: `cause` says why, GS_LOST_NR that it ended where the stack ends. */
+static __always_inline long unwind_stop(struct unwind_scratch *s, __u32 cause)
+{
+	s->stop = cause;
+	return 1;
+}
+
+/* The caller's frame from a frame-pointer chain: code without a table. */
+static __always_inline long unwind_fp_step(struct unwind_scratch *s)
+{
+	__u64 frame[2];
+	if (!s->bp_known || !s->bp || bpf_probe_read_user(frame, sizeof(frame), (void *)s->bp))
+		return unwind_stop(s, GS_LOST_UNWIND_READ);
+	if (s->bp + 16 <= s->sp)
+		return unwind_stop(s, GS_LOST_UNWIND_READ);
+	s->fp_steps++;
+	s->sp = s->bp + 16;
+	s->bp = frame[0];
+	s->ip = frame[1];
+	return s->ip ? 0 : unwind_stop(s, GS_LOST_NR);
+}
+
+/* One frame: record its ip, find its mapping and row, compute the caller's registers. */
+static long unwind_frame(__u32 i, struct unwind_ctx *c)
+{
+	struct unwind_scratch *s = c->s;
+	struct gs_unwind_proc *proc = c->proc;
+	if (i >= GS_MAX_NATIVE_DEPTH)
+		return unwind_stop(s, GS_LOST_UNWIND_DEPTH);
+	__u64 ip = s->ip;
+	s->rec.ips[i & 127] = ip;
+	s->rec.nr = i + 1;
+	s->hash = (s->hash ^ ip) * 0x100000001b3ULL;
+	/* A return address is after its call: the call's own rules are the ones before it. */
+	__u64 pc = i ? ip - 1 : ip;
+
+	struct search q = {.lo = 0, .hi = proc->nr, .key = pc, .proc = proc};
+	if (q.hi > GS_UNWIND_MAX_MAPPINGS)
+		q.hi = GS_UNWIND_MAX_MAPPINGS;
+	bpf_loop(UNWIND_MAP_SEARCH, search_mapping, &q, 0);
+	struct gs_unwind_mapping *m = &proc->maps[(q.lo - 1) & (GS_UNWIND_MAX_MAPPINGS - 1)];
+	if (q.lo == 0 || pc >= m->end) {
+		s->unmapped++;
+		return unwind_fp_step(s);
+	}
+	if (!m->table_len)
+		return unwind_fp_step(s);
+
+	__u64 rel = pc - m->pc_delta;
+	if (rel > 0xffffffffULL)
+		return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);
+	q.lo = 0;
+	q.hi = m->table_len;
+	q.first = m->table_off;
+	q.key32 = rel;
+	bpf_loop(UNWIND_ROW_SEARCH, search_row, &q, 0);
+	if (q.lo == 0)
+		return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);
+	__u32 idx = q.first + q.lo - 1;
+	struct gs_unwind_row *row = bpf_map_lookup_elem(&unwind_rows, &idx);
+	if (!row)
+		return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);
+
+	__u8 cfa_rule = row->rules & 0xf, rbp_rule = row->rules >> 4;
+	__s64 cfa_off = (__s64)row->cfa_off * 8, rbp_off = (__s64)row->rbp_off * 8;
+	__u64 cfa;
+	switch (cfa_rule) {
+	case GS_CFA_RSP:
+		cfa = s->sp + cfa_off;
+		break;
+	case GS_CFA_RBP:
+		if (!s->bp_known)
+			return unwind_stop(s, GS_LOST_UNWIND_UNSUPPORTED);
+		cfa = s->bp + cfa_off;
+		break;
+	case GS_CFA_PLT:
+		cfa = s->sp + 8 + ((ip & 15) >= (__u64)row->cfa_off ? 8 : 0);
+		break;
+	case GS_CFA_DEREF_RBP:
+		if (!s->bp_known || bpf_probe_read_user(&cfa, sizeof(cfa), (void *)(s->bp + cfa_off)))
+			return unwind_stop(s, GS_LOST_UNWIND_READ);
+		break;
+	case GS_CFA_OUTERMOST:
+		return unwind_stop(s, GS_LOST_NR);
+	case GS_CFA_NONE:
+		return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);
+	default:
+		return unwind_stop(s, GS_LOST_UNWIND_UNSUPPORTED);
+	}
+	if (cfa <= s->sp)
+		return unwind_stop(s, GS_LOST_UNWIND_READ);  /* a stack only grows down: garbage */
+
+	__u64 ra = 0, bp = s->bp;
+	if (rbp_rule == GS_RBP_AT_CFA && rbp_off == -16) {
+		/* The common prologue (push rbp after the call): both words in one read. */
+		__u64 two[2];
+		if (bpf_probe_read_user(two, sizeof(two), (void *)(cfa - 16)))
+			return unwind_stop(s, GS_LOST_UNWIND_READ);
+		bp = two[0];
+		ra = two[1];
+		s->bp_known = 1;
+	} else {
+		if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)))
+			return unwind_stop(s, GS_LOST_UNWIND_READ);
+		if (rbp_rule == GS_RBP_AT_CFA) {
+			if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + rbp_off)))
+				return unwind_stop(s, GS_LOST_UNWIND_READ);
+			s->bp_known = 1;
+		} else if (rbp_rule == GS_RBP_AT_RBP) {
+			if (!s->bp_known || bpf_probe_read_user(&bp, sizeof(bp), (void *)(s->bp + rbp_off)))
+				return unwind_stop(s, GS_LOST_UNWIND_READ);
+		} else if (rbp_rule != GS_RBP_SAME) {
+			s->bp_known = 0;
+		}
+	}
+	s->ip = ra;
+	s->sp = cfa;
+	s->bp = bp;
+	return ra ? 0 : unwind_stop(s, GS_LOST_NR);
+}
+
+/* Walks the user stack whose registers are `regs` with the process's tables and returns its
+ * id, the stack sent first if it is new; 0 when the process has no tables (not yet: the caller
+ * takes a frame-pointer stack instead). A walk cut short keeps what it found. */
+static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_tgid)
+{
+	__u32 tgid = pid_tgid >> 32, zero = 0;
+	struct gs_unwind_proc *proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
+	__u8 one = 1;
+	if (!proc) {
+		count_lost(GS_LOST_UNWIND_NO_TABLE);
+		bpf_map_update_elem(&unwind_wanted, &tgid, &one, BPF_NOEXIST);
+		return 0;
+	}
+	struct unwind_scratch *s = bpf_map_lookup_elem(&unwind_scratch_map, &zero);
+	if (!s)
+		return 0;
+	s->ip = BPF_CORE_READ(regs, ip);
+	s->sp = BPF_CORE_READ(regs, sp);
+	s->bp = BPF_CORE_READ(regs, bp);
+	s->bp_known = 1;
+	s->stop = GS_LOST_UNWIND_DEPTH;
+	s->fp_steps = 0;
+	s->unmapped = 0;
+	s->hash = 0xcbf29ce484222325ULL ^ tgid;
+	s->rec.nr = 0;
+	struct unwind_ctx c = {.s = s, .proc = proc};
+	bpf_loop(GS_MAX_NATIVE_DEPTH + 1, unwind_frame, &c, 0);
+	if (!s->rec.nr)
+		return 0;
+	if (s->fp_steps)
+		count_lost(GS_LOST_UNWIND_NO_TABLE);
+	if (s->unmapped)
+		bpf_map_update_elem(&unwind_wanted, &tgid, &one, BPF_NOEXIST);
+	__u32 flags = 0;
+	if (s->stop == GS_LOST_NR)
+		flags = GS_NATIVE_COMPLETE;
+	else if (s->stop < GS_LOST_NR)
+		count_lost(s->stop);
+	__u64 id = ((s->hash ^ flags) * 0x100000001b3ULL) | 1;  /* never 0 */
+	if (bpf_map_lookup_elem(&native_stacks_sent, &id))
+		return id;
+	s->rec.kind = GS_REC_NATIVE_STACK;
+	s->rec.pid = tgid;
+	s->rec.id = id;
+	s->rec.flags = flags;
+	s->rec.pad = 0;
+	__u64 size = sizeof(s->rec) - sizeof(s->rec.ips) + (__u64)s->rec.nr * sizeof(__u64);
+	if (size > sizeof(s->rec))
+		size = sizeof(s->rec);
+	if (bpf_ringbuf_output(&events, &s->rec, size, 0)) {
+		count_lost(GS_LOST_UNWIND_SEND);
+		return 0;
+	}
+	bpf_map_update_elem(&native_stacks_sent, &id, &one, BPF_ANY);
+	return id;
 }
 
 /* The user stack that get_stackid could not store, sent as its frames (gs_stack_ips_record)
@@ -510,12 +792,21 @@ static __always_inline __u64 python_stack(__u64 pid_tgid)
 
 static __always_inline __u32 copy_user_state(struct gs_user_regs *dst, __u8 *stack, struct pt_regs *regs);
 
-/* The call's user stack: a stack id (frame pointers, walked here), or with
- * --call-stacks dwarf a copy of the stack sent now, ahead of the call's record. */
-static __always_inline __s32 user_stack_id(struct pt_regs *ctx, __u64 cookie, __u64 ts_ns, __u32 *flags)
+/* The call's user stack: a stack id (frame pointers, walked here), with --call-stacks eh-frame
+ * the id of a stack walked from the unwind tables (in *native), or with --call-stacks dwarf a
+ * copy of the stack sent now, ahead of the call's record. */
+static __always_inline __s32 user_stack_id(struct pt_regs *ctx, __u64 cookie, __u64 ts_ns, __u32 *flags,
+					   __u64 *native)
 {
+	*native = 0;
 	if (!capture_stacks || GS_COOKIE_NO_STACK(cookie))
 		return -1;
+	if (call_unwind_tables) {
+		*native = unwind_user_stack(ctx, bpf_get_current_pid_tgid());
+		if (*native)
+			return -1;
+		/* No tables for this process yet: frame pointers, as without them. */
+	}
 	if (call_stack_copy) {
 		struct gs_stack_copy_record *c = bpf_ringbuf_reserve(&events, sizeof(*c), 0);
 		if (!c) {
@@ -564,7 +855,8 @@ int call_entry_emit(struct pt_regs *ctx)
 	}
 	/* Before the call's record is reserved, so that a stack copy or a new Python stack comes
 	 * ahead of it. */
-	__s32 ustack_id = skip_stack ? -1 : user_stack_id(ctx, cookie, ts_ns, &flags);
+	__u64 native = 0;
+	__s32 ustack_id = skip_stack ? -1 : user_stack_id(ctx, cookie, ts_ns, &flags, &native);
 	__u64 py_stack = skip_stack || !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id);
 
 	struct gs_call_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
@@ -585,6 +877,7 @@ int call_entry_emit(struct pt_regs *ctx)
 	r->deref_len = read_entry_deref(cookie, r->args, r->deref, &r->flags);
 	r->ustack_id = ustack_id;
 	r->py_stack = py_stack;
+	r->native_stack = native;
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
 	bpf_ringbuf_submit(r, submit_flags());
 	return 0;
@@ -607,7 +900,7 @@ int call_entry(struct pt_regs *ctx)
 	p->flags = 0;
 	read_args(ctx, p->args);
 	p->deref_len = read_entry_deref(cookie, p->args, p->deref, &p->flags);
-	p->ustack_id = user_stack_id(ctx, cookie, p->ts_ns, &p->flags);
+	p->ustack_id = user_stack_id(ctx, cookie, p->ts_ns, &p->flags, &p->native_stack);
 	p->py_stack = !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id);
 
 	__u64 key = (id << 16) | GS_COOKIE_FUNC(cookie);
@@ -648,6 +941,7 @@ int call_return(struct pt_regs *ctx)
 	r->ret = ctx->ax;
 	r->ustack_id = p->ustack_id;
 	r->py_stack = p->py_stack;
+	r->native_stack = p->native_stack;
 	r->deref_len = p->deref_len;
 	__builtin_memcpy(r->args, p->args, sizeof(r->args));
 	__builtin_memcpy(r->deref, p->deref, sizeof(r->deref));
@@ -709,6 +1003,8 @@ int on_exit(void *ctx)
 		if (tid == tgid)
 			bpf_map_delete_elem(&python_procs, &tgid);
 	}
+	if ((call_unwind_tables || sample_unwind_tables) && tid == tgid)
+		bpf_map_delete_elem(&unwind_procs, &tgid);
 	if (!is_target(tgid))
 		return 0;
 	if (tid != tgid) {
@@ -735,6 +1031,7 @@ int on_exit(void *ctx)
 static __always_inline void fill_sample(struct gs_sample_record *r, __u64 id, void *ctx, __u64 py_stack, __u64 ts_ns)
 {
 	r->py_stack = py_stack;
+	r->native_stack = 0;
 	r->kind = GS_REC_SAMPLE;
 	r->cpu = bpf_get_smp_processor_id();
 	r->pid = id >> 32;
@@ -805,9 +1102,16 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		bpf_ringbuf_submit(r, submit_flags());
 		return 0;
 	}
-	/* The user stack first: one its map cannot take is sent ahead of the sample. */
+	/* The user stack first: a new one walked from the tables, or one its map cannot take, is
+	 * sent ahead of the sample. */
 	__u64 ts_ns = bpf_ktime_get_ns();
-	long ustack_id = get_stackid(ctx, BPF_F_USER_STACK);
+	__u64 native = 0;
+	if (sample_unwind_tables) {
+		/* The user-mode registers, also when the sample interrupted a system call. */
+		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+		native = unwind_user_stack(regs, id);
+	}
+	long ustack_id = native ? -1 : get_stackid(ctx, BPF_F_USER_STACK);
 	bool ustack_sent = ustack_id < 0 && send_user_stack(ctx, id, ts_ns, ustack_id);
 	struct gs_sample_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
@@ -816,6 +1120,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	}
 	fill_sample(r, id, ctx, py_stack, ts_ns);
 	r->ustack_id = ustack_id;
+	r->native_stack = native;
 	if (ustack_sent)
 		r->flags |= GS_SAMPLE_USTACK_SENT;
 	bpf_ringbuf_submit(r, submit_flags());
@@ -829,6 +1134,9 @@ int on_exec(void *ctx)
 	/* A new program: user space says whether it is an interpreter again. */
 	if (python_stacks)
 		bpf_map_delete_elem(&python_procs, &tgid);
+	/* Its mappings are gone: until user space gives it tables again, frame pointers. */
+	if (call_unwind_tables || sample_unwind_tables)
+		bpf_map_delete_elem(&unwind_procs, &tgid);
 	if (!is_target(tgid))
 		return 0;
 	struct gs_proc_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);

@@ -4,6 +4,7 @@
 #include <bpf/libbpf.h>
 #include <linux/perf_event.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -30,6 +31,12 @@ std::string_view lost_cause_name(int cause) {
     case GS_LOST_DEREF: return "deref";
     case GS_LOST_TARGETS_FULL: return "targets_full";
     case GS_LOST_PY_STACK: return "python_stack";
+    case GS_LOST_UNWIND_NO_TABLE: return "unwind_no_table";
+    case GS_LOST_UNWIND_NO_ROW: return "unwind_no_row";
+    case GS_LOST_UNWIND_UNSUPPORTED: return "unwind_unsupported_rule";
+    case GS_LOST_UNWIND_READ: return "unwind_read_fault";
+    case GS_LOST_UNWIND_DEPTH: return "unwind_depth";
+    case GS_LOST_UNWIND_SEND: return "unwind_stack_send";
   }
   return "unknown";
 }
@@ -67,6 +74,10 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   skel_->rodata->sample_stack_copy = cfg.sample_stack_copy;
   skel_->rodata->call_stack_copy = cfg.call_stack_copy;
   skel_->rodata->python_stacks = cfg.python_stacks;
+  skel_->rodata->call_unwind_tables = cfg.call_unwind_tables;
+  skel_->rodata->sample_unwind_tables = cfg.sample_unwind_tables;
+  const bool tables = cfg.call_unwind_tables || cfg.sample_unwind_tables;
+  bpf_map__set_max_entries(skel_->maps.unwind_rows, tables ? std::max<uint32_t>(cfg.unwind_rows, 1) : 1);
   skel_->rodata->wakeup_bytes = cfg.wakeup_bytes;
   skel_->rodata->self_tgid = static_cast<uint32_t>(getpid());
   bpf_map__set_max_entries(skel_->maps.events, round_up_pow2(cfg.ringbuf_bytes));
@@ -85,6 +96,17 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
                 strerror(-err));
   }
   multi_ = multi;
+  if (unwind_rows_) munmap(unwind_rows_, size_t(unwind_rows_cap_) * sizeof(gs_unwind_row));
+  unwind_rows_ = nullptr;
+  unwind_rows_cap_ = 0;
+  if (tables) {
+    const uint32_t n = bpf_map__max_entries(skel_->maps.unwind_rows);
+    const size_t bytes = size_t(n) * sizeof(gs_unwind_row);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, bpf_map__fd(skel_->maps.unwind_rows), 0);
+    if (p == MAP_FAILED) throw Error("cannot map the unwind table array ({} MiB): {}", bytes >> 20, strerror(errno));
+    unwind_rows_ = static_cast<gs_unwind_row*>(p);
+    unwind_rows_cap_ = n;
+  }
 }
 
 BpfSession::BpfSession(const SessionConfig& cfg)
@@ -143,6 +165,7 @@ int BpfSession::attach_multi(bpf_program* prog, const std::string& path, const P
 
 BpfSession::~BpfSession() {
   close_link_.reset();
+  if (unwind_rows_) munmap(unwind_rows_, size_t(unwind_rows_cap_) * sizeof(gs_unwind_row));
   high_rate_links_.clear();
   for (int fd : multi_links_) close(fd);
   for (int fd : runtime_launch_multi_links_) close(fd);
@@ -192,6 +215,37 @@ void BpfSession::remove_target(pid_t pid) {
 bool BpfSession::set_python_process(pid_t pid, const gs_py_process& proc) {
   uint32_t key = static_cast<uint32_t>(pid);
   return bpf_map__update_elem(skel_->maps.python_procs, &key, sizeof(key), &proc, sizeof(proc), BPF_ANY) == 0;
+}
+
+bool BpfSession::set_unwind_process(pid_t pid, const gs_unwind_proc& proc) {
+  uint32_t key = static_cast<uint32_t>(pid);
+  return bpf_map__update_elem(skel_->maps.unwind_procs, &key, sizeof(key), &proc, sizeof(proc), BPF_ANY) == 0;
+}
+
+void BpfSession::remove_unwind_process(pid_t pid) {
+  uint32_t key = static_cast<uint32_t>(pid);
+  bpf_map__delete_elem(skel_->maps.unwind_procs, &key, sizeof(key), 0);
+}
+
+std::vector<pid_t> BpfSession::unwind_wanted() const {
+  std::vector<pid_t> out;
+  if (!unwind_rows_) return out;
+  uint32_t key = 0;
+  for (const uint32_t* prev = nullptr;
+       bpf_map__get_next_key(skel_->maps.unwind_wanted, prev, &key, sizeof(key)) == 0 && out.size() < 4096;) {
+    out.push_back(static_cast<pid_t>(key));
+    prev = reinterpret_cast<const uint32_t*>(&out.back());
+  }
+  return out;
+}
+
+void BpfSession::clear_unwind_wanted(pid_t pid) {
+  uint32_t key = static_cast<uint32_t>(pid);
+  bpf_map__delete_elem(skel_->maps.unwind_wanted, &key, sizeof(key), 0);
+}
+
+void BpfSession::forget_native_stacks(const std::vector<uint64_t>& ids) {
+  for (uint64_t id : ids) bpf_map__delete_elem(skel_->maps.native_stacks_sent, &id, sizeof(id), 0);
 }
 
 void BpfSession::start_cpu_sampling(int hz) {

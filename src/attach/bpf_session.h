@@ -39,6 +39,11 @@ struct SessionConfig {
   // .eh_frame; false: frame pointers, walked by the kernel.
   bool sample_stack_copy = false;
   bool call_stack_copy = false;  // the same for CUDA calls' stacks
+  // Walk CUDA calls' (samples') user stacks in BPF with the unwind tables given by
+  // set_unwind_process; processes without tables get frame-pointer stacks.
+  bool call_unwind_tables = false;
+  bool sample_unwind_tables = false;
+  uint32_t unwind_rows = 4u << 20;  // capacity of the shared row array (8 bytes a row)
   // Runtime launches (cudaLaunchKernel...) reach the driver's launch functions, so probing both
   // traps twice per launch. false: attach only the driver's (see detach_runtime_launch_probes).
   bool runtime_launch_probes = true;
@@ -80,6 +85,19 @@ class BpfSession {
   // Samples every CPU with the perf software cpu-clock at `hz` per second (no hardware PMU
   // needed); target threads' samples become GS_REC_SAMPLE records. Throws Error with what to do.
   void start_cpu_sampling(int hz);
+  // Unwind tables (bpf: unwind_rows, unwind_procs). Rows are written in place, in the shared
+  // array mapped into our memory, before a process's mapping table names them.
+  gs_unwind_row* unwind_rows() const { return unwind_rows_; }
+  uint32_t unwind_rows_capacity() const { return unwind_rows_cap_; }
+  bool unwind_tables_enabled() const { return unwind_rows_ != nullptr; }
+  // False if the map is full.
+  bool set_unwind_process(pid_t pid, const gs_unwind_proc& proc);
+  void remove_unwind_process(pid_t pid);
+  // Processes whose walks asked for their mappings to be read again (bpf: unwind_wanted).
+  std::vector<pid_t> unwind_wanted() const;
+  void clear_unwind_wanted(pid_t pid);
+  // Lets the BPF side send these stacks again (bpf: native_stacks_sent): user space forgot them.
+  void forget_native_stacks(const std::vector<uint64_t>& ids);
   // Tells the BPF side not to stop processes again for this file (see bpf: checked_files).
   void mark_checked(uint64_t dev, uint64_t ino);
   // Detaches the tracepoint that stops processes at library loads. Called first when the
@@ -169,6 +187,8 @@ class BpfSession {
   std::vector<std::unique_ptr<bpf_link, LinkDeleter>> runtime_launch_links_;
   RecordHandler handler_;
   int stats_fd_ = -1;
+  gs_unwind_row* unwind_rows_ = nullptr;  // mmapped unwind_rows, unwind_rows_cap_ rows
+  uint32_t unwind_rows_cap_ = 0;
   uint32_t stack_map_entries_ = 0;
   bool stack_generations_ = false;
 

@@ -111,14 +111,20 @@ int main(int argc, char** argv) {
   std::string sample_unwind = "dwarf";
   rec->add_option("--sample-unwind", sample_unwind,
                   "How CPU samples' user stacks are walked: dwarf (a copy of the stack, unwound from .eh_frame: "
-                  "works without frame pointers) or fp (frame pointers, in the kernel)")
-      ->check(CLI::IsMember({"dwarf", "fp"}))
+                  "works without frame pointers, cut at 16 KiB), eh-frame (walked in the kernel from tables "
+                  "compiled from .eh_frame: whole stacks, no copy) or fp (frame pointers, in the kernel)")
+      ->check(CLI::IsMember({"dwarf", "eh-frame", "fp"}))
       ->capture_default_str();
   std::string call_unwind = "fp";
   rec->add_option("--call-stacks", call_unwind,
                   "How CUDA calls' user stacks are walked: fp (frame pointers, in the kernel: cheap, stops at code "
-                  "without them) or dwarf (a 16 KiB stack copy per call, unwound from .eh_frame)")
-      ->check(CLI::IsMember({"dwarf", "fp"}))
+                  "without them), eh-frame (in the kernel, from tables compiled from .eh_frame: works without "
+                  "frame pointers) or dwarf (a 16 KiB stack copy per call, unwound from .eh_frame)")
+      ->check(CLI::IsMember({"dwarf", "eh-frame", "fp"}))
+      ->capture_default_str();
+  rec->add_option("--unwind-table-mb", ropts.unwind_table_mb,
+                  "Memory for the eh-frame tables of every mapped file (8 bytes a row; libcublasLt needs 6 MiB); "
+                  "files that do not fit are walked with frame pointers")
       ->capture_default_str();
   rec->add_option("--gpu-sample-hz", ropts.gpu_sample_hz,
                   "Read the GPUs' NVML metrics (utilisation, memory, power, clocks, throttling, PCIe, per-process "
@@ -221,6 +227,10 @@ int main(int argc, char** argv) {
       ropts.stacks = !no_stacks;
       ropts.dwarf_unwind_samples = sample_unwind == "dwarf";
       ropts.dwarf_unwind_calls = call_unwind == "dwarf";
+      ropts.table_unwind_calls = call_unwind == "eh-frame";
+      ropts.table_unwind_samples = sample_unwind == "eh-frame";
+      if (ropts.unwind_table_mb < 1 || ropts.unwind_table_mb > 4096)
+        throw Error("--unwind-table-mb must be between 1 and 4096");
       ropts.python_stacks = !no_python;
       if (ropts.gpu_sample_hz > 1000) throw Error("--gpu-sample-hz must be at most 1000");
       return record::run_record(ropts);

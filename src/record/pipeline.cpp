@@ -3,6 +3,7 @@
 #include <sys/uio.h>
 #include <sys/utsname.h>
 
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 
@@ -158,6 +159,7 @@ void Pipeline::process_batch(const std::vector<uint8_t>& batch) {
     stack_ids_.clear();
     sent_stack_ids_.clear();
     kernel_stack_ids_.clear();
+    for (auto& [pid, n] : native_stacks_) n.stored.clear();
   }
   size_t at = 0;
   while (at + sizeof(uint32_t) <= batch.size()) {
@@ -181,6 +183,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       CallEvent e;
       if (!decode::decode_call(rec, e)) return;
       if (rec.flags & GS_CALL_STACK_COPIED) e.stack_id = take_sent_stack(rec.pid, rec.tid, rec.ts_ns, e.py_stack);
+      if (rec.native_stack) e.stack_id = native_stack(rec.pid, rec.native_stack, e.py_stack);
       if (e.name_addr && cfg_.lazy_registration_names && is_registration(e)) {
         e.name.clear();  // the Tracker keeps name_addr, read at the kernel's first launch
       } else if (e.name_addr) {
@@ -226,6 +229,9 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
     case GS_REC_PY_STACK:
       python_.on_stack(data, size);
       break;
+    case GS_REC_NATIVE_STACK:
+      on_native_stack(data, size);
+      break;
     case GS_REC_FORK: {  // sent for forks of Python processes
       gs_proc_record rec;
       std::memcpy(&rec, data, std::min(size, sizeof(rec)));
@@ -246,6 +252,8 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
         std::memcpy(&len, &full->stack_len, sizeof(len));
         const auto u = unwind_stack_copy(rec.pid, rec.tid, &full->regs, full->data, len);
         user_stack = store_user_stack(rec.pid, u.ips, u.truncated, rec.py_stack);
+      } else if (rec.native_stack) {
+        user_stack = native_stack(rec.pid, rec.native_stack, rec.py_stack);
       } else if (rec.flags & GS_SAMPLE_USTACK_SENT) {
         user_stack = take_sent_stack(rec.pid, rec.tid, rec.ts_ns, rec.py_stack);
       } else {
@@ -274,6 +282,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       kernel_ids_.erase(rec.pid);
       unwinder_.forget(static_cast<pid_t>(rec.pid));
       python_.forget(static_cast<pid_t>(rec.pid));
+      forget_native_stacks(rec.pid);  // a later process with this pid walks other code
       break;
     }
     case GS_REC_EXEC: {
@@ -284,6 +293,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       // The same addresses are other code in the new program.
       stack_ids_.erase(rec.pid);
       sent_stack_ids_.erase(rec.pid);
+      forget_native_stacks(rec.pid);
       const bool known = known_processes_.erase(rec.pid) > 0;
       if (known || cfg_.note_every_exec) note_process(rec.pid, rec.ts_ns);
       break;
@@ -409,6 +419,48 @@ int64_t Pipeline::take_sent_stack(uint32_t pid, uint32_t tid, uint64_t ts_ns, ui
   }
   copied_stacks_.erase(it);
   return id;
+}
+
+void Pipeline::on_native_stack(const uint8_t* data, size_t size) {
+  constexpr size_t header = offsetof(gs_native_stack_record, ips);
+  if (size < header) return;
+  gs_native_stack_record rec;
+  std::memcpy(&rec, data, header);
+  const size_t nr = std::min<size_t>({rec.nr, GS_MAX_NATIVE_DEPTH, (size - header) / sizeof(uint64_t)});
+  Unwound u;
+  u.ips.resize(nr);
+  std::memcpy(u.ips.data(), data + header, nr * sizeof(uint64_t));
+  u.truncated = !(rec.flags & GS_NATIVE_COMPLETE);
+  if (native_stacks_[rec.pid].stacks.size() >= kMaxNativeStacksPerProcess) forget_native_stacks(rec.pid);
+  native_stacks_[rec.pid].stacks[rec.id] = std::move(u);
+}
+
+int64_t Pipeline::native_stack(uint32_t pid, uint64_t id, uint64_t py_stack) {
+  auto p = native_stacks_.find(pid);
+  if (p == native_stacks_.end()) {
+    ++native_stacks_unknown_;
+    return 0;
+  }
+  auto& n = p->second;
+  if (auto it = n.stored.find({id, py_stack}); it != n.stored.end()) return it->second;
+  auto it = n.stacks.find(id);
+  if (it == n.stacks.end()) {
+    ++native_stacks_unknown_;
+    return 0;
+  }
+  const int64_t stored = store_user_stack(pid, it->second.ips, it->second.truncated, py_stack);
+  n.stored.emplace(std::pair{id, py_stack}, stored);
+  return stored;
+}
+
+void Pipeline::forget_native_stacks(uint32_t pid) {
+  auto it = native_stacks_.find(pid);
+  if (it == native_stacks_.end()) return;
+  std::vector<uint64_t> ids;
+  ids.reserve(it->second.stacks.size());
+  for (const auto& [id, u] : it->second.stacks) ids.push_back(id);
+  bpf_.forget_native_stacks(ids);
+  native_stacks_.erase(it);
 }
 
 bool Pipeline::stack_expired(int32_t bpf_stack_id, uint64_t ts_ns) {
@@ -557,6 +609,7 @@ void Pipeline::write_lost() {
   sink_.set_lost("queue_full", dropped_.load());
   sink_.set_lost("name_unreadable", names_unread_);
   sink_.set_lost("python_frame_unnamed", python_.unnamed_frames());
+  sink_.set_lost("unwind_stack_unknown", native_stacks_unknown_);
 }
 
 void Pipeline::maybe_commit() {

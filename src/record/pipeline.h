@@ -98,6 +98,11 @@ class Pipeline {
   int64_t resolve_user_stack(uint32_t pid, int32_t bpf_stack_id, uint64_t py_stack, uint64_t ts_ns);
   static bool is_registration(const CallEvent& e);
   int64_t take_sent_stack(uint32_t pid, uint32_t tid, uint64_t ts_ns, uint64_t py_stack);
+  // A stack walked from the unwind tables in BPF, by the id its GS_REC_NATIVE_STACK came with.
+  int64_t native_stack(uint32_t pid, uint64_t id, uint64_t py_stack);
+  void on_native_stack(const uint8_t* data, size_t size);
+  // Forgets a process's native stacks here and in BPF's sent map, which then sends them again.
+  void forget_native_stacks(uint32_t pid);
   // Stores a native stack (innermost first) merged with the thread's Python stack, if any; a
   // native walk cut short gets its truncation marker.
   int64_t store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated, uint64_t py_stack);
@@ -175,6 +180,15 @@ class Pipeline {
   // truncation (bytes), so that one sent again is not resolved and interned again.
   static constexpr size_t kMaxSentStacksPerProcess = 16384;
   std::unordered_map<uint32_t, std::unordered_map<std::string, int64_t>> sent_stack_ids_;
+  // Stacks walked in BPF (GS_REC_NATIVE_STACK), by process and id; and those stored, by (id,
+  // Python stack). Dropped at the process's exit or exec, or once a process has too many.
+  static constexpr size_t kMaxNativeStacksPerProcess = 65536;
+  struct NativeStacks {
+    std::unordered_map<uint64_t, Unwound> stacks;
+    std::map<std::pair<uint64_t, uint64_t>, int64_t> stored;
+  };
+  std::unordered_map<uint32_t, NativeStacks> native_stacks_;
+  uint64_t native_stacks_unknown_ = 0;  // records naming a stack that never came (or was dropped)
   std::unordered_set<uint64_t> named_kernel_ips_;
   std::unordered_map<uint32_t, std::unordered_map<uint64_t, int64_t>> kernel_ids_;  // handle ^ api -> kernel
   uint64_t calls_since_commit_ = 0;

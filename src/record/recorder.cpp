@@ -280,6 +280,9 @@ int Recorder::run() {
   topts.python_stacks = opts_.python_stacks;
   topts.dwarf_unwind_samples = opts_.dwarf_unwind_samples;
   topts.dwarf_unwind_calls = opts_.dwarf_unwind_calls;
+  topts.table_unwind_calls = opts_.table_unwind_calls;
+  topts.table_unwind_samples = opts_.table_unwind_samples;
+  topts.unwind_table_mb = opts_.unwind_table_mb;
   topts.launch_probes = opts_.launch_probes;
   topts.bpf_stats = opts_.bpf_stats;
   topts.cpu_profile_hz = opts_.cpu_profile_hz;
@@ -352,6 +355,7 @@ int Recorder::run() {
   }
 
   tracer_->stop();
+  tracer_->report_unwind_tables();
   writer_->set_meta("end_ns", std::to_string(monotonic_ns()));
   record_own_cost();
   writer_->finish();
@@ -360,11 +364,16 @@ int Recorder::run() {
 
   const auto st = tracer_->stats();
   const auto lost = tracer_->bpf().lost();
-  uint64_t lost_total = st.queue_dropped_records;
-  for (uint64_t v : lost) lost_total += v;
+  uint64_t lost_total = st.queue_dropped_records, stacks_cut = 0;
+  // Walks cut short keep their first frames: said apart from events lost.
+  for (int cause = 0; cause < GS_LOST_NR; ++cause)
+    (cause >= GS_LOST_UNWIND_NO_ROW && cause <= GS_LOST_UNWIND_DEPTH ? stacks_cut : lost_total) +=
+        cause == GS_LOST_UNWIND_NO_TABLE ? 0 : lost[cause];
   if (!opts_.quiet) {
     log_info("recorded {} CUDA calls ({} kernel launches){} into {}; {} events lost", st.calls, st.launches,
              opts_.cpu_profile_hz ? fmt::format(" and {} CPU samples", st.samples) : "", opts_.output, lost_total);
+    if (stacks_cut)
+      log_info("{} user stacks walked from .eh_frame were cut short (see lost counters unwind_*)", stacks_cut);
     if (st.calls == 0)
       log_info("{}", tracer_->libraries_attached() == 0 ? "no CUDA library was loaded by the target: nothing to record"
                                                         : "the target loaded CUDA but made no probed call");

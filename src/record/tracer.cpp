@@ -38,6 +38,19 @@ class Tracer::ControlQueue {
     exits_.push_back(pid);
     wake();
   }
+  // Exits for the unwind tables: no wake-up (freeing them can wait for the next one).
+  void push_unwind_exit(pid_t pid) {
+    std::lock_guard lock(mu_);
+    unwind_exits_.push_back(pid);
+  }
+  std::vector<pid_t> take_unwind_exits() {
+    std::lock_guard lock(mu_);
+    return std::exchange(unwind_exits_, {});
+  }
+  void wake() {
+    uint64_t one = 1;
+    [[maybe_unused]] auto n = write(fd_, &one, sizeof(one));
+  }
   void take(std::vector<gs_libload_record>& libloads, std::vector<pid_t>& execs) {
     uint64_t v;
     [[maybe_unused]] auto n = read(fd_, &v, sizeof(v));
@@ -51,14 +64,10 @@ class Tracer::ControlQueue {
   }
 
  private:
-  void wake() {
-    uint64_t one = 1;
-    [[maybe_unused]] auto n = write(fd_, &one, sizeof(one));
-  }
   int fd_;
   std::mutex mu_;
   std::vector<gs_libload_record> libloads_;
-  std::vector<pid_t> execs_, exits_;
+  std::vector<pid_t> execs_, exits_, unwind_exits_;
 };
 
 void StoppedProcesses::resume(pid_t pid) {
@@ -83,9 +92,15 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
                                                                               : "runtime and driver");
   cfg.filter_targets = !opts_.all;
   cfg.program_stats = opts_.bpf_stats;
-  cfg.sample_stack_copy = opts_.dwarf_unwind_samples;
-  cfg.call_stack_copy = opts_.dwarf_unwind_calls && opts_.stacks;
-  sink_.set_meta("call_unwinding", !opts_.stacks ? "none" : opts_.dwarf_unwind_calls ? "dwarf" : "frame pointers");
+  cfg.call_unwind_tables = opts_.table_unwind_calls && opts_.stacks;
+  cfg.sample_unwind_tables = opts_.table_unwind_samples && opts_.cpu_profile_hz > 0;
+  cfg.call_stack_copy = opts_.dwarf_unwind_calls && opts_.stacks && !cfg.call_unwind_tables;
+  cfg.sample_stack_copy = opts_.dwarf_unwind_samples && !cfg.sample_unwind_tables;
+  cfg.unwind_rows = uint32_t((uint64_t(opts_.unwind_table_mb) << 20) / sizeof(gs_unwind_row));
+  sink_.set_meta("call_unwinding", !opts_.stacks                ? "none"
+                                   : cfg.call_unwind_tables   ? "eh-frame"
+                                   : opts_.dwarf_unwind_calls ? "dwarf"
+                                                              : "frame pointers");
   cfg.capture_stacks = opts_.stacks;
   cfg.python_stacks = opts_.stacks && opts_.python_stacks;
   sink_.set_meta("python_stacks", cfg.python_stacks ? "1" : "0");
@@ -100,13 +115,16 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   if (opts_.cpu_profile_hz) {
     bpf_->start_cpu_sampling(opts_.cpu_profile_hz);
     sink_.set_meta("cpu_profile_hz", std::to_string(opts_.cpu_profile_hz));
-    sink_.set_meta("sample_unwinding", opts_.dwarf_unwind_samples ? "dwarf" : "frame pointers");
+    sink_.set_meta("sample_unwinding", cfg.sample_unwind_tables ? "eh-frame"
+                                       : cfg.sample_stack_copy  ? "dwarf"
+                                                                : "frame pointers");
   }
 
   PipelineConfig pcfg = opts_.pipeline;
   pcfg.complete_history = opts_.whole_history;
   if (!cfg.stack_generations) pcfg.recycle_stacks_at = 0;
   pipeline_ = std::make_unique<Pipeline>(sink_, *bpf_, maps_, pcfg);
+  if (bpf_->unwind_tables_enabled()) unwind_ = std::make_unique<UnwindTables>(*bpf_);
   bpf_->set_handler([this](const void* data, size_t size) {
     uint16_t kind;
     std::memcpy(&kind, data, sizeof(kind));
@@ -120,6 +138,8 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
       control_->push_exec(static_cast<pid_t>(static_cast<const gs_proc_record*>(data)->pid));
     if (kind == GS_REC_EXIT && opts_.all && size >= sizeof(gs_proc_record))
       control_->push_exit(static_cast<pid_t>(static_cast<const gs_proc_record*>(data)->pid));
+    if (kind == GS_REC_EXIT && unwind_ && size >= sizeof(gs_proc_record))
+      control_->push_unwind_exit(static_cast<pid_t>(static_cast<const gs_proc_record*>(data)->pid));
     pipeline_->push(data, size);
   });
 }
@@ -132,9 +152,16 @@ void Tracer::start() {
   pipeline_->start();
   consuming_ = true;
   consumer_ = std::thread([this] {
+    uint64_t unwind_checked_ns = 0;
     while (consuming_.load(std::memory_order_relaxed)) {
       bpf_->poll(opts_.poll_ms);
       pipeline_->end_batch();
+      // Processes whose stacks need their mappings read again are answered by the control
+      // loop; it is woken for them here, a few times a second at most.
+      if (unwind_ && monotonic_ns() - unwind_checked_ns > 200'000'000) {
+        unwind_checked_ns = monotonic_ns();
+        if (!bpf_->unwind_wanted().empty()) control_->wake();
+      }
     }
   });
 }
@@ -252,6 +279,7 @@ void Tracer::attach_mapped_libraries(pid_t pid) {
     log_info("PID {} has no CUDA library loaded yet; its probes attach when it loads one", pid);
   if (opts_.all && opts_.only_cuda_processes && !has_cuda) return;
   maps_.refresh(pid);
+  if (unwind_) unwind_->update(pid);
   find_python(pid);
 }
 
@@ -278,12 +306,33 @@ void Tracer::handle_control() {
     if (discover::looks_like_python(path) && !opts_.only_cuda_processes) find_python(pid);
     if (probed && opts_.only_cuda_processes) find_python(pid);
     bpf_->mark_checked(l.dev, l.ino);
+    // The new library's table, before the process runs its code.
+    if (unwind_ && (!opts_.only_cuda_processes || cuda_processes_.contains(pid))) unwind_->update(pid);
     if (l.stopped) stopped_.resume(pid);
   }
   for (pid_t pid : execs) {
     check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid));
     if (!opts_.only_cuda_processes) find_python(pid);
+    if (unwind_ && !opts_.only_cuda_processes) unwind_->update(pid);
   }
+  if (unwind_) {
+    for (pid_t pid : control_->take_unwind_exits()) unwind_->forget(pid);
+    unwind_->update_wanted();
+  }
+}
+
+void Tracer::report_unwind_tables() {
+  if (!unwind_) return;
+  const auto st = unwind_->stats();
+  const std::string text =
+      fmt::format("{} files, {} of {} rows ({:.1f} of {:.1f} MiB), compiled {} files in {:.0f} ms; {} without room, "
+                  "{} without frame information, {} evicted",
+                  st.files, st.rows_used, st.rows_capacity, st.rows_used * sizeof(gs_unwind_row) / 1048576.0,
+                  st.rows_capacity * sizeof(gs_unwind_row) / 1048576.0, st.files_compiled, st.compile_ns / 1e6,
+                  st.files_without_room, st.files_failed, st.evicted);
+  sink_.set_meta("unwind_tables", text);
+  sink_.set_lost("unwind_table_no_room", st.files_without_room);
+  if (!opts_.quiet) log_info("unwind tables: {}", text);
 }
 
 void Tracer::start_gpu_metrics() {

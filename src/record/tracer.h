@@ -20,6 +20,7 @@
 #include "discover/python.h"
 #include "gpu/nvml.h"
 #include "record/pipeline.h"
+#include "record/unwind_tables.h"
 #include "store/sink.h"
 #include "symbolize/process_maps.h"
 
@@ -41,6 +42,10 @@ struct TracerOptions {
   bool python_stacks = true;         // Python frames in the stacks of CPython processes
   bool dwarf_unwind_samples = true;  // CPU samples unwound from .eh_frame (false: frame pointers)
   bool dwarf_unwind_calls = false;   // CUDA calls' stacks too (a 16 KiB copy per call)
+  // Walked in BPF from .eh_frame tables (record/unwind_tables.h) instead; these win over the two above.
+  bool table_unwind_calls = false;
+  bool table_unwind_samples = false;
+  uint32_t unwind_table_mb = 32;     // the tables' memory cap
   LaunchProbes launch_probes = LaunchProbes::Auto;
   bool bpf_stats = false;
   // High-rate probes (launches, copies, memsets) attached per process, so that each process's
@@ -95,6 +100,8 @@ class Tracer {
 
   attach::BpfSession& bpf() { return *bpf_; }
   PipelineStats stats() const { return pipeline_->stats(); }
+  // Writes what the unwind tables hold and cost into the sink's meta (and says it unless quiet).
+  void report_unwind_tables();
   int libraries_attached() const { return libraries_attached_; }
   // Processes that exited since the last call (when tracing every process; from exit records).
   std::vector<pid_t> take_exited();
@@ -117,6 +124,7 @@ class Tracer {
   std::unique_ptr<attach::BpfSession> bpf_;
   symbolize::ProcessMaps maps_;
   std::unique_ptr<Pipeline> pipeline_;
+  std::unique_ptr<UnwindTables> unwind_;  // with table_unwind_*
   std::unique_ptr<ControlQueue> control_;
   StoppedProcesses stopped_;
   std::unique_ptr<gpu::NvmlSampler> nvml_;

@@ -1,0 +1,189 @@
+#include "record/unwind_tables.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "discover/proc.h"
+
+namespace gpuscope::record {
+namespace {
+
+constexpr uint64_t kWantedIntervalNs = 1'000'000'000;
+
+}  // namespace
+
+bool UnwindTables::allocate(uint32_t n, uint32_t& off) {
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < n) continue;
+    off = it->first;
+    const uint32_t rest = it->second - n;
+    free_.erase(it);
+    if (rest) free_.emplace(off + n, rest);
+    return true;
+  }
+  if (uint64_t(top_) + n > bpf_.unwind_rows_capacity()) return false;
+  off = top_;
+  top_ += n;
+  return true;
+}
+
+void UnwindTables::release(uint32_t off, uint32_t n) {
+  auto [it, inserted] = free_.emplace(off, n);
+  // Joined with its neighbours, so that a big table fits again where small ones were.
+  if (auto next = std::next(it); next != free_.end() && it->first + it->second == next->first) {
+    it->second += next->second;
+    free_.erase(next);
+  }
+  if (it != free_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      free_.erase(it);
+      it = prev;
+    }
+  }
+  if (it->first + it->second == top_) {  // back to never handed out
+    top_ = it->first;
+    free_.erase(it);
+  }
+}
+
+// The least recently used table no process maps.
+bool UnwindTables::evict_one() {
+  auto victim = files_.end();
+  for (auto it = files_.begin(); it != files_.end(); ++it)
+    if (it->second.refs == 0 && (victim == files_.end() || it->second.last_used < victim->second.last_used))
+      victim = it;
+  if (victim == files_.end()) return false;
+  if (victim->second.len) release(victim->second.off, victim->second.len);
+  files_.erase(victim);
+  ++stats_.evicted;
+  return true;
+}
+
+UnwindTables::File* UnwindTables::load(const FileKey& key, const std::string& path) {
+  if (auto it = files_.find(key); it != files_.end()) return &it->second;
+  File f;
+  f.path = path;
+  const uint64_t t0 = monotonic_ns();
+  symbolize::UnwindTable t;
+  try {
+    t = symbolize::compile_unwind_table(path);
+  } catch (const std::exception& e) {
+    log_debug("no unwind table for {}: {}", path, e.what());
+  }
+  stats_.compile_ns += monotonic_ns() - t0;
+  ++stats_.files_compiled;
+  f.base = t.base;
+  f.segments = t.segments;
+  if (t.rows.empty()) {
+    ++stats_.files_failed;
+  } else if (t.rows.size() > bpf_.unwind_rows_capacity()) {
+    ++stats_.files_without_room;
+  } else {
+    const auto n = static_cast<uint32_t>(t.rows.size());
+    uint32_t off = 0;
+    bool ok = allocate(n, off);
+    while (!ok && evict_one()) ok = allocate(n, off);
+    if (ok) {
+      // Written before any process's mapping table names these rows (an update of that map
+      // is a system call: the BPF side sees the rows complete).
+      std::memcpy(bpf_.unwind_rows() + off, t.rows.data(), size_t(n) * sizeof(gs_unwind_row));
+      f.off = off;
+      f.len = n;
+      log_debug("unwind table for {}: {} rows at {}", path, n, off);
+    } else {
+      ++stats_.files_without_room;
+      log_debug("no room for the {} unwind rows of {}", n, path);
+    }
+  }
+  return &files_.emplace(key, std::move(f)).first->second;
+}
+
+bool UnwindTables::update(pid_t pid) {
+  if (!bpf_.unwind_tables_enabled()) return false;
+  auto maps = discover::read_maps(pid);
+  if (maps.empty()) return false;
+  Process next;
+  next.updated_ns = monotonic_ns();
+  for (const auto& m : maps) {
+    if (!m.executable || m.path.empty() || m.path[0] != '/') continue;
+    if (next.maps.size() >= GS_UNWIND_MAX_MAPPINGS) break;
+    // The file the mapping holds, even if its path now names another (an upgraded library).
+    const std::string path = fmt::format("/proc/{}/map_files/{:x}-{:x}", pid, m.start, m.end);
+    struct stat st{};
+    if (stat(path.c_str(), &st) != 0) continue;
+    const FileKey key{st.st_dev, st.st_ino, int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
+    File* f = load(key, path);
+    f->last_used = ++clock_;
+    ++f->refs;  // at once: loading the next file must not evict this one
+    next.files.push_back(key);
+    gs_unwind_mapping um{};
+    um.start = m.start;
+    um.end = m.end;
+    um.table_off = f->off;
+    um.table_len = f->len;
+    // ip - pc_delta = the file vaddr of ip, minus the table's base.
+    bool found = false;
+    for (const auto& s : f->segments)
+      if (m.offset >= s.offset && m.offset < s.offset + s.filesz) {
+        um.pc_delta = m.start - (m.offset - s.offset + s.vaddr) + f->base;
+        found = true;
+        break;
+      }
+    if (!found) um.table_len = 0;
+    next.maps.push_back(um);
+  }
+  std::sort(next.maps.begin(), next.maps.end(), [](const auto& a, const auto& b) { return a.start < b.start; });
+  auto old = procs_.find(pid);
+  if (old != procs_.end())
+    for (const auto& k : old->second.files)
+      if (auto it = files_.find(k); it != files_.end()) --it->second.refs;
+  const bool same = old != procs_.end() && old->second.maps.size() == next.maps.size() &&
+                    std::equal(next.maps.begin(), next.maps.end(), old->second.maps.begin(),
+                               [](const auto& a, const auto& b) { return !std::memcmp(&a, &b, sizeof(a)); });
+  if (!same) {
+    auto proc = std::make_unique<gs_unwind_proc>();
+    std::memset(proc.get(), 0, sizeof(*proc));
+    proc->nr = static_cast<uint32_t>(next.maps.size());
+    std::copy(next.maps.begin(), next.maps.end(), proc->maps);
+    if (!bpf_.set_unwind_process(pid, *proc)) log_debug("no room for PID {}'s unwind table", pid);
+  }
+  procs_[pid] = std::move(next);
+  return true;
+}
+
+void UnwindTables::forget(pid_t pid) {
+  auto it = procs_.find(pid);
+  if (it == procs_.end()) return;
+  for (const auto& k : it->second.files)
+    if (auto f = files_.find(k); f != files_.end()) --f->second.refs;
+  procs_.erase(it);
+  bpf_.remove_unwind_process(pid);
+}
+
+void UnwindTables::update_wanted() {
+  const uint64_t now = monotonic_ns();
+  for (pid_t pid : bpf_.unwind_wanted()) {
+    auto it = procs_.find(pid);
+    // A process walking through code of no file (JIT) asks again and again: once a second.
+    if (it != procs_.end() && now - it->second.updated_ns < kWantedIntervalNs) continue;
+    if (!update(pid)) forget(pid);
+    bpf_.clear_unwind_wanted(pid);
+  }
+}
+
+UnwindTables::Stats UnwindTables::stats() const {
+  Stats s = stats_;
+  s.files = files_.size();
+  s.processes = procs_.size();
+  s.rows_capacity = bpf_.unwind_rows_capacity();
+  for (const auto& [k, f] : files_) s.rows_used += f.len;
+  return s;
+}
+
+}  // namespace gpuscope::record

@@ -1,0 +1,76 @@
+// The BPF stack walker's tables (--call-stacks eh-frame, --sample-unwind eh-frame): each file a
+// target maps executable is compiled once (symbolize::compile_unwind_table) into a range of the
+// shared row array, whatever the number of processes that map it; each process gets a sorted
+// table of its executable mappings naming their ranges. Memory is bounded by the array's size:
+// tables no process uses are evicted first, and a file that still does not fit is walked with
+// frame pointers (counted). Used by one thread (the tracer's control loop).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attach/bpf_session.h"
+#include "symbolize/unwind_table.h"
+
+namespace gpuscope::record {
+
+class UnwindTables {
+ public:
+  explicit UnwindTables(attach::BpfSession& bpf) : bpf_(bpf) {}
+
+  // Reads the process's executable mappings, loads the tables it lacks and gives the BPF side
+  // its mapping table. False if the process is gone.
+  bool update(pid_t pid);
+  // Lets go of a process (exited): its files' tables may be evicted from now on.
+  void forget(pid_t pid);
+  // The processes the BPF side asked about (no table yet, or code outside their mappings),
+  // updated at most once a second each.
+  void update_wanted();
+
+  struct Stats {
+    size_t files = 0;              // tables loaded
+    uint64_t rows_used = 0, rows_capacity = 0;
+    uint64_t compile_ns = 0;       // spent compiling, in all
+    uint64_t files_compiled = 0;
+    uint64_t files_without_room = 0;  // walked with frame pointers: the array was full
+    uint64_t files_failed = 0;     // unreadable, or no frame information
+    uint64_t evicted = 0;
+    size_t processes = 0;
+  };
+  Stats stats() const;
+
+ private:
+  using FileKey = std::tuple<uint64_t, uint64_t, int64_t>;  // st_dev, st_ino, mtime (ns)
+  struct File {
+    std::string path;
+    uint64_t base = 0;
+    std::vector<symbolize::UnwindTable::Segment> segments;
+    uint32_t off = 0, len = 0;  // rows in the array; len 0: none (frame pointers)
+    int refs = 0;
+    uint64_t last_used = 0;
+  };
+  struct Process {
+    std::vector<FileKey> files;
+    uint64_t updated_ns = 0;
+    std::vector<gs_unwind_mapping> maps;
+  };
+  File* load(const FileKey& key, const std::string& path);
+  bool allocate(uint32_t n, uint32_t& off);
+  void release(uint32_t off, uint32_t n);
+  bool evict_one();
+
+  attach::BpfSession& bpf_;
+  std::map<FileKey, File> files_;
+  std::map<pid_t, Process> procs_;
+  std::map<uint32_t, uint32_t> free_;  // free row ranges: offset -> length
+  uint32_t top_ = 0;                   // rows below it have been handed out at some point
+  uint64_t clock_ = 0;
+  Stats stats_;
+};
+
+}  // namespace gpuscope::record

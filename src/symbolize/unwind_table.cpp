@@ -1,0 +1,407 @@
+#include "symbolize/unwind_table.h"
+
+#include <dwarf.h>
+#include <elfutils/libdw.h>
+#include <fcntl.h>
+#include <gelf.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+
+#include "common/error.h"
+
+namespace gpuscope::symbolize {
+namespace {
+
+constexpr int kRegRbp = 6, kRegRsp = 7, kRegRip = 16;
+
+struct Closer {
+  int fd;
+  ~Closer() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+// --- FDE address ranges ---
+// libdw finds the frame state at an address (dwarf_cfi_addrframe) but hands out FDEs only as
+// raw bytes (dwarf_next_cfi): their ranges are decoded here, with the pointer encoding their
+// CIE's augmentation names (DW_EH_PE_*, LSB "Exception Frames").
+
+size_t uleb_skip(const uint8_t* p, const uint8_t* end) {
+  size_t n = 0;
+  while (p + n < end && (p[n] & 0x80)) ++n;
+  return n + 1;
+}
+
+uint64_t read_uleb(const uint8_t*& p, const uint8_t* end) {
+  uint64_t v = 0;
+  for (int shift = 0; p < end; shift += 7) {
+    const uint8_t b = *p++;
+    if (shift < 64) v |= uint64_t(b & 0x7f) << shift;
+    if (!(b & 0x80)) break;
+  }
+  return v;
+}
+
+int64_t read_sleb(const uint8_t*& p, const uint8_t* end) {
+  int64_t v = 0;
+  int shift = 0;
+  uint8_t b = 0;
+  do {
+    if (p >= end) return v;
+    b = *p++;
+    if (shift < 64) v |= int64_t(b & 0x7f) << shift;
+    shift += 7;
+  } while (b & 0x80);
+  if (shift < 64 && (b & 0x40)) v |= -(int64_t(1) << shift);
+  return v;
+}
+
+// Reads one encoded pointer at p (advancing it); `field_vaddr` is p's address in the file, for
+// pc-relative encodings. False for encodings FDEs do not use.
+bool read_encoded(uint8_t enc, const uint8_t*& p, const uint8_t* end, uint64_t field_vaddr, bool apply,
+                  uint64_t& out) {
+  auto fixed = [&](auto v) {
+    if (p + sizeof(v) > end) return false;
+    std::memcpy(&v, p, sizeof(v));
+    p += sizeof(v);
+    out = uint64_t(int64_t(v));
+    return true;
+  };
+  bool ok = false;
+  switch (enc & 0x0f) {
+    case DW_EH_PE_absptr: ok = fixed(uint64_t{}); break;
+    case DW_EH_PE_uleb128: out = read_uleb(p, end); ok = true; break;
+    case DW_EH_PE_udata2: { uint16_t v; ok = p + 2 <= end; if (ok) { std::memcpy(&v, p, 2); p += 2; out = v; } break; }
+    case DW_EH_PE_udata4: { uint32_t v; ok = p + 4 <= end; if (ok) { std::memcpy(&v, p, 4); p += 4; out = v; } break; }
+    case DW_EH_PE_udata8: ok = fixed(uint64_t{}); break;
+    case DW_EH_PE_sleb128: out = uint64_t(read_sleb(p, end)); ok = true; break;
+    case DW_EH_PE_sdata2: ok = fixed(int16_t{}); break;
+    case DW_EH_PE_sdata4: ok = fixed(int32_t{}); break;
+    case DW_EH_PE_sdata8: ok = fixed(int64_t{}); break;
+    default: return false;
+  }
+  if (!ok) return false;
+  if (!apply) return true;
+  switch (enc & 0x70) {
+    case DW_EH_PE_absptr: return true;
+    case DW_EH_PE_pcrel: out += field_vaddr; return true;
+    default: return false;  // datarel, textrel, funcrel: not seen in FDEs on x86-64
+  }
+}
+
+size_t encoded_size(uint8_t enc, const uint8_t* p, const uint8_t* end) {
+  switch (enc & 0x0f) {
+    case DW_EH_PE_absptr: case DW_EH_PE_udata8: case DW_EH_PE_sdata8: return 8;
+    case DW_EH_PE_udata2: case DW_EH_PE_sdata2: return 2;
+    case DW_EH_PE_udata4: case DW_EH_PE_sdata4: return 4;
+    default: return uleb_skip(p, end);
+  }
+}
+
+// The encoding of a CIE's FDEs' pointers ('R' of a "z..." augmentation); nullopt for an
+// augmentation that cannot be read.
+std::optional<uint8_t> fde_encoding(const Dwarf_CIE& cie, bool eh_frame) {
+  if (!eh_frame) return DW_EH_PE_absptr;
+  const char* aug = cie.augmentation;
+  if (!aug || !*aug) return DW_EH_PE_absptr;
+  if (aug[0] != 'z') return std::nullopt;
+  const uint8_t* p = cie.augmentation_data;
+  const uint8_t* end = p + cie.augmentation_data_size;
+  uint8_t enc = DW_EH_PE_absptr;
+  for (const char* a = aug + 1; *a && p < end; ++a) {
+    switch (*a) {
+      case 'P': {
+        const uint8_t penc = *p++;
+        p += encoded_size(penc, p, end);
+        break;
+      }
+      case 'L': ++p; break;
+      case 'R': enc = *p++; break;
+      case 'S': case 'B': break;
+      default: return std::nullopt;
+    }
+  }
+  return enc;
+}
+
+struct FdeRange {
+  uint64_t lo, hi;
+};
+
+std::vector<FdeRange> fde_ranges(Elf* elf, Elf_Data* data, uint64_t section_vaddr, bool eh_frame) {
+  const unsigned char* ident = reinterpret_cast<const unsigned char*>(elf_getident(elf, nullptr));
+  std::map<Dwarf_Off, std::optional<uint8_t>> cies;
+  struct Raw {
+    Dwarf_Off cie;
+    const uint8_t* start;
+    const uint8_t* end;
+  };
+  std::vector<Raw> fdes;
+  for (Dwarf_Off off = 0, next = 0;; off = next) {
+    Dwarf_CFI_Entry e;
+    const int rc = dwarf_next_cfi(ident, data, eh_frame, off, &next, &e);
+    if (rc != 0) break;  // 1: the end; -1: a corrupt entry, and nothing after it can be found
+    if (dwarf_cfi_cie_p(&e))
+      cies[off] = fde_encoding(e.cie, eh_frame);
+    else
+      fdes.push_back({e.fde.CIE_pointer, e.fde.start, e.fde.end});
+  }
+  std::vector<FdeRange> out;
+  out.reserve(fdes.size());
+  const auto* base = static_cast<const uint8_t*>(data->d_buf);
+  for (const auto& f : fdes) {
+    auto cie = cies.find(f.cie);
+    if (cie == cies.end() || !cie->second) continue;
+    const uint8_t enc = *cie->second;
+    const uint8_t* p = f.start;
+    uint64_t lo = 0, len = 0;
+    if (!read_encoded(enc, p, f.end, section_vaddr + uint64_t(p - base), true, lo)) continue;
+    if (!read_encoded(enc & 0x0f, p, f.end, 0, false, len)) continue;
+    if (len == 0 || lo == 0) continue;  // discarded functions' FDEs point at 0
+    out.push_back({lo, lo + len});
+  }
+  return out;
+}
+
+// --- rules ---
+
+// A register saved at CFA + k (the form libdw gives the offset(N) rule).
+bool at_cfa(const Dwarf_Op* ops, size_t nops, int64_t& k) {
+  if (nops == 0 || ops[0].atom != DW_OP_call_frame_cfa) return false;
+  if (nops == 1) {
+    k = 0;
+    return true;
+  }
+  if (nops == 2 && ops[1].atom == DW_OP_plus_uconst) {
+    k = int64_t(ops[1].number);
+    return true;
+  }
+  return false;
+}
+
+bool words(int64_t bytes, int64_t lo, int64_t hi, int64_t& out) {
+  if (bytes % 8) return false;
+  out = bytes / 8;
+  return out >= lo && out <= hi;
+}
+
+// (register, offset) of a "register + offset" expression.
+bool reg_plus(const Dwarf_Op& op, int& reg, int64_t& off) {
+  if (op.atom == DW_OP_bregx) {
+    reg = int(op.number);
+    off = int64_t(op.number2);
+    return true;
+  }
+  if (op.atom >= DW_OP_breg0 && op.atom <= DW_OP_breg31) {
+    reg = op.atom - DW_OP_breg0;
+    off = int64_t(op.number);
+    return true;
+  }
+  return false;
+}
+
+// The x86-64 PLT entries' CFA: rsp + 8, and 8 more once the entry has pushed its index.
+bool plt_expression(const Dwarf_Op* ops, size_t nops, int& threshold) {
+  int reg;
+  int64_t off;
+  if (nops != 9 || !reg_plus(ops[0], reg, off) || reg != kRegRsp || off != 8) return false;
+  if (!reg_plus(ops[1], reg, off) || reg != kRegRip || off != 0) return false;
+  if (ops[2].atom != DW_OP_lit15 || ops[3].atom != DW_OP_and || ops[4].atom < DW_OP_lit0 ||
+      ops[4].atom > DW_OP_lit15 || ops[5].atom != DW_OP_ge || ops[6].atom != DW_OP_lit3 || ops[7].atom != DW_OP_shl ||
+      ops[8].atom != DW_OP_plus)
+    return false;
+  threshold = ops[4].atom - DW_OP_lit0;
+  return true;
+}
+
+gs_unwind_row classify(Dwarf_Frame* frame, UnwindTable::Stats& st) {
+  gs_unwind_row row{};
+  auto set = [&](uint8_t cfa, uint8_t rbp) { row.rules = uint8_t(cfa | (rbp << 4)); };
+  Dwarf_Addr start, end;
+  bool signal = false;
+  const int ra_reg = dwarf_frame_info(frame, &start, &end, &signal);
+  Dwarf_Op mem[3];
+  Dwarf_Op* ops = nullptr;
+  size_t nops = 0;
+  // The return address: undefined in the outermost frame (_start, clone); else at CFA - 8.
+  if (ra_reg != kRegRip || dwarf_frame_register(frame, ra_reg, mem, &ops, &nops) != 0) {
+    ++st.unsupported_ra;
+    set(GS_CFA_UNSUPPORTED, GS_RBP_UNKNOWN);
+    return row;
+  }
+  if (nops == 0 && ops == mem) {
+    set(GS_CFA_OUTERMOST, GS_RBP_UNKNOWN);
+    return row;
+  }
+  int64_t k = 0;
+  // A signal frame's "return address" is the interrupted pc, saved elsewhere: not walked.
+  if (signal || !at_cfa(ops, nops, k) || k != -8) {
+    ++st.unsupported_ra;
+    set(GS_CFA_UNSUPPORTED, GS_RBP_UNKNOWN);
+    return row;
+  }
+
+  uint8_t rbp = GS_RBP_UNKNOWN;
+  if (dwarf_frame_register(frame, kRegRbp, mem, &ops, &nops) == 0) {
+    int reg;
+    int64_t off, w;
+    if (nops == 0 && ops == nullptr) {
+      rbp = GS_RBP_SAME;
+    } else if (nops == 0) {
+      rbp = GS_RBP_UNKNOWN;  // undefined: clobbered
+    } else if (at_cfa(ops, nops, k) && words(k, INT8_MIN, INT8_MAX, w)) {
+      rbp = GS_RBP_AT_CFA;
+      row.rbp_off = int8_t(w);
+    } else if (nops == 2 && ops[0].atom == DW_OP_call_frame_cfa && reg_plus(ops[1], reg, off) && reg == kRegRbp &&
+               words(off, INT8_MIN, INT8_MAX, w)) {
+      // DW_CFA_expression (libdw puts the CFA first, as its evaluation starts with it): the
+      // realigned frames' "saved at rbp + off".
+
+      rbp = GS_RBP_AT_RBP;
+      row.rbp_off = int8_t(w);
+    } else {
+      ++st.unsupported_rbp;
+    }
+  } else {
+    ++st.unsupported_rbp;
+  }
+
+  uint8_t cfa = GS_CFA_UNSUPPORTED;
+  if (dwarf_frame_cfa(frame, &ops, &nops) == 0) {
+    int reg, threshold;
+    int64_t off, w;
+    if (nops == 1 && reg_plus(ops[0], reg, off) && (reg == kRegRsp || reg == kRegRbp) &&
+        words(off, INT16_MIN, INT16_MAX, w)) {
+      cfa = reg == kRegRsp ? GS_CFA_RSP : GS_CFA_RBP;
+      row.cfa_off = int16_t(w);
+    } else if (plt_expression(ops, nops, threshold)) {
+      cfa = GS_CFA_PLT;
+      row.cfa_off = int16_t(threshold);
+    } else if (nops == 2 && reg_plus(ops[0], reg, off) && reg == kRegRbp && ops[1].atom == DW_OP_deref &&
+               words(off, INT16_MIN, INT16_MAX, w)) {
+      cfa = GS_CFA_DEREF_RBP;
+      row.cfa_off = int16_t(w);
+    }
+  }
+  if (cfa == GS_CFA_UNSUPPORTED) ++st.unsupported_cfa;
+  set(cfa, rbp);
+  return row;
+}
+
+bool same_rules(const gs_unwind_row& a, const gs_unwind_row& b) {
+  return a.rules == b.rules && a.rbp_off == b.rbp_off && a.cfa_off == b.cfa_off;
+}
+
+Elf_Scn* section_named(Elf* elf, const char* name, GElf_Shdr& shdr) {
+  size_t shstrndx = 0;
+  if (elf_getshdrstrndx(elf, &shstrndx) != 0) return nullptr;
+  for (Elf_Scn* scn = nullptr; (scn = elf_nextscn(elf, scn));) {
+    if (!gelf_getshdr(scn, &shdr) || shdr.sh_type == SHT_NOBITS) continue;
+    const char* n = elf_strptr(elf, shstrndx, shdr.sh_name);
+    if (n && !std::strcmp(n, name)) return scn;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const gs_unwind_row* UnwindTable::find(uint64_t vaddr) const {
+  if (rows.empty() || vaddr < base || vaddr - base > UINT32_MAX) return nullptr;
+  const uint32_t pc = uint32_t(vaddr - base);
+  auto it = std::upper_bound(rows.begin(), rows.end(), pc, [](uint32_t v, const gs_unwind_row& r) { return v < r.pc; });
+  if (it == rows.begin()) return nullptr;
+  --it;
+  return cfa_rule(*it) == GS_CFA_NONE ? nullptr : &*it;
+}
+
+std::optional<uint64_t> UnwindTable::offset_to_vaddr(uint64_t offset) const {
+  for (const auto& s : segments)
+    if (offset >= s.offset && offset < s.offset + s.filesz) return offset - s.offset + s.vaddr;
+  return std::nullopt;
+}
+
+UnwindTable compile_unwind_table(const std::string& path) {
+  elf_version(EV_CURRENT);
+  Closer fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (fd.fd < 0) throw Error("cannot open {}: {}", path, strerror(errno));
+  std::unique_ptr<Elf, int (*)(Elf*)> elf(elf_begin(fd.fd, ELF_C_READ_MMAP, nullptr), elf_end);
+  if (!elf || elf_kind(elf.get()) != ELF_K_ELF) throw Error("{} is not an ELF file", path);
+
+  UnwindTable t;
+  size_t nphdr = 0;
+  elf_getphdrnum(elf.get(), &nphdr);
+  for (size_t i = 0; i < nphdr; ++i) {
+    GElf_Phdr ph;
+    if (gelf_getphdr(elf.get(), int(i), &ph) && ph.p_type == PT_LOAD)
+      t.segments.push_back({ph.p_offset, ph.p_vaddr, ph.p_filesz});
+  }
+
+  GElf_Shdr shdr{};
+  bool eh_frame = true;
+  Elf_Scn* scn = section_named(elf.get(), ".eh_frame", shdr);
+  Dwarf_CFI* cfi = nullptr;
+  std::unique_ptr<Dwarf, int (*)(Dwarf*)> dwarf(nullptr, dwarf_end);
+  std::unique_ptr<Dwarf_CFI, int (*)(Dwarf_CFI*)> eh_cfi(nullptr, dwarf_cfi_end);
+  if (scn && shdr.sh_size > 0) {
+    eh_cfi.reset(dwarf_getcfi_elf(elf.get()));
+    cfi = eh_cfi.get();
+  }
+  if (!cfi) {
+    eh_frame = false;
+    scn = section_named(elf.get(), ".debug_frame", shdr);
+    if (!scn) return t;  // no CFI: the walker uses frame pointers in this file
+    dwarf.reset(dwarf_begin_elf(elf.get(), DWARF_C_READ, nullptr));
+    if (dwarf) cfi = dwarf_getcfi(dwarf.get());
+    if (!cfi) return t;
+  }
+  Elf_Data* data = elf_getdata(scn, nullptr);
+  if (!data || !data->d_buf) return t;
+  t.stats.source = eh_frame ? ".eh_frame" : ".debug_frame";
+
+  auto ranges = fde_ranges(elf.get(), data, shdr.sh_addr, eh_frame);
+  t.stats.fdes = ranges.size();
+  // Each range's frame states, then a NONE row where it ends (a gap until the next FDE).
+  struct At {
+    uint64_t vaddr;
+    gs_unwind_row row;
+  };
+  std::vector<At> at;
+  at.reserve(ranges.size() * 6);
+  for (const auto& r : ranges) {
+    for (uint64_t a = r.lo; a < r.hi;) {
+      Dwarf_Frame* frame = nullptr;
+      if (dwarf_cfi_addrframe(cfi, a, &frame) != 0) break;  // the rest of the FDE is unreadable: no info
+      Dwarf_Addr start = 0, end = 0;
+      dwarf_frame_info(frame, &start, &end, nullptr);
+      at.push_back({a, classify(frame, t.stats)});
+      ++t.stats.ranges;
+      free(frame);
+      a = std::max<uint64_t>(end, a + 1);
+    }
+    at.push_back({r.hi, gs_unwind_row{}});
+  }
+  // By address; where an FDE starts at the end of another, its row wins over the gap's.
+  std::stable_sort(at.begin(), at.end(), [](const At& x, const At& y) {
+    if (x.vaddr != y.vaddr) return x.vaddr < y.vaddr;
+    return cfa_rule(x.row) == GS_CFA_NONE && cfa_rule(y.row) != GS_CFA_NONE;
+  });
+  if (at.empty()) return t;
+  t.base = at.front().vaddr;
+  if (at.back().vaddr - t.base > UINT32_MAX)
+    throw Error("{}: frame information spans {:#x} bytes, more than unwind rows can address", path,
+                at.back().vaddr - t.base);
+  for (size_t i = 0; i < at.size(); ++i) {
+    if (i + 1 < at.size() && at[i + 1].vaddr == at[i].vaddr) continue;  // the last one at an address wins
+    gs_unwind_row row = at[i].row;
+    if (!t.rows.empty() && same_rules(t.rows.back(), row)) continue;
+    row.pc = uint32_t(at[i].vaddr - t.base);
+    t.rows.push_back(row);
+  }
+  return t;
+}
+
+}  // namespace gpuscope::symbolize

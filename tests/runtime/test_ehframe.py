@@ -1,0 +1,125 @@
+"""--call-stacks eh-frame / --sample-unwind eh-frame: user stacks walked in BPF from tables compiled
+from .eh_frame reach the program's entry through code built without frame pointers."""
+import pytest
+
+from conftest import CUDART, ROOT, TARGETS
+
+WORK = "(anonymous namespace)::work(int)"
+
+
+def folded(gpuscope, rec, metric):
+    out = gpuscope("flamegraph", rec.path, "--metric", metric, "-o", "-")
+    assert out.returncode == 0, out.stderr
+    stacks = {}
+    for line in out.stdout.splitlines():
+        path, value = line.rsplit(" ", 1)
+        stacks[tuple(path.split(";"))] = int(value)
+    return stacks
+
+
+def call_stacks(gpuscope, rec):
+    """Launches' and copies' stacks, root first (allocations fail without a driver: no bytes)."""
+    out = {}
+    for metric in ("launches", "memcpy-bytes"):
+        out.update(folded(gpuscope, rec, metric))
+    return out
+
+
+def lost(rec):
+    return dict(rec.query("SELECT cause, count FROM lost WHERE count > 0"))
+
+
+def test_call_stacks_reach_start_without_frame_pointers(record, gpuscope):
+    rec = record("--call-stacks", "eh-frame", "--", TARGETS / "cuda_ops_nofp", "--iterations", 2)
+    assert rec.returncode == 3, rec.stderr
+    assert rec.scalar("SELECT value FROM meta WHERE key='call_unwinding'") == "eh-frame"
+    assert "unwind tables:" in rec.stderr
+    # Every call that takes a stack has one (registrations and lookups take none).
+    assert rec.scalar("SELECT count(*) FROM calls c JOIN functions f ON f.id=c.func "
+                      "WHERE c.stack_id IS NULL AND f.kind NOT IN ('kernel_lookup')") == 0
+    stacks = call_stacks(gpuscope, rec)
+    assert len(stacks) >= 6
+    for chain in stacks:
+        # The whole known chain: the C library's start code, main, the program's functions,
+        # into libcudart (built without frame pointers too).
+        assert chain[1] == "_start", chain
+        assert chain.index("__libc_start_main") < chain.index("main") < chain.index(WORK), chain
+        assert "[truncated stack]" not in chain, chain
+    launches = folded(gpuscope, rec, "launches")
+    assert sum(launches.values()) == 4
+    assert all(k.index(WORK) < k.index("cudaLaunchKernel") for k in launches)
+    assert any(f.startswith("(anonymous namespace)::launch_kernels") for k in launches for f in k)
+    assert not {c for c in lost(rec) if c.startswith("unwind_")}, lost(rec)
+
+    # Frame pointers stop inside the program: none of those chains reaches main.
+    fp = record("--call-stacks", "fp", "--", TARGETS / "cuda_ops_nofp", "--iterations", 2)
+    fp_stacks = call_stacks(gpuscope, fp)
+    assert fp_stacks and not any("main" in k for k in fp_stacks)
+    assert max(map(len, fp_stacks)) < min(map(len, stacks))
+
+
+def test_many_threads_each_reach_their_entry(record, gpuscope):
+    rec = record("--call-stacks", "eh-frame", "--", TARGETS / "cuda_ops_nofp", "--threads", 4, "--iterations", 20)
+    assert rec.returncode == 3, rec.stderr
+    assert rec.scalar("SELECT count(DISTINCT tid) FROM calls") == 4
+    launches = folded(gpuscope, rec, "launches")
+    assert sum(launches.values()) == 4 * 20 * 2
+    for chain in launches:
+        assert "[truncated stack]" not in chain, chain
+        # The main thread from _start, the others from the C library's thread entry (clone3,
+        # start_thread: unnamed in Debian's stripped libc) through libstdc++'s std::thread.
+        assert (chain[1] == "_start" and "main" in chain) or (
+            chain[1].startswith("libc.so.6+") and chain[3].startswith("libstdc++")), chain
+        assert WORK in chain
+    assert sum(v for k, v in launches.items() if "main" not in k) == 3 * 20 * 2
+    assert not {c for c in lost(rec) if c.startswith("unwind_") or c == "ringbuf_full"}, lost(rec)
+
+
+def test_library_loaded_late_gets_its_table(record):
+    # Python maps libcudart through ctypes long after it started: the walk goes from libcudart
+    # through ctypes and the interpreter (no frame pointers in Debian's) to the program's entry.
+    rec = record("--call-stacks", "eh-frame", "--no-python", "--", "/usr/bin/python3",
+                 ROOT / "tests/targets/late_dlopen.py", CUDART)
+    assert rec.returncode == 0, rec.stderr
+    modules = [m for (m,) in rec.query(
+        "SELECT m.path FROM calls c JOIN functions f ON f.id = c.func JOIN stack_frames sf ON sf.stack_id = c.stack_id "
+        "LEFT JOIN modules m ON m.id = sf.module_id WHERE f.name = 'cudaMalloc' ORDER BY sf.depth")]
+    assert modules and "libcudart" in modules[0], modules
+    assert "[truncated]" not in modules, modules
+    assert any("_ctypes" in m for m in modules) and any("libffi" in m for m in modules), modules
+    # The outermost frames: the interpreter's main, the C library's start, _start in the executable.
+    assert "python3" in modules[-1] and "libc.so" in modules[-2], modules
+    assert len(modules) > 12, modules
+
+
+@pytest.mark.parametrize("target", ["busy_loop", "busy_loop_nofp"])
+def test_cpu_samples_walked_from_tables(record, gpuscope, target):
+    rec = record("--cpu-profile", 199, "--sample-unwind", "eh-frame", "--", TARGETS / target, 1)
+    assert rec.returncode == 0, rec.stderr
+    assert rec.scalar("SELECT value FROM meta WHERE key='sample_unwinding'") == "eh-frame"
+    stacks = folded(gpuscope, rec, "cpu")
+    total = sum(stacks.values())
+    assert total > 100
+
+    def share(frame):
+        return sum(v for k, v in stacks.items() if frame in k) / total
+    assert share("main") > 0.95 and share("_start") > 0.95, [k for k in stacks if "main" not in k][:3]
+    spin = [k for k in stacks if "spin_in_user_space" in k]
+    assert spin and all(k.index("main") < k.index("spin_in_user_space") for k in spin)
+    assert share("spin_in_user_space") > 0.5
+    reads = [k for k in stacks if "read_from_dev_zero" in k]
+    assert reads and all(k.index("main") < k.index("read_from_dev_zero") for k in reads)
+    assert share("[truncated stack]") < 0.03
+
+
+def test_deep_recursion_is_walked_whole(record, gpuscope):
+    # 100 frames of recursion: deeper than the 16 KiB a dwarf copy holds, not than the walker goes.
+    rec = record("--cpu-profile", 199, "--sample-unwind", "eh-frame", "--", TARGETS / "deep_stack")
+    assert rec.returncode == 0, rec.stderr
+    stacks = folded(gpuscope, rec, "cpu")
+    spinning = {k: v for k, v in stacks.items() if "recurse" in k}
+    assert sum(spinning.values()) / sum(stacks.values()) > 0.8
+    whole = {k: v for k, v in spinning.items() if "[truncated stack]" not in k}
+    assert sum(whole.values()) / sum(spinning.values()) > 0.95, list(spinning)[:2]
+    for k in whole:
+        assert k[1] == "_start" and k.count("recurse") == 101, k

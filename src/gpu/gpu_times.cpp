@@ -88,7 +88,8 @@ std::vector<int64_t> correlate(const GpuTrace& trace, const std::vector<Recorded
     int64_t best = 0;
     uint64_t best_distance = UINT64_MAX;
     for (; it != calls.end() && it->ts_ns <= call.end; ++it) {
-      if (it->kind != want || (by_thread && it->tid != call.thread)) continue;
+      // Kernels, copies and memsets of a CUDA graph carry its cuGraphLaunch's correlation id.
+      if ((it->kind != want && it->kind != "graph_launch") || (by_thread && it->tid != call.thread)) continue;
       const uint64_t d = it->ts_ns > call.start ? it->ts_ns - call.start : call.start - it->ts_ns;
       if (d < best_distance) {
         best_distance = d;

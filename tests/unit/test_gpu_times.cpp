@@ -75,6 +75,20 @@ TEST(GpuTimes, WithoutUsableThreadIdsTimeAlonePicksTheCall) {
   EXPECT_EQ(correlate(t, calls)[1], 1);
 }
 
+TEST(GpuTimes, GraphNodesFindTheirGraphLaunch) {
+  // XLA (JAX) runs its steps as CUDA graphs: each node's kernel or copy names the graph launch's
+  // correlation id, and is tied to that cuGraphLaunch call; a plain launch beside it keeps its own.
+  std::vector<RecordedCall> calls = {{1, 7, 1'000, 0, "graph_launch"}, {2, 7, 3'000, 0, "launch"}};
+  auto t = trace_of({api(40, 950, 1'400, 7, 1), api(41, 2'950, 3'300, 7, 1),
+                     activity(GS_GPU_KERNEL, 40, 5'000, 6'000), activity(GS_GPU_KERNEL, 40, 6'000, 7'000),
+                     activity(GS_GPU_MEMCPY, 40, 7'000, 7'500), activity(GS_GPU_KERNEL, 41, 8'000, 9'000)});
+  const auto ids = correlate(t, calls);
+  EXPECT_EQ(ids[2], 1);
+  EXPECT_EQ(ids[3], 1);
+  EXPECT_EQ(ids[4], 1);
+  EXPECT_EQ(ids[5], 2);
+}
+
 TEST(GpuTimes, ReadsTraceFilesAndStopsAtATruncatedRecord) {
   const std::string path = temp_path();
   {

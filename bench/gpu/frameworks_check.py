@@ -17,12 +17,15 @@ import pathlib
 HERE = pathlib.Path(__file__).resolve().parent / "frameworks"
 
 
-def python_line(db, call_id):
-    row = db.execute(
+def python_line(db, call_id, in_file=None):
+    """The innermost Python frame of the call's stack, or the innermost one in `in_file` (a
+    framework's own launcher, e.g. Triton's CudaLauncher, sits between the user's line and the launch)."""
+    rows = db.execute(
         "SELECT p.function, p.file, p.line FROM calls c JOIN stack_frames sf ON sf.stack_id = c.stack_id "
         "JOIN modules m ON m.id = sf.module_id AND m.path = '[python]' JOIN python_frames p ON p.id = sf.offset "
-        "WHERE c.id = ?1 ORDER BY sf.depth LIMIT 1", (call_id,)).fetchone()
-    return f"{row[0]} ({os.path.basename(row[1])}:{row[2]})" if row else "[no Python frame]"
+        "WHERE c.id = ? ORDER BY sf.depth", (call_id,)).fetchall()
+    rows = [r for r in rows if in_file is None or os.path.basename(r[1]) == os.path.basename(in_file)]
+    return f"{rows[0][0]} ({os.path.basename(rows[0][1])}:{rows[0][2]})" if rows else "[no Python frame]"
 
 
 def check(args, name, tmp):
@@ -52,22 +55,26 @@ def check(args, name, tmp):
     total = sum(v[0] for v in gpu.values())
     tied = sum(v[1] for v in gpu.values())
     print(f"GPU kernels timed: {total}, tied to a launch call: {tied}; named: {total - gpu.get('[unnamed]', (0,))[0]}")
+    print(f"launch calls whose kernel the uprobes could not name: {host.get('[unnamed]', 0)} of {sum(host.values())}; "
+          f"lost: {dict(db.execute('SELECT cause, count FROM lost WHERE count > 0').fetchall()) or 'none'}")
     print(f"  {'launches':>8} {'GPU n':>7} {'tied':>7} {'GPU us':>10}  kernel  <- Python line of a launch")
     demangled = dict(db.execute("SELECT name, demangled FROM kernels"))
     names = sorted(set(host) | set(gpu), key=lambda n: -gpu.get(n, (0, 0, 0))[2])
     for n in names[:args.top]:
         cnt, t, ns, _ = gpu.get(n, (0, 0, 0, 0))
-        call = db.execute("SELECT c.id FROM calls c JOIN kernels k ON k.id = c.kernel_id WHERE k.name = ?1 "
+        call = db.execute("SELECT c.id FROM calls c JOIN kernels k ON k.id = c.kernel_id WHERE k.name = ? "
                           "AND c.parent_id IS NULL LIMIT 1", (n,)).fetchone()
         where = python_line(db, call[0]) if call else ""
         print(f"  {host.get(n, 0):8d} {cnt:7d} {t:7d} {ns / 1e3:10.1f}  {demangled.get(n, n)[:70]}  <- {where}")
     ok = total > 0 and tied == total and "[unnamed]" not in gpu and not any(v[3] for v in gpu.values())
     for n, want in truth["expected"].items():
         h, g = host.get(n, 0), gpu.get(n, (0, 0, 0, 0))
-        call = db.execute("SELECT c.id FROM calls c JOIN kernels k ON k.id = c.kernel_id WHERE k.name = ?1 "
+        call = db.execute("SELECT c.id FROM calls c JOIN kernels k ON k.id = c.kernel_id WHERE k.name = ? "
                           "LIMIT 1", (n,)).fetchone()
-        line = python_line(db, call[0]) if call else "[no launch]"
+        line = python_line(db, call[0], truth["launch_file"]) if call else "[no launch]"
         good = h == want and g[0] == want and g[1] == want and os.path.basename(truth["launch_file"]) in line
+        if call:
+            line += f" (innermost: {python_line(db, call[0])})"
         print(f"  expected {n}: {want} launched; seen {h} launches, {g[0]} timed, {g[1]} tied, from {line}: "
               f"{'ok' if good else 'MISMATCH'}")
         ok &= good

@@ -72,11 +72,17 @@ fi
 
 if [[ " $STAGES " == *" stacks "* ]]; then
 {
-  for calls in fp dwarf; do
-    echo "== stacks: PyTorch training loop with CPU sampling at 99 Hz, --call-stacks $calls"
-    $BUILD/gpuscope record --cpu-profile 99 --call-stacks $calls -o "$OUT/stacks-$calls.gpuscope" -- \
-        $PY bench/gpu/train_step.py "$OUT/truth-stacks.json" --steps 5
+  for calls in ${CALL_MODES:-fp dwarf eh-frame}; do
+    # eh-frame: samples walked in BPF from the same tables as the calls.
+    samples=""; [ "$calls" = eh-frame ] && samples="--sample-unwind eh-frame"
+    echo "== stacks: PyTorch training loop with CPU sampling at 99 Hz, --call-stacks $calls $samples"
+    /usr/bin/time -f "gpuscope record: %e s wall" $BUILD/gpuscope record --bpf-stats --cpu-profile 99 \
+        --call-stacks $calls $samples -o "$OUT/stacks-$calls.gpuscope" -- \
+        $PY bench/gpu/train_step.py "$OUT/truth-stacks-$calls.json" --steps ${STACK_STEPS:-20} --no-profile
     $PY bench/gpu/stack_completeness.py "$OUT/stacks-$calls.gpuscope" --gpuscope $BUILD/gpuscope
+    traps_per_launch "$OUT/stacks-$calls.gpuscope"
+    $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print("step time: %.2f ms over %d steps" % ((d["t1"] - d["t0"]) / d["steps"] / 1e6, d["steps"]))' \
+        "$OUT/truth-stacks-$calls.json"
   done
   echo "== the Python lines the report gives the top kernels and the biggest allocations (--call-stacks fp)"
   $BUILD/gpuscope report --top 5 "$OUT/stacks-fp.gpuscope" > "$OUT/stacks-report.txt"

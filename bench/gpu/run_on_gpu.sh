@@ -23,6 +23,7 @@ TORCH_LIB=$($PY -c 'import os, nvidia.cu13 as m; print(os.path.join(list(m.__pat
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:${TORCH_LIB}"
 # The agent links Debian's cpp-httplib (a shared library, with its OpenSSL); carried in $BUILD/lib.
 AGENT_LIBS="$(pwd)/$BUILD/lib"
+export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$AGENT_LIBS"
 
 {
   echo "== machine"; date -u; uname -r; nvidia-smi -L; echo "commit: ${GPUSCOPE_COMMIT:-unknown (set GPUSCOPE_COMMIT)}"
@@ -74,7 +75,7 @@ if [[ " $STAGES " == *" stacks "* ]]; then
 {
   for calls in ${CALL_MODES:-fp dwarf eh-frame}; do
     # eh-frame: samples walked in BPF from the same tables as the calls.
-    samples=""; [ "$calls" = eh-frame ] && samples="--sample-unwind eh-frame"
+    samples=""; [ "$calls" = eh-frame ] && samples="--sample-unwind eh-frame --unwind-table-mb ${UNWIND_MB:-128}"
     echo "== stacks: PyTorch training loop with CPU sampling at 99 Hz, --call-stacks $calls $samples"
     /usr/bin/time -f "gpuscope record: %e s wall" $BUILD/gpuscope record --bpf-stats --cpu-profile 99 \
         --call-stacks $calls $samples -o "$OUT/stacks-$calls.gpuscope" -- \

@@ -54,6 +54,8 @@ def main():
     print(f"record: {secs:.1f} s, sample unwinding {meta.get('sample_unwinding', '-')}, gpuscope CPU "
           f"{int(meta.get('recorder_cpu_ns', 0)) / 1e9:.2f} s, peak RSS {int(meta.get('recorder_max_rss_kb', 0)) / 1024:.0f} MiB, "
           f"lost {lost or 'none'}")
+    if meta.get("unwind_tables"):
+        print(f"unwind tables: {meta['unwind_tables']}")
     for metric in ("launches", "memcpy-bytes", "alloc-bytes", "cpu"):
         stacks, err = folded(args.gpuscope, args.record, metric)
         if stacks is None:
@@ -79,7 +81,7 @@ def main():
         print(f"{'':13} {100 * (complete + thread) / events:6.2f}% reach the entry or their thread's start; "
               f"{100 * with_py / events:.2f}% have Python frames, {100 * at_module / events:.2f}% reach a Python "
               f"module's top level")
-        dwarf = meta.get("sample_unwinding" if metric == "cpu" else "call_unwinding") == "dwarf"
+        dwarf = meta.get("sample_unwinding" if metric == "cpu" else "call_unwinding") in ("dwarf", "eh-frame")
         if dwarf:
             # Unwound from .eh_frame, a stack is whole when the unwinder reached the outermost
             # frame (a thread's entry counts: threads do not start in main); cut ones are marked.

@@ -148,13 +148,13 @@ void Aggregator::add_call(const CallEvent& e) {
   const uint64_t entries = e.driver_func ? 2 : 1, returns = e.has_return ? 1 : 0;
   p->hits.entries += entries;
   p->hits.returns += returns;
-  if (decode::is_high_rate(f->kind)) {
+  if (decode::is_high_rate(*f)) {
     p->hits.high_rate_entries += entries;
     p->hits.high_rate_returns += returns;
   }
   // A driver call made inside a runtime call is part of that call: counted once, as the program made it.
   if (e.parent_id) return;
-  const double w = decode::is_high_rate(f->kind) ? p->high_rate_weight : 1.0;
+  const double w = decode::is_high_rate(*f) ? p->high_rate_weight : 1.0;
   const bool failed = e.has_return && e.ret != 0;
   if (failed) p->errors[e.func] += 1;
   switch (f->kind) {

@@ -323,7 +323,7 @@ AttachResult BpfSession::attach_file(const std::string& path) {
       if (it == offsets.end()) continue;
       const bool is_rt_launch = f.api == decode::Api::Runtime && f.kind == decode::CallKind::Launch;
       if (is_rt_launch && !runtime_launch_probes_) continue;
-      if (high_rate_per_process_ && decode::is_high_rate(f.kind)) {
+      if (high_rate_per_process_ && decode::is_high_rate(f)) {
         ProbeSet& set = f.has_return ? high_rate.entry : high_rate.emit;
         set.offsets.push_back(it->second);
         set.cookies.push_back(decode::probe_cookie(f));

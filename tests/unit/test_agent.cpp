@@ -327,14 +327,15 @@ TEST(Budget, DutyFollowsWhatTheProbesCostAgainstTheProcessCpu) {
   // on-period really lasted (1.05 s): 9.45 s.
   EXPECT_FALSE(st.on);
   EXPECT_EQ(switches.back(), std::make_pair(pid, false));
-  EXPECT_NEAR(st.off_len_s, 9.45, 0.05);
-  now += 9'100'000'000;
+  EXPECT_NEAR(st.off_len_s, 1.05 * (1 - st.duty) / st.duty, 0.01);
+  const double off_s = st.off_len_s;
+  now += uint64_t((off_s - 0.3) * 1e9);
   budget.tick(now);
   EXPECT_FALSE(budget.processes().at(pid).on);
   now += 400'000'000;
   budget.tick(now);
   EXPECT_TRUE(budget.processes().at(pid).on);
-  EXPECT_NEAR(budget.processes().at(pid).observed_ratio(), 1.05 / 10.55, 0.01);
+  EXPECT_NEAR(budget.processes().at(pid).observed_ratio(), 1.05 / (1.05 + off_s + 0.1), 0.01);
   budget.remove_process(pid);
   EXPECT_EQ(switches.back(), std::make_pair(pid, false));
 }
@@ -474,4 +475,14 @@ TEST(Aggregator, OneSymbolPassPerLibraryPerMinute) {
   ASSERT_EQ(third.size(), 1u);
   EXPECT_EQ(leaf_of(third[0]), std::set<std::string>{unnamed});
   EXPECT_EQ(agg.shed().frame_names, 2u);
+}
+
+TEST(Budget, KernelLookupsBeforeEachLaunchAreDutyCycledOthersStayOn) {
+  auto spec = [](const char* s) { return *decode::function_by_symbol(s); };
+  EXPECT_TRUE(decode::is_high_rate(spec("cuLaunchKernel")));
+  EXPECT_TRUE(decode::is_high_rate(spec("cuKernelGetFunction")));  // cuBLASLt: one per launch
+  EXPECT_FALSE(decode::is_high_rate(spec("cuModuleGetFunction")));  // once per kernel
+  EXPECT_FALSE(decode::is_high_rate(spec("cuLibraryGetKernel")));
+  EXPECT_FALSE(decode::is_high_rate(spec("cudaMalloc")));
+  EXPECT_FALSE(decode::is_high_rate(spec("cudaStreamSynchronize")));
 }

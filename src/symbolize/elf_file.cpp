@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <gelf.h>
 #include <libelf.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -146,20 +147,72 @@ Elf_Data* first_section_data(Elf* elf, GElf_Word type) {
   return nullptr;
 }
 
-struct FunctionSymbol {
-  std::string_view name;  // version suffix removed; points into the handle's string table
-  uint64_t value, size;
-  // Which definition a name means when several have it: global over weak over local, and the
-  // default version of a versioned name ("@@", not hidden) over the others.
-  int rank;
-};
-
 constexpr GElf_Versym kVersymHidden = 0x8000;  // a non-default version ("name@VER"), not in glibc's elf.h
 
+// A defined symbol as a pass over a table sees it. Its name, and the rank that depends on the
+// name's version suffix, are read from the string table only when asked for: a library with
+// hundreds of thousands of long C++ names has a string table of 100+ MB whose pages all become
+// resident if every name is read (a synthetic one in bench/symbol_pass_rss.py: +184 MiB), and
+// name_offsets needs the names of the few symbols it keeps.
+class FunctionSymbol {
+ public:
+  FunctionSymbol(uint64_t value, uint64_t size, const char* strtab, size_t strtab_size, size_t st_name,
+                 int bind, bool hidden)
+      : value(value), size(size), strtab_(strtab), strtab_size_(strtab_size), st_name_(st_name), bind_(bind),
+        hidden_(hidden) {}
+  uint64_t value, size;
+  // Version suffix removed; points into the handle's string table. Empty: no usable name.
+  std::string_view name() const {
+    resolve();
+    return name_;
+  }
+  // Which definition a name means when several have it: global over weak over local, and the
+  // default version of a versioned name ("@@", not hidden) over the others.
+  int rank() const {
+    resolve();
+    return rank_;
+  }
+
+ private:
+  void resolve() const {
+    if (resolved_) return;
+    resolved_ = true;
+    if (st_name_ >= strtab_size_) return;
+    const size_t room = strtab_size_ - st_name_;
+    const size_t len = strnlen(strtab_ + st_name_, room);
+    if (len == 0 || len == room) return;
+    name_ = std::string_view(strtab_ + st_name_, len);
+    bool default_version = !hidden_;
+    if (const size_t at = name_.find('@'); at != std::string_view::npos) {
+      default_version = default_version && name_.substr(at).starts_with("@@");
+      name_ = name_.substr(0, at);
+    }
+    rank_ = (bind_ == STB_LOCAL ? 0 : bind_ == STB_WEAK ? 2 : 4) + (default_version ? 1 : 0);
+  }
+  const char* strtab_;
+  size_t strtab_size_, st_name_;
+  int bind_;
+  bool hidden_;
+  mutable bool resolved_ = false;
+  mutable std::string_view name_;
+  mutable int rank_ = 0;
+};
+
+// Gives back the pages of [from, to) of a table read through libelf's read-only private mapping
+// of the file: they are re-read from the page cache if touched again. A pass over libtorch's
+// symbol table (tens of MB) would otherwise stay resident until the handle is closed.
+void release_pages(const void* from, const void* to) {
+  static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t start = (uintptr_t(from) + page - 1) & ~(page - 1), end = uintptr_t(to) & ~(page - 1);
+  if (end > start) madvise(reinterpret_cast<void*>(start), end - start, MADV_DONTNEED);
+}
+
 // Calls f for each defined function symbol (or, with `objects`, data object symbol) of .symtab
-// and .dynsym, until f returns false.
+// and .dynsym, until f returns false. Symbols whose name f asks for and finds empty are f's to skip.
 template <class F>
 void for_each_symbol(Elf* elf, bool objects, F&& f) {
+  size_t file_size = 0;
+  const char* file = elf_rawfile(elf, &file_size);  // the mapping libelf reads (ELF_C_READ_MMAP)
   for (Elf_Scn* scn = nullptr; (scn = elf_nextscn(elf, scn)) != nullptr;) {
     GElf_Shdr sh;
     if (!gelf_getshdr(scn, &sh) || (sh.sh_type != SHT_SYMTAB && sh.sh_type != SHT_DYNSYM) || sh.sh_entsize == 0)
@@ -172,28 +225,20 @@ void for_each_symbol(Elf* elf, bool objects, F&& f) {
     const auto* strtab = static_cast<const char*>(strs->d_buf);
     const size_t strtab_size = strs->d_size;
     const size_t count = sh.sh_size / sh.sh_entsize;
+    const auto* table = static_cast<const char*>(syms->d_buf);
+    const bool mapped = file && table >= file && table + syms->d_size <= file + file_size;
+    constexpr size_t kReleaseEvery = 1 << 16;  // symbols (1.5 MiB of a 64-bit table)
     for (size_t i = 1; i < count; ++i) {  // entry 0 is the null symbol
+      if (mapped && i % kReleaseEvery == 0) release_pages(table + (i - kReleaseEvery) * sh.sh_entsize, table + i * sh.sh_entsize);
       GElf_Sym sym;
       if (!gelf_getsym(syms, static_cast<int>(i), &sym)) continue;
       const int type = GELF_ST_TYPE(sym.st_info);
       const bool wanted = objects ? type == STT_OBJECT : type == STT_FUNC || type == STT_GNU_IFUNC;
-      if (!wanted || sym.st_shndx == SHN_UNDEF || sym.st_value == 0 || sym.st_name >= strtab_size)
-        continue;
-      const size_t room = strtab_size - sym.st_name;
-      const size_t len = strnlen(strtab + sym.st_name, room);
-      if (len == 0 || len == room) continue;
-      std::string_view name(strtab + sym.st_name, len);
-      bool default_version = true;
-      if (const size_t at = name.find('@'); at != std::string_view::npos) {
-        default_version = name.substr(at).starts_with("@@");
-        name = name.substr(0, at);
-      }
+      if (!wanted || sym.st_shndx == SHN_UNDEF || sym.st_value == 0 || sym.st_name == 0) continue;
       GElf_Versym ver = 0;
-      if (versyms && gelf_getversym(versyms, static_cast<int>(i), &ver) && (ver & kVersymHidden))
-        default_version = false;
-      const int bind = GELF_ST_BIND(sym.st_info);
-      const int rank = (bind == STB_LOCAL ? 0 : bind == STB_WEAK ? 2 : 4) + (default_version ? 1 : 0);
-      if (!f(FunctionSymbol{name, sym.st_value, sym.st_size, rank})) return;
+      const bool hidden = versyms && gelf_getversym(versyms, static_cast<int>(i), &ver) && (ver & kVersymHidden);
+      if (!f(FunctionSymbol(sym.st_value, sym.st_size, strtab, strtab_size, sym.st_name, GELF_ST_BIND(sym.st_info), hidden)))
+        return;
     }
   }
 }
@@ -227,7 +272,8 @@ std::unique_ptr<ElfFile> ElfFile::open(const std::string& path) {
   };
   std::vector<Candidate> all;
   for_each_function(elf, [&](const FunctionSymbol& s) {
-    if (auto off = f->vaddr_to_offset(s.value)) all.push_back({s.name, *off, s.size, s.rank});
+    if (s.name().empty()) return true;
+    if (auto off = f->vaddr_to_offset(s.value)) all.push_back({s.name(), *off, s.size, s.rank()});
     return true;
   });
 
@@ -311,6 +357,8 @@ std::vector<OffsetName> name_offsets(const std::string& path, const std::string&
   Elf* elf = h.get();
   if (!expected_build_id.empty() && build_id_of(elf) != expected_build_id)
     throw std::runtime_error(path + ": another build than the one that ran");
+  size_t file_size = 0;
+  const char* file = elf_rawfile(elf, &file_size);
   struct Load {
     uint64_t vaddr, offset, filesz;
   };
@@ -338,16 +386,29 @@ std::vector<OffsetName> name_offsets(const std::string& path, const std::string&
     for (const auto& l : loads) {
       if (s.value < l.vaddr || s.value >= l.vaddr + l.filesz) continue;
       const uint64_t start = s.value - l.vaddr + l.offset, end = start + s.size;
-      for (auto it = std::lower_bound(sorted.begin(), sorted.end(), std::make_pair(start, size_t(0)));
-           it != sorted.end() && it->first < end; ++it) {
+      auto it = std::lower_bound(sorted.begin(), sorted.end(), std::make_pair(start, size_t(0)));
+      // Only a symbol that covers a wanted offset has its name read; the page faults that read
+      // it map a 64 KiB window of the string table (fault-around), given back at once: names
+      // are copied, and a thousand frames' names would otherwise keep ~60 MiB resident.
+      if (it == sorted.end() || it->first >= end || s.name().empty()) break;
+      const std::string_view name = s.name();
+      constexpr uintptr_t kWindow = 64 << 10;
+      const char* from = reinterpret_cast<const char*>(uintptr_t(name.data()) & ~(kWindow - 1));
+      const char* to = reinterpret_cast<const char*>((uintptr_t(name.data() + name.size()) + kWindow) & ~(kWindow - 1));
+      const auto release_name = [&] {
+        if (file && name.data() >= file && name.data() < file + file_size)
+          release_pages(std::max(from, file), std::min(to, file + file_size));
+      };
+      for (; it != sorted.end() && it->first < end; ++it) {
         Best& b = best[size_t(it - sorted.begin())];
-        if (start > b.start || b.rank < 0 || (start == b.start && s.rank > b.rank)) {
+        if (start > b.start || b.rank < 0 || (start == b.start && s.rank() > b.rank)) {
           b.start = start;
           b.end = end;
-          b.rank = s.rank;
-          b.name.assign(s.name);
+          b.rank = s.rank();
+          b.name.assign(name);
         }
       }
+      release_name();
       break;
     }
     return true;
@@ -363,7 +424,7 @@ bool defines_any_function(const std::string& path, const std::vector<std::string
     ElfHandle h(path);
     bool found = false;
     for_each_function(h.get(), [&](const FunctionSymbol& s) {
-      found = std::find(names.begin(), names.end(), s.name) != names.end();
+      found = std::find(names.begin(), names.end(), s.name()) != names.end();
       return !found;
     });
     return found;
@@ -378,10 +439,10 @@ std::unordered_map<std::string, ElfObject> object_symbols(const std::string& pat
   std::unordered_map<std::string, int> rank;
   ElfHandle h(path);
   for_each_symbol(h.get(), true, [&](const FunctionSymbol& s) {
-    const std::string name(s.name);
-    if (std::find(names.begin(), names.end(), name) == names.end()) return true;
-    if (auto r = rank.find(name); r == rank.end() || r->second < s.rank) {
-      rank[name] = s.rank;
+    const std::string name(s.name());
+    if (name.empty() || std::find(names.begin(), names.end(), name) == names.end()) return true;
+    if (auto r = rank.find(name); r == rank.end() || r->second < s.rank()) {
+      rank[name] = s.rank();
       out[name] = ElfObject{s.value, s.size};
     }
     return true;

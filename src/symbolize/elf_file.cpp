@@ -14,6 +14,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string_view>
+#include <unordered_set>
 
 namespace gpuscope::symbolize {
 namespace {
@@ -207,10 +208,39 @@ void release_pages(const void* from, const void* to) {
   if (end > start) madvise(reinterpret_cast<void*>(start), end - start, MADV_DONTNEED);
 }
 
+// Where in a string table each of `names` begins as a whole symbol name (followed by its end or
+// a version, "@"; possibly the tail of a longer string, as linkers share tails), found by
+// reading the table once in order and giving its pages back as the scan goes: a symbol pass
+// that looks for a few names then touches no name it does not want. (.dynsym is ordered by
+// hash, so reading its names symbol by symbol touches the whole string table at random.)
+std::unordered_set<size_t> name_offsets_in_strtab(const char* strtab, size_t size, const std::vector<std::string>& names,
+                                                  bool mapped) {
+  std::unordered_set<size_t> out;
+  const std::string_view table(strtab, size);
+  constexpr size_t kChunk = 4 << 20;
+  size_t longest = 0;
+  for (const auto& n : names) longest = std::max(longest, n.size());
+  for (size_t chunk = 0; chunk < size; chunk += kChunk) {
+    // Matches that start in this chunk; the search may read a name's length into the next one.
+    const size_t end = std::min(size, chunk + kChunk);
+    const std::string_view window = table.substr(chunk, end - chunk + std::min(longest + 1, size - end));
+    for (const auto& n : names) {
+      if (n.empty()) continue;
+      for (size_t at = window.find(n); at != std::string_view::npos && chunk + at < end; at = window.find(n, at + 1)) {
+        const size_t after = chunk + at + n.size();
+        if (after < size && (strtab[after] == '\0' || strtab[after] == '@')) out.insert(chunk + at);
+      }
+    }
+    if (mapped) release_pages(strtab + chunk, strtab + end);
+  }
+  return out;
+}
+
 // Calls f for each defined function symbol (or, with `objects`, data object symbol) of .symtab
-// and .dynsym, until f returns false. Symbols whose name f asks for and finds empty are f's to skip.
+// and .dynsym, until f returns false. Symbols whose name f asks for and finds empty are f's to
+// skip. With `only_names`, f sees only symbols that may have one of those names.
 template <class F>
-void for_each_symbol(Elf* elf, bool objects, F&& f) {
+void for_each_symbol(Elf* elf, bool objects, F&& f, const std::vector<std::string>* only_names = nullptr) {
   size_t file_size = 0;
   const char* file = elf_rawfile(elf, &file_size);  // the mapping libelf reads (ELF_C_READ_MMAP)
   for (Elf_Scn* scn = nullptr; (scn = elf_nextscn(elf, scn)) != nullptr;) {
@@ -227,14 +257,28 @@ void for_each_symbol(Elf* elf, bool objects, F&& f) {
     const size_t count = sh.sh_size / sh.sh_entsize;
     const auto* table = static_cast<const char*>(syms->d_buf);
     const bool mapped = file && table >= file && table + syms->d_size <= file + file_size;
-    constexpr size_t kReleaseEvery = 1 << 16;  // symbols (1.5 MiB of a 64-bit table)
+    const bool strtab_mapped = file && strtab >= file && strtab + strtab_size <= file + file_size;
+    std::unordered_set<size_t> wanted_names;
+    if (only_names) {
+      wanted_names = name_offsets_in_strtab(strtab, strtab_size, *only_names, strtab_mapped);
+      if (wanted_names.empty()) continue;
+    }
+    // Every so many symbols the table's pages read so far, and the whole string table's, are
+    // given back: a pass stays within a few MiB however large the library. Views of names stay
+    // valid (the pages are read again from the page cache if touched); names are laid out
+    // roughly in the order of their symbols, so few pages are read twice.
+    constexpr size_t kReleaseEvery = 1 << 13;
     for (size_t i = 1; i < count; ++i) {  // entry 0 is the null symbol
-      if (mapped && i % kReleaseEvery == 0) release_pages(table + (i - kReleaseEvery) * sh.sh_entsize, table + i * sh.sh_entsize);
+      if (i % kReleaseEvery == 0) {
+        if (mapped) release_pages(table + (i - kReleaseEvery) * sh.sh_entsize, table + i * sh.sh_entsize);
+        if (strtab_mapped) release_pages(strtab, strtab + strtab_size);
+      }
       GElf_Sym sym;
       if (!gelf_getsym(syms, static_cast<int>(i), &sym)) continue;
       const int type = GELF_ST_TYPE(sym.st_info);
       const bool wanted = objects ? type == STT_OBJECT : type == STT_FUNC || type == STT_GNU_IFUNC;
       if (!wanted || sym.st_shndx == SHN_UNDEF || sym.st_value == 0 || sym.st_name == 0) continue;
+      if (only_names && !wanted_names.contains(sym.st_name)) continue;
       GElf_Versym ver = 0;
       const bool hidden = versyms && gelf_getversym(versyms, static_cast<int>(i), &ver) && (ver & kVersymHidden);
       if (!f(FunctionSymbol(sym.st_value, sym.st_size, strtab, strtab_size, sym.st_name, GELF_ST_BIND(sym.st_info), hidden)))
@@ -244,8 +288,8 @@ void for_each_symbol(Elf* elf, bool objects, F&& f) {
 }
 
 template <class F>
-void for_each_function(Elf* elf, F&& f) {
-  for_each_symbol(elf, false, std::forward<F>(f));
+void for_each_function(Elf* elf, F&& f, const std::vector<std::string>* only_names = nullptr) {
+  for_each_symbol(elf, false, std::forward<F>(f), only_names);
 }
 
 }  // namespace
@@ -357,8 +401,6 @@ std::vector<OffsetName> name_offsets(const std::string& path, const std::string&
   Elf* elf = h.get();
   if (!expected_build_id.empty() && build_id_of(elf) != expected_build_id)
     throw std::runtime_error(path + ": another build than the one that ran");
-  size_t file_size = 0;
-  const char* file = elf_rawfile(elf, &file_size);
   struct Load {
     uint64_t vaddr, offset, filesz;
   };
@@ -387,18 +429,9 @@ std::vector<OffsetName> name_offsets(const std::string& path, const std::string&
       if (s.value < l.vaddr || s.value >= l.vaddr + l.filesz) continue;
       const uint64_t start = s.value - l.vaddr + l.offset, end = start + s.size;
       auto it = std::lower_bound(sorted.begin(), sorted.end(), std::make_pair(start, size_t(0)));
-      // Only a symbol that covers a wanted offset has its name read; the page faults that read
-      // it map a 64 KiB window of the string table (fault-around), given back at once: names
-      // are copied, and a thousand frames' names would otherwise keep ~60 MiB resident.
+      // Only a symbol that covers a wanted offset has its name read.
       if (it == sorted.end() || it->first >= end || s.name().empty()) break;
       const std::string_view name = s.name();
-      constexpr uintptr_t kWindow = 64 << 10;
-      const char* from = reinterpret_cast<const char*>(uintptr_t(name.data()) & ~(kWindow - 1));
-      const char* to = reinterpret_cast<const char*>((uintptr_t(name.data() + name.size()) + kWindow) & ~(kWindow - 1));
-      const auto release_name = [&] {
-        if (file && name.data() >= file && name.data() < file + file_size)
-          release_pages(std::max(from, file), std::min(to, file + file_size));
-      };
       for (; it != sorted.end() && it->first < end; ++it) {
         Best& b = best[size_t(it - sorted.begin())];
         if (start > b.start || b.rank < 0 || (start == b.start && s.rank() > b.rank)) {
@@ -408,7 +441,6 @@ std::vector<OffsetName> name_offsets(const std::string& path, const std::string&
           b.name.assign(name);
         }
       }
-      release_name();
       break;
     }
     return true;
@@ -423,10 +455,13 @@ bool defines_any_function(const std::string& path, const std::vector<std::string
   try {
     ElfHandle h(path);
     bool found = false;
-    for_each_function(h.get(), [&](const FunctionSymbol& s) {
-      found = std::find(names.begin(), names.end(), s.name()) != names.end();
-      return !found;
-    });
+    for_each_function(
+        h.get(),
+        [&](const FunctionSymbol& s) {
+          found = std::find(names.begin(), names.end(), s.name()) != names.end();
+          return !found;
+        },
+        &names);
     return found;
   } catch (const std::exception&) {
     return false;
@@ -438,15 +473,18 @@ std::unordered_map<std::string, ElfObject> object_symbols(const std::string& pat
   std::unordered_map<std::string, ElfObject> out;
   std::unordered_map<std::string, int> rank;
   ElfHandle h(path);
-  for_each_symbol(h.get(), true, [&](const FunctionSymbol& s) {
-    const std::string name(s.name());
-    if (name.empty() || std::find(names.begin(), names.end(), name) == names.end()) return true;
-    if (auto r = rank.find(name); r == rank.end() || r->second < s.rank()) {
-      rank[name] = s.rank();
-      out[name] = ElfObject{s.value, s.size};
-    }
-    return true;
-  });
+  for_each_symbol(
+      h.get(), true,
+      [&](const FunctionSymbol& s) {
+        const std::string name(s.name());
+        if (name.empty() || std::find(names.begin(), names.end(), name) == names.end()) return true;
+        if (auto r = rank.find(name); r == rank.end() || r->second < s.rank()) {
+          rank[name] = s.rank();
+          out[name] = ElfObject{s.value, s.size};
+        }
+        return true;
+      },
+      &names);
   return out;
 }
 

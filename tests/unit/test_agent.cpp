@@ -486,3 +486,16 @@ TEST(Budget, KernelLookupsBeforeEachLaunchAreDutyCycledOthersStayOn) {
   EXPECT_FALSE(decode::is_high_rate(spec("cudaMalloc")));
   EXPECT_FALSE(decode::is_high_rate(spec("cudaStreamSynchronize")));
 }
+
+TEST(NameOffsets, DefinesAnyFunctionMatchesWholeNamesOnly) {
+  // Asked of every library a CUDA process loads (a static CUDA runtime inside it?): the names
+  // are found in the string tables first, then only their symbols are looked at.
+  const std::string exe = fs::read_symlink("/proc/self/exe");
+  EXPECT_EQ(gpuscope_test_other_function(1), 4);
+  EXPECT_TRUE(symbolize::defines_any_function(exe, {"nothing_by_this_name", "gpuscope_test_other_function"}));
+  EXPECT_TRUE(symbolize::defines_any_function(exe, {"main"}));
+  EXPECT_FALSE(symbolize::defines_any_function(exe, {"gpuscope_test_other_functio"}));  // a prefix
+  EXPECT_FALSE(symbolize::defines_any_function(exe, {"test_other_function"}));          // a tail
+  EXPECT_FALSE(symbolize::defines_any_function(exe, {"malloc"}));  // imported, not defined
+  EXPECT_FALSE(symbolize::defines_any_function("/nonexistent", {"main"}));
+}

@@ -52,10 +52,14 @@ struct pending_call {
 	__s32 ustack_id;
 	__u32 deref_len;
 	__u32 flags;
-	__u32 pad;
+	__u32 nested;  /* entries of the same function inside this call (see call_entry) */
 	__u64 args[GS_NUM_ARGS];
 	__u8 deref[GS_DEREF_LEN];
 };
+
+/* An entry of a function already pending on the thread, started this recently, is a call
+ * nested in it, not a stale entry whose return was missed. */
+#define GS_NESTED_CALL_NS 10000000ULL
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -891,19 +895,30 @@ int call_entry(struct pt_regs *ctx)
 	if (!is_target(id >> 32))
 		return 0;
 
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u64 key = (id << 16) | GS_COOKIE_FUNC(cookie);
+	__u64 now = bpf_ktime_get_ns();
+	/* The same function entered again before it returned: a wrapper of the driver's name
+	 * calling the driver's own (XLA's and Triton's shims call libcuda's, and both are probed).
+	 * The outer call is the one recorded; without this its return found no entry. */
+	struct pending_call *outer = bpf_map_lookup_elem(&pending, &key);
+	if (outer && now - outer->ts_ns < GS_NESTED_CALL_NS) {
+		outer->nested++;
+		return 0;
+	}
+
 	__u32 zero = 0;
 	struct pending_call *p = bpf_map_lookup_elem(&scratch, &zero);
 	if (!p)
 		return 0;
-	__u64 cookie = bpf_get_attach_cookie(ctx);
-	p->ts_ns = bpf_ktime_get_ns();
+	p->ts_ns = now;
 	p->flags = 0;
+	p->nested = 0;
 	read_args(ctx, p->args);
 	p->deref_len = read_entry_deref(cookie, p->args, p->deref, &p->flags);
 	p->ustack_id = user_stack_id(ctx, cookie, p->ts_ns, &p->flags, &p->native_stack);
 	p->py_stack = !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id);
 
-	__u64 key = (id << 16) | GS_COOKIE_FUNC(cookie);
 	if (bpf_map_update_elem(&pending, &key, p, BPF_ANY))
 		count_lost(GS_LOST_PENDING_FULL);
 	return 0;
@@ -921,6 +936,10 @@ int call_return(struct pt_regs *ctx)
 	struct pending_call *p = bpf_map_lookup_elem(&pending, &key);
 	if (!p) {
 		count_lost(GS_LOST_RETURN_ORPHAN);
+		return 0;
+	}
+	if (p->nested) {  /* an inner call of the same function returned */
+		p->nested--;
 		return 0;
 	}
 	__u64 now = bpf_ktime_get_ns();

@@ -107,6 +107,19 @@ def test_static_cudart_inside_a_late_loaded_library(record):
     assert "libstatic_in_lib.so (static CUDA runtime)" in rec.scalar("SELECT group_concat(path) FROM libraries")
 
 
+def test_a_wrapper_of_the_same_name_is_one_call(record, monkeypatch):
+    """A library's cudaMalloc that calls libcudart's (XLA's and Triton's driver shims do this):
+    both are probed, the inner entry comes before the outer returns. Each call is recorded once,
+    with the outer's arguments, and no return is left without its entry."""
+    monkeypatch.setenv("SHIM_CUDART", str(CUDART))
+    rec = record("--", "/usr/bin/python3", TARGETS.parent.parent / "tests/targets/load_lib.py",
+                 TARGETS / "libsame_name_shim.so")
+    assert rec.returncode == 0, rec.stderr
+    assert "libsame_name_shim.so (static CUDA runtime)" in rec.scalar("SELECT group_concat(path) FROM libraries")
+    assert rec.query("SELECT bytes FROM calls c JOIN functions f ON f.id=c.func WHERE f.name='cudaMalloc'") == [(4242,)] * 3
+    assert rec.query("SELECT count FROM lost WHERE cause = 'return_orphan' AND count > 0") == []
+
+
 def test_threads_launching_at_once(record):
     rec = record("--", TARGETS / "cuda_ops", "--threads", 4, "--iterations", 50)
     assert rec.returncode == 3, rec.stderr

@@ -353,11 +353,17 @@ void Agent::update_health() {
       {{{}, double(st.records)}});
   std::vector<MetricSample> lost_samples;
   for (int cause = 0; cause < GS_LOST_NR; ++cause)
-    lost_samples.push_back({{{"cause", std::string(attach::lost_cause_name(cause))}}, double(lost[cause])});
+    if (cause != GS_LOST_RETURN_ORPHAN)
+      lost_samples.push_back({{{"cause", std::string(attach::lost_cause_name(cause))}}, double(lost[cause])});
   lost_samples.push_back({{{"cause", "queue_full"}}, double(st.queue_dropped_records)});
   lost_samples.push_back({{{"cause", "stack_expired"}}, double(st.stacks_expired)});
   add("gpuscope_agent_lost_events_total", "Events that could not be recorded, by cause", "", MetricType::Counter,
       std::move(lost_samples));
+  // The budget attaches a process's probes while calls are in flight: their returns come
+  // without an entry. Nothing observed is lost, so they are not counted as lost.
+  add("gpuscope_agent_unmatched_returns_total",
+      "Returns of calls entered while their probes were off (switched on during the call)", "", MetricType::Counter,
+      {{{}, double(lost[GS_LOST_RETURN_ORPHAN])}});
   add("gpuscope_agent_stacks_sent_whole_total",
       "User stacks sent as frames because their BPF stack map bucket held another stack", "", MetricType::Counter,
       {{{}, double(st.stacks_sent_whole)}});

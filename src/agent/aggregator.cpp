@@ -6,6 +6,7 @@
 #include <cstring>
 #include <tuple>
 
+#include "attach/bpf_session.h"
 #include "common/clock.h"
 #include "decode/functions.h"
 #include "discover/proc.h"
@@ -344,7 +345,8 @@ std::map<std::string, uint64_t> Aggregator::lost() const {
 
 uint64_t Aggregator::lost_total() const {
   uint64_t n = 0;
-  for (const auto& [cause, count] : lost()) n += count;
+  for (const auto& [cause, count] : lost())
+    if (cause != attach::lost_cause_name(GS_LOST_RETURN_ORPHAN)) n += count;  // see gpuscope_agent_unmatched_returns_total
   return n;
 }
 

@@ -422,6 +422,11 @@ def test_budget_duty_cycles_a_launch_heavy_process(agent, tmp_path):
         # about 2 hits per sync.
         if launches1 == launches0:
             assert (hits1 - hits0) / (syncs1 - syncs0) < 3, (hits0, hits1, syncs0, syncs1)
+        # Probes switched on during a call see its return without its entry: counted apart,
+        # not as lost (nothing observed is missing).
+        m = a.metrics()
+        assert len(series(m, "gpuscope_agent_unmatched_returns_total")) == 1
+        assert not series(m, "gpuscope_agent_lost_events_total", cause="return_orphan")
     finally:
         target.kill()
         target.wait()

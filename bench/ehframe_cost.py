@@ -4,7 +4,7 @@ workloads with --call-stacks fp and eh-frame (and CPU samples with --sample-unwi
 eh-frame), rounds interleaved, medians printed. Needs root; no GPU (the calls fail without a
 driver, but every one is a probe hit that takes a stack).
 
-    sudo bench/ehframe_cost.py [--build build] [--rounds 5] [--only NAME,...]
+    sudo bench/ehframe_cost.py [--build build] [--gpuscope BIN] [--rounds 5] [--only NAME,...]
 
 Per workload and mode: BPF ns per run of the programs that take stacks (call_entry and
 call_entry_emit for calls, on_cpu_sample for samples), the mean depth of the stacks those runs
@@ -57,10 +57,10 @@ def workloads(build):
     }
 
 
-def run_one(build, out, cmd, opts, progs, flag, mode):
+def run_one(gpuscope, out, cmd, opts, progs, flag, mode):
     if out.exists():
         out.unlink()
-    r = subprocess.run([build / "gpuscope", "record", "--bpf-stats", flag, mode, *opts, "-o", out, "--", *cmd],
+    r = subprocess.run([gpuscope, "record", "--bpf-stats", flag, mode, *opts, "-o", out, "--", *cmd],
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode not in (0, 3):
         sys.exit(f"record failed ({r.returncode}): {r.stderr}")
@@ -79,11 +79,13 @@ def run_one(build, out, cmd, opts, progs, flag, mode):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default=str(ROOT / "build"))
+    ap.add_argument("--gpuscope", help="the gpuscope binary (default: BUILD/gpuscope), e.g. another build's")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--only", default="", help="comma-separated workload names")
     ap.add_argument("--json", action="store_true", help="also print the medians as one JSON line")
     args = ap.parse_args()
     build = pathlib.Path(args.build).resolve()
+    gpuscope = pathlib.Path(args.gpuscope).resolve() if args.gpuscope else build / "gpuscope"
     wl = workloads(build)
     if args.only:
         wl = {k: v for k, v in wl.items() if k in args.only.split(",")}
@@ -93,7 +95,7 @@ def main():
         for _ in range(args.rounds):
             for name, (cmd, opts, progs, flag) in wl.items():
                 for mode in ("fp", "eh-frame"):
-                    results[name][mode].append(run_one(build, out, cmd, opts, progs, flag, mode))
+                    results[name][mode].append(run_one(gpuscope, out, cmd, opts, progs, flag, mode))
     print(f"{'workload':20} {'fp ns':>8} {'fp depth':>8} {'eh ns':>8} {'eh depth':>8} "
           f"{'eh-fp ns':>9} {'ns/frame':>9}  unwind losses (last eh round)")
     summary = {}

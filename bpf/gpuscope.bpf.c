@@ -207,11 +207,11 @@ struct unwind_scratch {
 	struct gs_native_stack_record rec;
 	__u64 ip, sp, bp;
 	__u64 hash;
-	__u32 bp_known;
+	__u32 bp_known;    /* 0: rbp unknown; 1: in bp; BP_SAVED: saved at the stack address in bp */
 	__u32 stop;        /* a GS_LOST_UNWIND_* cause, or GS_LOST_NR: not stopped yet / ended whole */
 	__u16 fp_steps;    /* frames stepped with frame pointers */
 	__u16 unmapped;    /* of which in no mapping of the table */
-	__u32 pad;
+	__u32 last_map;    /* the mapping the last frame was in: callers are often in the same file */
 };
 
 struct {
@@ -267,6 +267,24 @@ static long search_row(__u32 i, struct search *q)
 	return 0;
 }
 
+/* rbp is read from where a frame saved it only when a frame needs its value (a CFA from rbp,
+ * a frame-pointer step): most optimised code uses rbp as any other register and never does, and
+ * a probe read is most of a frame's cost. */
+#define BP_SAVED 2
+
+/* Makes s->bp rbp's value; false when it is unknown or unreadable. */
+static __always_inline bool unwind_bp(struct unwind_scratch *s)
+{
+	if (s->bp_known == BP_SAVED) {
+		if (bpf_probe_read_user(&s->bp, sizeof(s->bp), (void *)s->bp)) {
+			s->bp_known = 0;
+			return false;
+		}
+		s->bp_known = 1;
+	}
+	return s->bp_known == 1;
+}
+
 /* Stops the walk: `cause` says why, GS_LOST_NR that it ended where the stack ends. */
 static __always_inline long unwind_stop(struct unwind_scratch *s, __u32 cause)
 {
@@ -278,7 +296,7 @@ static __always_inline long unwind_stop(struct unwind_scratch *s, __u32 cause)
 static __always_inline long unwind_fp_step(struct unwind_scratch *s)
 {
 	__u64 frame[2];
-	if (!s->bp_known || !s->bp || bpf_probe_read_user(frame, sizeof(frame), (void *)s->bp))
+	if (!unwind_bp(s) || !s->bp || bpf_probe_read_user(frame, sizeof(frame), (void *)s->bp))
 		return unwind_stop(s, GS_LOST_UNWIND_READ);
 	if (s->bp + 16 <= s->sp)
 		return unwind_stop(s, GS_LOST_UNWIND_READ);
@@ -303,14 +321,22 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 	/* A return address is after its call: the call's own rules are the ones before it. */
 	__u64 pc = i ? ip - 1 : ip;
 
-	struct search q = {.lo = 0, .hi = proc->nr, .key = pc, .proc = proc};
-	if (q.hi > GS_UNWIND_MAX_MAPPINGS)
-		q.hi = GS_UNWIND_MAX_MAPPINGS;
-	bpf_loop(UNWIND_MAP_SEARCH, search_mapping, &q, 0);
-	struct gs_unwind_mapping *m = &proc->maps[(q.lo - 1) & (GS_UNWIND_MAX_MAPPINGS - 1)];
-	if (q.lo == 0 || pc >= m->end) {
-		s->unmapped++;
-		return unwind_fp_step(s);
+	__u32 nr = proc->nr < GS_UNWIND_MAX_MAPPINGS ? proc->nr : GS_UNWIND_MAX_MAPPINGS;
+	__u32 mi = s->last_map & (GS_UNWIND_MAX_MAPPINGS - 1);
+	struct gs_unwind_mapping *m = &proc->maps[mi];
+	struct search q = {};
+	if (mi >= nr || pc < m->start || pc >= m->end) {
+		q.hi = nr;
+		q.key = pc;
+		q.proc = proc;
+		bpf_loop(UNWIND_MAP_SEARCH, search_mapping, &q, 0);
+		mi = (q.lo - 1) & (GS_UNWIND_MAX_MAPPINGS - 1);
+		m = &proc->maps[mi];
+		if (q.lo == 0 || pc >= m->end) {
+			s->unmapped++;
+			return unwind_fp_step(s);
+		}
+		s->last_map = mi;
 	}
 	if (!m->table_len)
 		return unwind_fp_step(s);
@@ -322,7 +348,34 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 	q.hi = m->table_len;
 	q.first = m->table_off;
 	q.key32 = rel;
-	bpf_loop(UNWIND_ROW_SEARCH, search_row, &q, 0);
+	if (m->index_len >= 2) {
+		/* The page index (events.h: gs_unwind_mapping) gives the few rows to search. */
+		__u64 b = rel >> (m->index_shift & 63);
+		if (b >= m->index_len - 1) {
+			q.lo = q.hi;  /* past the last row's bucket: the last row (a NONE) */
+		} else {
+			__u32 at = q.first + q.hi + (__u32)(b >> 1);
+			__u32 *e = bpf_map_lookup_elem(&unwind_rows, &at);
+			if (!e)
+				return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);
+			__u32 lo = e[b & 1], hi;
+			if (b & 1) {
+				at++;
+				e = bpf_map_lookup_elem(&unwind_rows, &at);
+				if (!e)
+					return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);
+				hi = e[0];
+			} else {
+				hi = e[1];
+			}
+			if (lo > hi || hi > q.hi)
+				return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);  /* a corrupt index */
+			q.lo = lo;
+			q.hi = hi;
+		}
+	}
+	if (q.lo < q.hi)
+		bpf_loop(UNWIND_ROW_SEARCH, search_row, &q, 0);
 	if (q.lo == 0)
 		return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);
 	__u32 idx = q.first + q.lo - 1;
@@ -338,6 +391,8 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 		cfa = s->sp + cfa_off;
 		break;
 	case GS_CFA_RBP:
+		if (s->bp_known == BP_SAVED && !unwind_bp(s))
+			return unwind_stop(s, GS_LOST_UNWIND_READ);
 		if (!s->bp_known)
 			return unwind_stop(s, GS_LOST_UNWIND_UNSUPPORTED);
 		cfa = s->bp + cfa_off;
@@ -346,7 +401,7 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 		cfa = s->sp + 8 + ((ip & 15) >= (__u64)row->cfa_off ? 8 : 0);
 		break;
 	case GS_CFA_DEREF_RBP:
-		if (!s->bp_known || bpf_probe_read_user(&cfa, sizeof(cfa), (void *)(s->bp + cfa_off)))
+		if (!unwind_bp(s) || bpf_probe_read_user(&cfa, sizeof(cfa), (void *)(s->bp + cfa_off)))
 			return unwind_stop(s, GS_LOST_UNWIND_READ);
 		break;
 	case GS_CFA_OUTERMOST:
@@ -372,12 +427,13 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 		if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)))
 			return unwind_stop(s, GS_LOST_UNWIND_READ);
 		if (rbp_rule == GS_RBP_AT_CFA) {
-			if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + rbp_off)))
-				return unwind_stop(s, GS_LOST_UNWIND_READ);
-			s->bp_known = 1;
+			bp = cfa + rbp_off;
+			s->bp_known = BP_SAVED;
 		} else if (rbp_rule == GS_RBP_AT_RBP) {
-			if (!s->bp_known || bpf_probe_read_user(&bp, sizeof(bp), (void *)(s->bp + rbp_off)))
+			if (!unwind_bp(s))
 				return unwind_stop(s, GS_LOST_UNWIND_READ);
+			bp = s->bp + rbp_off;
+			s->bp_known = BP_SAVED;
 		} else if (rbp_rule != GS_RBP_SAME) {
 			s->bp_known = 0;
 		}
@@ -411,6 +467,7 @@ static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_t
 	s->stop = GS_LOST_UNWIND_DEPTH;
 	s->fp_steps = 0;
 	s->unmapped = 0;
+	s->last_map = 0;
 	s->hash = 0xcbf29ce484222325ULL ^ tgid;
 	s->rec.nr = 0;
 	struct unwind_ctx c = {.s = s, .proc = proc};

@@ -59,7 +59,7 @@ bool UnwindTables::evict_one() {
     if (it->second.refs == 0 && (victim == files_.end() || it->second.last_used < victim->second.last_used))
       victim = it;
   if (victim == files_.end()) return false;
-  if (victim->second.len) release(victim->second.off, victim->second.len);
+  if (victim->second.len) release(victim->second.off, victim->second.slots);
   files_.erase(victim);
   ++stats_.evicted;
   return true;
@@ -82,20 +82,27 @@ UnwindTables::File* UnwindTables::load(const FileKey& key, const std::string& pa
   f.segments = t.segments;
   if (t.rows.empty()) {
     ++stats_.files_failed;
-  } else if (t.rows.size() > bpf_.unwind_rows_capacity()) {
+  } else if (t.slots() > bpf_.unwind_rows_capacity()) {
     ++stats_.files_without_room;
   } else {
-    const auto n = static_cast<uint32_t>(t.rows.size());
+    const auto n = static_cast<uint32_t>(t.slots());
     uint32_t off = 0;
     bool ok = allocate(n, off);
     while (!ok && evict_one()) ok = allocate(n, off);
     if (ok) {
       // Written before any process's mapping table names these rows (an update of that map
-      // is a system call: the BPF side sees the rows complete).
-      std::memcpy(bpf_.unwind_rows() + off, t.rows.data(), size_t(n) * sizeof(gs_unwind_row));
+      // is a system call: the BPF side sees the rows complete). The index follows the rows,
+      // two entries a slot (an odd count leaves the last slot's high half 0).
+      gs_unwind_row* dst = bpf_.unwind_rows() + off;
+      std::memcpy(dst, t.rows.data(), t.rows.size() * sizeof(gs_unwind_row));
+      std::memset(dst + t.rows.size(), 0, (n - t.rows.size()) * sizeof(gs_unwind_row));
+      std::memcpy(dst + t.rows.size(), t.index.data(), t.index.size() * sizeof(uint32_t));
       f.off = off;
-      f.len = n;
-      log_debug("unwind table for {}: {} rows at {}", path, n, off);
+      f.len = static_cast<uint32_t>(t.rows.size());
+      f.slots = n;
+      f.index_len = static_cast<uint32_t>(t.index.size());
+      f.index_shift = t.index_shift;
+      log_debug("unwind table for {}: {} rows and {} index entries at {}", path, f.len, f.index_len, off);
     } else {
       ++stats_.files_without_room;
       log_debug("no room for the {} unwind rows of {}", n, path);
@@ -127,6 +134,8 @@ bool UnwindTables::update(pid_t pid) {
     um.end = m.end;
     um.table_off = f->off;
     um.table_len = f->len;
+    um.index_len = f->index_len;
+    um.index_shift = f->index_shift;
     // ip - pc_delta = the file vaddr of ip, minus the table's base.
     bool found = false;
     for (const auto& s : f->segments)
@@ -182,7 +191,7 @@ UnwindTables::Stats UnwindTables::stats() const {
   s.files = files_.size();
   s.processes = procs_.size();
   s.rows_capacity = bpf_.unwind_rows_capacity();
-  for (const auto& [k, f] : files_) s.rows_used += f.len;
+  for (const auto& [k, f] : files_) s.rows_used += f.slots;
   return s;
 }
 

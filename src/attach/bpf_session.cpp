@@ -78,6 +78,8 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   skel_->rodata->sample_unwind_tables = cfg.sample_unwind_tables;
   const bool tables = cfg.call_unwind_tables || cfg.sample_unwind_tables;
   bpf_map__set_max_entries(skel_->maps.unwind_rows, tables ? std::max<uint32_t>(cfg.unwind_rows, 1) : 1);
+  // A stack chunk per CPU for the walk (4 KiB each); one only, unused, without tables.
+  bpf_map__set_max_entries(skel_->maps.unwind_chunks, tables ? std::max(libbpf_num_possible_cpus(), 1) : 1);
   skel_->rodata->wakeup_bytes = cfg.wakeup_bytes;
   skel_->rodata->self_tgid = static_cast<uint32_t>(getpid());
   bpf_map__set_max_entries(skel_->maps.events, round_up_pow2(cfg.ringbuf_bytes));

@@ -249,6 +249,9 @@ struct unwind_ctx {
 
 #define UNWIND_MAP_SEARCH 10   /* log2(GS_UNWIND_MAX_MAPPINGS) + 1 */
 #define UNWIND_ROW_SEARCH 32   /* row indexes are 32-bit */
+#ifndef UNWIND_INLINE_SEARCH
+#define UNWIND_INLINE_SEARCH 3  /* halvings: a bucket of up to 7 rows (kIndexRowsPerBucket: ~4) */
+#endif
 
 /* Binary searches, one halving per bpf_loop iteration: the verifier checks a callback once,
  * where a plain loop made it follow every path through both searches (over a million
@@ -413,6 +416,18 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 			q.lo = lo;
 			q.hi = hi;
 		}
+	}
+	/* A bucket's few rows are searched inline (a bpf_loop iteration costs a call); a bucket
+	 * that still has rows to search after that goes on in bpf_loop. */
+	for (int j = 0; j < UNWIND_INLINE_SEARCH && q.lo < q.hi; j++) {
+		__u32 mid = q.lo + (q.hi - q.lo) / 2, at = q.first + mid;
+		struct gs_unwind_row *r = bpf_map_lookup_elem(&unwind_rows, &at);
+		if (!r)
+			return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);
+		if (r->pc <= q.key32)
+			q.lo = mid + 1;
+		else
+			q.hi = mid;
 	}
 	if (q.lo < q.hi)
 		bpf_loop(UNWIND_ROW_SEARCH, search_row, &q, 0);

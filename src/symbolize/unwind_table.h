@@ -62,7 +62,7 @@ UnwindTable compile_unwind_table(const std::string& path);
 inline uint8_t cfa_rule(const gs_unwind_row& r) { return r.rules & 0xf; }
 inline uint8_t rbp_rule(const gs_unwind_row& r) { return r.rules >> 4; }
 
-// One step of the walk the BPF side does (bpf/gpuscope.bpf.c: unwind_step), over a table in
+// One step of the walk the BPF side does (bpf/gpuscope.bpf.c: unwind_frame), over a table in
 // user space: the unit tests check it against libgcc's and libdw's unwinders.
 struct UnwindRegs {
   uint64_t ip = 0, sp = 0, bp = 0;

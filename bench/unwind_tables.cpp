@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
     try {
       const UnwindTable t = compile_unwind_table(argv[i]);
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("%-44s %9.1f %9zu %9zu %9zu %8.1f %6zu %6zu %6zu %s (%.1f MiB of rows)\n",
+      std::printf("%-44s %9.1f %9zu %9zu %9zu %8.1f %6zu %6zu %6zu %s (%.1f MiB of rows and index)\n",
                   std::filesystem::path(argv[i]).filename().c_str(), std::filesystem::file_size(argv[i]) / 1e6,
                   t.stats.fdes, t.stats.ranges, t.rows.size(), ms, t.stats.unsupported_cfa, t.stats.unsupported_rbp,
                   t.stats.unsupported_ra, t.stats.source.c_str(), t.bytes() / 1048576.0);

@@ -298,11 +298,18 @@ struct gs_unwind_row {
 #define GS_UNWIND_MAX_MAPPINGS 512  /* executable mappings per process with a table */
 #define GS_MAX_NATIVE_DEPTH 127     /* frames an eh-frame walk keeps */
 
+/* A table's page index narrows the row search to a few rows: it follows the table's rows in
+ * unwind_rows, two __u32 entries per 8-byte slot (entry k in slot table_off + table_len + k / 2,
+ * its low half if k is even). Entry k counts the rows whose pc is below k << index_shift, so the
+ * row for a pc is among entries [pc >> index_shift] .. [(pc >> index_shift) + 1] of the rows. The
+ * shift is chosen per table for a few rows a bucket (src/symbolize/unwind_table.h). */
 struct gs_unwind_mapping {
 	__u64 start, end;  /* the process's addresses */
 	__u64 pc_delta;    /* ip - pc_delta: the pc the table's rows are in */
 	__u32 table_off;   /* first row in unwind_rows */
 	__u32 table_len;   /* rows; 0: no table, walked with frame pointers */
+	__u32 index_len;   /* index entries (buckets + 1, the last = table_len); 0: none */
+	__u32 index_shift; /* bytes of pc a bucket covers, log2 */
 };
 
 struct gs_unwind_proc {

@@ -207,15 +207,35 @@ struct {
 	__type(value, __u8);
 } unwind_wanted SEC(".maps");
 
+/* The walk reads the stack a page at a time: a probe read's cost is mostly fixed (measured: the
+ * reads were most of a frame's cost when each word was read apart), and a page holds several
+ * frames. A page of the stack is mapped whole, so reading one is no likelier to fail than a word. */
+#define UNWIND_CHUNK 4096
+
+/* One chunk per CPU, indexed by CPU, in an array sized (by user space) only when stacks are
+ * walked here: 4 KiB in all in fp mode, where a per-CPU array would take 4 KiB a CPU. Shared by
+ * the programs of a CPU as unwind_scratch_map is. */
+struct unwind_chunk {
+	__u8 b[UNWIND_CHUNK];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);  /* resized by user space: CPUs, with tables */
+	__type(key, __u32);
+	__type(value, struct unwind_chunk);
+} unwind_chunks SEC(".maps");
+
 struct unwind_scratch {
 	struct gs_native_stack_record rec;
 	__u64 ip, sp, bp;
 	__u64 hash;
-	__u32 bp_known;
+	__u32 bp_known;    /* 0: rbp unknown; 1: in bp; BP_SAVED: saved at the stack address in bp */
 	__u32 stop;        /* a GS_LOST_UNWIND_* cause, or GS_LOST_NR: not stopped yet / ended whole */
 	__u16 fp_steps;    /* frames stepped with frame pointers */
 	__u16 unmapped;    /* of which in no mapping of the table */
-	__u32 pad;
+	__u32 last_map;    /* the mapping the last frame was in: callers are often in the same file */
+	__u64 chunk;       /* the user address the CPU's unwind_chunks entry holds; 1: none */
 };
 
 struct {
@@ -228,10 +248,14 @@ struct {
 struct unwind_ctx {
 	struct unwind_scratch *s;
 	struct gs_unwind_proc *proc;
+	struct unwind_chunk *k;
 };
 
 #define UNWIND_MAP_SEARCH 10   /* log2(GS_UNWIND_MAX_MAPPINGS) + 1 */
 #define UNWIND_ROW_SEARCH 32   /* row indexes are 32-bit */
+#ifndef UNWIND_INLINE_SEARCH
+#define UNWIND_INLINE_SEARCH 3  /* halvings: a bucket of up to 7 rows (kIndexRowsPerBucket: ~4) */
+#endif
 
 /* Binary searches, one halving per bpf_loop iteration: the verifier checks a callback once,
  * where a plain loop made it follow every path through both searches (over a million
@@ -271,6 +295,42 @@ static long search_row(__u32 i, struct search *q)
 	return 0;
 }
 
+/* rbp is read from where a frame saved it only when a frame needs its value (a CFA from rbp,
+ * a frame-pointer step): most optimised code uses rbp as any other register and never does, and
+ * a probe read is most of a frame's cost. */
+#define BP_SAVED 2
+
+/* Reads the user word at addr through the chunk cache; 0 or a probe read's error. */
+static __always_inline long unwind_read(struct unwind_scratch *s, struct unwind_chunk *k, __u64 addr,
+					__u64 *out)
+{
+	__u64 base = addr & ~(__u64)(UNWIND_CHUNK - 1), off = addr - base;
+	if (off > UNWIND_CHUNK - sizeof(__u64))  /* straddles the chunk's end: unaligned */
+		return bpf_probe_read_user(out, sizeof(*out), (void *)addr);
+	if (base != s->chunk) {
+		if (bpf_probe_read_user(k->b, UNWIND_CHUNK, (void *)base)) {
+			s->chunk = 1;
+			return bpf_probe_read_user(out, sizeof(*out), (void *)addr);
+		}
+		s->chunk = base;
+	}
+	__builtin_memcpy(out, &k->b[off], sizeof(*out));
+	return 0;
+}
+
+/* Makes s->bp rbp's value; false when it is unknown or unreadable. */
+static __always_inline bool unwind_bp(struct unwind_scratch *s, struct unwind_chunk *k)
+{
+	if (s->bp_known == BP_SAVED) {
+		if (unwind_read(s, k, s->bp, &s->bp)) {
+			s->bp_known = 0;
+			return false;
+		}
+		s->bp_known = 1;
+	}
+	return s->bp_known == 1;
+}
+
 /* Stops the walk: `cause` says why, GS_LOST_NR that it ended where the stack ends. */
 static __always_inline long unwind_stop(struct unwind_scratch *s, __u32 cause)
 {
@@ -279,10 +339,10 @@ static __always_inline long unwind_stop(struct unwind_scratch *s, __u32 cause)
 }
 
 /* The caller's frame from a frame-pointer chain: code without a table. */
-static __always_inline long unwind_fp_step(struct unwind_scratch *s)
+static __always_inline long unwind_fp_step(struct unwind_scratch *s, struct unwind_chunk *k)
 {
 	__u64 frame[2];
-	if (!s->bp_known || !s->bp || bpf_probe_read_user(frame, sizeof(frame), (void *)s->bp))
+	if (!unwind_bp(s, k) || !s->bp || unwind_read(s, k, s->bp, &frame[0]) || unwind_read(s, k, s->bp + 8, &frame[1]))
 		return unwind_stop(s, GS_LOST_UNWIND_READ);
 	if (s->bp + 16 <= s->sp)
 		return unwind_stop(s, GS_LOST_UNWIND_READ);
@@ -298,6 +358,7 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 {
 	struct unwind_scratch *s = c->s;
 	struct gs_unwind_proc *proc = c->proc;
+	struct unwind_chunk *k = c->k;
 	if (i >= GS_MAX_NATIVE_DEPTH)
 		return unwind_stop(s, GS_LOST_UNWIND_DEPTH);
 	__u64 ip = s->ip;
@@ -307,17 +368,25 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 	/* A return address is after its call: the call's own rules are the ones before it. */
 	__u64 pc = i ? ip - 1 : ip;
 
-	struct search q = {.lo = 0, .hi = proc->nr, .key = pc, .proc = proc};
-	if (q.hi > GS_UNWIND_MAX_MAPPINGS)
-		q.hi = GS_UNWIND_MAX_MAPPINGS;
-	bpf_loop(UNWIND_MAP_SEARCH, search_mapping, &q, 0);
-	struct gs_unwind_mapping *m = &proc->maps[(q.lo - 1) & (GS_UNWIND_MAX_MAPPINGS - 1)];
-	if (q.lo == 0 || pc >= m->end) {
-		s->unmapped++;
-		return unwind_fp_step(s);
+	__u32 nr = proc->nr < GS_UNWIND_MAX_MAPPINGS ? proc->nr : GS_UNWIND_MAX_MAPPINGS;
+	__u32 mi = s->last_map & (GS_UNWIND_MAX_MAPPINGS - 1);
+	struct gs_unwind_mapping *m = &proc->maps[mi];
+	struct search q = {};
+	if (mi >= nr || pc < m->start || pc >= m->end) {
+		q.hi = nr;
+		q.key = pc;
+		q.proc = proc;
+		bpf_loop(UNWIND_MAP_SEARCH, search_mapping, &q, 0);
+		mi = (q.lo - 1) & (GS_UNWIND_MAX_MAPPINGS - 1);
+		m = &proc->maps[mi];
+		if (q.lo == 0 || pc >= m->end) {
+			s->unmapped++;
+			return unwind_fp_step(s, k);
+		}
+		s->last_map = mi;
 	}
 	if (!m->table_len)
-		return unwind_fp_step(s);
+		return unwind_fp_step(s, k);
 
 	__u64 rel = pc - m->pc_delta;
 	if (rel > 0xffffffffULL)
@@ -326,7 +395,46 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 	q.hi = m->table_len;
 	q.first = m->table_off;
 	q.key32 = rel;
-	bpf_loop(UNWIND_ROW_SEARCH, search_row, &q, 0);
+	if (m->index_len >= 2) {
+		/* The page index (events.h: gs_unwind_mapping) gives the few rows to search. */
+		__u64 b = rel >> (m->index_shift & 63);
+		if (b >= m->index_len - 1) {
+			q.lo = q.hi;  /* past the last row's bucket: the last row (a NONE) */
+		} else {
+			__u32 at = q.first + q.hi + (__u32)(b >> 1);
+			__u32 *e = bpf_map_lookup_elem(&unwind_rows, &at);
+			if (!e)
+				return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);
+			__u32 lo = e[b & 1], hi;
+			if (b & 1) {
+				at++;
+				e = bpf_map_lookup_elem(&unwind_rows, &at);
+				if (!e)
+					return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);
+				hi = e[0];
+			} else {
+				hi = e[1];
+			}
+			if (lo > hi || hi > q.hi)
+				return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);  /* a corrupt index */
+			q.lo = lo;
+			q.hi = hi;
+		}
+	}
+	/* A bucket's few rows are searched inline (a bpf_loop iteration costs a call); a bucket
+	 * that still has rows to search after that goes on in bpf_loop. */
+	for (int j = 0; j < UNWIND_INLINE_SEARCH && q.lo < q.hi; j++) {
+		__u32 mid = q.lo + (q.hi - q.lo) / 2, at = q.first + mid;
+		struct gs_unwind_row *r = bpf_map_lookup_elem(&unwind_rows, &at);
+		if (!r)
+			return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);
+		if (r->pc <= q.key32)
+			q.lo = mid + 1;
+		else
+			q.hi = mid;
+	}
+	if (q.lo < q.hi)
+		bpf_loop(UNWIND_ROW_SEARCH, search_row, &q, 0);
 	if (q.lo == 0)
 		return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);
 	__u32 idx = q.first + q.lo - 1;
@@ -342,6 +450,8 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 		cfa = s->sp + cfa_off;
 		break;
 	case GS_CFA_RBP:
+		if (s->bp_known == BP_SAVED && !unwind_bp(s, k))
+			return unwind_stop(s, GS_LOST_UNWIND_READ);
 		if (!s->bp_known)
 			return unwind_stop(s, GS_LOST_UNWIND_UNSUPPORTED);
 		cfa = s->bp + cfa_off;
@@ -350,7 +460,7 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 		cfa = s->sp + 8 + ((ip & 15) >= (__u64)row->cfa_off ? 8 : 0);
 		break;
 	case GS_CFA_DEREF_RBP:
-		if (!s->bp_known || bpf_probe_read_user(&cfa, sizeof(cfa), (void *)(s->bp + cfa_off)))
+		if (!unwind_bp(s, k) || unwind_read(s, k, s->bp + cfa_off, &cfa))
 			return unwind_stop(s, GS_LOST_UNWIND_READ);
 		break;
 	case GS_CFA_OUTERMOST:
@@ -364,27 +474,18 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 		return unwind_stop(s, GS_LOST_UNWIND_READ);  /* a stack only grows down: garbage */
 
 	__u64 ra = 0, bp = s->bp;
-	if (rbp_rule == GS_RBP_AT_CFA && rbp_off == -16) {
-		/* The common prologue (push rbp after the call): both words in one read. */
-		__u64 two[2];
-		if (bpf_probe_read_user(two, sizeof(two), (void *)(cfa - 16)))
+	if (unwind_read(s, k, cfa - 8, &ra))
+		return unwind_stop(s, GS_LOST_UNWIND_READ);
+	if (rbp_rule == GS_RBP_AT_CFA) {
+		bp = cfa + rbp_off;
+		s->bp_known = BP_SAVED;
+	} else if (rbp_rule == GS_RBP_AT_RBP) {
+		if (!unwind_bp(s, k))
 			return unwind_stop(s, GS_LOST_UNWIND_READ);
-		bp = two[0];
-		ra = two[1];
-		s->bp_known = 1;
-	} else {
-		if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)))
-			return unwind_stop(s, GS_LOST_UNWIND_READ);
-		if (rbp_rule == GS_RBP_AT_CFA) {
-			if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + rbp_off)))
-				return unwind_stop(s, GS_LOST_UNWIND_READ);
-			s->bp_known = 1;
-		} else if (rbp_rule == GS_RBP_AT_RBP) {
-			if (!s->bp_known || bpf_probe_read_user(&bp, sizeof(bp), (void *)(s->bp + rbp_off)))
-				return unwind_stop(s, GS_LOST_UNWIND_READ);
-		} else if (rbp_rule != GS_RBP_SAME) {
-			s->bp_known = 0;
-		}
+		bp = s->bp + rbp_off;
+		s->bp_known = BP_SAVED;
+	} else if (rbp_rule != GS_RBP_SAME) {
+		s->bp_known = 0;
 	}
 	s->ip = ra;
 	s->sp = cfa;
@@ -415,9 +516,15 @@ static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_t
 	s->stop = GS_LOST_UNWIND_DEPTH;
 	s->fp_steps = 0;
 	s->unmapped = 0;
+	s->last_map = 0;
+	s->chunk = 1;
 	s->hash = 0xcbf29ce484222325ULL ^ tgid;
 	s->rec.nr = 0;
-	struct unwind_ctx c = {.s = s, .proc = proc};
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct unwind_chunk *k = bpf_map_lookup_elem(&unwind_chunks, &cpu);
+	if (!k)
+		return 0;
+	struct unwind_ctx c = {.s = s, .proc = proc, .k = k};
 	bpf_loop(GS_MAX_NATIVE_DEPTH + 1, unwind_frame, &c, 0);
 	if (!s->rec.nr)
 		return 0;

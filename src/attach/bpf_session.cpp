@@ -78,6 +78,13 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   skel_->rodata->sample_unwind_tables = cfg.sample_unwind_tables;
   const bool tables = cfg.call_unwind_tables || cfg.sample_unwind_tables;
   bpf_map__set_max_entries(skel_->maps.unwind_rows, tables ? std::max<uint32_t>(cfg.unwind_rows, 1) : 1);
+  // A stack chunk per CPU for the walk (4 KiB each). Without tables these maps are never used:
+  // one entry each, so that fp mode does not pay for them (the LRU maps are preallocated: 5.5 MiB).
+  bpf_map__set_max_entries(skel_->maps.unwind_chunks, tables ? std::max(libbpf_num_possible_cpus(), 1) : 1);
+  if (!tables) {
+    bpf_map__set_max_entries(skel_->maps.native_stacks_sent, 1);
+    bpf_map__set_max_entries(skel_->maps.unwind_wanted, 1);
+  }
   skel_->rodata->wakeup_bytes = cfg.wakeup_bytes;
   skel_->rodata->self_tgid = static_cast<uint32_t>(getpid());
   bpf_map__set_max_entries(skel_->maps.events, round_up_pow2(cfg.ringbuf_bytes));

@@ -43,7 +43,7 @@ struct SessionConfig {
   // set_unwind_process; processes without tables get frame-pointer stacks.
   bool call_unwind_tables = false;
   bool sample_unwind_tables = false;
-  uint32_t unwind_rows = 4u << 20;  // capacity of the shared row array (8 bytes a row)
+  uint32_t unwind_rows = 16u << 20;  // capacity of the shared row array (8-byte slots: 128 MiB)
   // Runtime launches (cudaLaunchKernel...) reach the driver's launch functions, so probing both
   // traps twice per launch. false: attach only the driver's (see detach_runtime_launch_probes).
   bool runtime_launch_probes = true;

@@ -123,8 +123,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"dwarf", "eh-frame", "fp"}))
       ->capture_default_str();
   rec->add_option("--unwind-table-mb", ropts.unwind_table_mb,
-                  "Memory for the eh-frame tables of every mapped file (8 bytes a row; libcublasLt needs 6 MiB); "
-                  "files that do not fit are walked with frame pointers")
+                  "Memory for the eh-frame tables of every mapped file (8 bytes a row plus its page index; "
+                  "libcublasLt needs 6 MiB, a PyTorch process ~92 MiB), allocated whole at start, only in the "
+                  "eh-frame modes; files that do not fit are walked with frame pointers")
       ->capture_default_str();
   rec->add_option("--gpu-sample-hz", ropts.gpu_sample_hz,
                   "Read the GPUs' NVML metrics (utilisation, memory, power, clocks, throttling, PCIe, per-process "

@@ -28,7 +28,7 @@ struct RecordOptions {
   bool dwarf_unwind_calls = false;   // CUDA calls' stacks too (a 16 KiB copy per call)
   bool table_unwind_calls = false;   // CUDA calls' stacks walked in BPF from .eh_frame tables
   bool table_unwind_samples = false; // CPU samples' likewise
-  uint32_t unwind_table_mb = 32;     // memory for those tables
+  uint32_t unwind_table_mb = 128;    // memory for those tables
   bool python_stacks = true;         // Python frames in the stacks of CPython processes
   double gpu_sample_hz = -1;         // NVML samples per second; 0: off; < 0: the default
   bool gpu_times = false;            // CUPTI activity records through the injection library

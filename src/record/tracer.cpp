@@ -325,7 +325,7 @@ void Tracer::report_unwind_tables() {
   if (!unwind_) return;
   const auto st = unwind_->stats();
   const std::string text =
-      fmt::format("{} files, {} of {} rows ({:.1f} of {:.1f} MiB), compiled {} files in {:.0f} ms; {} without room, "
+      fmt::format("{} files, {} of {} row slots ({:.1f} of {:.1f} MiB, page indexes included), compiled {} files in {:.0f} ms; {} without room, "
                   "{} without frame information, {} evicted",
                   st.files, st.rows_used, st.rows_capacity, st.rows_used * sizeof(gs_unwind_row) / 1048576.0,
                   st.rows_capacity * sizeof(gs_unwind_row) / 1048576.0, st.files_compiled, st.compile_ns / 1e6,

@@ -45,7 +45,7 @@ struct TracerOptions {
   // Walked in BPF from .eh_frame tables (record/unwind_tables.h) instead; these win over the two above.
   bool table_unwind_calls = false;
   bool table_unwind_samples = false;
-  uint32_t unwind_table_mb = 32;     // the tables' memory cap
+  uint32_t unwind_table_mb = 128;    // the tables' memory cap
   LaunchProbes launch_probes = LaunchProbes::Auto;
   bool bpf_stats = false;
   // High-rate probes (launches, copies, memsets) attached per process, so that each process's

@@ -1,9 +1,12 @@
 #include "record/unwind_tables.h"
 
+#include <libelf.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <thread>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -59,43 +62,64 @@ bool UnwindTables::evict_one() {
     if (it->second.refs == 0 && (victim == files_.end() || it->second.last_used < victim->second.last_used))
       victim = it;
   if (victim == files_.end()) return false;
-  if (victim->second.len) release(victim->second.off, victim->second.len);
+  if (victim->second.len) release(victim->second.off, victim->second.slots);
   files_.erase(victim);
   ++stats_.evicted;
   return true;
 }
 
-UnwindTables::File* UnwindTables::load(const FileKey& key, const std::string& path) {
+namespace {
+
+symbolize::UnwindTable compile_or_empty(const std::string& path) {
+  try {
+    return symbolize::compile_unwind_table(path);
+  } catch (const std::exception& e) {
+    log_debug("no unwind table for {}: {}", path, e.what());
+    return {};
+  }
+}
+
+}  // namespace
+
+UnwindTables::File* UnwindTables::load(const FileKey& key, const std::string& path,
+                                       symbolize::UnwindTable* compiled) {
   if (auto it = files_.find(key); it != files_.end()) return &it->second;
   File f;
   f.path = path;
-  const uint64_t t0 = monotonic_ns();
   symbolize::UnwindTable t;
-  try {
-    t = symbolize::compile_unwind_table(path);
-  } catch (const std::exception& e) {
-    log_debug("no unwind table for {}: {}", path, e.what());
+  if (compiled) {
+    t = std::move(*compiled);
+  } else {
+    const uint64_t t0 = monotonic_ns();
+    t = compile_or_empty(path);
+    stats_.compile_ns += monotonic_ns() - t0;
   }
-  stats_.compile_ns += monotonic_ns() - t0;
   ++stats_.files_compiled;
   f.base = t.base;
   f.segments = t.segments;
   if (t.rows.empty()) {
     ++stats_.files_failed;
-  } else if (t.rows.size() > bpf_.unwind_rows_capacity()) {
+  } else if (t.slots() > bpf_.unwind_rows_capacity()) {
     ++stats_.files_without_room;
   } else {
-    const auto n = static_cast<uint32_t>(t.rows.size());
+    const auto n = static_cast<uint32_t>(t.slots());
     uint32_t off = 0;
     bool ok = allocate(n, off);
     while (!ok && evict_one()) ok = allocate(n, off);
     if (ok) {
       // Written before any process's mapping table names these rows (an update of that map
-      // is a system call: the BPF side sees the rows complete).
-      std::memcpy(bpf_.unwind_rows() + off, t.rows.data(), size_t(n) * sizeof(gs_unwind_row));
+      // is a system call: the BPF side sees the rows complete). The index follows the rows,
+      // two entries a slot (an odd count leaves the last slot's high half 0).
+      gs_unwind_row* dst = bpf_.unwind_rows() + off;
+      std::memcpy(dst, t.rows.data(), t.rows.size() * sizeof(gs_unwind_row));
+      std::memset(dst + t.rows.size(), 0, (n - t.rows.size()) * sizeof(gs_unwind_row));
+      std::memcpy(dst + t.rows.size(), t.index.data(), t.index.size() * sizeof(uint32_t));
       f.off = off;
-      f.len = n;
-      log_debug("unwind table for {}: {} rows at {}", path, n, off);
+      f.len = static_cast<uint32_t>(t.rows.size());
+      f.slots = n;
+      f.index_len = static_cast<uint32_t>(t.index.size());
+      f.index_shift = t.index_shift;
+      log_debug("unwind table for {}: {} rows and {} index entries at {}", path, f.len, f.index_len, off);
     } else {
       ++stats_.files_without_room;
       log_debug("no room for the {} unwind rows of {}", n, path);
@@ -110,15 +134,47 @@ bool UnwindTables::update(pid_t pid) {
   if (maps.empty()) return false;
   Process next;
   next.updated_ns = monotonic_ns();
+  // The files the mappings hold, even if their paths now name others (an upgraded library).
+  struct Mapped {
+    const discover::Mapping* m;
+    FileKey key;
+    std::string path;
+  };
+  std::vector<Mapped> mapped;
   for (const auto& m : maps) {
     if (!m.executable || m.path.empty() || m.path[0] != '/') continue;
-    if (next.maps.size() >= GS_UNWIND_MAX_MAPPINGS) break;
-    // The file the mapping holds, even if its path now names another (an upgraded library).
-    const std::string path = fmt::format("/proc/{}/map_files/{:x}-{:x}", pid, m.start, m.end);
+    if (mapped.size() >= GS_UNWIND_MAX_MAPPINGS) break;
+    std::string path = fmt::format("/proc/{}/map_files/{:x}-{:x}", pid, m.start, m.end);
     struct stat st{};
     if (stat(path.c_str(), &st) != 0) continue;
-    const FileKey key{st.st_dev, st.st_ino, int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
-    File* f = load(key, path);
+    mapped.push_back({&m, {st.st_dev, st.st_ino, int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec},
+                      std::move(path)});
+  }
+  // New files are compiled on several threads: a PyTorch process maps ~80 (10 s on one core).
+  std::map<FileKey, symbolize::UnwindTable> compiled;
+  {
+    std::vector<const Mapped*> todo;
+    for (const auto& x : mapped)
+      if (!files_.count(x.key) && compiled.emplace(x.key, symbolize::UnwindTable{}).second) todo.push_back(&x);
+    const uint64_t t0 = monotonic_ns();
+    elf_version(EV_CURRENT);  // libelf's one global, set before the threads use it
+    const size_t workers = std::min<size_t>(todo.size(), std::max(1u, std::thread::hardware_concurrency()));
+    std::vector<symbolize::UnwindTable> tables(todo.size());
+    std::atomic<size_t> next_file{0};
+    auto work = [&] {
+      for (size_t i; (i = next_file++) < todo.size();) tables[i] = compile_or_empty(todo[i]->path);
+    };
+    std::vector<std::thread> pool;
+    for (size_t w = 1; w < workers; ++w) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+    for (size_t i = 0; i < todo.size(); ++i) compiled[todo[i]->key] = std::move(tables[i]);
+    if (!todo.empty()) stats_.compile_ns += monotonic_ns() - t0;  // wall time
+  }
+  for (const auto& [mp, key, path] : mapped) {
+    const auto& m = *mp;
+    auto pre = compiled.find(key);
+    File* f = load(key, path, pre != compiled.end() ? &pre->second : nullptr);
     f->last_used = ++clock_;
     ++f->refs;  // at once: loading the next file must not evict this one
     next.files.push_back(key);
@@ -127,6 +183,8 @@ bool UnwindTables::update(pid_t pid) {
     um.end = m.end;
     um.table_off = f->off;
     um.table_len = f->len;
+    um.index_len = f->index_len;
+    um.index_shift = f->index_shift;
     // ip - pc_delta = the file vaddr of ip, minus the table's base.
     bool found = false;
     for (const auto& s : f->segments)
@@ -182,7 +240,7 @@ UnwindTables::Stats UnwindTables::stats() const {
   s.files = files_.size();
   s.processes = procs_.size();
   s.rows_capacity = bpf_.unwind_rows_capacity();
-  for (const auto& [k, f] : files_) s.rows_used += f.len;
+  for (const auto& [k, f] : files_) s.rows_used += f.slots;
   return s;
 }
 

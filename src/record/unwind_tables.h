@@ -34,8 +34,8 @@ class UnwindTables {
 
   struct Stats {
     size_t files = 0;              // tables loaded
-    uint64_t rows_used = 0, rows_capacity = 0;
-    uint64_t compile_ns = 0;       // spent compiling, in all
+    uint64_t rows_used = 0, rows_capacity = 0;  // row slots (8 bytes), index included
+    uint64_t compile_ns = 0;       // spent compiling, in all (wall time: files compile in parallel)
     uint64_t files_compiled = 0;
     uint64_t files_without_room = 0;  // walked with frame pointers: the array was full
     uint64_t files_failed = 0;     // unreadable, or no frame information
@@ -51,6 +51,8 @@ class UnwindTables {
     uint64_t base = 0;
     std::vector<symbolize::UnwindTable::Segment> segments;
     uint32_t off = 0, len = 0;  // rows in the array; len 0: none (frame pointers)
+    uint32_t slots = 0;         // what the table holds of the array: rows, then their index
+    uint32_t index_len = 0, index_shift = 0;
     int refs = 0;
     uint64_t last_used = 0;
   };
@@ -59,7 +61,8 @@ class UnwindTables {
     uint64_t updated_ns = 0;
     std::vector<gs_unwind_mapping> maps;
   };
-  File* load(const FileKey& key, const std::string& path);
+  // The file's table, compiled here unless `compiled` holds it (moved from).
+  File* load(const FileKey& key, const std::string& path, symbolize::UnwindTable* compiled = nullptr);
   bool allocate(uint32_t n, uint32_t& off);
   void release(uint32_t off, uint32_t n);
   bool evict_one();

@@ -309,10 +309,40 @@ Elf_Scn* section_named(Elf* elf, const char* name, GElf_Shdr& shdr) {
 
 }  // namespace
 
+void build_index(UnwindTable& t) {
+  t.index.clear();
+  t.index_shift = 0;
+  if (t.rows.empty()) return;
+  const uint64_t span = uint64_t(t.rows.back().pc) + 1;
+  const uint64_t want = std::max<uint64_t>(1, t.rows.size() / kIndexRowsPerBucket);
+  uint32_t shift = 4;  // no bucket smaller than 16 bytes: a row per instruction at most
+  while (shift < 32 && (span >> shift) >= want) ++shift;
+  const uint64_t buckets = ((span - 1) >> shift) + 1;  // the last row's pc is in the last bucket
+  t.index.resize(buckets + 1);
+  size_t r = 0;
+  for (uint64_t k = 0; k <= buckets; ++k) {
+    while (r < t.rows.size() && uint64_t(t.rows[r].pc) < (k << shift)) ++r;
+    t.index[k] = uint32_t(r);
+  }
+  t.index.back() = uint32_t(t.rows.size());
+  t.index_shift = shift;
+}
+
+std::pair<uint32_t, uint32_t> index_range(const UnwindTable& t, uint32_t pc) {
+  const auto n = uint32_t(t.rows.size());
+  if (t.index.size() < 2) return {0, n};
+  const uint64_t b = uint64_t(pc) >> t.index_shift;
+  if (b >= t.index.size() - 1) return {n, n};  // past the last row's bucket: every row is below
+  return {t.index[b], t.index[b + 1]};
+}
+
 const gs_unwind_row* UnwindTable::find(uint64_t vaddr) const {
   if (rows.empty() || vaddr < base || vaddr - base > UINT32_MAX) return nullptr;
   const uint32_t pc = uint32_t(vaddr - base);
-  auto it = std::upper_bound(rows.begin(), rows.end(), pc, [](uint32_t v, const gs_unwind_row& r) { return v < r.pc; });
+  // As the BPF walker searches: within the index's range only.
+  const auto [lo, hi] = index_range(*this, pc);
+  auto it = std::upper_bound(rows.begin() + lo, rows.begin() + hi, pc,
+                             [](uint32_t v, const gs_unwind_row& r) { return v < r.pc; });
   if (it == rows.begin()) return nullptr;
   --it;
   return cfa_rule(*it) == GS_CFA_NONE ? nullptr : &*it;
@@ -401,6 +431,7 @@ UnwindTable compile_unwind_table(const std::string& path) {
     row.pc = uint32_t(at[i].vaddr - t.base);
     t.rows.push_back(row);
   }
+  build_index(t);
   return t;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "events.h"
@@ -17,6 +18,10 @@ namespace gpuscope::symbolize {
 struct UnwindTable {
   uint64_t base = 0;                // the file vaddr that rows' pc are relative to
   std::vector<gs_unwind_row> rows;  // sorted by pc; each holds up to the next (the last is NONE)
+  // The page index the BPF walker narrows its search with (bpf/events.h: gs_unwind_mapping):
+  // index[k] counts the rows whose pc is below k << index_shift; the last entry is rows.size().
+  std::vector<uint32_t> index;
+  uint32_t index_shift = 0;
   // Where the file's executable PT_LOAD segments are: a mapping's file offset gives its vaddr.
   struct Segment {
     uint64_t offset, vaddr, filesz;
@@ -36,8 +41,19 @@ struct UnwindTable {
   const gs_unwind_row* find(uint64_t vaddr) const;
   // The file vaddr of a file offset in an executable segment.
   std::optional<uint64_t> offset_to_vaddr(uint64_t offset) const;
-  size_t bytes() const { return rows.size() * sizeof(gs_unwind_row); }
+  // Row slots the rows and their index take in the BPF array (two index entries a slot).
+  size_t slots() const { return rows.size() + (index.size() + 1) / 2; }
+  size_t bytes() const { return slots() * sizeof(gs_unwind_row); }
 };
+
+// Fills t.index for t.rows: buckets of 2^shift bytes of pc, the shift chosen so that there is
+// about one bucket for every kIndexRowsPerBucket rows or fewer (the index costs at most 1/8 of
+// the rows' memory).
+inline constexpr uint32_t kIndexRowsPerBucket = 4;
+void build_index(UnwindTable& t);
+// The range [lo, hi) of rows that holds the last row at or below pc (relative to t.base): the
+// search the BPF walker does (bpf/gpuscope.bpf.c: unwind_frame), before its binary search.
+std::pair<uint32_t, uint32_t> index_range(const UnwindTable& t, uint32_t pc);
 
 // Throws Error naming the path and the reason when the file cannot be read or its frame
 // information spans more than 4 GiB (rows keep 32-bit pcs). A file without CFI gives no rows.
@@ -46,7 +62,7 @@ UnwindTable compile_unwind_table(const std::string& path);
 inline uint8_t cfa_rule(const gs_unwind_row& r) { return r.rules & 0xf; }
 inline uint8_t rbp_rule(const gs_unwind_row& r) { return r.rules >> 4; }
 
-// One step of the walk the BPF side does (bpf/gpuscope.bpf.c: unwind_step), over a table in
+// One step of the walk the BPF side does (bpf/gpuscope.bpf.c: unwind_frame), over a table in
 // user space: the unit tests check it against libgcc's and libdw's unwinders.
 struct UnwindRegs {
   uint64_t ip = 0, sp = 0, bp = 0;

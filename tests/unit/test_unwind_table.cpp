@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <unwind.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -182,6 +183,58 @@ TEST(UnwindTable, PltEntriesGetTheirExpression) {
   size_t plt = 0;
   for (const auto& r : t.rows) plt += cfa_rule(r) == GS_CFA_PLT;
   EXPECT_GE(plt, 1u);
+}
+
+namespace {
+
+// The row a plain binary search over the whole table finds (what the page index must agree with).
+const gs_unwind_row* find_without_index(const UnwindTable& t, uint32_t pc) {
+  auto it = std::upper_bound(t.rows.begin(), t.rows.end(), pc,
+                             [](uint32_t v, const gs_unwind_row& r) { return v < r.pc; });
+  return it == t.rows.begin() ? nullptr : &*(it - 1);
+}
+
+void expect_index_agrees(const UnwindTable& t, uint32_t pc) {
+  const auto [lo, hi] = index_range(t, pc);
+  ASSERT_LE(lo, hi);
+  ASSERT_LE(hi, t.rows.size());
+  const gs_unwind_row* want = find_without_index(t, pc);
+  // The searched range holds the answer: no row before lo is above pc, none from hi on is below.
+  if (lo > 0) EXPECT_LE(t.rows[lo - 1].pc, pc) << std::hex << pc;
+  if (hi < t.rows.size()) EXPECT_GT(t.rows[hi].pc, pc) << std::hex << pc;
+  auto it = std::upper_bound(t.rows.begin() + lo, t.rows.begin() + hi, pc,
+                             [](uint32_t v, const gs_unwind_row& r) { return v < r.pc; });
+  const gs_unwind_row* got = it == t.rows.begin() ? nullptr : &*(it - 1);
+  EXPECT_EQ(got, want) << std::hex << pc;
+}
+
+}  // namespace
+
+TEST(UnwindTable, PageIndexNarrowsTheSearchToTheRightRows) {
+  const UnwindTable t = compile_unwind_table("/usr/lib/x86_64-linux-gnu/libc.so.6");
+  ASSERT_GT(t.rows.size(), 1000u);
+  ASSERT_GE(t.index.size(), 2u);
+  EXPECT_EQ(t.index.back(), t.rows.size());
+  // About kIndexRowsPerBucket rows a bucket: the index is small and the search short.
+  EXPECT_LE(t.index.size() - 1, t.rows.size() / kIndexRowsPerBucket + 1);
+  EXPECT_GE(t.index.size() - 1, t.rows.size() / kIndexRowsPerBucket / 2);
+  for (const auto& r : t.rows)
+    for (uint32_t pc : {r.pc, r.pc + 1, r.pc ? r.pc - 1 : 0u}) expect_index_agrees(t, pc);
+  for (uint32_t pc : {0u, t.rows.back().pc + 1, t.rows.back().pc + 100000, UINT32_MAX}) expect_index_agrees(t, pc);
+}
+
+TEST(UnwindTable, PageIndexOfSmallAndSparseTables) {
+  for (std::vector<uint32_t> pcs : std::vector<std::vector<uint32_t>>{
+           {0}, {0, 16}, {0, 1, 2, 3, 4, 5, 6, 7, 8}, {0, 0x100, 0x7fffffff, 0xfffffff0}, {5, 0x40000, 0x40001}}) {
+    UnwindTable t;
+    for (uint32_t pc : pcs) t.rows.push_back(gs_unwind_row{pc, GS_CFA_RSP, 0, 1});
+    build_index(t);
+    ASSERT_GE(t.index.size(), 2u);
+    EXPECT_EQ(t.index.back(), t.rows.size());
+    for (uint32_t p : pcs)
+      for (uint32_t pc : {p, p + 1, p ? p - 1 : 0u, p + 0x1000}) expect_index_agrees(t, pc);
+    expect_index_agrees(t, UINT32_MAX);
+  }
 }
 
 TEST(UnwindTable, UnreadableFilesAreErrorsNotEmptyTables) {

@@ -212,9 +212,12 @@ struct {
  * frames. A page of the stack is mapped whole, so reading one is no likelier to fail than a word. */
 #define UNWIND_CHUNK 4096
 
-/* One chunk per CPU, indexed by CPU, in an array sized (by user space) only when stacks are
- * walked here: 4 KiB in all in fp mode, where a per-CPU array would take 4 KiB a CPU. Shared by
- * the programs of a CPU as unwind_scratch_map is. */
+/* Two chunks per CPU, indexed by CPU * 2 + UNWIND_SLOT_*, in an array sized (by user space) only
+ * when stacks are walked here: 4 KiB in all in fp mode, where a per-CPU array would take 4 KiB a
+ * CPU. A CPU sample's program can interrupt a uprobe's mid-walk on the same CPU: each has its
+ * own chunk and scratch (UNWIND_SLOT_*), so neither overwrites the other's. */
+#define UNWIND_SLOT_CALL 0
+#define UNWIND_SLOT_SAMPLE 1
 struct unwind_chunk {
 	__u8 b[UNWIND_CHUNK];
 };
@@ -240,7 +243,7 @@ struct unwind_scratch {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, 2);  /* UNWIND_SLOT_* */
 	__type(key, __u32);
 	__type(value, struct unwind_scratch);
 } unwind_scratch_map SEC(".maps");
@@ -496,9 +499,9 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 /* Walks the user stack whose registers are `regs` with the process's tables and returns its
  * id, the stack sent first if it is new; 0 when the process has no tables (not yet: the caller
  * takes a frame-pointer stack instead). A walk cut short keeps what it found. */
-static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_tgid)
+static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_tgid, __u32 slot)
 {
-	__u32 tgid = pid_tgid >> 32, zero = 0;
+	__u32 tgid = pid_tgid >> 32;
 	struct gs_unwind_proc *proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
 	__u8 one = 1;
 	if (!proc) {
@@ -506,7 +509,7 @@ static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_t
 		bpf_map_update_elem(&unwind_wanted, &tgid, &one, BPF_NOEXIST);
 		return 0;
 	}
-	struct unwind_scratch *s = bpf_map_lookup_elem(&unwind_scratch_map, &zero);
+	struct unwind_scratch *s = bpf_map_lookup_elem(&unwind_scratch_map, &slot);
 	if (!s)
 		return 0;
 	s->ip = BPF_CORE_READ(regs, ip);
@@ -520,8 +523,8 @@ static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_t
 	s->chunk = 1;
 	s->hash = 0xcbf29ce484222325ULL ^ tgid;
 	s->rec.nr = 0;
-	__u32 cpu = bpf_get_smp_processor_id();
-	struct unwind_chunk *k = bpf_map_lookup_elem(&unwind_chunks, &cpu);
+	__u32 chunk_key = bpf_get_smp_processor_id() * 2 + slot;
+	struct unwind_chunk *k = bpf_map_lookup_elem(&unwind_chunks, &chunk_key);
 	if (!k)
 		return 0;
 	struct unwind_ctx c = {.s = s, .proc = proc, .k = k};
@@ -913,7 +916,7 @@ static __always_inline __s32 user_stack_id(struct pt_regs *ctx, __u64 cookie, __
 	if (!capture_stacks || GS_COOKIE_NO_STACK(cookie))
 		return -1;
 	if (call_unwind_tables) {
-		*native = unwind_user_stack(ctx, bpf_get_current_pid_tgid());
+		*native = unwind_user_stack(ctx, bpf_get_current_pid_tgid(), UNWIND_SLOT_CALL);
 		if (*native)
 			return -1;
 		/* No tables for this process yet: frame pointers, as without them. */
@@ -1235,7 +1238,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	if (sample_unwind_tables) {
 		/* The user-mode registers, also when the sample interrupted a system call. */
 		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-		native = unwind_user_stack(regs, id);
+		native = unwind_user_stack(regs, id, UNWIND_SLOT_SAMPLE);
 	}
 	long ustack_id = native ? -1 : get_stackid(ctx, BPF_F_USER_STACK);
 	bool ustack_sent = ustack_id < 0 && send_user_stack(ctx, id, ts_ns, ustack_id);

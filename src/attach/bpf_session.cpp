@@ -80,7 +80,7 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   bpf_map__set_max_entries(skel_->maps.unwind_rows, tables ? std::max<uint32_t>(cfg.unwind_rows, 1) : 1);
   // A stack chunk per CPU for the walk (4 KiB each). Without tables these maps are never used:
   // one entry each, so that fp mode does not pay for them (the LRU maps are preallocated: 5.5 MiB).
-  bpf_map__set_max_entries(skel_->maps.unwind_chunks, tables ? std::max(libbpf_num_possible_cpus(), 1) : 1);
+  bpf_map__set_max_entries(skel_->maps.unwind_chunks, tables ? 2 * std::max(libbpf_num_possible_cpus(), 1) : 1);  // a call's and a sample's per CPU
   if (!tables) {
     bpf_map__set_max_entries(skel_->maps.native_stacks_sent, 1);
     bpf_map__set_max_entries(skel_->maps.unwind_wanted, 1);

@@ -1,8 +1,12 @@
 #include "symbolize/process_maps.h"
 
+#include <fcntl.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 
 #include "common/clock.h"
 
@@ -19,6 +23,42 @@ constexpr uint64_t kMaxRefreshIntervalNs = 2'000'000'000;
 // process exits (its root goes), and asking costs a path walk in the kernel per frame.
 constexpr uint64_t kOpenablePathTtlNs = 1'000'000'000;
 
+// PROCMAP_QUERY (Linux 6.11; <linux/fs.h> of Debian 12 predates it): the mapping that covers an
+// address, asked of the kernel without the text of every mapping.
+struct ProcmapQuery {
+  uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode;
+  uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+  uint64_t vma_name_addr, build_id_addr;
+};
+constexpr unsigned long kProcmapQuery = _IOWR('f', 17, ProcmapQuery);
+constexpr uint64_t kProcmapFileBacked = 0x20;  // PROCMAP_QUERY_FILE_BACKED_VMA
+std::atomic<bool> procmap_query_works{true};
+
+enum class FileMapping { Yes, No, Unknown };
+
+// Does a file now map addr in the process? Unknown where the kernel cannot say.
+FileMapping file_maps(pid_t pid, uint64_t addr) {
+  if (!procmap_query_works.load(std::memory_order_relaxed)) return FileMapping::Unknown;
+  const int fd = ::open(("/proc/" + std::to_string(pid) + "/maps").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return FileMapping::Unknown;
+  char name[4096];
+  ProcmapQuery q{};
+  q.size = sizeof(q);
+  q.query_flags = kProcmapFileBacked;
+  q.query_addr = addr;
+  q.vma_name_addr = reinterpret_cast<uintptr_t>(name);
+  q.vma_name_size = sizeof(name);
+  const int rc = ioctl(fd, kProcmapQuery, &q);
+  const int err = errno;
+  ::close(fd);
+  // Only files with a path are kept in snapshots (not anon_inode:..., whose mappings are
+  // file-backed too): another one would have every miss in it re-read the maps.
+  if (rc == 0) return q.vma_name_size > 0 && name[0] == '/' ? FileMapping::Yes : FileMapping::No;
+  if (err == ENOENT) return FileMapping::No;
+  if (err == ENOTTY || err == EINVAL) procmap_query_works.store(false, std::memory_order_relaxed);
+  return FileMapping::Unknown;
+}
+
 }  // namespace
 
 std::string openable_path(pid_t pid, const std::string& path) {
@@ -27,6 +67,7 @@ std::string openable_path(pid_t pid, const std::string& path) {
 }
 
 bool ProcessMaps::refresh(pid_t pid) {
+  reads_.fetch_add(1, std::memory_order_relaxed);
   auto maps = discover::read_maps(pid);
   if (maps.empty()) return false;
   std::erase_if(maps, [](const discover::Mapping& m) { return m.path.empty() || m.path[0] != '/'; });
@@ -56,8 +97,16 @@ std::optional<ModuleAddress> ProcessMaps::resolve(pid_t pid, uint64_t addr) {
   {
     std::lock_guard lock(mu_);
     if (auto r = lookup(pid, addr)) return r;
+  }
+  // A miss: is the address in a file mapped since the snapshot? Asked of the kernel for that
+  // one address where it can answer, the maps are re-read only when one is; else backing off.
+  const FileMapping mapped = file_maps(pid, addr);
+  if (mapped == FileMapping::No) return std::nullopt;
+  {
+    std::lock_guard lock(mu_);
     if (auto it = processes_.find(pid); it != processes_.end()) {
-      const uint64_t wait = std::max(it->second.miss_refresh_interval_ns, kMinRefreshIntervalNs);
+      const uint64_t wait = mapped == FileMapping::Yes ? kMinRefreshIntervalNs
+                                                       : std::max(it->second.miss_refresh_interval_ns, kMinRefreshIntervalNs);
       if (monotonic_ns() - it->second.refreshed_ns < wait) return std::nullopt;
     }
   }

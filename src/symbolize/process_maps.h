@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -31,7 +32,8 @@ class ProcessMaps {
  public:
   // Reads the maps now; false if the process is gone.
   bool refresh(pid_t pid);
-  // Resolves addr; on a miss, refreshes once (a library may have been loaded since).
+  // Resolves addr; on a miss, refreshes once if a file maps it now (a library loaded since),
+  // asked of the kernel (PROCMAP_QUERY) where it can say, else at most every 20 ms to 2 s.
   std::optional<ModuleAddress> resolve(pid_t pid, uint64_t addr);
   void forget(pid_t pid);
   // Forgets the snapshot only if it was taken before ts_ns (CLOCK_MONOTONIC): at an exec seen
@@ -40,6 +42,8 @@ class ProcessMaps {
   // The last snapshot of the process's file mappings, sorted by address, paths as it sees them
   // (refreshed first when it is alive); empty if none was ever taken.
   std::vector<discover::Mapping> mappings(pid_t pid);
+  // How many times /proc/PID/maps was read (all processes).
+  uint64_t reads() const { return reads_.load(std::memory_order_relaxed); }
 
  private:
   struct Process {
@@ -52,6 +56,7 @@ class ProcessMaps {
   std::optional<ModuleAddress> lookup(pid_t pid, uint64_t addr);
   mutable std::mutex mu_;
   std::unordered_map<pid_t, Process> processes_;  // those whose maps were read
+  std::atomic<uint64_t> reads_{0};
 };
 
 }  // namespace gpuscope::symbolize

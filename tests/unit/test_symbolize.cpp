@@ -1,6 +1,9 @@
 // ELF symbols for attaching (name -> file offset) and naming (file offset -> function), on real
 // files: this test binary and the CUDA runtime.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -10,6 +13,7 @@
 #include <sstream>
 
 #include "symbolize/elf_file.h"
+#include "symbolize/process_maps.h"
 #include "symbolize/symbolizer.h"
 
 using namespace gpuscope::symbolize;
@@ -244,4 +248,44 @@ TEST(Symbolizer, SourceLinesAndInlinedFunctionsFromDwarf) {
   EXPECT_TRUE(saw_line);
   // Without asking, no DWARF is read.
   EXPECT_FALSE(sym.resolve("/proc/self/exe", "", start, false).source);
+}
+
+TEST(ProcessMaps, AMissReReadsTheMapsOnlyWhenAFileMapsTheAddressNow) {
+  namespace fs = std::filesystem;
+  // PROCMAP_QUERY came with Linux 6.11; before it a miss re-reads on a back-off instead.
+  utsname u{};
+  uname(&u);
+  int major = 0, minor = 0;
+  std::sscanf(u.release, "%d.%d", &major, &minor);
+  if (major < 6 || (major == 6 && minor < 11)) GTEST_SKIP() << "kernel " << u.release << " has no PROCMAP_QUERY";
+  const pid_t pid = getpid();
+  ProcessMaps maps;
+  ASSERT_TRUE(maps.refresh(pid));
+  const uint64_t reads = maps.reads();
+  // Frame-pointer walks through code without frame pointers give such addresses: in no file.
+  void* anon = mmap(nullptr, 1 << 16, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(anon, MAP_FAILED);
+  usleep(30'000);  // past the shortest interval between two reads: a back-off alone would re-read
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_FALSE(maps.resolve(pid, 0x1000 + uint64_t(i)));
+    EXPECT_FALSE(maps.resolve(pid, reinterpret_cast<uint64_t>(anon) + uint64_t(i)));
+  }
+  EXPECT_EQ(maps.reads(), reads);
+  munmap(anon, 1 << 16);
+  // A library loaded after the snapshot: found at its first miss, without waiting out a back-off.
+  const fs::path dir = fs::temp_directory_path() / ("gpuscope-maps-" + std::to_string(pid));
+  fs::create_directories(dir);
+  const fs::path copy = dir / "libgpuscope_maps_test.so";
+  fs::copy_file("/usr/lib/x86_64-linux-gnu/libbz2.so.1.0", copy, fs::copy_options::overwrite_existing);
+  void* lib = dlopen(copy.c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  const auto fn = reinterpret_cast<uint64_t>(dlsym(lib, "BZ2_bzlibVersion"));
+  ASSERT_NE(fn, 0u);
+  usleep(30'000);  // past the shortest interval between two reads
+  const auto found = maps.resolve(pid, fn);
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->path, copy.string());
+  EXPECT_EQ(maps.reads(), reads + 1);
+  dlclose(lib);
+  fs::remove_all(dir);
 }

@@ -214,8 +214,9 @@ struct {
 
 /* Two chunks per CPU, indexed by CPU * 2 + UNWIND_SLOT_*, in an array sized (by user space) only
  * when stacks are walked here: 4 KiB in all in fp mode, where a per-CPU array would take 4 KiB a
- * CPU. A CPU sample's program can interrupt a uprobe's mid-walk on the same CPU: each has its
- * own chunk and scratch (UNWIND_SLOT_*), so neither overwrites the other's. */
+ * CPU. A CPU sample's program runs from the timer interrupt and can interrupt a uprobe's
+ * mid-walk on the same CPU (uprobe-multi programs do not hold off other BPF programs): each has
+ * its own chunk and scratch, here and in the Python walk, so neither overwrites the other's. */
 #define UNWIND_SLOT_CALL 0
 #define UNWIND_SLOT_SAMPLE 1
 struct unwind_chunk {
@@ -698,34 +699,35 @@ struct py_scratch {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, 2);  /* UNWIND_SLOT_*: a CPU sample can interrupt a call's walk */
 	__type(key, __u32);
 	__type(value, struct py_scratch);
 } py_scratch_map SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, 2);  /* UNWIND_SLOT_* */
 	__type(key, __u32);
 	__type(value, struct gs_py_code_record);
 } py_code_scratch SEC(".maps");
 
+/* What the Python walk's bpf_loop callbacks work on: this program's slot of the scratch maps. */
+struct py_walk {
+	struct py_scratch *s;
+	__u32 slot;
+};
+
 #define PY_THREADS_MAX 256
 
-static __always_inline struct py_scratch *py_scratch(void)
-{
-	__u32 zero = 0;
-	return bpf_map_lookup_elem(&py_scratch_map, &zero);
-}
 
 static __always_inline __u64 buf_u64(struct py_scratch *s, __u16 off)
 {
 	return *(__u64 *)(s->buf + (off & 255));
 }
 
-static long find_thread_state(__u32 i, void *unused)
+static long find_thread_state(__u32 i, void *ctx)
 {
-	struct py_scratch *s = py_scratch();
+	struct py_scratch *s = ((struct py_walk *)ctx)->s;
 	if (!s || !s->tstate)
 		return 1;
 	__u64 native_tid = 0, next = 0;
@@ -737,9 +739,9 @@ static long find_thread_state(__u32 i, void *unused)
 	return 0;
 }
 
-static long walk_py_frame(__u32 i, void *unused)
+static long walk_py_frame(__u32 i, void *ctx)
 {
-	struct py_scratch *s = py_scratch();
+	struct py_scratch *s = ((struct py_walk *)ctx)->s;
 	if (!s || !s->frame)
 		return 1;
 	if (bpf_probe_read_user(s->buf, PY_FRAME_READ, (void *)s->frame)) {
@@ -785,17 +787,17 @@ static __always_inline bool read_py_ascii(char *dst, __u32 size, __u64 obj, cons
 	return bpf_probe_read_user_str(dst, size, (void *)(obj + off->unicode_ascii_data)) > 0;
 }
 
-static long send_py_code(__u32 i, void *unused)
+static long send_py_code(__u32 i, void *ctx)
 {
-	struct py_scratch *s = py_scratch();
+	struct py_scratch *s = ((struct py_walk *)ctx)->s;
 	if (!s || i >= s->rec.depth)
 		return 1;
 	__u64 code = s->rec.frames[i & (GS_MAX_PY_FRAMES - 1)].code & ~GS_PY_FRAME_ENTRY;
 	struct py_code_key key = {.tgid = s->rec.pid, .code = code};
 	if (bpf_map_lookup_elem(&py_codes_sent, &key))
 		return 0;
-	__u32 zero = 0;
-	struct gs_py_code_record *r = bpf_map_lookup_elem(&py_code_scratch, &zero);
+	__u32 slot = ((struct py_walk *)ctx)->slot;
+	struct gs_py_code_record *r = bpf_map_lookup_elem(&py_code_scratch, &slot);
 	if (!r)
 		return 1;
 	r->kind = GS_REC_PY_CODE;
@@ -831,7 +833,7 @@ static long send_py_code(__u32 i, void *unused)
 
 /* The current thread's Python stack id, its frames and new code objects sent first; 0 when
  * the process runs no known interpreter or the thread runs no Python. */
-static __always_inline __u64 python_stack(__u64 pid_tgid)
+static __always_inline __u64 python_stack(__u64 pid_tgid, __u32 slot)
 {
 	if (!python_stacks)
 		return 0;
@@ -839,9 +841,10 @@ static __always_inline __u64 python_stack(__u64 pid_tgid)
 	struct gs_py_process *proc = bpf_map_lookup_elem(&python_procs, &tgid);
 	if (!proc)
 		return 0;
-	struct py_scratch *s = py_scratch();
+	struct py_scratch *s = bpf_map_lookup_elem(&py_scratch_map, &slot);
 	if (!s)
 		return 0;
+	struct py_walk walk = {.s = s, .slot = slot};
 	s->off = proc->off;
 	s->tid = tid;
 
@@ -861,7 +864,7 @@ static __always_inline __u64 python_stack(__u64 pid_tgid)
 		    !interp ||
 		    bpf_probe_read_user(&s->tstate, sizeof(s->tstate), (void *)(interp + s->off.interp_threads_head)))
 			return 0;
-		bpf_loop(PY_THREADS_MAX, find_thread_state, NULL, 0);
+		bpf_loop(PY_THREADS_MAX, find_thread_state, &walk, 0);
 		tstate = s->tstate;
 		if (!tstate)
 			return 0;  /* a thread that never ran Python */
@@ -882,7 +885,7 @@ static __always_inline __u64 python_stack(__u64 pid_tgid)
 	s->rec.pid = tgid;
 	s->rec.flags = 0;
 	s->rec.pad = 0;
-	bpf_loop(GS_MAX_PY_FRAMES + 16, walk_py_frame, NULL, 0);
+	bpf_loop(GS_MAX_PY_FRAMES + 16, walk_py_frame, &walk, 0);
 	if (!s->rec.depth)
 		return 0;
 	__u64 id = s->hash | 1;  /* never 0 */
@@ -891,7 +894,7 @@ static __always_inline __u64 python_stack(__u64 pid_tgid)
 		return id;
 
 	/* New: its code objects first, then the stack, each once. */
-	bpf_loop(GS_MAX_PY_FRAMES, send_py_code, NULL, 0);
+	bpf_loop(GS_MAX_PY_FRAMES, send_py_code, &walk, 0);
 	__u64 size = sizeof(s->rec) - sizeof(s->rec.frames) + (__u64)s->rec.depth * sizeof(struct gs_py_frame);
 	if (size > sizeof(s->rec))
 		size = sizeof(s->rec);
@@ -971,7 +974,7 @@ int call_entry_emit(struct pt_regs *ctx)
 	 * ahead of it. */
 	__u64 native = 0;
 	__s32 ustack_id = skip_stack ? -1 : user_stack_id(ctx, cookie, ts_ns, &flags, &native);
-	__u64 py_stack = skip_stack || !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id);
+	__u64 py_stack = skip_stack || !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, UNWIND_SLOT_CALL);
 
 	struct gs_call_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
@@ -1027,7 +1030,7 @@ int call_entry(struct pt_regs *ctx)
 	read_args(ctx, p->args);
 	p->deref_len = read_entry_deref(cookie, p->args, p->deref, &p->flags);
 	p->ustack_id = user_stack_id(ctx, cookie, p->ts_ns, &p->flags, &p->native_stack);
-	p->py_stack = !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id);
+	p->py_stack = !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, UNWIND_SLOT_CALL);
 
 	if (bpf_map_update_elem(&pending, &key, p, BPF_ANY))
 		count_lost(GS_LOST_PENDING_FULL);
@@ -1215,7 +1218,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		return 0;
 	if (sample_only_targets && !bpf_map_lookup_elem(&targets, &tgid))
 		return 0;
-	__u64 py_stack = python_stack(id);
+	__u64 py_stack = python_stack(id, UNWIND_SLOT_SAMPLE);
 	if (sample_stack_copy) {
 		struct gs_sample_stack_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 		if (!r) {

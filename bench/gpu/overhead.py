@@ -60,6 +60,9 @@ def configurations(gpuscope, nsys, nsys_backtraces):
         c["gpuscope +stacks native only"] = ("gpuscope", ["--no-python"])
     if "--call-stacks" in helptext:
         c["gpuscope +stacks dwarf"] = ("gpuscope", ["--call-stacks", "dwarf"])
+    if "eh-frame" in helptext:
+        # Stacks walked in BPF from .eh_frame: complete through libtorch (issue 4's 99%).
+        c["gpuscope +stacks eh-frame"] = ("gpuscope", ["--call-stacks", "eh-frame"])
     full = []
     if "--cpu-profile" in helptext:
         c["gpuscope +stacks +cpu 99Hz"] = ("gpuscope", ["--cpu-profile", "99"])

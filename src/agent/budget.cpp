@@ -1,29 +1,40 @@
 #include "agent/budget.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
-#include <sstream>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 namespace gpuscope::agent {
 
 uint64_t process_cpu_ns(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  if (!std::getline(in, text)) return 0;
+  // Read every tick (10 times a second) for each process under the budget: one read() and a
+  // scan, without streams (which were 7% of the agent's CPU on the H100 soak).
+  char path[32], buf[1024];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", int(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
   // Fields after the command (which may hold spaces and parentheses): state is field 3,
   // utime and stime fields 14 and 15.
-  const size_t close = text.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(text.substr(close + 2));
-  std::string field;
-  uint64_t utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14) utime = std::stoull(field);
-    if (i == 15) stime = std::stoull(field);
+  const char* p = std::strrchr(buf, ')');
+  if (!p) return 0;
+  p += 2;
+  for (int field = 3; field < 14 && p; ++field) {
+    p = std::strchr(p, ' ');
+    if (p) ++p;
   }
+  if (!p) return 0;
+  char* end = nullptr;
+  const unsigned long long utime = std::strtoull(p, &end, 10);
+  const unsigned long long stime = std::strtoull(end, nullptr, 10);
   static const double ns_per_tick = 1e9 / double(sysconf(_SC_CLK_TCK));
   return uint64_t(double(utime + stime) * ns_per_tick);
 }

@@ -1,6 +1,7 @@
 // The agent's parts that need no kernel: cgroup paths, runtime bundles, the config file, the
 // aggregates and the budget's duty cycle.
 #include <gtest/gtest.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -498,4 +499,20 @@ TEST(NameOffsets, DefinesAnyFunctionMatchesWholeNamesOnly) {
   EXPECT_FALSE(symbolize::defines_any_function(exe, {"test_other_function"}));          // a tail
   EXPECT_FALSE(symbolize::defines_any_function(exe, {"malloc"}));  // imported, not defined
   EXPECT_FALSE(symbolize::defines_any_function("/nonexistent", {"main"}));
+}
+
+TEST(Budget, ProcessCpuTimeReadsStatPastACommandWithParentheses) {
+  // /proc/PID/stat's command may hold spaces and parentheses: the fields are counted from the last ')'.
+  char old_name[16] = {};
+  prctl(PR_GET_NAME, old_name);
+  prctl(PR_SET_NAME, "a) b (c) 1 2");
+  burn_cpu(200'000'000);
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  const double truth = double(ts.tv_sec) * 1e9 + double(ts.tv_nsec);
+  const double read = double(agent::process_cpu_ns(getpid()));
+  prctl(PR_SET_NAME, old_name);
+  EXPECT_GT(read, 0);
+  EXPECT_NEAR(read, truth, 50e6);  // the kernel's clock ticks (10 ms) and the threads' accounting
+  EXPECT_EQ(agent::process_cpu_ns(999'999'999), 0u);  // no such process
 }

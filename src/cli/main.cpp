@@ -127,6 +127,10 @@ int main(int argc, char** argv) {
                   "libcublasLt needs 6 MiB, a PyTorch process ~92 MiB), allocated whole at start, only in the "
                   "eh-frame modes; files that do not fit are walked with frame pointers")
       ->capture_default_str();
+  rec->add_option("--unwind-cache", ropts.unwind_cache_dir,
+                  "Where the eh-frame modes keep compiled tables between runs, by build id (1 GiB at most; "
+                  "\"\" to compile every time): a PyTorch process's ~80 libraries took 10 s to compile on the H100; read back, libcufft's took 0.3 ms instead of 1.7 s")
+      ->capture_default_str();
   rec->add_option("--gpu-sample-hz", ropts.gpu_sample_hz,
                   "Read the GPUs' NVML metrics (utilisation, memory, power, clocks, throttling, PCIe, per-process "
                   "use) this many times per second; 0: off (default: " +

@@ -283,6 +283,7 @@ int Recorder::run() {
   topts.table_unwind_calls = opts_.table_unwind_calls;
   topts.table_unwind_samples = opts_.table_unwind_samples;
   topts.unwind_table_mb = opts_.unwind_table_mb;
+  topts.unwind_cache_dir = opts_.unwind_cache_dir;
   topts.launch_probes = opts_.launch_probes;
   topts.bpf_stats = opts_.bpf_stats;
   topts.cpu_profile_hz = opts_.cpu_profile_hz;

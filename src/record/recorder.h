@@ -29,6 +29,7 @@ struct RecordOptions {
   bool table_unwind_calls = false;   // CUDA calls' stacks walked in BPF from .eh_frame tables
   bool table_unwind_samples = false; // CPU samples' likewise
   uint32_t unwind_table_mb = 128;    // memory for those tables
+  std::string unwind_cache_dir = "/var/cache/gpuscope/unwind-tables";  // "": compile every time
   bool python_stacks = true;         // Python frames in the stacks of CPython processes
   double gpu_sample_hz = -1;         // NVML samples per second; 0: off; < 0: the default
   bool gpu_times = false;            // CUPTI activity records through the injection library

@@ -124,7 +124,7 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   pcfg.complete_history = opts_.whole_history;
   if (!cfg.stack_generations) pcfg.recycle_stacks_at = 0;
   pipeline_ = std::make_unique<Pipeline>(sink_, *bpf_, maps_, pcfg);
-  if (bpf_->unwind_tables_enabled()) unwind_ = std::make_unique<UnwindTables>(*bpf_);
+  if (bpf_->unwind_tables_enabled()) unwind_ = std::make_unique<UnwindTables>(*bpf_, opts_.unwind_cache_dir);
   bpf_->set_handler([this](const void* data, size_t size) {
     uint16_t kind;
     std::memcpy(&kind, data, sizeof(kind));
@@ -325,11 +325,11 @@ void Tracer::report_unwind_tables() {
   if (!unwind_) return;
   const auto st = unwind_->stats();
   const std::string text =
-      fmt::format("{} files, {} of {} row slots ({:.1f} of {:.1f} MiB, page indexes included), compiled {} files in {:.0f} ms; {} without room, "
+      fmt::format("{} files, {} of {} row slots ({:.1f} of {:.1f} MiB, page indexes included), compiled {} files in {:.0f} ms ({} from the cache); {} without room, "
                   "{} without frame information, {} evicted",
                   st.files, st.rows_used, st.rows_capacity, st.rows_used * sizeof(gs_unwind_row) / 1048576.0,
                   st.rows_capacity * sizeof(gs_unwind_row) / 1048576.0, st.files_compiled, st.compile_ns / 1e6,
-                  st.files_without_room, st.files_failed, st.evicted);
+                  st.files_from_cache, st.files_without_room, st.files_failed, st.evicted);
   sink_.set_meta("unwind_tables", text);
   sink_.set_lost("unwind_table_no_room", st.files_without_room);
   if (!opts_.quiet) log_info("unwind tables: {}", text);

@@ -46,6 +46,7 @@ struct TracerOptions {
   bool table_unwind_calls = false;
   bool table_unwind_samples = false;
   uint32_t unwind_table_mb = 128;    // the tables' memory cap
+  std::string unwind_cache_dir;      // compiled tables kept between runs; empty: none
   LaunchProbes launch_probes = LaunchProbes::Auto;
   bool bpf_stats = false;
   // High-rate probes (launches, copies, memsets) attached per process, so that each process's

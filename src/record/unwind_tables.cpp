@@ -70,9 +70,9 @@ bool UnwindTables::evict_one() {
 
 namespace {
 
-symbolize::UnwindTable compile_or_empty(const std::string& path) {
+symbolize::CachedTable compile_or_empty(const std::string& path, const std::string& cache_dir) {
   try {
-    return symbolize::compile_unwind_table(path);
+    return symbolize::load_unwind_table(path, cache_dir);
   } catch (const std::exception& e) {
     log_debug("no unwind table for {}: {}", path, e.what());
     return {};
@@ -91,7 +91,9 @@ UnwindTables::File* UnwindTables::load(const FileKey& key, const std::string& pa
     t = std::move(*compiled);
   } else {
     const uint64_t t0 = monotonic_ns();
-    t = compile_or_empty(path);
+    auto c = compile_or_empty(path, cache_dir_);
+    t = std::move(c.table);
+    stats_.files_from_cache += c.from_cache;
     stats_.compile_ns += monotonic_ns() - t0;
   }
   ++stats_.files_compiled;
@@ -159,16 +161,19 @@ bool UnwindTables::update(pid_t pid) {
     const uint64_t t0 = monotonic_ns();
     elf_version(EV_CURRENT);  // libelf's one global, set before the threads use it
     const size_t workers = std::min<size_t>(todo.size(), std::max(1u, std::thread::hardware_concurrency()));
-    std::vector<symbolize::UnwindTable> tables(todo.size());
+    std::vector<symbolize::CachedTable> tables(todo.size());
     std::atomic<size_t> next_file{0};
     auto work = [&] {
-      for (size_t i; (i = next_file++) < todo.size();) tables[i] = compile_or_empty(todo[i]->path);
+      for (size_t i; (i = next_file++) < todo.size();) tables[i] = compile_or_empty(todo[i]->path, cache_dir_);
     };
     std::vector<std::thread> pool;
     for (size_t w = 1; w < workers; ++w) pool.emplace_back(work);
     work();
     for (auto& t : pool) t.join();
-    for (size_t i = 0; i < todo.size(); ++i) compiled[todo[i]->key] = std::move(tables[i]);
+    for (size_t i = 0; i < todo.size(); ++i) {
+      stats_.files_from_cache += tables[i].from_cache;
+      compiled[todo[i]->key] = std::move(tables[i].table);
+    }
     if (!todo.empty()) stats_.compile_ns += monotonic_ns() - t0;  // wall time
   }
   for (const auto& [mp, key, path] : mapped) {

@@ -21,7 +21,8 @@ namespace gpuscope::record {
 
 class UnwindTables {
  public:
-  explicit UnwindTables(attach::BpfSession& bpf) : bpf_(bpf) {}
+  // cache_dir: compiled tables kept between runs (symbolize::load_unwind_table); empty: none.
+  UnwindTables(attach::BpfSession& bpf, std::string cache_dir) : bpf_(bpf), cache_dir_(std::move(cache_dir)) {}
 
   // Reads the process's executable mappings, loads the tables it lacks and gives the BPF side
   // its mapping table. False if the process is gone.
@@ -37,6 +38,7 @@ class UnwindTables {
     uint64_t rows_used = 0, rows_capacity = 0;  // row slots (8 bytes), index included
     uint64_t compile_ns = 0;       // spent compiling, in all (wall time: files compile in parallel)
     uint64_t files_compiled = 0;
+    uint64_t files_from_cache = 0;  // of those, read back from the cache instead
     uint64_t files_without_room = 0;  // walked with frame pointers: the array was full
     uint64_t files_failed = 0;     // unreadable, or no frame information
     uint64_t evicted = 0;
@@ -68,6 +70,7 @@ class UnwindTables {
   bool evict_one();
 
   attach::BpfSession& bpf_;
+  std::string cache_dir_;
   std::map<FileKey, File> files_;
   std::map<pid_t, Process> procs_;
   std::map<uint32_t, uint32_t> free_;  // free row ranges: offset -> length

@@ -8,10 +8,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 
 #include "common/error.h"
+#include "symbolize/elf_file.h"
 
 namespace gpuscope::symbolize {
 namespace {
@@ -433,6 +436,114 @@ UnwindTable compile_unwind_table(const std::string& path) {
   }
   build_index(t);
   return t;
+}
+
+namespace {
+
+// The cache file: a header, then the table's arrays as they are in memory. The magic's number
+// is the format's and the compiler's version: change it whenever rows or their index would come
+// out differently, and the tables of older gpuscopes are compiled again, not read.
+constexpr char kCacheMagic[8] = {'G', 'S', 'U', 'T', 'A', 'B', '0', '1'};
+struct CacheHeader {
+  char magic[8];
+  uint64_t base;
+  uint32_t index_shift, rows, index, segments;
+  uint64_t fdes, ranges, unsupported_cfa, unsupported_rbp, unsupported_ra;
+  uint32_t source_len, pad;
+};
+
+template <class T>
+bool read_array(std::istream& in, std::vector<T>& v, size_t n) {
+  v.resize(n);
+  return bool(in.read(reinterpret_cast<char*>(v.data()), std::streamsize(n * sizeof(T))));
+}
+
+std::optional<UnwindTable> read_cached(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  CacheHeader h{};
+  if (!in.read(reinterpret_cast<char*>(&h), sizeof(h)) || std::memcmp(h.magic, kCacheMagic, sizeof(kCacheMagic)) != 0)
+    return std::nullopt;
+  // Sizes a corrupt header could claim are bounded by what the file holds.
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(file, ec);
+  const uint64_t want = sizeof(h) + uint64_t(h.source_len) + uint64_t(h.rows) * sizeof(gs_unwind_row) +
+                        uint64_t(h.index) * sizeof(uint32_t) + uint64_t(h.segments) * sizeof(UnwindTable::Segment);
+  if (ec || size != want) return std::nullopt;
+  UnwindTable t;
+  t.base = h.base;
+  t.index_shift = h.index_shift;
+  t.stats = {h.fdes, h.ranges, h.unsupported_cfa, h.unsupported_rbp, h.unsupported_ra, std::string(h.source_len, '\0')};
+  if (!in.read(t.stats.source.data(), h.source_len) || !read_array(in, t.rows, h.rows) ||
+      !read_array(in, t.index, h.index) || !read_array(in, t.segments, h.segments))
+    return std::nullopt;
+  return t;
+}
+
+void write_cached(const std::filesystem::path& file, const UnwindTable& t) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(file.parent_path(), ec);
+  CacheHeader h{};
+  std::memcpy(h.magic, kCacheMagic, sizeof(kCacheMagic));
+  h.base = t.base;
+  h.index_shift = t.index_shift;
+  h.rows = uint32_t(t.rows.size());
+  h.index = uint32_t(t.index.size());
+  h.segments = uint32_t(t.segments.size());
+  h.fdes = t.stats.fdes;
+  h.ranges = t.stats.ranges;
+  h.unsupported_cfa = t.stats.unsupported_cfa;
+  h.unsupported_rbp = t.stats.unsupported_rbp;
+  h.unsupported_ra = t.stats.unsupported_ra;
+  h.source_len = uint32_t(t.stats.source.size());
+  // Written beside it, then renamed: a reader (another gpuscope) sees the whole file or none.
+  fs::path tmp = file;
+  tmp += ".tmp" + std::to_string(getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(&h), sizeof(h));
+    out.write(t.stats.source.data(), std::streamsize(t.stats.source.size()));
+    out.write(reinterpret_cast<const char*>(t.rows.data()), std::streamsize(t.rows.size() * sizeof(gs_unwind_row)));
+    out.write(reinterpret_cast<const char*>(t.index.data()), std::streamsize(t.index.size() * sizeof(uint32_t)));
+    out.write(reinterpret_cast<const char*>(t.segments.data()),
+              std::streamsize(t.segments.size() * sizeof(UnwindTable::Segment)));
+    if (!out.flush()) {
+      fs::remove(tmp, ec);
+      return;
+    }
+  }
+  fs::rename(tmp, file, ec);
+  if (ec) fs::remove(tmp, ec);
+  // Bounded: the oldest files go first once the directory holds more than kUnwindCacheBytes.
+  std::vector<std::pair<fs::file_time_type, fs::path>> files;
+  uint64_t total = 0;
+  for (const auto& e : fs::directory_iterator(file.parent_path(), ec)) {
+    if (e.path().extension() != ".gsut") continue;
+    total += e.file_size(ec);
+    files.emplace_back(e.last_write_time(ec), e.path());
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& [when, path] : files) {
+    if (total <= kUnwindCacheBytes) break;
+    total -= std::min<uint64_t>(total, fs::file_size(path, ec));
+    fs::remove(path, ec);
+  }
+}
+
+}  // namespace
+
+CachedTable load_unwind_table(const std::string& path, const std::string& cache_dir) {
+  if (cache_dir.empty()) return {compile_unwind_table(path), false};
+  const std::string build_id = read_build_id(path);
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  if (build_id.empty() || ec) return {compile_unwind_table(path), false};
+  const std::filesystem::path file =
+      std::filesystem::path(cache_dir) / (build_id + "-" + std::to_string(size) + ".gsut");
+  if (auto t = read_cached(file)) return {std::move(*t), true};
+  CachedTable out{compile_unwind_table(path), false};
+  write_cached(file, out.table);
+  return out;
 }
 
 }  // namespace gpuscope::symbolize

@@ -59,6 +59,18 @@ std::pair<uint32_t, uint32_t> index_range(const UnwindTable& t, uint32_t pc);
 // information spans more than 4 GiB (rows keep 32-bit pcs). A file without CFI gives no rows.
 UnwindTable compile_unwind_table(const std::string& path);
 
+// compile_unwind_table through a cache of compiled tables in `cache_dir`, by build id and size
+// (a PyTorch process's ~80 libraries take ~10 s to compile; read back, well under a second).
+// Files without a build id, an empty cache_dir, or a cache that cannot be read or written:
+// compiled as if there were none. A cache file that does not read back whole is compiled
+// again and replaced. The cache is kept under kUnwindCacheBytes, the oldest files going first.
+inline constexpr uint64_t kUnwindCacheBytes = 1ull << 30;
+struct CachedTable {
+  UnwindTable table;
+  bool from_cache = false;
+};
+CachedTable load_unwind_table(const std::string& path, const std::string& cache_dir);
+
 inline uint8_t cfa_rule(const gs_unwind_row& r) { return r.rules & 0xf; }
 inline uint8_t rbp_rule(const gs_unwind_row& r) { return r.rules >> 4; }
 

@@ -123,3 +123,27 @@ def test_deep_recursion_is_walked_whole(record, gpuscope):
     assert sum(whole.values()) / sum(spinning.values()) > 0.95, list(spinning)[:2]
     for k in whole:
         assert k[1] == "_start" and k.count("recurse") == 101, k
+
+
+def test_compiled_tables_are_read_back_from_the_cache(record, gpuscope, tmp_path):
+    # A second run of the same program reads its libraries' tables back (by build id) and walks
+    # the same stacks; an unusable cache directory only means compiling again.
+    cache = tmp_path / "tables"
+
+    def run(cache_dir):
+        rec = record("--call-stacks", "eh-frame", "--unwind-cache", cache_dir, "--",
+                     TARGETS / "cuda_ops_nofp", "--iterations", 2)
+        assert rec.returncode == 3, rec.stderr
+        tables = rec.scalar("SELECT value FROM meta WHERE key='unwind_tables'")
+        stacks = {chain[1:]: v for chain, v in call_stacks(gpuscope, rec).items()}  # without "comm (pid)"
+        return int(tables.split(" from the cache")[0].rsplit("(", 1)[1]), stacks
+
+    cached, stacks = run(cache)
+    assert cached == 0
+    files = len(list(cache.glob("*.gsut")))
+    assert files >= 3  # the program, libcudart, libc, ...
+    cached, again = run(cache)
+    assert cached == files
+    assert again == stacks
+    cached, unusable = run("/proc/no-such-dir")
+    assert cached == 0 and unusable == stacks

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -335,4 +336,35 @@ TEST(UnwindTable, WalkOfOwnStackMatchesLibgcc) {
   std::vector<uint64_t> theirs(w.c.libgcc.begin() + 1, w.c.libgcc.end());
   if (!theirs.empty() && theirs.back() == 0) theirs.pop_back();  // libgcc's frame past _start
   EXPECT_EQ(ours, theirs);
+}
+
+TEST(UnwindTable, CompiledTablesAreCachedByBuildIdAndACorruptCacheIsCompiledAgain) {
+  namespace fs = std::filesystem;
+  const std::string libc = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+  const fs::path dir = fs::temp_directory_path() / ("gpuscope-unwind-cache-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const auto same = [](const UnwindTable& a, const UnwindTable& b) {
+    return a.base == b.base && a.index_shift == b.index_shift && a.rows.size() == b.rows.size() &&
+           std::memcmp(a.rows.data(), b.rows.data(), a.rows.size() * sizeof(gs_unwind_row)) == 0 && a.index == b.index &&
+           a.segments.size() == b.segments.size() && a.stats.fdes == b.stats.fdes && a.stats.source == b.stats.source;
+  };
+  const UnwindTable compiled = compile_unwind_table(libc);
+  const CachedTable first = load_unwind_table(libc, dir);
+  EXPECT_FALSE(first.from_cache);
+  EXPECT_TRUE(same(first.table, compiled));
+  ASSERT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 1);
+  const fs::path file = fs::directory_iterator(dir)->path();
+  const CachedTable again = load_unwind_table(libc, dir);
+  EXPECT_TRUE(again.from_cache);
+  EXPECT_TRUE(same(again.table, compiled));
+  // Cut short (a disk that filled up, a crash): compiled again, and the file replaced.
+  fs::resize_file(file, fs::file_size(file) / 2);
+  const CachedTable repaired = load_unwind_table(libc, dir);
+  EXPECT_FALSE(repaired.from_cache);
+  EXPECT_TRUE(same(repaired.table, compiled));
+  EXPECT_TRUE(load_unwind_table(libc, dir).from_cache);
+  // No cache: compiled every time; an unwritable cache directory likewise.
+  EXPECT_FALSE(load_unwind_table(libc, "").from_cache);
+  EXPECT_TRUE(same(load_unwind_table(libc, "/proc/gpuscope-no-such-dir").table, compiled));
+  fs::remove_all(dir);
 }

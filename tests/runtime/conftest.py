@@ -20,6 +20,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def folded(gpuscope, rec, metric):
+    """The record's flame graph of `metric` in folded form: {frames, root first: value}."""
+    out = gpuscope("flamegraph", rec.path, "--metric", metric, "-o", "-")
+    assert out.returncode == 0, out.stderr
+    stacks = {}
+    for line in out.stdout.splitlines():
+        path, value = line.rsplit(" ", 1)
+        stacks[tuple(path.split(";"))] = int(value)
+    return stacks
+
+
 class Record:
     """A finished recording, read back with Python's own sqlite3 (not gpuscope's reader)."""
 

@@ -2,19 +2,9 @@
 from .eh_frame reach the program's entry through code built without frame pointers."""
 import pytest
 
-from conftest import CUDART, ROOT, TARGETS
+from conftest import CUDART, ROOT, TARGETS, folded
 
 WORK = "(anonymous namespace)::work(int)"
-
-
-def folded(gpuscope, rec, metric):
-    out = gpuscope("flamegraph", rec.path, "--metric", metric, "-o", "-")
-    assert out.returncode == 0, out.stderr
-    stacks = {}
-    for line in out.stdout.splitlines():
-        path, value = line.rsplit(" ", 1)
-        stacks[tuple(path.split(";"))] = int(value)
-    return stacks
 
 
 def call_stacks(gpuscope, rec):

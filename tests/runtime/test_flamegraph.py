@@ -8,19 +8,9 @@ import subprocess
 
 import pytest
 
-from conftest import TARGETS
+from conftest import TARGETS, folded
 
 VECADD = "vecAdd(float const*, float const*, float*, int)"
-
-
-def folded(gpuscope, rec, metric):
-    out = gpuscope("flamegraph", rec.path, "--metric", metric, "-o", "-")
-    assert out.returncode == 0, out.stderr
-    stacks = {}
-    for line in out.stdout.splitlines():
-        path, value = line.rsplit(" ", 1)
-        stacks[tuple(path.split(";"))] = int(value)
-    return stacks
 
 
 def share(stacks, frame):

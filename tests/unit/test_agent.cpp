@@ -295,14 +295,20 @@ TEST(Aggregator, PcieReadingsStandBetweenTheTicksThatReadThem) {
   EXPECT_DOUBLE_EQ(value(s, "gpuscope_gpu_pcie_receive_bytes_per_second"), 2000 * 1024.0);
 }
 
+// A 1% budget with the given cost of a hit (entry only; entry and return), in ns.
+static agent::BudgetConfig one_percent_budget(double entry_hit_ns, double return_hit_ns) {
+  agent::BudgetConfig cfg;
+  cfg.budget = 0.01;
+  cfg.entry_hit_ns = entry_hit_ns;
+  cfg.return_hit_ns = return_hit_ns;
+  return cfg;
+}
+
 TEST(Budget, DutyFollowsWhatTheProbesCostAgainstTheProcessCpu) {
   agent::Aggregator agg({}, 0);
   const pid_t pid = getpid();
   std::vector<std::pair<pid_t, bool>> switches;
-  agent::BudgetConfig cfg;
-  cfg.budget = 0.01;
-  cfg.entry_hit_ns = 1000;
-  cfg.return_hit_ns = 3000;
+  const agent::BudgetConfig cfg = one_percent_budget(1000, 3000);
   agent::BudgetController budget(cfg, agg, [&](pid_t p, bool on) {
     switches.emplace_back(p, on);
     return on;
@@ -352,10 +358,7 @@ static uint64_t burn_cpu(uint64_t ns) {
 TEST(Budget, AlwaysOnProbesTakeTheirShareAndLateHitsStillCount) {
   agent::Aggregator agg({}, 0);
   const pid_t pid = getpid();
-  agent::BudgetConfig cfg;
-  cfg.budget = 0.01;
-  cfg.entry_hit_ns = 1000;
-  cfg.return_hit_ns = 1000;
+  const agent::BudgetConfig cfg = one_percent_budget(1000, 1000);
   agent::BudgetController budget(cfg, agg, [](pid_t, bool on) { return on; });
   agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
   uint64_t now = 1'000'000'000;
@@ -392,10 +395,7 @@ TEST(Budget, SlowSwitchesLengthenTheOffPeriodNotTheShareObserved) {
   // sized from the on-period as it really was, so the share observed stays the duty.
   agent::Aggregator agg({}, 0);
   const pid_t pid = getpid();
-  agent::BudgetConfig cfg;
-  cfg.budget = 0.01;
-  cfg.entry_hit_ns = 1000;
-  cfg.return_hit_ns = 1000;
+  const agent::BudgetConfig cfg = one_percent_budget(1000, 1000);
   agent::BudgetController budget(cfg, agg, [](pid_t, bool on) {
     if (!on) std::this_thread::sleep_for(std::chrono::milliseconds(300));
     return on;

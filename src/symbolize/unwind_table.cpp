@@ -476,6 +476,12 @@ std::optional<UnwindTable> read_cached(const std::filesystem::path& file) {
   if (!in.read(t.stats.source.data(), h.source_len) || !read_array(in, t.rows, h.rows) ||
       !read_array(in, t.index, h.index) || !read_array(in, t.segments, h.segments))
     return std::nullopt;
+  // What the walker relies on: rows sorted by pc, an index that counts them.
+  for (size_t i = 1; i < t.rows.size(); ++i)
+    if (t.rows[i].pc < t.rows[i - 1].pc) return std::nullopt;
+  for (size_t i = 1; i < t.index.size(); ++i)
+    if (t.index[i] < t.index[i - 1]) return std::nullopt;
+  if (!t.rows.empty() && (t.index.empty() || t.index.back() != t.rows.size())) return std::nullopt;
   return t;
 }
 

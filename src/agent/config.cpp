@@ -74,7 +74,8 @@ AgentConfig load_config(const std::string& path, AgentConfig c) {
   check_keys(path, "", root,
              {"listen", "bearer_token_file", "protect_metrics", "budget", "interval", "otlp", "pyroscope",
               "max_kernel_names", "memory_limit_mb", "gpu_sample_hz", "cpu_profile_hz", "stacks", "python_stacks",
-              "ringbuf_mb", "host_root", "stack_map_entries", "agent_cpu_budget", "gpu_process_sample_interval"});
+              "ringbuf_mb", "host_root", "stack_map_entries", "agent_cpu_budget", "gpu_process_sample_interval",
+              "stack_walk", "unwind_table_mb", "unwind_cache"});
   auto get = [&](const char* key, auto& out) {
     if (const auto n = root[key]) out = scalar<std::decay_t<decltype(out)>>(path, key, n);
   };
@@ -97,6 +98,9 @@ AgentConfig load_config(const std::string& path, AgentConfig c) {
   get("host_root", c.host_root);
   get("stack_map_entries", c.stack_map_entries);
   get("agent_cpu_budget", c.agent_cpu_budget);
+  get("stack_walk", c.stack_walk);
+  get("unwind_table_mb", c.unwind_table_mb);
+  get("unwind_cache", c.unwind_cache);
   auto at = [&](const char* key) { return root[key] ? root[key] : root; };
   if (c.budget <= 0 || c.budget > 1) fail(path, at("budget"), "budget must be in (0, 1], e.g. 0.01 for 1%");
   if (c.cpu_profile_hz < 0 || c.cpu_profile_hz > 1000) fail(path, at("cpu_profile_hz"), "cpu_profile_hz must be 0..1000");
@@ -106,6 +110,8 @@ AgentConfig load_config(const std::string& path, AgentConfig c) {
   if (c.memory_limit_mb < 32) fail(path, at("memory_limit_mb"), "memory_limit_mb must be at least 32");
   if (c.agent_cpu_budget <= 0 || c.agent_cpu_budget > 16)
     fail(path, at("agent_cpu_budget"), "agent_cpu_budget must be in (0, 16] cores, e.g. 0.01");
+  if (c.stack_walk != "fp" && c.stack_walk != "eh-frame") fail(path, at("stack_walk"), "stack_walk must be fp or eh-frame");
+  if (c.unwind_table_mb < 1 || c.unwind_table_mb > 4096) fail(path, at("unwind_table_mb"), "unwind_table_mb must be 1..4096");
   if (c.stack_map_entries < 256 || c.stack_map_entries > (1u << 20))
     fail(path, at("stack_map_entries"), "stack_map_entries must be 256..1048576");
   return c;

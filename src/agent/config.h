@@ -33,6 +33,13 @@ struct AgentConfig {
   int cpu_profile_hz = 19;
   bool stacks = true;
   bool python_stacks = true;
+  // How user stacks are walked: "fp" (frame pointers: cheap, stops in code without them, such
+  // as libtorch) or "eh-frame" (from tables compiled from .eh_frame, record --call-stacks eh-frame:
+  // whole stacks; the tables take unwind_table_mb of kernel memory, and compiling a library's
+  // takes the agent CPU and memory the first time it is seen, unless unwind_cache has it).
+  std::string stack_walk = "fp";
+  uint32_t unwind_table_mb = 128;
+  std::string unwind_cache = "/var/cache/gpuscope/unwind-tables";
   uint32_t ringbuf_mb = 8;
   // Entries of each of the two BPF stack maps (the agent recycles them; see
   // record::Pipeline::recycle_stacks). Not in deploy/agent.yaml: for tests and odd hosts.

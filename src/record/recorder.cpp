@@ -323,6 +323,7 @@ int Recorder::run() {
       pollfd fds[2] = {{sfd, POLLIN, 0}, {tracer_->control_fd(), POLLIN, 0}};
       ::poll(fds, 2, 100);
       if (fds[1].revents & POLLIN) tracer_->handle_control();
+      tracer_->update_unwind_tables();
       signalfd_siginfo si{};
       while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
         if (si.ssi_signo == SIGCHLD) continue;

@@ -307,7 +307,10 @@ void Tracer::handle_control() {
     if (probed && opts_.only_cuda_processes) find_python(pid);
     bpf_->mark_checked(l.dev, l.ino);
     // The new library's table, before the process runs its code.
-    if (unwind_ && (!opts_.only_cuda_processes || cuda_processes_.contains(pid))) unwind_->update(pid);
+    if (unwind_ && (!opts_.only_cuda_processes || cuda_processes_.contains(pid))) {
+      unwind_->update(pid);
+      unwind_->update_soon(pid);
+    }
     if (l.stopped) stopped_.resume(pid);
   }
   for (pid_t pid : execs) {
@@ -315,10 +318,13 @@ void Tracer::handle_control() {
     if (!opts_.only_cuda_processes) find_python(pid);
     if (unwind_ && !opts_.only_cuda_processes) unwind_->update(pid);
   }
-  if (unwind_) {
-    for (pid_t pid : control_->take_unwind_exits()) unwind_->forget(pid);
-    unwind_->update_wanted();
-  }
+  update_unwind_tables();
+}
+
+void Tracer::update_unwind_tables() {
+  if (!unwind_) return;
+  for (pid_t pid : control_->take_unwind_exits()) unwind_->forget(pid);
+  unwind_->update_wanted();
 }
 
 void Tracer::report_unwind_tables() {

@@ -96,6 +96,10 @@ class Tracer {
   // Readable when library loads, new programs or exits wait for handle_control().
   int control_fd() const;
   void handle_control();
+  // Answers the BPF walker's requests for tables (a process walking through code its tables
+  // lack, such as a library mapped after they were made): called at each poll, not only when
+  // control records arrive.
+  void update_unwind_tables();
   // Stops the threads: everything already in the ring buffer is decoded and handed to the sink.
   void stop();
 

@@ -231,11 +231,20 @@ void UnwindTables::forget(pid_t pid) {
 
 void UnwindTables::update_wanted() {
   const uint64_t now = monotonic_ns();
+  for (pid_t pid : std::exchange(soon_, {}))
+    if (procs_.count(pid) && !update(pid)) forget(pid);
   for (pid_t pid : bpf_.unwind_wanted()) {
     auto it = procs_.find(pid);
-    // A process walking through code of no file (JIT) asks again and again: once a second.
-    if (it != procs_.end() && now - it->second.updated_ns < kWantedIntervalNs) continue;
-    if (!update(pid)) forget(pid);
+    // A process walking through code of no file (JIT) asks again and again: once a second. The
+    // first request is answered at once (a library mapped just after the tables were made at
+    // the process's first CUDA library: the C library, when the runtime is loaded before it).
+    const uint64_t last_asked = it != procs_.end() ? it->second.wanted_ns : 0;
+    if (last_asked && now - last_asked < kWantedIntervalNs) continue;
+    if (update(pid)) {
+      procs_[pid].wanted_ns = now;
+    } else {
+      forget(pid);
+    }
     bpf_.clear_unwind_wanted(pid);
   }
 }

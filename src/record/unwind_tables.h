@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -32,6 +33,9 @@ class UnwindTables {
   // The processes the BPF side asked about (no table yet, or code outside their mappings),
   // updated at most once a second each.
   void update_wanted();
+  // Updates the process again at the next update_wanted: it was just stopped at a library's load
+  // and will map more (the C library after the CUDA runtime, when the program links both).
+  void update_soon(pid_t pid) { soon_.insert(pid); }
 
   struct Stats {
     size_t files = 0;              // tables loaded
@@ -61,6 +65,7 @@ class UnwindTables {
   struct Process {
     std::vector<FileKey> files;
     uint64_t updated_ns = 0;
+    uint64_t wanted_ns = 0;  // last updated because the BPF side asked
     std::vector<gs_unwind_mapping> maps;
   };
   // The file's table, compiled here unless `compiled` holds it (moved from).
@@ -71,6 +76,7 @@ class UnwindTables {
 
   attach::BpfSession& bpf_;
   std::string cache_dir_;
+  std::set<pid_t> soon_;
   std::map<FileKey, File> files_;
   std::map<pid_t, Process> procs_;
   std::map<uint32_t, uint32_t> free_;  // free row ranges: offset -> length

@@ -247,6 +247,23 @@ def test_cuda_launch_profile_names_the_launching_functions(agent, tmp_path):
     assert "launch_kernels" in top and "cuda_ops (" in top
 
 
+def test_eh_frame_stacks_reach_main_through_code_without_frame_pointers(agent, tmp_path):
+    """stack_walk: eh-frame: the launch profile of a program built without frame pointers goes
+    down to main and _start (frame pointers stop inside it)."""
+    a = agent(f"budget: 1\ngpu_sample_hz: 0\ninterval: 1s\nstack_walk: eh-frame\nunwind_cache: {tmp_path / 'tables'}\n")
+    # It sleeps before its first call: the tables are made again once the C library (loaded after
+    # the CUDA runtime) is mapped.
+    run = subprocess.run([TARGETS / "cuda_ops_nofp", "--iterations", "5", "--sleep-ms", "300"], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 3
+    top = launch_profile_top(a, tmp_path)
+    cum = {line.split()[-1]: float(line.split()[3]) for line in top.splitlines()
+           if line.split() and line.split()[-1] in ("main", "_start")}
+    assert cum == {"main": 10, "_start": 10}, top
+    assert "::work(int)" in top
+    assert list((tmp_path / "tables").glob("*.gsut")), "the compiled tables were not cached"
+
+
 class Receiver:
     """An HTTP endpoint that keeps every POST it gets (an OTLP collector's or Pyroscope's stand-in)."""
 

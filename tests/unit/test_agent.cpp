@@ -160,6 +160,22 @@ TEST(AgentConfig, ReadsEveryKeyAndSaysWhereItIsWrong) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("few.yaml:2: stack_map_entries must be"), std::string::npos) << e.what();
   }
+  write(dir / "walk.yaml", "stack_walk: eh-frame\nunwind_table_mb: 256\nunwind_cache: /tmp/t\n");
+  const auto walk = agent::load_config(dir / "walk.yaml");
+  EXPECT_EQ(walk.stack_walk, "eh-frame");
+  EXPECT_EQ(walk.unwind_table_mb, 256u);
+  EXPECT_EQ(walk.unwind_cache, "/tmp/t");
+  EXPECT_EQ(agent::AgentConfig{}.stack_walk, "fp");
+  write(dir / "badwalk.yaml", "budget: 0.02\nstack_walk: dwarf\n");
+  try {
+    agent::load_config(dir / "badwalk.yaml");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("badwalk.yaml:2: stack_walk must be fp or eh-frame"), std::string::npos) << e.what();
+  }
+  // The documented file in deploy/ is a valid configuration with the defaults.
+  const auto documented = agent::load_config(GPUSCOPE_SOURCE_DIR "/deploy/agent.yaml");
+  EXPECT_EQ(documented.stack_walk, "fp");
   write(dir / "type.yaml", "budget: lots\n");
   EXPECT_THROW(agent::load_config(dir / "type.yaml"), Error);
   write(dir / "syntax.yaml", "budget: [0.01\n");

@@ -94,10 +94,14 @@ void BudgetController::tick(uint64_t now_ns) {
     st.last_hits = now_hits;
     st.last_tick_ns = now_ns;
 
-    // Re-estimated from at least a second of on-time (the CPU clock ticks in 10 ms steps).
+    // Re-estimated from at least a second of on-time (the CPU clock ticks in 10 ms steps); the
+    // first time from half a second: a process is found with its probes on, and a launch-bound
+    // one pays their full cost until then (and is off for 99 times as long after, at 1%).
+    const uint64_t estimate_after_ns = st.estimated ? 1'000'000'000 : 500'000'000;
     if (cfg_.budget >= 1) {
       st.duty = 1;  // no limit
-    } else if (st.acc_on_wall_ns >= 1'000'000'000) {
+    } else if (st.acc_on_wall_ns >= estimate_after_ns) {
+      st.estimated = true;
       // The always-on probes take their share of the budget first; the high-rate ones cost
       // `per_on` of the CPU time while on, so on for (budget - that share) / per_on of the time.
       // High-rate records reach the agent a poll or two late: those that arrive in an off

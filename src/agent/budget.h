@@ -60,6 +60,7 @@ class BudgetController {
     // cost of high-rate hits (whenever their records arrive: some come after the switch-off)
     // and of the always-on probes' hits.
     uint64_t acc_on_wall_ns = 0;
+    bool estimated = false;  // the duty was estimated once
     double acc_on_cpu_ns = 0, acc_cpu_ns = 0, acc_high_added_ns = 0, acc_low_added_ns = 0;
     double observed_ratio() const;
   };

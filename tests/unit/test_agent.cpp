@@ -532,3 +532,23 @@ TEST(Budget, ProcessCpuTimeReadsStatPastACommandWithParentheses) {
   EXPECT_NEAR(read, truth, 50e6);  // the kernel's clock ticks (10 ms) and the threads' accounting
   EXPECT_EQ(agent::process_cpu_ns(999'999'999), 0u);  // no such process
 }
+
+TEST(Budget, TheFirstEstimateComesAfterHalfASecond) {
+  // A process is found with its probes on: a launch-bound one pays their whole cost until the
+  // first estimate, so that comes after half a second of on-time (later ones after a second).
+  agent::Aggregator agg({}, 0);
+  const pid_t pid = getpid();
+  agent::BudgetController budget(one_percent_budget(1000, 1000), agg, [](pid_t, bool on) { return on; });
+  agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
+  uint64_t now = 1'000'000'000;
+  budget.add_process(pid, now);
+  // Probes costing half its CPU time while on: on 2% of the time, in on-periods of 0.2 s.
+  const uint64_t burnt = burn_cpu(500'000'000);
+  for (uint64_t i = 0; i < burnt / 2 / 1000; ++i) agg.add_call(call(uint32_t(pid), "cudaLaunchKernel"));
+  now += 550'000'000;
+  budget.tick(now);
+  const auto& st = budget.processes().at(pid);
+  EXPECT_TRUE(st.estimated);
+  EXPECT_NEAR(st.duty, 0.02, 0.005);
+  EXPECT_FALSE(st.on);  // switched off now, not after a second
+}

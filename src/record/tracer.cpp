@@ -47,10 +47,6 @@ class Tracer::ControlQueue {
     std::lock_guard lock(mu_);
     return std::exchange(unwind_exits_, {});
   }
-  void wake() {
-    uint64_t one = 1;
-    [[maybe_unused]] auto n = write(fd_, &one, sizeof(one));
-  }
   void take(std::vector<gs_libload_record>& libloads, std::vector<pid_t>& execs) {
     uint64_t v;
     [[maybe_unused]] auto n = read(fd_, &v, sizeof(v));
@@ -64,6 +60,10 @@ class Tracer::ControlQueue {
   }
 
  private:
+  void wake() {
+    uint64_t one = 1;
+    [[maybe_unused]] auto n = write(fd_, &one, sizeof(one));
+  }
   int fd_;
   std::mutex mu_;
   std::vector<gs_libload_record> libloads_;
@@ -152,16 +152,9 @@ void Tracer::start() {
   pipeline_->start();
   consuming_ = true;
   consumer_ = std::thread([this] {
-    uint64_t unwind_checked_ns = 0;
     while (consuming_.load(std::memory_order_relaxed)) {
       bpf_->poll(opts_.poll_ms);
       pipeline_->end_batch();
-      // Processes whose stacks need their mappings read again are answered by the control
-      // loop; it is woken for them here, a few times a second at most.
-      if (unwind_ && monotonic_ns() - unwind_checked_ns > 200'000'000) {
-        unwind_checked_ns = monotonic_ns();
-        if (!bpf_->unwind_wanted().empty()) control_->wake();
-      }
     }
   });
 }
@@ -318,7 +311,6 @@ void Tracer::handle_control() {
     if (!opts_.only_cuda_processes) find_python(pid);
     if (unwind_ && !opts_.only_cuda_processes) unwind_->update(pid);
   }
-  update_unwind_tables();
 }
 
 void Tracer::update_unwind_tables() {

@@ -97,8 +97,8 @@ class Tracer {
   int control_fd() const;
   void handle_control();
   // Answers the BPF walker's requests for tables (a process walking through code its tables
-  // lack, such as a library mapped after they were made): called at each poll, not only when
-  // control records arrive.
+  // lack, such as a library mapped after they were made) and lets go of exited processes'
+  // tables: the control loop calls it at each poll, after handle_control.
   void update_unwind_tables();
   // Stops the threads: everything already in the ring buffer is decoded and handed to the sink.
   void stop();

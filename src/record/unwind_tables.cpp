@@ -16,6 +16,9 @@ namespace gpuscope::record {
 namespace {
 
 constexpr uint64_t kWantedIntervalNs = 1'000'000'000;
+// update_soon: long enough for the dynamic loader to map the rest of a program's libraries
+// once the process is resumed, short beside the control loop's 100 ms poll.
+constexpr uint64_t kSoonNs = 20'000'000;
 
 }  // namespace
 
@@ -231,8 +234,14 @@ void UnwindTables::forget(pid_t pid) {
 
 void UnwindTables::update_wanted() {
   const uint64_t now = monotonic_ns();
-  for (pid_t pid : std::exchange(soon_, {}))
-    if (procs_.count(pid) && !update(pid)) forget(pid);
+  for (auto it = soon_.begin(); it != soon_.end();) {
+    if (now - it->second < kSoonNs) {
+      ++it;
+      continue;
+    }
+    if (procs_.count(it->first) && !update(it->first)) forget(it->first);
+    it = soon_.erase(it);
+  }
   for (pid_t pid : bpf_.unwind_wanted()) {
     auto it = procs_.find(pid);
     // A process walking through code of no file (JIT) asks again and again: once a second. The

@@ -10,12 +10,12 @@
 
 #include <cstdint>
 #include <map>
-#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "attach/bpf_session.h"
+#include "common/clock.h"
 #include "symbolize/unwind_table.h"
 
 namespace gpuscope::record {
@@ -33,9 +33,10 @@ class UnwindTables {
   // The processes the BPF side asked about (no table yet, or code outside their mappings),
   // updated at most once a second each.
   void update_wanted();
-  // Updates the process again at the next update_wanted: it was just stopped at a library's load
-  // and will map more (the C library after the CUDA runtime, when the program links both).
-  void update_soon(pid_t pid) { soon_.insert(pid); }
+  // Updates the process again at an update_wanted a poll or more later: it was just stopped at a
+  // library's load and will map more (the C library after the CUDA runtime, when the program
+  // links both).
+  void update_soon(pid_t pid) { soon_.try_emplace(pid, monotonic_ns()); }
 
   struct Stats {
     size_t files = 0;              // tables loaded
@@ -76,7 +77,7 @@ class UnwindTables {
 
   attach::BpfSession& bpf_;
   std::string cache_dir_;
-  std::set<pid_t> soon_;
+  std::map<pid_t, uint64_t> soon_;  // update_soon's processes, and when they were named
   std::map<FileKey, File> files_;
   std::map<pid_t, Process> procs_;
   std::map<uint32_t, uint32_t> free_;  // free row ranges: offset -> length

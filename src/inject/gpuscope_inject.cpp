@@ -25,6 +25,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "inject/gpu_trace.h"
 #include "common/clock.h"
@@ -234,6 +235,20 @@ void flush_at_exit() {
   g_fd = -1;
 }
 
+// The API records tie each activity (by correlation id) to the call that made it. A launch through
+// the runtime also gets a driver record with the runtime's id, so driver records alone tie every
+// activity; runtime records cost a CUPTI callback on every runtime call (PyTorch makes several per
+// launch). GPUSCOPE_CUPTI_API=runtime,driver|driver|runtime|none chooses (a benchmark knob).
+std::vector<CUpti_ActivityKind> activity_kinds() {
+  std::vector<CUpti_ActivityKind> kinds{CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                                        CUPTI_ACTIVITY_KIND_MEMSET};
+  std::string api = "runtime,driver";
+  if (const char* e = std::getenv("GPUSCOPE_CUPTI_API")) api = e;
+  if (api.find("runtime") != std::string::npos) kinds.push_back(CUPTI_ACTIVITY_KIND_RUNTIME);
+  if (api.find("driver") != std::string::npos) kinds.push_back(CUPTI_ACTIVITY_KIND_DRIVER);
+  return kinds;
+}
+
 bool start() {
   const char* dir = std::getenv(GS_GPU_TRACE_ENV);
   if (!dir || !*dir) {
@@ -270,7 +285,11 @@ bool start() {
   hdr.pid = uint32_t(getpid());
   hdr.cupti_version = version;
   // Times on gpuscope's clock: given to CUPTI, or else measured against it once.
-  if (!c.ActivityRegisterTimestampCallback || c.ActivityRegisterTimestampCallback(timestamp) != CUPTI_SUCCESS) {
+  // GPUSCOPE_CUPTI_CLOCK=cupti (a benchmark knob) keeps CUPTI's own clock and the offset.
+  const char* clock = std::getenv("GPUSCOPE_CUPTI_CLOCK");
+  const bool own_clock = clock && std::strcmp(clock, "cupti") == 0;
+  if (own_clock || !c.ActivityRegisterTimestampCallback ||
+      c.ActivityRegisterTimestampCallback(timestamp) != CUPTI_SUCCESS) {
     uint64_t cupti_now = 0;
     if (c.GetTimestamp && c.GetTimestamp(&cupti_now) == CUPTI_SUCCESS)
       hdr.clock_offset_ns = int64_t(monotonic_ns()) - int64_t(cupti_now);
@@ -279,8 +298,7 @@ bool start() {
     say("CUPTI refused its buffer callbacks (%s): no GPU times", result_text(r));
     return false;
   }
-  for (CUpti_ActivityKind k : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-                               CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER}) {
+  for (CUpti_ActivityKind k : activity_kinds()) {
     if (CUptiResult r = c.ActivityEnable(k); r != CUPTI_SUCCESS) {
       // Typically another CUPTI user (a profiler) holds it.
       say("CUPTI would not record GPU activity (%s): no GPU times", result_text(r));

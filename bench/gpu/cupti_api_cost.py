@@ -21,9 +21,10 @@ HERE = pathlib.Path(__file__).resolve().parent
 VARIANTS = {
     "baseline": (False, [], {}),
     "record": (True, [], {}),
-    "gpu-times runtime+driver": (True, ["--gpu-times"], {"GPUSCOPE_CUPTI_API": "runtime,driver"}),
-    "gpu-times driver": (True, ["--gpu-times"], {"GPUSCOPE_CUPTI_API": "driver"}),
-    "gpu-times driver, CUPTI clock": (True, ["--gpu-times"], {"GPUSCOPE_CUPTI_API": "driver", "GPUSCOPE_CUPTI_CLOCK": "cupti"}),
+    "gpu-times callbacks": (True, ["--gpu-times"], {"GPUSCOPE_CUPTI_API": "callbacks"}),
+    "gpu-times callbacks CUPTI clock": (True, ["--gpu-times"], {"GPUSCOPE_CUPTI_API": "callbacks", "GPUSCOPE_CUPTI_CLOCK": "cupti"}),
+    "gpu-times API activities": (True, ["--gpu-times"], {"GPUSCOPE_CUPTI_API": "runtime,driver"}),
+    "gpu-times driver activity": (True, ["--gpu-times"], {"GPUSCOPE_CUPTI_API": "driver"}),
     "gpu-times no API records": (True, ["--gpu-times"], {"GPUSCOPE_CUPTI_API": "none"}),
     "torch.profiler": (False, [], {}),
 }
@@ -62,7 +63,7 @@ def main():
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names from VARIANTS")
     args = ap.parse_args()
     names = args.variants.split(",")
     times = {n: [] for n in names}

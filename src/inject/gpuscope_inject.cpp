@@ -8,6 +8,9 @@
 // version, another CUPTI user (torch.profiler), an unwritable directory — leaves the program
 // running without GPU times, with one line on stderr saying why.
 #include <cupti_activity.h>
+#include <cupti_callbacks.h>
+#include <cupti_driver_cbid.h>
+#include <cupti_runtime_cbid.h>
 #include <cupti_version.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -44,6 +47,9 @@ struct Cupti {
   CUptiResult (*ActivityGetNumDroppedRecords)(CUcontext, uint32_t, size_t*);
   CUptiResult (*ActivityRegisterTimestampCallback)(CUpti_TimestampCallbackFunc);
   CUptiResult (*GetTimestamp)(uint64_t*);
+  CUptiResult (*Subscribe)(CUpti_SubscriberHandle*, CUpti_CallbackFunc, void*);
+  CUptiResult (*EnableCallback)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
+  CUptiResult (*GetCallbackName)(CUpti_CallbackDomain, uint32_t, const char**);
 };
 
 Cupti g_cupti;
@@ -53,6 +59,12 @@ std::atomic<bool> g_active{false};
 std::atomic<uint64_t> g_written{0}, g_dropped{0};
 uint64_t g_max_bytes = 4ull << 30;  // GPUSCOPE_GPU_TRACE_MAX_MB: past it, records are counted, not written
 constexpr size_t kBufferSize = 8 << 20;
+
+// API calls seen by CUPTI callbacks, waiting for the flush thread; bounded (past it, dropped).
+std::mutex g_api_mu;
+std::vector<gs_gpu_record> g_api;
+constexpr size_t kMaxPendingApi = 1 << 20;
+int64_t g_clock_offset_ns = 0;  // the header's: what CUPTI's clock lags gpuscope's by
 
 void say(const char* fmt, const char* detail) {
   std::fprintf(stderr, "gpuscope: ");
@@ -220,9 +232,77 @@ void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t* buffe
 
 uint64_t CUPTIAPI timestamp() { return monotonic_ns(); }
 
+uint32_t this_thread_id() {
+  thread_local const uint32_t tid = uint32_t(syscall(SYS_gettid));
+  return tid;
+}
+
+// The calls that make GPU work (launches, copies, memsets, graph launches), one record each at
+// their exit: the correlation id CUPTI gives their activities, the thread and the call's span.
+void CUPTIAPI on_api_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
+  const auto* cb = static_cast<const CUpti_CallbackData*>(data);
+  // In the file, times are on CUPTI's clock (the reader adds the offset).
+  const uint64_t now = uint64_t(int64_t(monotonic_ns()) - g_clock_offset_ns);
+  if (cb->callbackSite == CUPTI_API_ENTER) {
+    *cb->correlationData = now;
+    return;
+  }
+  gs_gpu_record r{};
+  r.kind = GS_GPU_API;
+  r.detail = domain == CUPTI_CB_DOMAIN_DRIVER_API;
+  r.start = *cb->correlationData;
+  r.end = now;
+  r.correlation = cb->correlationId;
+  r.bytes = cbid;
+  r.thread = this_thread_id();
+  std::lock_guard lock(g_api_mu);
+  if (g_api.size() < kMaxPendingApi)
+    g_api.push_back(r);
+  else
+    g_dropped += 1;
+}
+
+void write_pending_api_calls() {
+  std::vector<gs_gpu_record> batch;
+  {
+    std::lock_guard lock(g_api_mu);
+    batch.swap(g_api);
+  }
+  if (batch.empty()) return;
+  std::lock_guard lock(g_write_mu);
+  write_all(batch.data(), batch.size() * sizeof(gs_gpu_record));
+}
+
+bool makes_gpu_work(const char* name) {
+  for (const char* prefix : {"cudaLaunch", "cudaMemcpy", "cudaMemset", "cudaGraphLaunch", "cuLaunch", "cuMemcpy",
+                             "cuMemset", "cuGraphLaunch"})
+    if (std::strncmp(name, prefix, std::strlen(prefix)) == 0) return true;
+  return false;
+}
+
+// Callbacks on only the calls that make GPU work, in both domains (a launch through the runtime
+// is tied by the runtime call's id; one straight to the driver, by the driver call's).
+bool subscribe_api_callbacks() {
+  Cupti& c = g_cupti;
+  if (!c.Subscribe || !c.EnableCallback || !c.GetCallbackName) return false;
+  CUpti_SubscriberHandle sub = nullptr;
+  if (c.Subscribe(&sub, on_api_call, nullptr) != CUPTI_SUCCESS) return false;
+  int enabled = 0;
+  for (auto [domain, size] : {std::pair{CUPTI_CB_DOMAIN_RUNTIME_API, uint32_t(CUPTI_RUNTIME_TRACE_CBID_SIZE)},
+                              std::pair{CUPTI_CB_DOMAIN_DRIVER_API, uint32_t(CUPTI_DRIVER_TRACE_CBID_SIZE)}})
+    for (uint32_t cbid = 1; cbid < size; ++cbid) {
+      const char* name = nullptr;
+      if (c.GetCallbackName(domain, cbid, &name) == CUPTI_SUCCESS && name && makes_gpu_work(name) &&
+          c.EnableCallback(1, sub, domain, cbid) == CUPTI_SUCCESS)
+        ++enabled;
+    }
+  return enabled > 0;
+}
+
 void flush_at_exit() {
   if (!g_active.exchange(false)) return;
   g_cupti.ActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  write_pending_api_calls();
   std::lock_guard lock(g_write_mu);
   if (g_dropped.load()) {
     gs_gpu_record d{};
@@ -235,15 +315,19 @@ void flush_at_exit() {
   g_fd = -1;
 }
 
-// The API records tie each activity (by correlation id) to the call that made it. A launch through
-// the runtime also gets a driver record with the runtime's id, so driver records alone tie every
-// activity; runtime records cost a CUPTI callback on every runtime call (PyTorch makes several per
-// launch). GPUSCOPE_CUPTI_API=runtime,driver|driver|runtime|none chooses (a benchmark knob).
-std::vector<CUpti_ActivityKind> activity_kinds() {
+// API records tie each activity (by its correlation id) to the call that made it. By default they
+// come from CUPTI callbacks on just the calls that make GPU work. CUPTI's runtime and driver API
+// activities instead cost a callback on every API call (PyTorch makes several per launch).
+// GPUSCOPE_CUPTI_API (a benchmark knob): callbacks (default) | runtime,driver (API activities) |
+// driver | runtime | none.
+std::string api_records_mode() {
+  const char* e = std::getenv("GPUSCOPE_CUPTI_API");
+  return e && *e ? e : "callbacks";
+}
+
+std::vector<CUpti_ActivityKind> activity_kinds(const std::string& api) {
   std::vector<CUpti_ActivityKind> kinds{CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                                         CUPTI_ACTIVITY_KIND_MEMSET};
-  std::string api = "runtime,driver";
-  if (const char* e = std::getenv("GPUSCOPE_CUPTI_API")) api = e;
   if (api.find("runtime") != std::string::npos) kinds.push_back(CUPTI_ACTIVITY_KIND_RUNTIME);
   if (api.find("driver") != std::string::npos) kinds.push_back(CUPTI_ACTIVITY_KIND_DRIVER);
   return kinds;
@@ -270,6 +354,9 @@ bool start() {
   bind(h, c.ActivityGetNumDroppedRecords, "cuptiActivityGetNumDroppedRecords");
   bind(h, c.ActivityRegisterTimestampCallback, "cuptiActivityRegisterTimestampCallback");
   bind(h, c.GetTimestamp, "cuptiGetTimestamp");
+  bind(h, c.Subscribe, "cuptiSubscribe");
+  bind(h, c.EnableCallback, "cuptiEnableCallback");
+  bind(h, c.GetCallbackName, "cuptiGetCallbackName");
   uint32_t version = 0;
   c.GetVersion(&version);
   // Records are read with this CUPTI's structure layouts: another major version would misread them.
@@ -294,17 +381,23 @@ bool start() {
     if (c.GetTimestamp && c.GetTimestamp(&cupti_now) == CUPTI_SUCCESS)
       hdr.clock_offset_ns = int64_t(monotonic_ns()) - int64_t(cupti_now);
   }
+  g_clock_offset_ns = hdr.clock_offset_ns;
   if (CUptiResult r = c.ActivityRegisterCallbacks(buffer_requested, buffer_completed); r != CUPTI_SUCCESS) {
     say("CUPTI refused its buffer callbacks (%s): no GPU times", result_text(r));
     return false;
   }
-  for (CUpti_ActivityKind k : activity_kinds()) {
+  std::string api = api_records_mode();
+  const bool callbacks_refused = api == "callbacks" && !subscribe_api_callbacks();
+  if (callbacks_refused) api = "runtime,driver";
+  for (CUpti_ActivityKind k : activity_kinds(api)) {
     if (CUptiResult r = c.ActivityEnable(k); r != CUPTI_SUCCESS) {
       // Typically another CUPTI user (a profiler) holds it.
       say("CUPTI would not record GPU activity (%s): no GPU times", result_text(r));
       return false;
     }
   }
+  if (callbacks_refused)
+    say("%s", "CUPTI refused callbacks: its API activity records tie GPU work instead (costs more per call)");
   const std::string path = std::string(dir) + "/gpu-" + std::to_string(getpid()) + ".bin";
   g_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (g_fd < 0) {
@@ -319,7 +412,10 @@ bool start() {
   std::thread([] {
     while (g_active.load()) {
       std::this_thread::sleep_for(std::chrono::seconds(1));
-      if (g_active.load()) g_cupti.ActivityFlushAll(0);
+      if (g_active.load()) {
+        g_cupti.ActivityFlushAll(0);
+        write_pending_api_calls();
+      }
     }
   }).detach();
   return true;

@@ -64,7 +64,12 @@ void BudgetController::add_process(pid_t pid, uint64_t now_ns) {
 }
 
 void BudgetController::remove_process(pid_t pid) {
-  if (state_.erase(pid)) switch_(pid, false);
+  auto it = state_.find(pid);
+  if (it == state_.end()) return;
+  const ProcessState& st = it->second;
+  exited_ratio_[pid] = st.cpu_ns_total > 0 ? st.added_ns_total / st.cpu_ns_total : 0;
+  state_.erase(it);
+  switch_(pid, false);
 }
 
 void BudgetController::tick(uint64_t now_ns) {
@@ -97,11 +102,13 @@ void BudgetController::tick(uint64_t now_ns) {
     // Re-estimated from at least a second of on-time (the CPU clock ticks in 10 ms steps); the
     // first time from half a second: a process is found with its probes on, and a launch-bound
     // one pays their full cost until then (and is off for 99 times as long after, at 1%).
+    // A process spending more than twice its budget is cut back after a fifth of a second: a job
+    // that starts launching after a quiet spell (duty 1) would otherwise pay the full cost for up
+    // to a second, several times its budget for a job of a few tens of seconds.
     const uint64_t estimate_after_ns = st.estimated ? 1'000'000'000 : 500'000'000;
     if (cfg_.budget >= 1) {
       st.duty = 1;  // no limit
-    } else if (st.acc_on_wall_ns >= estimate_after_ns) {
-      st.estimated = true;
+    } else if (st.acc_on_wall_ns >= kEarlyEstimateNs) {
       // The always-on probes take their share of the budget first; the high-rate ones cost
       // `per_on` of the CPU time while on, so on for (budget - that share) / per_on of the time.
       // High-rate records reach the agent a poll or two late: those that arrive in an off
@@ -110,10 +117,14 @@ void BudgetController::tick(uint64_t now_ns) {
       const double per_on = st.acc_on_cpu_ns > 0 ? st.acc_high_added_ns / st.acc_on_cpu_ns
                                                  : (st.acc_high_added_ns > 0 ? 1.0 : 0.0);
       const double wanted = per_on > 0 ? std::max(0.0, cfg_.budget - low_share) / per_on : 1.0;
-      // Lower at once; raise at most twofold per estimate (a burst may follow a quiet spell).
-      st.duty = std::clamp(wanted < st.duty ? wanted : std::min(wanted, st.duty * 2), kMinDuty, 1.0);
-      st.acc_on_wall_ns = 0;
-      st.acc_on_cpu_ns = st.acc_cpu_ns = st.acc_high_added_ns = st.acc_low_added_ns = 0;
+      const bool full_window = st.acc_on_wall_ns >= estimate_after_ns;
+      if (full_window || wanted < st.duty / 2) {
+        st.estimated = true;
+        // Lower at once; raise at most twofold per estimate (a burst may follow a quiet spell).
+        st.duty = std::clamp(wanted < st.duty ? wanted : std::min(wanted, st.duty * 2), kMinDuty, 1.0);
+        st.acc_on_wall_ns = 0;
+        st.acc_on_cpu_ns = st.acc_cpu_ns = st.acc_high_added_ns = st.acc_low_added_ns = 0;
+      }
     }
 
     // Where in the cycle: on for duty * cycle, off for the rest.
@@ -159,6 +170,15 @@ MetricFamily BudgetController::overhead_family(Aggregator& agg) const {
   for (const auto& [pid, st] : state_) {
     Labels l = agg.labels_of(uint32_t(pid));
     if (!l.empty()) f.samples.push_back({std::move(l), st.cpu_ns_total > 0 ? st.added_ns_total / st.cpu_ns_total : 0});
+  }
+  for (auto it = exited_ratio_.begin(); it != exited_ratio_.end();) {
+    Labels l = state_.contains(it->first) ? Labels{} : agg.labels_of(uint32_t(it->first));
+    if (l.empty()) {
+      it = exited_ratio_.erase(it);  // its series are gone (or the pid was reused)
+      continue;
+    }
+    f.samples.push_back({std::move(l), it->second});
+    ++it;
   }
   return f;
 }

@@ -73,6 +73,8 @@ class BudgetController {
   // a process costlier than that shows it in gpuscope_probe_overhead_ratio.
   static constexpr double kMinDuty = 0.01;
   static constexpr double kMinAgentFactor = 0.05;
+  // On-time after which a process far over its budget is cut back, before a full estimate.
+  static constexpr uint64_t kEarlyEstimateNs = 200'000'000;
   double hits_cost_ns(uint64_t entries, uint64_t returns) const;
 
   BudgetConfig cfg_;
@@ -80,6 +82,8 @@ class BudgetController {
   Aggregator& agg_;
   SwitchFn switch_;
   std::map<pid_t, ProcessState> state_;
+  // Processes gone, with their final estimate: exported while their other series still are.
+  mutable std::map<pid_t, double> exited_ratio_;
 };
 
 // CPU time (user + system, all threads) a process has used, in nanoseconds; 0 if it is gone.

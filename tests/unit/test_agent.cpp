@@ -552,3 +552,57 @@ TEST(Budget, TheFirstEstimateComesAfterHalfASecond) {
   EXPECT_NEAR(st.duty, 0.02, 0.005);
   EXPECT_FALSE(st.on);  // switched off now, not after a second
 }
+
+TEST(Budget, AProcessFarOverItsBudgetIsCutBackAfterAFifthOfASecond) {
+  // A job that was quiet (duty 1) and starts launching pays the probes' full cost until the
+  // next estimate; more than twice over budget, it is cut back after 0.2 s of on-time.
+  agent::Aggregator agg({}, 0);
+  const pid_t pid = getpid();
+  agent::BudgetController budget(one_percent_budget(1000, 1000), agg, [](pid_t, bool on) { return on; });
+  agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
+  uint64_t now = 1'000'000'000;
+  budget.add_process(pid, now);
+  const uint64_t burnt = burn_cpu(200'000'000);
+  for (uint64_t i = 0; i < burnt / 2 / 1000; ++i) agg.add_call(call(uint32_t(pid), "cudaLaunchKernel"));
+  // 0.3 s of on-time: past the on-period a 2% duty allows (0.2 s), short of half a second.
+  now += 300'000'000;
+  budget.tick(now);
+  const auto& st = budget.processes().at(pid);
+  EXPECT_NEAR(st.duty, 0.02, 0.005);  // 1% / 50%
+  EXPECT_FALSE(st.on);
+}
+
+TEST(Budget, AProcessSlightlyOverItsBudgetWaitsForTheFullEstimate) {
+  agent::Aggregator agg({}, 0);
+  const pid_t pid = getpid();
+  agent::BudgetController budget(one_percent_budget(1000, 1000), agg, [](pid_t, bool on) { return on; });
+  agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
+  uint64_t now = 1'000'000'000;
+  budget.add_process(pid, now);
+  // 1.5% while on: 0.67 of the time is wanted, not under half of the duty (1) yet.
+  const uint64_t burnt = burn_cpu(200'000'000);
+  for (uint64_t i = 0; i < burnt * 15 / 1000 / 1000; ++i) agg.add_call(call(uint32_t(pid), "cudaLaunchKernel"));
+  now += 210'000'000;
+  budget.tick(now);
+  EXPECT_DOUBLE_EQ(budget.processes().at(pid).duty, 1.0);
+  EXPECT_TRUE(budget.processes().at(pid).on);
+}
+
+TEST(Budget, AnExitedProcessKeepsItsOverheadSeriesWhileItsOtherSeriesStay) {
+  // Its counters stay until the next export drops them; its estimated cost must stay beside.
+  agent::Aggregator agg({}, 0);
+  const pid_t pid = getpid();
+  agent::BudgetController budget(one_percent_budget(1000, 1000), agg, [](pid_t, bool on) { return on; });
+  agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
+  uint64_t now = 1'000'000'000;
+  budget.add_process(pid, now);
+  const uint64_t burnt = burn_cpu(200'000'000);
+  for (uint64_t i = 0; i < burnt / 100 / 1000; ++i) agg.add_call(call(uint32_t(pid), "cudaLaunchKernel"));
+  budget.tick(now + 250'000'000);
+  const double live = budget.overhead_family(agg).samples.at(0).value;
+  EXPECT_GT(live, 0.005);
+  budget.remove_process(pid);
+  const auto f = budget.overhead_family(agg);
+  ASSERT_EQ(f.samples.size(), 1u);
+  EXPECT_DOUBLE_EQ(f.samples[0].value, live);
+}

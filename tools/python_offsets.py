@@ -68,7 +68,7 @@ runtime = ctypes.addressof(ctypes.c_char.in_dll(api, "_PyRuntime"))
 interp = api.PyInterpreterState_Head()
 put("runtime_interp_head", find_u64(runtime, interp, 4096))
 thread_head = api.PyInterpreterState_ThreadHead(interp)
-put("interp_threads_head", find_u64(interp, thread_head, 4096))
+put("interp_threads_head", find_u64(interp, thread_head, 16384))  # 3.13: past 4 KiB
 
 # A second thread, so that the list has a `next` to find.
 ready, done = threading.Event(), threading.Event()

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstring>
+#include <memory>
 #include <regex>
 
 #include "symbolize/elf_file.h"
@@ -66,6 +67,72 @@ bool version_from_name(const std::string& path, PythonBinary& out) {
   return true;
 }
 
+// 3.13 begins _PyRuntime with _Py_DebugOffsets (for debuggers and profilers): the offsets
+// gpuscope walks, as the interpreter was built. The words of 3.13's struct that gpuscope reads
+// (Include/internal/pycore_runtime.h; checked against tools/python_offsets.py on 3.13.0).
+namespace debug_offsets_313 {
+constexpr char kCookie[8] = {'x', 'd', 'e', 'b', 'u', 'g', 'p', 'y'};
+enum Word : size_t {
+  kVersion = 1,
+  kRuntimeInterpretersHead = 5,
+  kInterpThreadsHead = 9,
+  kThreadNext = 21,
+  kThreadCurrentFrame = 23,
+  kThreadNativeId = 25,
+  kFramePrevious = 29,
+  kFrameExecutable = 30,
+  kFrameInstrPtr = 31,
+  kFrameOwner = 33,
+  kCodeFilename = 35,
+  kCodeQualname = 37,
+  kCodeLinetable = 38,
+  kCodeFirstlineno = 39,
+  kCodeAdaptive = 43,
+  kBytesSval = 66,
+  kUnicodeAsciiSize = 70,
+  kWords = 71,
+};
+}  // namespace debug_offsets_313
+
+std::shared_ptr<const PythonLayout> layout_from_debug_offsets(const std::string& open_path, uint64_t runtime_offset,
+                                                              const PythonBinary& b) {
+  namespace d = debug_offsets_313;
+  if (b.major != 3 || b.minor != 13) return nullptr;
+  std::array<uint64_t, d::kWords> w{};
+  const int fd = ::open(open_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  const ssize_t n = pread(fd, w.data(), sizeof(w), static_cast<off_t>(runtime_offset));
+  ::close(fd);
+  if (n != ssize_t(sizeof(w)) || std::memcmp(w.data(), d::kCookie, sizeof(d::kCookie)) != 0 ||
+      ((w[d::kVersion] >> 16) & 0xffff) != 0x030d)
+    return nullptr;
+  const size_t fields[] = {d::kRuntimeInterpretersHead, d::kInterpThreadsHead, d::kThreadNext, d::kThreadCurrentFrame,
+                           d::kThreadNativeId, d::kFramePrevious, d::kFrameExecutable, d::kFrameInstrPtr,
+                           d::kFrameOwner, d::kCodeFilename, d::kCodeQualname, d::kCodeLinetable,
+                           d::kCodeFirstlineno, d::kCodeAdaptive, d::kBytesSval, d::kUnicodeAsciiSize};
+  for (size_t f : fields)
+    if (w[f] >= GS_PY_NONE) return nullptr;  // not an offset the BPF side can hold
+  auto u16 = [&](size_t i) { return uint16_t(w[i]); };
+  auto l = std::make_shared<PythonLayout>();
+  l->major = 3;
+  l->minor = 13;
+  l->bpf = gs_py_offsets{
+      .runtime_interp_head = u16(d::kRuntimeInterpretersHead), .interp_threads_head = u16(d::kInterpThreadsHead),
+      .tstate_next = u16(d::kThreadNext), .tstate_native_thread_id = u16(d::kThreadNativeId),
+      .tstate_cframe = kNone, .current_frame = u16(d::kThreadCurrentFrame), .frame_code = u16(d::kFrameExecutable),
+      .frame_previous = u16(d::kFramePrevious), .frame_instr = u16(d::kFrameInstrPtr), .frame_is_entry = kNone,
+      .frame_owner = u16(d::kFrameOwner), .owner_cstack = 3 /* FRAME_OWNED_BY_CSTACK */,
+      .code_firstlineno = u16(d::kCodeFirstlineno), .code_filename = u16(d::kCodeFilename),
+      .code_qualname = u16(d::kCodeQualname), .code_linetable = u16(d::kCodeLinetable),
+      .unicode_ascii_data = u16(d::kUnicodeAsciiSize), .bytes_data = u16(d::kBytesSval)};
+  l->code_adaptive = u16(d::kCodeAdaptive);
+  // PyCompactUnicodeObject: PyASCIIObject, then utf8_length and utf8.
+  l->unicode_compact_data = uint16_t(w[d::kUnicodeAsciiSize] + 16);
+  // instr_ptr is the instruction running, as prev_instr was (_PyInterpreterFrame_LASTI).
+  l->instr_is_next = false;
+  return l;
+}
+
 }  // namespace
 
 const PythonLayout* python_layout(int major, int minor) {
@@ -77,7 +144,7 @@ const PythonLayout* python_layout(int major, int minor) {
 std::string supported_python_versions() {
   std::string out;
   for (const auto& l : kLayouts) out += (out.empty() ? "" : ", ") + std::to_string(l.major) + "." + std::to_string(l.minor);
-  return out;
+  return out + ", 3.13";  // 3.13: from the interpreter's _Py_DebugOffsets
 }
 
 bool looks_like_python(const std::string& path) {
@@ -106,7 +173,10 @@ std::optional<PythonBinary> inspect_python_binary(const std::string& open_path, 
       b.eval_begin = it->second;
       b.eval_end = it->second + (sym && sym->first.size ? sym->first.size : 1);
     }
-    b.layout = python_layout(b.major, b.minor);
+    if (const PythonLayout* known = python_layout(b.major, b.minor))
+      b.layout = std::shared_ptr<const PythonLayout>(std::shared_ptr<const PythonLayout>(), known);  // static
+    else
+      b.layout = layout_from_debug_offsets(open_path, b.runtime_offset, b);
     return b;
   } catch (const std::exception&) {
     return std::nullopt;

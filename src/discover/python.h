@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,7 +27,8 @@ struct PythonLayout {
   bool instr_is_next = false;
 };
 
-// The layout of a CPython version, or null when gpuscope has none for it.
+// The layout of a CPython version in gpuscope's table (3.11, 3.12), or null. 3.13's is read
+// from the interpreter itself (inspect_python_binary).
 const PythonLayout* python_layout(int major, int minor);
 // Versions with a layout, for messages: "3.11, 3.12".
 std::string supported_python_versions();
@@ -35,7 +37,7 @@ std::string supported_python_versions();
 struct PythonBinary {
   std::string path;  // as the process sees it
   int major = 0, minor = 0, micro = 0;
-  const PythonLayout* layout = nullptr;  // null: a version gpuscope cannot walk
+  std::shared_ptr<const PythonLayout> layout;  // null: a version gpuscope cannot walk
   uint64_t runtime_offset = 0;           // _PyRuntime's file offset (it is initialised data)
   // _PyEval_EvalFrameDefault as file offsets: the native frames that run Python frames.
   uint64_t eval_begin = 0, eval_end = 0;

@@ -261,7 +261,7 @@ const std::vector<PythonFrame>* PythonFrames::stack(uint64_t id) {
     std::vector<PythonFrame> named;
     named.reserve(s.frames.size() + 1);
     const auto p = process(s.pid);
-    const discover::PythonLayout* layout = p ? p->binary.layout : nullptr;
+    const discover::PythonLayout* layout = p ? p->binary.layout.get() : nullptr;
     for (const auto& f : s.frames) named.push_back(name(s.pid, layout, f));
     if (s.truncated) named.push_back(PythonFrame{"[truncated python stack]", "", 0, true});
     s.named = std::move(named);

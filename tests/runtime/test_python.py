@@ -17,6 +17,18 @@ PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.execu
 LIBCUDA_STUB = CUDART.parent / "stubs" / "libcuda.so"
 
 
+def interpreters():
+    """Debian's interpreter, and other CPython versions where this machine has them (pyenv's, or
+    GPUSCOPE_TEST_PYTHONS=path:path): CI's fresh Debian 12 has 3.11 only."""
+    found = [PYTHON]
+    extra = [p for p in os.environ.get("GPUSCOPE_TEST_PYTHONS", "").split(":") if p]
+    extra += [str(p) for p in sorted(pathlib.Path.home().glob(".pyenv/versions/3.1[2-9]*/bin/python3"))]
+    for p in extra:
+        if os.access(p, os.X_OK) and p not in found:
+            found.append(p)
+    return found
+
+
 def marked_lines(script):
     """{"malloc": 16, ...} from the script's "# line: NAME" comments."""
     lines = {}
@@ -39,9 +51,10 @@ def python_stacks(rec, func):
     return list(stacks.values())
 
 
-def test_cuda_calls_show_python_functions_and_lines(record, gpuscope):
+@pytest.mark.parametrize("python", interpreters())
+def test_cuda_calls_show_python_functions_and_lines(record, gpuscope, python):
     script = str(SCRIPTS / "py_cuda.py")
-    rec = record("--", PYTHON, script, CUDART, LIBCUDA_STUB)
+    rec = record("--", python, script, CUDART, LIBCUDA_STUB)
     assert rec.returncode == 0, rec.stderr
     assert "runs Python 3." in rec.stderr
     at = marked_lines("py_cuda.py")
@@ -107,8 +120,9 @@ def test_python_frames_take_the_place_of_the_eval_loop(record):
     assert names == ["in_thread", "Thread.run", "Thread._bootstrap_inner", "Thread._bootstrap"]
 
 
-def test_cpu_samples_show_the_python_line_running(record, gpuscope):
-    rec = record("--cpu-profile", 199, "--", PYTHON, SCRIPTS / "py_busy.py", 1)
+@pytest.mark.parametrize("python", interpreters())
+def test_cpu_samples_show_the_python_line_running(record, gpuscope, python):
+    rec = record("--cpu-profile", 199, "--", python, SCRIPTS / "py_busy.py", 1)
     assert rec.returncode == 0, rec.stderr
     at = marked_lines("py_busy.py")
     script = str(SCRIPTS / "py_busy.py")

@@ -76,7 +76,37 @@ TEST(PythonBinary, LayoutsForTheVersionsWalked) {
   // 3.11 marks entry frames itself; 3.12 puts a shim frame under them.
   EXPECT_NE(discover::python_layout(3, 11)->bpf.frame_is_entry, GS_PY_NONE);
   EXPECT_EQ(discover::python_layout(3, 12)->bpf.frame_owner, 70);
-  EXPECT_EQ(discover::supported_python_versions(), "3.11, 3.12");
+  EXPECT_EQ(discover::supported_python_versions(), "3.11, 3.12, 3.13");
+}
+
+TEST(PythonBinary, ReadsPython313sOffsetsFromTheInterpreter) {
+  // pyenv's 3.13.0 where this machine has it (CI's Debian 12 does not).
+  const std::string path = std::string(getenv("HOME") ? getenv("HOME") : "/root") +
+                           "/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0";
+  if (access(path.c_str(), R_OK) != 0) GTEST_SKIP() << path << " is not installed";
+  auto b = discover::inspect_python_binary(path, path);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->minor, 13);
+  ASSERT_NE(b->layout, nullptr);
+  // What tools/python_offsets.py finds in the live 3.13.0 interpreter.
+  const gs_py_offsets& o = b->layout->bpf;
+  EXPECT_EQ(o.runtime_interp_head, 632);
+  EXPECT_EQ(o.interp_threads_head, 7344);
+  EXPECT_EQ(o.tstate_next, 8);
+  EXPECT_EQ(o.tstate_native_thread_id, 160);
+  EXPECT_EQ(o.tstate_cframe, GS_PY_NONE);
+  EXPECT_EQ(o.current_frame, 72);
+  EXPECT_EQ(o.frame_code, 0);
+  EXPECT_EQ(o.frame_previous, 8);
+  EXPECT_EQ(o.frame_instr, 56);
+  EXPECT_EQ(o.frame_owner, 70);
+  EXPECT_EQ(o.code_filename, 112);
+  EXPECT_EQ(o.code_qualname, 128);
+  EXPECT_EQ(o.code_linetable, 136);
+  EXPECT_EQ(o.code_firstlineno, 68);
+  EXPECT_EQ(o.unicode_ascii_data, 40);
+  EXPECT_EQ(o.bytes_data, 32);
+  EXPECT_EQ(b->layout->code_adaptive, 200);
 }
 
 TEST(PythonBinary, ReadsDebiansInterpreter) {

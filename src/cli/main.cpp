@@ -138,6 +138,9 @@ int main(int argc, char** argv) {
   rec->add_flag("--gpu-times", ropts.gpu_times,
                  "Record each kernel's, copy's and memset's start and end on the GPU (CUPTI, through a library "
                  "the CUDA driver loads into the command), tied to the call and stack that made it");
+  rec->add_option("--gpu-trace-dir", ropts.gpu_trace_dir,
+                  "With --pid/--all: the directory services started with gpuscope's injection library write GPU "
+                  "times to (their GPUSCOPE_GPU_TRACE, docs/gpu-times.md); the recording's window of them is stored");
   bool no_python = false;
   rec->add_flag("--no-python", no_python,
                 "Do not walk Python frames (by default stacks of CPython 3.11/3.12 processes show the Python "

@@ -11,8 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -80,7 +83,7 @@ class Recorder {
   // --gpu-times: where the injection library is and writes; after the recording, its traces
   // are tied to the recorded calls and stored.
   void prepare_gpu_times();
-  void store_gpu_times();
+  void store_gpu_times(uint64_t start_ns, uint64_t end_ns);
 
   const RecordOptions& opts_;
   std::unique_ptr<store::RecordWriter> writer_;
@@ -90,10 +93,20 @@ class Recorder {
 };
 
 void Recorder::prepare_gpu_times() {
+  if (!opts_.gpu_trace_dir.empty()) {
+    if (!opts_.command.empty())
+      throw Error("--gpu-trace-dir is for --pid/--all; record -- CMD takes --gpu-times instead");
+    struct stat st {};
+    if (stat(opts_.gpu_trace_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      throw Error("--gpu-trace-dir {}: no such directory (the one a service's {} names)", opts_.gpu_trace_dir,
+                  GS_GPU_TRACE_ENV);
+    gpu_trace_dir_ = opts_.gpu_trace_dir;
+    return;
+  }
   if (!opts_.gpu_times) return;
   if (opts_.command.empty())
     throw Error("--gpu-times works with record -- CMD; for a service, start it with CUDA_INJECTION64_PATH and {} "
-                "set (docs/gpu-times.md)",
+                "set and record it with --gpu-trace-dir (docs/gpu-times.md)",
                 GS_GPU_TRACE_ENV);
   char self[4096] = {};
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -108,18 +121,32 @@ void Recorder::prepare_gpu_times() {
   gpu_trace_dir_ = tmpl;
 }
 
-void Recorder::store_gpu_times() {
+void Recorder::store_gpu_times(uint64_t start_ns, uint64_t end_ns) {
   if (gpu_trace_dir_.empty()) return;
+  // A service's files (--gpu-trace-dir) are its whole life's and still being written: only the
+  // processes recorded, only the recording's window, and the files stay.
+  const bool services = !opts_.gpu_trace_dir.empty();
   uint64_t activities = 0, matched = 0, dropped = 0;
   std::vector<std::string> files;
   std::string errors;
-  if (DIR* d = opendir(gpu_trace_dir_.c_str())) {
-    while (dirent* e = readdir(d))
-      if (std::string_view(e->d_name).starts_with("gpu-")) files.push_back(gpu_trace_dir_ + "/" + e->d_name);
-    closedir(d);
-  }
   try {
     store::Db db(opts_.output, store::Db::Mode::Create);
+    std::set<int64_t> recorded;
+    if (services) {
+      auto pids = db.prepare("SELECT DISTINCT pid FROM calls");
+      while (pids.step()) recorded.insert(pids.i64(0));
+    }
+    if (DIR* d = opendir(gpu_trace_dir_.c_str())) {
+      while (dirent* e = readdir(d)) {
+        const std::string_view name(e->d_name);
+        if (!name.starts_with("gpu-") || !name.ends_with(".bin")) continue;
+        if (services && !recorded.contains(std::strtoll(e->d_name + 4, nullptr, 10))) continue;
+        files.push_back(gpu_trace_dir_ + "/" + e->d_name);
+      }
+      closedir(d);
+    }
+    // The library hands CUPTI's records over once a second: let the window's last second land.
+    if (services && !files.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1200));
     db.exec("BEGIN");
     auto calls_of = db.prepare(
         "SELECT c.id, c.tid, c.ts_ns, coalesce(c.duration_ns, 0), f.kind FROM calls c JOIN functions f ON f.id = c.func "
@@ -146,6 +173,7 @@ void Recorder::store_gpu_times() {
       for (size_t i = 0; i < t.records.size(); ++i) {
         const auto& r = t.records[i];
         if (r.kind == GS_GPU_API) continue;
+        if (services && !ids[i] && (r.end < start_ns || r.start > end_ns)) continue;
         const char* kind = r.kind == GS_GPU_KERNEL ? "kernel" : r.kind == GS_GPU_MEMCPY ? "memcpy" : "memset";
         insert.bind(1, int64_t(t.header.pid)).bind(2, std::string_view(kind)).bind(3, r.device).bind(4, r.stream);
         insert.bind(5, r.start).bind(6, r.end);
@@ -159,11 +187,12 @@ void Recorder::store_gpu_times() {
         ++activities;
         matched += ids[i] != 0;
       }
-      unlink(f.c_str());
+      if (!services) unlink(f.c_str());
     }
     auto meta = db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)");
     const std::string summary =
-        files.empty() ? "none: no process wrote GPU times (no CUDA driver loaded gpuscope's library into it, or the library said why above)"
+        files.empty() ? (services ? fmt::format("none: no recorded process has a gpu-PID.bin in {}", gpu_trace_dir_)
+                                  : std::string("none: no process wrote GPU times (no CUDA driver loaded gpuscope's library into it, or the library said why above)"))
                       : fmt::format("cupti: {} activities from {} process(es), {} tied to their calls, {} dropped{}",
                                     activities, files.size(), matched, dropped, errors.empty() ? "" : "; " + errors);
     meta.bind(1, std::string_view("gpu_times")).bind(2, summary).run();
@@ -172,7 +201,7 @@ void Recorder::store_gpu_times() {
   } catch (const std::exception& e) {
     log_error("could not store GPU times: {}", e.what());
   }
-  rmdir(gpu_trace_dir_.c_str());
+  if (!services) rmdir(gpu_trace_dir_.c_str());
 }
 
 void Recorder::record_own_cost() {
@@ -358,11 +387,12 @@ int Recorder::run() {
 
   tracer_->stop();
   tracer_->report_unwind_tables();
-  writer_->set_meta("end_ns", std::to_string(monotonic_ns()));
+  const uint64_t end_ns = monotonic_ns();
+  writer_->set_meta("end_ns", std::to_string(end_ns));
   record_own_cost();
   writer_->finish();
   close(sfd);
-  store_gpu_times();
+  store_gpu_times(start_ns, end_ns);
 
   const auto st = tracer_->stats();
   const auto lost = tracer_->bpf().lost();

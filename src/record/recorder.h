@@ -33,6 +33,9 @@ struct RecordOptions {
   bool python_stacks = true;         // Python frames in the stacks of CPython processes
   double gpu_sample_hz = -1;         // NVML samples per second; 0: off; < 0: the default
   bool gpu_times = false;            // CUPTI activity records through the injection library
+  // --pid/--all: where services started with the injection library write their GPU times
+  // (GPUSCOPE_GPU_TRACE); the recording window of them is stored. "": none.
+  std::string gpu_trace_dir;
 };
 
 // NVML's default sampling rate (see docs/performance.md: how often NVML refreshes its values).

@@ -48,6 +48,56 @@ def test_gpu_times_need_a_command(gpuscope, tmp_path):
     assert run.returncode != 0
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "--gpu-times works with record -- CMD" in lines[0], run.stderr
+    assert "--gpu-trace-dir" in lines[0]
+
+
+def gpu_trace_record(kind, start, end, name=b""):
+    """One gs_gpu_record (src/inject/gpu_trace.h) and its name."""
+    import struct
+    return struct.pack("<HHIQQIIQII3I3I", kind, 0, 0, start, end, 7, 0, 0, 0, len(name), 4, 1, 1, 32, 1, 1) + name
+
+
+def test_a_services_gpu_times_are_read_for_the_recording_window(tmp_path):
+    """record --pid --gpu-trace-dir: a service started with the injection library writes its whole
+    life's GPU times; the recording stores the window it recorded, for the processes it recorded,
+    and leaves the files (still being written) alone. The file is written here as the library
+    would (CI has no GPU)."""
+    import struct
+    import time
+    from conftest import GPUSCOPE
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    target = subprocess.Popen([TARGETS / "cuda_ops", "--sleep-ms", "1500", "--iterations", "1"])
+    mine, other = traces / f"gpu-{target.pid}.bin", traces / "gpu-999999.bin"
+    header = lambda pid: b"GSGPU01\0" + struct.pack("<IIq", pid, 13000, 0)
+    now = time.monotonic_ns()
+    # Long before the recording: not stored.
+    mine.write_bytes(header(target.pid) + gpu_trace_record(1, now - 100_000_000_000, now - 99_999_000_000, b"_Z6beforev"))
+    other.write_bytes(header(999999) + gpu_trace_record(1, now, now + 1000, b"_Z5otherv"))
+    out = tmp_path / "svc.gpuscope"
+    rec = subprocess.Popen([GPUSCOPE, "record", "-o", out, "--pid", str(target.pid), "--gpu-trace-dir", traces],
+                           stderr=subprocess.PIPE, text=True)
+    time.sleep(0.8)  # recording, the target still asleep
+    t = time.monotonic_ns()
+    with open(mine, "ab") as f:
+        f.write(gpu_trace_record(1, t, t + 2000, b"_Z6duringi"))
+    _, err = rec.communicate(timeout=60)
+    target.wait(timeout=30)
+    assert rec.returncode == 0, err
+    import sqlite3
+    db = sqlite3.connect(out)
+    assert db.execute("SELECT name, end_ns - start_ns, pid FROM gpu_activities").fetchall() == [
+        ("during(int)", 2000, target.pid)]
+    summary = db.execute("SELECT value FROM meta WHERE key = 'gpu_times'").fetchone()[0]
+    assert summary.startswith("cupti: 1 activities from 1 process(es)"), summary
+    assert mine.exists() and other.exists()
+
+
+def test_gpu_trace_dir_must_exist(gpuscope, tmp_path):
+    run = gpuscope("record", "--pid", "1", "--gpu-trace-dir", tmp_path / "none", "-o", tmp_path / "x")
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no such directory" in lines[0], run.stderr
 
 
 def add_gpu_activities(rec):

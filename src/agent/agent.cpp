@@ -123,6 +123,7 @@ class Agent {
   mutable std::mutex mu_;
   std::string token_;
   std::vector<MetricFamily> health_;  // the agent's own series and the budget's, at the last tick
+  uint64_t health_changes_ = 0;       // the budget's changes() health_ was made at
   std::vector<ProcessProfile> profiles_;  // the last complete window
   std::map<std::string, double> export_errors_;
 
@@ -573,8 +574,14 @@ int Agent::run() {
       last_cpu_s_ = cpu;
       last_cpu_ns_ = now;
       update_health();
+      health_changes_ = budget_->changes();
       enforce_memory_limit();
       next_health = now + 1'000'000'000;
+    } else if (budget_->changes() != health_changes_) {
+      // A process found or gone, or a duty changed: its overhead series goes out with its
+      // observed share, not up to a second later.
+      update_health();
+      health_changes_ = budget_->changes();
     }
     if (deadline && now >= deadline) running = false;
   }

@@ -61,6 +61,7 @@ void BudgetController::add_process(pid_t pid, uint64_t now_ns) {
   auto hits = agg_.probe_hits();
   if (auto it = hits.find(uint32_t(pid)); it != hits.end()) st.last_hits = it->second;
   state_.emplace(pid, st);
+  ++changes_;
 }
 
 void BudgetController::remove_process(pid_t pid) {
@@ -69,6 +70,7 @@ void BudgetController::remove_process(pid_t pid) {
   const ProcessState& st = it->second;
   exited_ratio_[pid] = st.cpu_ns_total > 0 ? st.added_ns_total / st.cpu_ns_total : 0;
   state_.erase(it);
+  ++changes_;
   switch_(pid, false);
 }
 
@@ -121,7 +123,9 @@ void BudgetController::tick(uint64_t now_ns) {
       if (full_window || wanted < st.duty / 2) {
         st.estimated = true;
         // Lower at once; raise at most twofold per estimate (a burst may follow a quiet spell).
+        const double before = st.duty;
         st.duty = std::clamp(wanted < st.duty ? wanted : std::min(wanted, st.duty * 2), kMinDuty, 1.0);
+        changes_ += st.duty != before;
         st.acc_on_wall_ns = 0;
         st.acc_on_cpu_ns = st.acc_cpu_ns = st.acc_high_added_ns = st.acc_low_added_ns = 0;
       }

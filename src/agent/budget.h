@@ -65,6 +65,8 @@ class BudgetController {
     double observed_ratio() const;
   };
   const std::map<pid_t, ProcessState>& processes() const { return state_; }
+  // Counts processes added and removed and duties changed: the exported series follow at once.
+  uint64_t changes() const { return changes_; }
   // gpuscope_probe_overhead_ratio: each process's estimated probe cost over its CPU time so far.
   MetricFamily overhead_family(Aggregator& agg) const;
 
@@ -82,6 +84,7 @@ class BudgetController {
   Aggregator& agg_;
   SwitchFn switch_;
   std::map<pid_t, ProcessState> state_;
+  uint64_t changes_ = 0;
   // Processes gone, with their final estimate: exported while their other series still are.
   mutable std::map<pid_t, double> exited_ratio_;
 };

@@ -61,19 +61,32 @@ struct pending_call {
  * nested in it, not a stale entry whose return was missed. */
 #define GS_NESTED_CALL_NS 10000000ULL
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u64);  /* tid << 16 | function id: runtime and driver calls nest */
-	__type(value, struct pending_call);
-} pending SEC(".maps");
+/* A thread's calls entered and not yet returned: runtime and driver calls nest, and a call
+ * whose return was missed (its probes removed meanwhile) leaves its slot until the function is
+ * entered again. Task storage, not a hash keyed by thread and function: the hash's update and
+ * delete were about half of a return-probed call's BPF time on the dev VM. */
+#define PENDING_SLOTS 8
+struct pending_thread {
+	struct pending_call call[PENDING_SLOTS];
+	__u32 tag[PENDING_SLOTS];  /* function id + 1; 0: free */
+};
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct pending_call);
-} scratch SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct pending_thread);
+} pending SEC(".maps");
+
+/* The slot of a pending call of function `tag` on this thread, or -1. */
+static __always_inline int pending_slot(struct pending_thread *t, __u32 tag)
+{
+	for (int i = 0; i < PENDING_SLOTS; i++)
+		if (t->tag[i] == tag)
+			return i;
+	return -1;
+}
+
 
 /* Threads inside a runtime launch: the driver launch it makes has the same stack plus a
  * few runtime frames, so it skips the walk (the costliest part of a probe) and user space
@@ -1014,21 +1027,47 @@ int call_entry(struct pt_regs *ctx)
 		return 0;
 
 	__u64 cookie = bpf_get_attach_cookie(ctx);
-	__u64 key = (id << 16) | GS_COOKIE_FUNC(cookie);
+	__u32 tag = GS_COOKIE_FUNC(cookie) + 1;
 	__u64 now = bpf_ktime_get_ns();
-	/* The same function entered again before it returned: a wrapper of the driver's name
-	 * calling the driver's own (XLA's and Triton's shims call libcuda's, and both are probed).
-	 * The outer call is the one recorded; without this its return found no entry. */
-	struct pending_call *outer = bpf_map_lookup_elem(&pending, &key);
-	if (outer && now - outer->ts_ns < GS_NESTED_CALL_NS) {
-		outer->nested++;
+	struct pending_thread *t = bpf_task_storage_get(&pending, bpf_get_current_task_btf(), 0,
+							 BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!t) {
+		count_lost(GS_LOST_PENDING_FULL);
 		return 0;
 	}
+	int slot = pending_slot(t, tag);
+	if (slot >= 0) {
+		/* The same function entered again before it returned: a wrapper of the driver's name
+		 * calling the driver's own (XLA's and Triton's shims call libcuda's, and both are
+		 * probed). The outer call is the one recorded; without this its return found no
+		 * entry. An older entry is stale (its return was missed): this call takes its slot. */
+		struct pending_call *outer = &t->call[slot & (PENDING_SLOTS - 1)];
+		if (now - outer->ts_ns < GS_NESTED_CALL_NS) {
+			outer->nested++;
+			return 0;
+		}
+	} else {
+		/* A free slot, else the one pending longest (most likely a missed return). */
+		__u64 oldest_ts = ~0ULL;
+		int oldest = 0;
+		for (int i = 0; i < PENDING_SLOTS; i++) {
+			if (!t->tag[i]) {
+				slot = i;
+				break;
+			}
+			if (t->call[i].ts_ns < oldest_ts) {
+				oldest_ts = t->call[i].ts_ns;
+				oldest = i;
+			}
+		}
+		if (slot < 0) {
+			count_lost(GS_LOST_PENDING_FULL);
+			slot = oldest;
+		}
+	}
 
-	__u32 zero = 0;
-	struct pending_call *p = bpf_map_lookup_elem(&scratch, &zero);
-	if (!p)
-		return 0;
+	struct pending_call *p = &t->call[slot & (PENDING_SLOTS - 1)];
+	t->tag[slot & (PENDING_SLOTS - 1)] = tag;
 	p->ts_ns = now;
 	p->flags = 0;
 	p->nested = 0;
@@ -1036,9 +1075,6 @@ int call_entry(struct pt_regs *ctx)
 	p->deref_len = read_entry_deref(cookie, p->args, p->deref, &p->flags);
 	p->ustack_id = user_stack_id(ctx, cookie, p->ts_ns, &p->flags, &p->native_stack);
 	p->py_stack = !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, UNWIND_SLOT_CALL);
-
-	if (bpf_map_update_elem(&pending, &key, p, BPF_ANY))
-		count_lost(GS_LOST_PENDING_FULL);
 	return 0;
 }
 
@@ -1050,12 +1086,13 @@ int call_return(struct pt_regs *ctx)
 		return 0;
 
 	__u64 cookie = bpf_get_attach_cookie(ctx);
-	__u64 key = (id << 16) | GS_COOKIE_FUNC(cookie);
-	struct pending_call *p = bpf_map_lookup_elem(&pending, &key);
-	if (!p) {
+	struct pending_thread *t = bpf_task_storage_get(&pending, bpf_get_current_task_btf(), 0, 0);
+	int slot = t ? pending_slot(t, GS_COOKIE_FUNC(cookie) + 1) : -1;
+	if (!t || slot < 0) {
 		count_lost(GS_LOST_RETURN_ORPHAN);
 		return 0;
 	}
+	struct pending_call *p = &t->call[slot & (PENDING_SLOTS - 1)];
 	if (p->nested) {  /* an inner call of the same function returned */
 		p->nested--;
 		return 0;
@@ -1065,7 +1102,7 @@ int call_return(struct pt_regs *ctx)
 	struct gs_call_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
 		count_lost(GS_LOST_RINGBUF_FULL);
-		bpf_map_delete_elem(&pending, &key);
+		t->tag[slot & (PENDING_SLOTS - 1)] = 0;
 		return 0;
 	}
 	r->kind = GS_REC_CALL;
@@ -1089,7 +1126,7 @@ int call_return(struct pt_regs *ctx)
 			r->flags |= GS_CALL_OUT_OK;
 	}
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
-	bpf_map_delete_elem(&pending, &key);
+	t->tag[slot & (PENDING_SLOTS - 1)] = 0;
 	bpf_ringbuf_submit(r, submit_flags());
 	return 0;
 }

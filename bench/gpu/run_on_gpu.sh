@@ -12,6 +12,7 @@
 # agent:    the agent's own CPU and memory idle and at 10k and 100k launches/s (bench/agent_cost.py).
 # budget:   a launch-bound PyTorch job alone and under the agent (bench/agent_cost.py --budget-check).
 # soak:     the agent beside a PyTorch training job for SOAK_SECONDS: its CPU and memory over time.
+# cupti:    what --gpu-times costs the training step, by CUPTI activity (bench/gpu/cupti_api_cost.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-static}
@@ -123,5 +124,8 @@ fi
 if [[ " $STAGES " == *" soak "* ]]; then
   LD_LIBRARY_PATH="$AGENT_LIBS:$LD_LIBRARY_PATH" $PY bench/agent_soak.py --build "$BUILD" \
       --profile-agent "$OUT/agent-profile.folded" --seconds ${SOAK_SECONDS:-420} -- $PY bench/gpu/train_step.py /dev/null --steps 1000000 --no-profile 2>&1 | tee "$OUT/soak.txt"
+fi
+if [[ " $STAGES " == *" cupti "* ]]; then
+  $PY bench/gpu/cupti_api_cost.py --gpuscope "$BUILD/gpuscope" --rounds ${ROUNDS:-2} --steps ${CUPTI_STEPS:-30} 2>&1 | tee "$OUT/cupti.txt"
 fi
 rm -f "$OUT"/*.gpuscope "$OUT"/truth-*.json "$OUT"/*.nsys-rep "$OUT"/*.sqlite

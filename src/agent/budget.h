@@ -34,6 +34,11 @@ class BudgetController {
   BudgetController(const BudgetConfig& cfg, Aggregator& agg, SwitchFn switch_probes);
 
   void set_budget(double budget) { cfg_.budget = budget; }
+  // What a hit costs, as measured since start: the trap (calibrated) and the probe programs.
+  void set_hit_costs(double entry_ns, double return_ns) {
+    cfg_.entry_hit_ns = entry_ns;
+    cfg_.return_hit_ns = return_ns;
+  }
   // The agent's own CPU budget: every event costs the agent CPU time, so when the agent spends
   // more than `budget` of a core (`share`, measured), every process's duty is scaled down by
   // the same factor; it recovers slowly once the agent is back under.

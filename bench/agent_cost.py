@@ -180,6 +180,16 @@ def workload_figure(out):
     return None
 
 
+def workload_launches(out):
+    """The launches the job says it made (its last JSON line's "launches"), else None."""
+    for line in reversed(out.strip().splitlines()):
+        try:
+            return json.loads(line).get("launches")
+        except ValueError:
+            continue
+    return None
+
+
 def run_workload(cmd):
     start = time.time()
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -214,7 +224,11 @@ def part2(args):
                 except OSError:
                     pass
             wall = time.time() - t0
-            figure = workload_figure(proc.stdout.read()) or wall
+            out = proc.stdout.read()
+            figure = workload_figure(out) or wall
+            made = workload_launches(out)
+            if made:
+                last["launches_made"] = made  # the job's own count, beside the agent's estimate
             row = {"round": rnd, "config": "agent", "figure": figure, **last,
                    "agent_cpu_share_of_a_core": (cpu_s(agent.proc.pid) - c0) / wall, "agent_rss_mib_peak": peak}
         finally:

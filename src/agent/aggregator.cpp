@@ -162,23 +162,25 @@ void Aggregator::add_call(const CallEvent& e) {
     case decode::CallKind::Launch:
     case decode::CallKind::GraphLaunch: {
       const int64_t k = f->kind == decode::CallKind::GraphLaunch ? -1 : e.kernel_id;
-      auto it = p->launches.find(k);
-      if (it != p->launches.end())
-        it->second += w;
-      else if (p->launches.size() < limits_.max_kernel_names)
-        p->launches.emplace(k, w);
-      else {
-        p->launches_other += w;
-        ++shed_.kernel_names;
+      if (p->period.open) {
+        auto& held = p->period.launches;
+        if (held.contains(k) || held.size() < limits_.max_kernel_names)
+          held[k] += 1;
+        else
+          p->period.launches_other += 1;
+      } else {
+        count_launches(*p, k, w);
       }
       if (e.stack_id) p->launch_window[e.stack_id] += 1;
       break;
     }
     case decode::CallKind::Memcpy: {
-      auto& t = p->copies[CopyKey{std::string(direction_label(e.dir)), std::string(host_memory_label(e.host_mem))}];
-      t.count += w;
-      t.bytes += double(e.bytes) * w;
-      t.seconds += double(e.duration_ns) * 1e-9 * w;
+      const double cw = p->period.open ? 1.0 : w;
+      auto& copies = p->period.open ? p->period.copies : p->copies;
+      auto& t = copies[CopyKey{std::string(direction_label(e.dir)), std::string(host_memory_label(e.host_mem))}];
+      t.count += cw;
+      t.bytes += double(e.bytes) * cw;
+      t.seconds += double(e.duration_ns) * 1e-9 * cw;
       break;
     }
     case decode::CallKind::Alloc: {
@@ -302,6 +304,42 @@ void Aggregator::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
   for (const auto& s : b.processes) gpu_processes_[{s.device, s.pid}] = s;
   for (const auto& e : b.events)
     if (e.kind == "xid") gpus_[e.device].xids[e.value] += 1;
+}
+
+void Aggregator::count_launches(Process& p, int64_t kernel, double n) {
+  auto it = p.launches.find(kernel);
+  if (it != p.launches.end())
+    it->second += n;
+  else if (p.launches.size() < limits_.max_kernel_names)
+    p.launches.emplace(kernel, n);
+  else {
+    p.launches_other += n;
+    ++shed_.kernel_names;
+  }
+}
+
+void Aggregator::begin_high_rate_period(uint32_t pid) {
+  std::lock_guard lock(mu_);
+  if (Process* p = process(pid)) p->period.open = true;
+}
+
+void Aggregator::end_high_rate_period(uint32_t pid, double weight) {
+  std::lock_guard lock(mu_);
+  auto it = processes_.find(pid);
+  if (it == processes_.end()) return;
+  Process& p = it->second;
+  for (const auto& [kernel, n] : p.period.launches) count_launches(p, kernel, n * weight);
+  p.launches_other += p.period.launches_other * weight;
+  for (const auto& [key, t] : p.period.copies) {
+    auto& total = p.copies[key];
+    total.count += t.count * weight;
+    total.bytes += t.bytes * weight;
+    total.seconds += t.seconds * weight;
+  }
+  p.period.launches.clear();
+  p.period.launches_other = 0;
+  p.period.copies.clear();
+  p.period.open = false;
 }
 
 void Aggregator::set_high_rate_weight(uint32_t pid, double weight, double observed_ratio) {

@@ -78,6 +78,11 @@ class Aggregator final : public store::EventSink {
   // the share of time its high-rate probes are on, so that counters estimate the whole; and
   // the share of its life they have been on so far, which the series state.
   void set_high_rate_weight(uint32_t pid, double weight, double observed_ratio);
+  // Under a budget, the high-rate calls of an on-period are held apart until it ends, when the
+  // duty it stood for is known (an estimate in the period can change it), and then counted at
+  // `weight` (1 / that duty). Calls arriving outside a period count at set_high_rate_weight's.
+  void begin_high_rate_period(uint32_t pid);
+  void end_high_rate_period(uint32_t pid, double weight);
   std::map<uint32_t, ProbeHits> probe_hits() const;
   // Processes that exited, so that the agent lets go of them; each is reported once.
   std::vector<uint32_t> take_exited();
@@ -122,6 +127,12 @@ class Aggregator final : public store::EventSink {
     std::unordered_map<int64_t, double> launches;  // kernel id (0: unnamed) -> count
     double launches_other = 0;
     std::map<CopyKey, CopyTotals> copies;
+    struct {
+      bool open = false;
+      std::unordered_map<int64_t, double> launches;  // unweighted, as launches
+      double launches_other = 0;
+      std::map<CopyKey, CopyTotals> copies;
+    } period;  // see begin_high_rate_period
     double allocations = 0, allocated_bytes = 0, freed_bytes = 0, allocation_failures = 0;
     std::unordered_map<uint64_t, Allocation> live;
     double device_in_use = 0, pinned_in_use = 0;
@@ -139,6 +150,7 @@ class Aggregator final : public store::EventSink {
   };
 
   Process* process(uint32_t pid);  // created on first sight; null past max_processes
+  void count_launches(Process& p, int64_t kernel, double n);
   struct PendingFrame;
   std::vector<PendingFrame> pending_frames(uint32_t pid, int64_t stack_id) const;
 

@@ -56,6 +56,7 @@ void BudgetController::add_process(pid_t pid, uint64_t now_ns) {
   if (state_.contains(pid)) return;
   ProcessState st;
   st.on = switch_(pid, true);
+  if (st.on && cfg_.budget < 1) agg_.begin_high_rate_period(uint32_t(pid));
   st.phase_start_ns = st.first_ns = st.last_tick_ns = now_ns;
   st.last_cpu_ns = process_cpu_ns(pid);
   auto hits = agg_.probe_hits();
@@ -69,6 +70,7 @@ void BudgetController::remove_process(pid_t pid) {
   if (it == state_.end()) return;
   const ProcessState& st = it->second;
   exited_ratio_[pid] = st.cpu_ns_total > 0 ? st.added_ns_total / st.cpu_ns_total : 0;
+  agg_.end_high_rate_period(uint32_t(pid), 1 / std::clamp(st.duty * agent_factor_, kMinDuty, 1.0));
   state_.erase(it);
   ++changes_;
   switch_(pid, false);
@@ -147,9 +149,17 @@ void BudgetController::tick(uint64_t now_ns) {
       st.off_len_s = live_s * (1 - duty) / duty;
       st.on = false;
       st.phase_start_ns = now_ns;
+      // The period just ended stands for itself and the off-period sized from it: its calls
+      // count 1 / duty each, whatever the duty was when they came.
+      agg_.end_high_rate_period(uint32_t(pid), 1 / duty);
     } else if (!st.on && (duty >= 1 || phase_s >= st.off_len_s)) {
       st.on = switch_(pid, true);
       st.phase_start_ns = now_ns;
+      if (st.on && cfg_.budget < 1) agg_.begin_high_rate_period(uint32_t(pid));
+    } else if (st.on && duty >= 1) {
+      // Not cycling: what was held counts as it is, every tick.
+      agg_.end_high_rate_period(uint32_t(pid), 1);
+      if (cfg_.budget < 1) agg_.begin_high_rate_period(uint32_t(pid));
     }
     agg_.set_high_rate_weight(uint32_t(pid), 1 / duty, st.observed_ratio());
   }

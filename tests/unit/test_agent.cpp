@@ -606,3 +606,29 @@ TEST(Budget, AnExitedProcessKeepsItsOverheadSeriesWhileItsOtherSeriesStay) {
   ASSERT_EQ(f.samples.size(), 1u);
   EXPECT_DOUBLE_EQ(f.samples[0].value, live);
 }
+
+TEST(Budget, AnOnPeriodsLaunchesCountAtTheDutyTheCycleEndsWith) {
+  // A process is found with its probes on (duty 1); its first estimate cuts them to 2%. The
+  // launches seen in that first on-period stand for the whole cycle: counted 50 times each
+  // when the period ends, not once (the weight while they came).
+  agent::Aggregator agg({}, 0);
+  const pid_t pid = getpid();
+  agent::BudgetController budget(one_percent_budget(1000, 1000), agg, [](pid_t, bool on) { return on; });
+  agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
+  uint64_t now = 1'000'000'000;
+  budget.add_process(pid, now);
+  const uint64_t burnt = burn_cpu(200'000'000);
+  const uint64_t launches = burnt / 2 / 1000;  // 50% of the CPU time at 1 us a hit
+  for (uint64_t i = 0; i < launches; ++i) agg.add_call(call(uint32_t(pid), "cudaLaunchKernel"));
+  // Held while the period is open (no series yet).
+  EXPECT_LT(value(agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), 1);
+  now += 300'000'000;
+  budget.tick(now);
+  const auto& st = budget.processes().at(pid);
+  ASSERT_FALSE(st.on);
+  EXPECT_NEAR(value(agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches) / st.duty, 1e-6 * launches);
+  // One arriving late, after the switch-off, belongs to that period: it counts the same.
+  agg.add_call(call(uint32_t(pid), "cudaLaunchKernel"));
+  EXPECT_NEAR(value(agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches + 1) / st.duty,
+              1e-6 * launches);
+}

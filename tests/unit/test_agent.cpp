@@ -533,76 +533,71 @@ TEST(Budget, ProcessCpuTimeReadsStatPastACommandWithParentheses) {
   EXPECT_EQ(agent::process_cpu_ns(999'999'999), 0u);  // no such process
 }
 
+// This test process, found by a 1% budget (a hit costs 1 us) at `now`, its probes on.
+struct FoundProcess {
+  agent::Aggregator agg{{}, 0};
+  const pid_t pid = getpid();
+  agent::BudgetController budget{one_percent_budget(1000, 1000), agg, [](pid_t, bool on) { return on; }};
+  uint64_t now = 1'000'000'000;
+  FoundProcess() {
+    agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));  // known to the aggregator
+    budget.add_process(pid, now);
+  }
+  void calls(const char* func, uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i) agg.add_call(call(uint32_t(pid), func));
+  }
+};
+
 TEST(Budget, TheFirstEstimateComesAfterHalfASecond) {
   // A process is found with its probes on: a launch-bound one pays their whole cost until the
   // first estimate, so that comes after half a second of on-time (later ones after a second).
-  agent::Aggregator agg({}, 0);
-  const pid_t pid = getpid();
-  agent::BudgetController budget(one_percent_budget(1000, 1000), agg, [](pid_t, bool on) { return on; });
-  agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
-  uint64_t now = 1'000'000'000;
-  budget.add_process(pid, now);
+  FoundProcess found;
   // Probes costing half its CPU time while on: on 2% of the time, in on-periods of 0.2 s.
   const uint64_t burnt = burn_cpu(500'000'000);
-  for (uint64_t i = 0; i < burnt / 2 / 1000; ++i) agg.add_call(call(uint32_t(pid), "cudaLaunchKernel"));
-  now += 550'000'000;
-  budget.tick(now);
-  const auto& st = budget.processes().at(pid);
+  found.calls("cudaLaunchKernel", burnt / 2 / 1000);
+  found.now += 550'000'000;
+  found.budget.tick(found.now);
+  const auto& st = found.budget.processes().at(found.pid);
   EXPECT_TRUE(st.estimated);
   EXPECT_NEAR(st.duty, 0.02, 0.005);
-  EXPECT_FALSE(st.on);  // switched off now, not after a second
+  EXPECT_FALSE(st.on);  // switched off found.now, not after a second
 }
 
 TEST(Budget, AProcessFarOverItsBudgetIsCutBackAfterAFifthOfASecond) {
   // A job that was quiet (duty 1) and starts launching pays the probes' full cost until the
   // next estimate; more than twice over budget, it is cut back after 0.2 s of on-time.
-  agent::Aggregator agg({}, 0);
-  const pid_t pid = getpid();
-  agent::BudgetController budget(one_percent_budget(1000, 1000), agg, [](pid_t, bool on) { return on; });
-  agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
-  uint64_t now = 1'000'000'000;
-  budget.add_process(pid, now);
+  FoundProcess found;
   const uint64_t burnt = burn_cpu(200'000'000);
-  for (uint64_t i = 0; i < burnt / 2 / 1000; ++i) agg.add_call(call(uint32_t(pid), "cudaLaunchKernel"));
+  found.calls("cudaLaunchKernel", burnt / 2 / 1000);
   // 0.3 s of on-time: past the on-period a 2% duty allows (0.2 s), short of half a second.
-  now += 300'000'000;
-  budget.tick(now);
-  const auto& st = budget.processes().at(pid);
+  found.now += 300'000'000;
+  found.budget.tick(found.now);
+  const auto& st = found.budget.processes().at(found.pid);
   EXPECT_NEAR(st.duty, 0.02, 0.005);  // 1% / 50%
   EXPECT_FALSE(st.on);
 }
 
 TEST(Budget, AProcessSlightlyOverItsBudgetWaitsForTheFullEstimate) {
-  agent::Aggregator agg({}, 0);
-  const pid_t pid = getpid();
-  agent::BudgetController budget(one_percent_budget(1000, 1000), agg, [](pid_t, bool on) { return on; });
-  agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
-  uint64_t now = 1'000'000'000;
-  budget.add_process(pid, now);
+  FoundProcess found;
   // 1.5% while on: 0.67 of the time is wanted, not under half of the duty (1) yet.
   const uint64_t burnt = burn_cpu(200'000'000);
-  for (uint64_t i = 0; i < burnt * 15 / 1000 / 1000; ++i) agg.add_call(call(uint32_t(pid), "cudaLaunchKernel"));
-  now += 210'000'000;
-  budget.tick(now);
-  EXPECT_DOUBLE_EQ(budget.processes().at(pid).duty, 1.0);
-  EXPECT_TRUE(budget.processes().at(pid).on);
+  found.calls("cudaLaunchKernel", burnt * 15 / 1000 / 1000);
+  found.now += 210'000'000;
+  found.budget.tick(found.now);
+  EXPECT_DOUBLE_EQ(found.budget.processes().at(found.pid).duty, 1.0);
+  EXPECT_TRUE(found.budget.processes().at(found.pid).on);
 }
 
 TEST(Budget, AnExitedProcessKeepsItsOverheadSeriesWhileItsOtherSeriesStay) {
   // Its counters stay until the next export drops them; its estimated cost must stay beside.
-  agent::Aggregator agg({}, 0);
-  const pid_t pid = getpid();
-  agent::BudgetController budget(one_percent_budget(1000, 1000), agg, [](pid_t, bool on) { return on; });
-  agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
-  uint64_t now = 1'000'000'000;
-  budget.add_process(pid, now);
+  FoundProcess found;
   const uint64_t burnt = burn_cpu(200'000'000);
-  for (uint64_t i = 0; i < burnt / 100 / 1000; ++i) agg.add_call(call(uint32_t(pid), "cudaLaunchKernel"));
-  budget.tick(now + 250'000'000);
-  const double live = budget.overhead_family(agg).samples.at(0).value;
+  found.calls("cudaLaunchKernel", burnt / 100 / 1000);
+  found.budget.tick(found.now + 250'000'000);
+  const double live = found.budget.overhead_family(found.agg).samples.at(0).value;
   EXPECT_GT(live, 0.005);
-  budget.remove_process(pid);
-  const auto f = budget.overhead_family(agg);
+  found.budget.remove_process(found.pid);
+  const auto f = found.budget.overhead_family(found.agg);
   ASSERT_EQ(f.samples.size(), 1u);
   EXPECT_DOUBLE_EQ(f.samples[0].value, live);
 }
@@ -611,24 +606,19 @@ TEST(Budget, AnOnPeriodsLaunchesCountAtTheDutyTheCycleEndsWith) {
   // A process is found with its probes on (duty 1); its first estimate cuts them to 2%. The
   // launches seen in that first on-period stand for the whole cycle: counted 50 times each
   // when the period ends, not once (the weight while they came).
-  agent::Aggregator agg({}, 0);
-  const pid_t pid = getpid();
-  agent::BudgetController budget(one_percent_budget(1000, 1000), agg, [](pid_t, bool on) { return on; });
-  agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
-  uint64_t now = 1'000'000'000;
-  budget.add_process(pid, now);
+  FoundProcess found;
   const uint64_t burnt = burn_cpu(200'000'000);
   const uint64_t launches = burnt / 2 / 1000;  // 50% of the CPU time at 1 us a hit
-  for (uint64_t i = 0; i < launches; ++i) agg.add_call(call(uint32_t(pid), "cudaLaunchKernel"));
+  found.calls("cudaLaunchKernel", launches);
   // Held while the period is open (no series yet).
-  EXPECT_LT(value(agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), 1);
-  now += 300'000'000;
-  budget.tick(now);
-  const auto& st = budget.processes().at(pid);
+  EXPECT_LT(value(found.agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), 1);
+  found.now += 300'000'000;
+  found.budget.tick(found.now);
+  const auto& st = found.budget.processes().at(found.pid);
   ASSERT_FALSE(st.on);
-  EXPECT_NEAR(value(agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches) / st.duty, 1e-6 * launches);
+  EXPECT_NEAR(value(found.agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches) / st.duty, 1e-6 * launches);
   // One arriving late, after the switch-off, belongs to that period: it counts the same.
-  agg.add_call(call(uint32_t(pid), "cudaLaunchKernel"));
-  EXPECT_NEAR(value(agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches + 1) / st.duty,
+  found.agg.add_call(call(uint32_t(found.pid), "cudaLaunchKernel"));
+  EXPECT_NEAR(value(found.agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches + 1) / st.duty,
               1e-6 * launches);
 }

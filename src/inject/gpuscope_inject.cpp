@@ -63,7 +63,7 @@ constexpr size_t kBufferSize = 8 << 20;
 // API calls seen by CUPTI callbacks, waiting for the flush thread; bounded (past it, dropped).
 std::mutex g_api_mu;
 std::vector<gs_gpu_record> g_api;
-constexpr size_t kMaxPendingApi = 1 << 20;
+constexpr size_t kMaxPendingApi = 1 << 18;  // 18 MiB; written every 100 ms
 int64_t g_clock_offset_ns = 0;  // the header's: what CUPTI's clock lags gpuscope's by
 
 void say(const char* fmt, const char* detail) {
@@ -240,6 +240,7 @@ uint32_t this_thread_id() {
 // The calls that make GPU work (launches, copies, memsets, graph launches), one record each at
 // their exit: the correlation id CUPTI gives their activities, the thread and the call's span.
 void CUPTIAPI on_api_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
+  if (!g_active.load(std::memory_order_relaxed)) return;  // not started, or flushed at exit
   const auto* cb = static_cast<const CUpti_CallbackData*>(data);
   // In the file, times are on CUPTI's clock (the reader adds the offset).
   const uint64_t now = uint64_t(int64_t(monotonic_ns()) - g_clock_offset_ns);
@@ -409,13 +410,13 @@ bool start() {
   std::atexit(flush_at_exit);
   // Completed buffers are handed over when full or flushed: flush once a second, so that a
   // program that never exits cleanly loses at most its last second.
+  // API records are written every 100 ms, so that the calls' queue stays small.
   std::thread([] {
-    while (g_active.load()) {
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-      if (g_active.load()) {
-        g_cupti.ActivityFlushAll(0);
-        write_pending_api_calls();
-      }
+    for (unsigned tick = 1; g_active.load(); ++tick) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (!g_active.load()) break;
+      if (tick % 10 == 0) g_cupti.ActivityFlushAll(0);
+      write_pending_api_calls();
     }
   }).detach();
   return true;

@@ -506,6 +506,7 @@ int Agent::run() {
   // The probe programs' own run time is part of what a hit costs the process (BPF_ENABLE_STATS:
   // two clock reads per program run).
   topts.bpf_stats = true;
+  topts.bpf_stats_optional = true;  // BPF_ENABLE_STATS needs CAP_SYS_ADMIN, which deploy/ does not give
   topts.cpu_profile_hz = cfg_.stacks ? cfg_.cpu_profile_hz : 0;
   topts.dwarf_unwind_samples = false;  // frame pointers: no 16 KiB copy per sample in a daemon
   topts.table_unwind_calls = topts.table_unwind_samples = cfg_.stack_walk == "eh-frame";
@@ -533,9 +534,15 @@ int Agent::run() {
 
   trap_cost_ = tracer_->bpf().measure_hit_cost(&gpuscope_calibration_target, 20000);
   if (!run_.quiet)
-    log_info("a probe's trap costs {:.2f} µs here (entry), {:.2f} µs (entry and return), and its program what "
-             "the BPF statistics say; budget {:.2g}% of each process's CPU time",
-             trap_cost_.entry_ns / 1e3, trap_cost_.return_ns / 1e3, cfg_.budget * 100);
+    log_info("a probe's trap costs {:.2f} µs here (entry), {:.2f} µs (entry and return); its program's run time {}; "
+             "budget {:.2g}% of each process's CPU time",
+             trap_cost_.entry_ns / 1e3, trap_cost_.return_ns / 1e3,
+             tracer_->bpf().program_stats_enabled()
+                 ? std::string("is measured (BPF statistics)")
+                 : fmt::format("is taken as {:.1f} µs per entry hit, {:.1f} µs per call with a return (BPF "
+                               "statistics need CAP_SYS_ADMIN or kernel.bpf_stats_enabled=1)",
+                               bpf_entry_ns_ / 1e3, bpf_pair_ns_ / 1e3),
+             cfg_.budget * 100);
   update_hit_cost();
   BudgetConfig bcfg;
   bcfg.budget = cfg_.budget;

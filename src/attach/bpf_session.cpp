@@ -130,7 +130,8 @@ BpfSession::BpfSession(const SessionConfig& cfg)
   libbpf_set_print(libbpf_print);
   if (cfg.program_stats) {
     stats_fd_ = bpf_enable_stats(BPF_STATS_RUN_TIME);
-    if (stats_fd_ < 0) throw Error("cannot enable BPF program statistics: {}", strerror(errno));
+    if (stats_fd_ < 0 && !cfg.program_stats_optional)
+      throw Error("cannot enable BPF program statistics: {}", strerror(errno));
   }
 
   for (bpf_program* prog : {skel_->progs.on_fork, skel_->progs.on_exit, skel_->progs.on_exec,

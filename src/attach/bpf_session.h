@@ -35,6 +35,8 @@ struct SessionConfig {
   // Ask the kernel to count each program's runs and run time (BPF_ENABLE_STATS): two clock
   // reads per run, so off unless asked for.
   bool program_stats = false;
+  // Where enabling them is refused (BPF_ENABLE_STATS needs CAP_SYS_ADMIN), go on without.
+  bool program_stats_optional = false;
   // CPU samples carry registers and a copy of the user stack, unwound in user space from
   // .eh_frame; false: frame pointers, walked by the kernel.
   bool sample_stack_copy = false;
@@ -150,6 +152,9 @@ class BpfSession {
   };
   // Runs and run time per program (bpf_prog_info); zero unless program_stats was asked for.
   std::vector<ProgramStats> program_stats() const;
+  // Whether this session turned the statistics on (they may also be on system-wide:
+  // kernel.bpf_stats_enabled).
+  bool program_stats_enabled() const { return stats_fd_ >= 0; }
 
  private:
   struct LinkDeleter {

@@ -92,6 +92,7 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
                                                                               : "runtime and driver");
   cfg.filter_targets = !opts_.all;
   cfg.program_stats = opts_.bpf_stats;
+  cfg.program_stats_optional = opts_.bpf_stats_optional;
   cfg.call_unwind_tables = opts_.table_unwind_calls && opts_.stacks;
   cfg.sample_unwind_tables = opts_.table_unwind_samples && opts_.cpu_profile_hz > 0;
   cfg.call_stack_copy = opts_.dwarf_unwind_calls && opts_.stacks && !cfg.call_unwind_tables;

@@ -49,6 +49,7 @@ struct TracerOptions {
   std::string unwind_cache_dir;      // compiled tables kept between runs; empty: none
   LaunchProbes launch_probes = LaunchProbes::Auto;
   bool bpf_stats = false;
+  bool bpf_stats_optional = false;  // go on without them where they are refused
   // High-rate probes (launches, copies, memsets) attached per process, so that each process's
   // can be switched on and off (the agent's overhead budget); low-rate ones stay on for all.
   bool high_rate_per_process = false;

@@ -29,13 +29,13 @@ def http_get(url, token=None, timeout=10):
 
 
 class Agent:
-    def __init__(self, tmp_path, config, env=None, args=()):
+    def __init__(self, tmp_path, config, env=None, args=(), wrapper=()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = tmp_path / "agent.yaml"
         self.config.write_text(f"listen: 127.0.0.1:{self.port}\n" + config)
         self.log = open(tmp_path / "agent.log", "w+")
-        self.proc = subprocess.Popen([GPUSCOPE, "agent", "--config", self.config, *map(str, args)],
+        self.proc = subprocess.Popen([*wrapper, GPUSCOPE, "agent", "--config", self.config, *map(str, args)],
                                      stderr=self.log, env={**os.environ, **(env or {})})
         deadline = time.time() + 30
         while "serving /metrics" not in self.stderr():

@@ -145,6 +145,26 @@ def test_prometheus_scrapes_calls_gpus_and_health(agent, prometheus):
     assert not series(a.metrics(), "gpuscope_kernel_launches_total", comm="cuda_ops")
 
 
+# What deploy/ gives the agent (the DaemonSet's capabilities, the systemd unit's ambient set).
+DEPLOY_CAPS = "+bpf,+perfmon,+sys_ptrace,+kill,+dac_read_search,+syslog"
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_the_agent_runs_with_deploys_capabilities_only(agent):
+    """Without CAP_SYS_ADMIN: the BPF statistics are refused (the agent says so and takes a
+    prior for its programs' run time) and everything else works."""
+    wrapper = ["setpriv", f"--inh-caps=-all,{DEPLOY_CAPS}", f"--ambient-caps=-all,{DEPLOY_CAPS}",
+               f"--bounding-set=-all,{DEPLOY_CAPS}"]
+    a = agent("budget: 1\ngpu_sample_hz: 0\n", wrapper=wrapper)
+    assert "BPF statistics need CAP_SYS_ADMIN" in a.stderr()
+    run = cuda_ops("--iterations", 2)
+    assert run.returncode == 3, run.stderr
+    m = a.wait_for(lambda m: sum(series(m, "gpuscope_kernel_launches_total", comm="cuda_ops")) == 4,
+                   what="cuda_ops's launches")
+    assert series(m, "gpuscope_agent_probe_hit_cost_seconds", probe="entry")[0] > 0
+    assert "error" not in a.stderr(), a.stderr()
+
+
 def test_long_kernel_names_are_read_at_the_first_launch(agent, prometheus):
     # Registration names longer than the record's copy are read from the process only when the
     # kernel is launched (PyTorch registers tens of thousands of kernels and launches a few

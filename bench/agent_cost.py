@@ -170,24 +170,24 @@ def part1(args):
               f"{r['agent_rss_mib_peak']:>6.1f} {r['lost']:>5.0f}")
 
 
-def workload_figure(out):
-    """The workload's own figure (µs per op, from its last JSON line), else None."""
+def last_json(out):
+    """The job's last line that is JSON, else {}."""
     for line in reversed(out.strip().splitlines()):
         try:
-            return json.loads(line).get("us_per_op")
+            return json.loads(line)
         except ValueError:
             continue
-    return None
+    return {}
+
+
+def workload_figure(out):
+    """The workload's own figure (µs per op, from its last JSON line), else None."""
+    return last_json(out).get("us_per_op")
 
 
 def workload_launches(out):
     """The launches the job says it made (its last JSON line's "launches"), else None."""
-    for line in reversed(out.strip().splitlines()):
-        try:
-            return json.loads(line).get("launches")
-        except ValueError:
-            continue
-    return None
+    return last_json(out).get("launches")
 
 
 def run_workload(cmd):

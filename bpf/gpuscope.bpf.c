@@ -78,7 +78,7 @@ struct {
 	__type(value, struct pending_thread);
 } pending SEC(".maps");
 
-/* The slot of a pending call of function `tag` on this thread, or -1. */
+/* The slot of a pending call of function `tag` on this thread (0: a free slot), or -1. */
 static __always_inline int pending_slot(struct pending_thread *t, __u32 tag)
 {
 	for (int i = 0; i < PENDING_SLOTS; i++)
@@ -1046,28 +1046,20 @@ int call_entry(struct pt_regs *ctx)
 			outer->nested++;
 			return 0;
 		}
-	} else {
-		/* A free slot, else the one pending longest (most likely a missed return). */
+	} else if ((slot = pending_slot(t, 0)) < 0) {
+		/* No free slot: the one pending longest gives way (most likely a missed return). */
 		__u64 oldest_ts = ~0ULL;
-		int oldest = 0;
-		for (int i = 0; i < PENDING_SLOTS; i++) {
-			if (!t->tag[i]) {
-				slot = i;
-				break;
-			}
+		for (int i = 0; i < PENDING_SLOTS; i++)
 			if (t->call[i].ts_ns < oldest_ts) {
 				oldest_ts = t->call[i].ts_ns;
-				oldest = i;
+				slot = i;
 			}
-		}
-		if (slot < 0) {
-			count_lost(GS_LOST_PENDING_FULL);
-			slot = oldest;
-		}
+		count_lost(GS_LOST_PENDING_FULL);
 	}
 
-	struct pending_call *p = &t->call[slot & (PENDING_SLOTS - 1)];
-	t->tag[slot & (PENDING_SLOTS - 1)] = tag;
+	slot &= PENDING_SLOTS - 1;
+	struct pending_call *p = &t->call[slot];
+	t->tag[slot] = tag;
 	p->ts_ns = now;
 	p->flags = 0;
 	p->nested = 0;
@@ -1092,7 +1084,8 @@ int call_return(struct pt_regs *ctx)
 		count_lost(GS_LOST_RETURN_ORPHAN);
 		return 0;
 	}
-	struct pending_call *p = &t->call[slot & (PENDING_SLOTS - 1)];
+	slot &= PENDING_SLOTS - 1;
+	struct pending_call *p = &t->call[slot];
 	if (p->nested) {  /* an inner call of the same function returned */
 		p->nested--;
 		return 0;
@@ -1102,7 +1095,7 @@ int call_return(struct pt_regs *ctx)
 	struct gs_call_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
 		count_lost(GS_LOST_RINGBUF_FULL);
-		t->tag[slot & (PENDING_SLOTS - 1)] = 0;
+		t->tag[slot] = 0;
 		return 0;
 	}
 	r->kind = GS_REC_CALL;
@@ -1126,7 +1119,7 @@ int call_return(struct pt_regs *ctx)
 			r->flags |= GS_CALL_OUT_OK;
 	}
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
-	t->tag[slot & (PENDING_SLOTS - 1)] = 0;
+	t->tag[slot] = 0;
 	bpf_ringbuf_submit(r, submit_flags());
 	return 0;
 }

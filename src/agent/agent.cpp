@@ -410,6 +410,7 @@ void Agent::update_health() {
       "What the agent's own CPU budget leaves of each process's duty cycle (1: nothing taken)", "ratio",
       MetricType::Gauge, {{{}, budget_->agent_factor()}});
   h.push_back(budget_->overhead_family(*agg_));
+  health_changes_ = budget_->changes();
   std::lock_guard lock(mu_);
   std::vector<MetricSample> errors;
   for (const auto& [target, n] : export_errors_) errors.push_back({{{"target", target}}, n});
@@ -623,14 +624,12 @@ int Agent::run() {
       last_cpu_ns_ = now;
       update_hit_cost();
       update_health();
-      health_changes_ = budget_->changes();
       enforce_memory_limit();
       next_health = now + 1'000'000'000;
     } else if (budget_->changes() != health_changes_) {
       // A process found or gone, or a duty changed: its overhead series goes out with its
       // observed share, not up to a second later.
       update_health();
-      health_changes_ = budget_->changes();
     }
     if (deadline && now >= deadline) running = false;
   }

@@ -16,6 +16,21 @@
 namespace gpuscope::agent {
 namespace {
 
+// Adds n to `kernel`'s count, or to `other` once `counts` holds `cap` kernels; false then.
+bool add_capped(std::unordered_map<int64_t, double>& counts, double& other, int64_t kernel, double n,
+                       size_t cap) {
+  auto it = counts.find(kernel);
+  if (it != counts.end()) {
+    it->second += n;
+  } else if (counts.size() < cap) {
+    counts.emplace(kernel, n);
+  } else {
+    other += n;
+    return false;
+  }
+  return true;
+}
+
 std::string_view direction_label(decode::CopyDir d) {
   switch (d) {
     case decode::CopyDir::HostToDevice: return "h2d";
@@ -162,15 +177,10 @@ void Aggregator::add_call(const CallEvent& e) {
     case decode::CallKind::Launch:
     case decode::CallKind::GraphLaunch: {
       const int64_t k = f->kind == decode::CallKind::GraphLaunch ? -1 : e.kernel_id;
-      if (p->period.open) {
-        auto& held = p->period.launches;
-        if (held.contains(k) || held.size() < limits_.max_kernel_names)
-          held[k] += 1;
-        else
-          p->period.launches_other += 1;
-      } else {
+      if (p->period.open)
+        add_capped(p->period.launches, p->period.launches_other, k, 1, limits_.max_kernel_names);
+      else
         count_launches(*p, k, w);
-      }
       if (e.stack_id) p->launch_window[e.stack_id] += 1;
       break;
     }
@@ -307,15 +317,7 @@ void Aggregator::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
 }
 
 void Aggregator::count_launches(Process& p, int64_t kernel, double n) {
-  auto it = p.launches.find(kernel);
-  if (it != p.launches.end())
-    it->second += n;
-  else if (p.launches.size() < limits_.max_kernel_names)
-    p.launches.emplace(kernel, n);
-  else {
-    p.launches_other += n;
-    ++shed_.kernel_names;
-  }
+  if (!add_capped(p.launches, p.launches_other, kernel, n, limits_.max_kernel_names)) ++shed_.kernel_names;
 }
 
 void Aggregator::begin_high_rate_period(uint32_t pid) {

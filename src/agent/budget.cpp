@@ -52,6 +52,11 @@ double BudgetController::hits_cost_ns(uint64_t entries, uint64_t returns) const 
   return (double(entries) - with_return) * cfg_.entry_hit_ns + with_return * cfg_.return_hit_ns;
 }
 
+double BudgetController::duty_now(const ProcessState& st) const {
+  // budget >= 1: nothing is limited, the agent's own CPU budget included.
+  return cfg_.budget >= 1 ? 1.0 : std::clamp(st.duty * agent_factor_, kMinDuty, 1.0);
+}
+
 void BudgetController::add_process(pid_t pid, uint64_t now_ns) {
   if (state_.contains(pid)) return;
   ProcessState st;
@@ -70,7 +75,7 @@ void BudgetController::remove_process(pid_t pid) {
   if (it == state_.end()) return;
   const ProcessState& st = it->second;
   exited_ratio_[pid] = st.cpu_ns_total > 0 ? st.added_ns_total / st.cpu_ns_total : 0;
-  agg_.end_high_rate_period(uint32_t(pid), 1 / std::clamp(st.duty * agent_factor_, kMinDuty, 1.0));
+  agg_.end_high_rate_period(uint32_t(pid), 1 / duty_now(st));
   state_.erase(it);
   ++changes_;
   switch_(pid, false);
@@ -134,8 +139,7 @@ void BudgetController::tick(uint64_t now_ns) {
     }
 
     // Where in the cycle: on for duty * cycle, off for the rest.
-    // budget >= 1: nothing is limited, the agent's own CPU budget included.
-    const double duty = cfg_.budget >= 1 ? 1.0 : std::clamp(st.duty * agent_factor_, kMinDuty, 1.0);
+    const double duty = duty_now(st);
     const double on_len_s = std::max(cfg_.min_on_s, duty * cfg_.cycle_s);
     const double phase_s = double(now_ns - st.phase_start_ns) / 1e9;
     if (st.on && duty < 1 && phase_s >= on_len_s) {

@@ -83,6 +83,8 @@ class BudgetController {
   // On-time after which a process far over its budget is cut back, before a full estimate.
   static constexpr uint64_t kEarlyEstimateNs = 200'000'000;
   double hits_cost_ns(uint64_t entries, uint64_t returns) const;
+  // The share of the cycle a process's high-rate probes are on: its duty, the agent's factor.
+  double duty_now(const ProcessState& st) const;
 
   BudgetConfig cfg_;
   double agent_factor_ = 1;  // applied to every process's duty (see note_agent_cpu)

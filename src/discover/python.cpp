@@ -94,14 +94,13 @@ enum Word : size_t {
 };
 }  // namespace debug_offsets_313
 
-std::shared_ptr<const PythonLayout> layout_from_debug_offsets(const std::string& open_path, uint64_t runtime_offset,
-                                                              const PythonBinary& b) {
+std::shared_ptr<const PythonLayout> layout_from_debug_offsets(const std::string& open_path, const PythonBinary& b) {
   namespace d = debug_offsets_313;
   if (b.major != 3 || b.minor != 13) return nullptr;
   std::array<uint64_t, d::kWords> w{};
   const int fd = ::open(open_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return nullptr;
-  const ssize_t n = pread(fd, w.data(), sizeof(w), static_cast<off_t>(runtime_offset));
+  const ssize_t n = pread(fd, w.data(), sizeof(w), static_cast<off_t>(b.runtime_offset));
   ::close(fd);
   if (n != ssize_t(sizeof(w)) || std::memcmp(w.data(), d::kCookie, sizeof(d::kCookie)) != 0 ||
       ((w[d::kVersion] >> 16) & 0xffff) != 0x030d)
@@ -176,7 +175,7 @@ std::optional<PythonBinary> inspect_python_binary(const std::string& open_path, 
     if (const PythonLayout* known = python_layout(b.major, b.minor))
       b.layout = std::shared_ptr<const PythonLayout>(std::shared_ptr<const PythonLayout>(), known);  // static
     else
-      b.layout = layout_from_debug_offsets(open_path, b.runtime_offset, b);
+      b.layout = layout_from_debug_offsets(open_path, b);
     return b;
   } catch (const std::exception&) {
     return std::nullopt;

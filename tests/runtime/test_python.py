@@ -159,3 +159,20 @@ def test_no_python_flag_keeps_stacks_native(record):
     assert rec.returncode == 0, rec.stderr
     assert python_stacks(rec, "cudaMalloc") == []
     assert rec.scalar("SELECT value FROM meta WHERE key = 'python_stacks'") == "0"
+
+
+@pytest.mark.parametrize("python", interpreters())
+def test_deep_python_stacks_are_walked_whole(record, python):
+    # The walk copies a page of the interpreter's data stack at a time: 100 frames span several
+    # pages, a generator's frame lies outside them, and map() enters the interpreter again.
+    script = str(SCRIPTS / "py_deep.py")
+    nest = 100
+    rec = record("--", python, script, CUDART, nest)
+    assert rec.returncode == 0, rec.stderr
+    at = marked_lines("py_deep.py")
+    [stack] = python_stacks(rec, "cudaMalloc")
+    expected = [("from_generator", script, at["malloc"]), ("nest", script, at["leaf"])]
+    for depth in range(1, nest + 1):
+        expected.append(("nest", script, at["through_c" if depth == nest // 2 else "nest"]))
+    expected.append(("<module>", script, at["module"]))
+    assert stack == expected, stack

@@ -211,10 +211,20 @@ struct gs_py_offsets {
 	__u16 owner_cstack;             /* owner value of a shim frame that C pushed (3.12+) */
 	__u16 code_firstlineno;
 	__u16 code_filename;
-	__u16 code_qualname;
+	__u16 code_qualname;            /* co_qualname; co_name before 3.11 */
 	__u16 code_linetable;
 	__u16 unicode_ascii_data;       /* characters of a compact ASCII str */
 	__u16 bytes_data;               /* PyBytesObject.ob_sval */
+	__u16 flags;                    /* gs_py_layout_flags */
+};
+
+enum gs_py_layout_flags {
+	/* tstate_native_thread_id is PyThreadState.thread_id, the thread's pthread_t (its TLS base,
+	 * fsbase, on x86-64 glibc), where the kernel tid is not kept (3.10). */
+	GS_PY_THREAD_ID_IS_PTHREAD = 1 << 0,
+	/* Every frame is entered by a C call of its own (3.10: a PyFrameObject per
+	 * _PyEval_EvalFrameDefault); frame_instr is f_lasti, an int, not a pointer. */
+	GS_PY_FRAME_PER_EVAL = 1 << 1,
 };
 
 struct gs_py_process {

@@ -700,14 +700,17 @@ struct {
 	__type(value, __u8);
 } py_codes_sent SEC(".maps");
 
-#define PY_FRAME_READ 80   /* bytes of a frame read at once: every field walked lies within */
+/* Bytes of a frame read at once: every field walked lies within. A 3.10 frame object's f_lasti
+ * lies further in than a 3.11+ interpreter frame's fields; a 3.11+ frame may end soon after. */
+#define PY_FRAME_READ 80
+#define PY_FRAME_READ_310 112
 #define PY_CODE_READ 160   /* likewise for a code object */
 /* Frames (3.11+) sit next to each other in the thread's data stack, a caller's below its
  * callee's, so the walk reads from the start of a frame's page to the frame's end at once and
  * finds the frames below it in that copy: one read per page of frames instead of one per
  * frame (a read costs ~100 ns in a uprobe, most of it fixed). */
 #define PY_PAGE 4096
-#define PY_CHUNK_MAX (PY_PAGE + PY_FRAME_READ)
+#define PY_CHUNK_MAX (PY_PAGE + PY_FRAME_READ_310)
 #define PY_CHUNK_MASK 8191   /* > PY_CHUNK_MAX: indexes into chunk[] that the verifier can bound */
 
 struct py_scratch {
@@ -718,6 +721,7 @@ struct py_scratch {
 	__u64 tstate;      /* thread-list walk: the state looked at, then the one found */
 	__u32 tid;
 	__u32 pad;
+	__u64 thread_key;  /* what the thread's PyThreadState holds at tstate_native_thread_id */
 	__u64 chunk_base;  /* user address of chunk[0]; chunk[] holds [chunk_base, chunk_end) */
 	__u64 chunk_end;
 	__u8 buf[256 + 8];  /* a code object read, indexed by offsets below 256 */
@@ -777,7 +781,7 @@ static long find_thread_state(__u32 i, void *ctx)
 		return 1;
 	__u64 native_tid = 0, next = 0;
 	bpf_probe_read_user(&native_tid, sizeof(native_tid), (void *)(s->tstate + s->off.tstate_native_thread_id));
-	if (native_tid == s->tid)
+	if (native_tid == s->thread_key)
 		return 1;
 	bpf_probe_read_user(&next, sizeof(next), (void *)(s->tstate + s->off.tstate_next));
 	s->tstate = next;
@@ -790,15 +794,16 @@ static long walk_py_frame(__u32 i, void *ctx)
 	if (!s || !s->frame)
 		return 1;
 	__u64 f = s->frame;
-	if (f < s->chunk_base || f + PY_FRAME_READ > s->chunk_end) {
+	__u32 frame_len = (s->off.flags & GS_PY_FRAME_PER_EVAL) ? PY_FRAME_READ_310 : PY_FRAME_READ;
+	if (f < s->chunk_base || f + frame_len > s->chunk_end) {
 		__u64 start = f & ~(__u64)(PY_PAGE - 1);
 		/* Written so that the verifier sees the bound: at most PY_CHUNK_MAX. */
-		__u32 len = (f & (PY_PAGE - 1)) + PY_FRAME_READ;
+		__u32 len = (f & (PY_PAGE - 1)) + (frame_len & (PY_FRAME_READ_310 | PY_FRAME_READ));
 		if (bpf_probe_read_user(s->chunk, len, (void *)start)) {
 			/* The page's start unreadable (it cannot be faulted in here): the frame alone. */
 			start = f;
-			len = PY_FRAME_READ;
-			if (bpf_probe_read_user(s->chunk, PY_FRAME_READ, (void *)f)) {
+			len = frame_len;
+			if (bpf_probe_read_user(s->chunk, frame_len & (PY_FRAME_READ_310 | PY_FRAME_READ), (void *)f)) {
 				s->rec.flags |= GS_PY_STACK_TRUNCATED;
 				return 1;
 			}
@@ -824,7 +829,7 @@ static long walk_py_frame(__u32 i, void *ctx)
 	}
 	if (s->off.frame_is_entry != GS_PY_NONE && s->chunk[(at + s->off.frame_is_entry) & PY_CHUNK_MASK])
 		code |= GS_PY_FRAME_ENTRY;
-	if (!s->frame)
+	if (!s->frame || (s->off.flags & GS_PY_FRAME_PER_EVAL))
 		code |= GS_PY_FRAME_ENTRY;  /* the outermost frame was entered from C */
 	s->rec.frames[n & (GS_MAX_PY_FRAMES - 1)].code = code;
 	s->rec.frames[n & (GS_MAX_PY_FRAMES - 1)].instr = instr;
@@ -907,6 +912,9 @@ static __always_inline __u64 python_stack(__u64 pid_tgid, __u32 slot)
 	struct py_walk walk = {.s = s, .slot = slot};
 	s->off = proc->off;
 	s->tid = tid;
+	s->thread_key = tid;
+	if (s->off.flags & GS_PY_THREAD_ID_IS_PTHREAD)
+		s->thread_key = BPF_CORE_READ(bpf_get_current_task_btf(), thread.fsbase);
 
 	/* The thread's state: remembered, and checked to still be this thread's. Its first
 	 * PY_TSTATE_READ bytes are read at once: they hold the fields used below. */
@@ -916,7 +924,7 @@ static __always_inline __u64 python_stack(__u64 pid_tgid, __u32 slot)
 	if (known && *known) {
 		tstate = *known;
 		if (bpf_probe_read_user(s->buf, PY_TSTATE_READ, (void *)tstate) ||
-		    tstate_u64(s, tstate, s->off.tstate_native_thread_id) != tid)
+		    tstate_u64(s, tstate, s->off.tstate_native_thread_id) != s->thread_key)
 			tstate = 0;
 	}
 	if (!tstate) {

@@ -19,6 +19,19 @@ constexpr uint16_t kNone = GS_PY_NONE;
 // to offsetof() against 3.11's internal headers; 3.12.3 (the GPU machine). Layouts hold within a
 // minor version.
 constexpr std::array kLayouts = {
+    // 3.10: offsetof() against 3.10.13's headers (Include/cpython/pystate.h, frameobject.h,
+    // code.h, internal/pycore_runtime.h and pycore_interp.h). Frames are heap objects linked by
+    // f_back, each run by a _PyEval_EvalFrameDefault of its own; a thread state keeps its
+    // thread's pthread_t, not its kernel tid; code objects have no qualname (co_name instead).
+    PythonLayout{3, 10,
+                 gs_py_offsets{
+                     .runtime_interp_head = 32, .interp_threads_head = 8, .tstate_next = 8,
+                     .tstate_native_thread_id = 176, .tstate_cframe = kNone, .current_frame = 24,
+                     .frame_code = 32, .frame_previous = 24, .frame_instr = 96, .frame_is_entry = kNone,
+                     .frame_owner = kNone, .owner_cstack = 0, .code_firstlineno = 40, .code_filename = 104,
+                     .code_qualname = 112, .code_linetable = 120, .unicode_ascii_data = 48, .bytes_data = 32,
+                     .flags = GS_PY_THREAD_ID_IS_PTHREAD | GS_PY_FRAME_PER_EVAL},
+                 0, 72, false, true},
     PythonLayout{3, 11,
                  gs_py_offsets{
                      .runtime_interp_head = 40, .interp_threads_head = 16, .tstate_next = 8,
@@ -64,6 +77,7 @@ bool version_from_name(const std::string& path, PythonBinary& out) {
   if (!std::regex_search(name, m, re)) return false;
   out.major = std::stoi(m[1]);
   out.minor = std::stoi(m[2]);
+  out.micro = -1;  // not in the name
   return true;
 }
 

@@ -25,9 +25,12 @@ struct PythonLayout {
   uint16_t unicode_compact_data = 0;  // characters of a compact non-ASCII str
   // 3.13+: a frame's instruction pointer is the next instruction, not the one being run.
   bool instr_is_next = false;
+  // 3.10: a frame's "instruction" is f_lasti (the index of the instruction being run, in code
+  // units, an int), and co_linetable holds (bytecode delta, line delta) pairs.
+  bool lasti_index = false;
 };
 
-// The layout of a CPython version in gpuscope's table (3.11, 3.12), or null. 3.13's is read
+// The layout of a CPython version in gpuscope's table (3.10, 3.11, 3.12), or null. 3.13's is read
 // from the interpreter itself (inspect_python_binary).
 const PythonLayout* python_layout(int major, int minor);
 // Versions with a layout, for messages: "3.11, 3.12".
@@ -36,7 +39,7 @@ std::string supported_python_versions();
 // A file (executable or libpython) that defines the interpreter.
 struct PythonBinary {
   std::string path;  // as the process sees it
-  int major = 0, minor = 0, micro = 0;
+  int major = 0, minor = 0, micro = 0;  // micro -1: unknown (before 3.11, from the file's name)
   std::shared_ptr<const PythonLayout> layout;  // null: a version gpuscope cannot walk
   uint64_t runtime_offset = 0;           // _PyRuntime's file offset (it is initialised data)
   // _PyEval_EvalFrameDefault as file offsets: the native frames that run Python frames.

@@ -239,7 +239,8 @@ void Tracer::find_python(pid_t pid) {
   auto py = discover::find_python(discover::read_maps(pid), inspect);
   if (!py) return;
   const auto& b = py->binary;
-  const std::string version = fmt::format("{}.{}.{}", b.major, b.minor, b.micro);
+  const std::string version = b.micro < 0 ? fmt::format("{}.{}", b.major, b.minor)
+                                          : fmt::format("{}.{}.{}", b.major, b.minor, b.micro);
   if (!b.layout) {
     if (python_versions_said_.insert(version).second)
       log_warn("PID {} runs Python {}, whose frames gpuscope cannot walk (it knows {}); its stacks stay native", pid,

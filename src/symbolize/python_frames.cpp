@@ -98,6 +98,22 @@ std::string valid_utf8(const std::string& s) {
 
 }  // namespace
 
+int python310_line(const std::string& t, int firstlineno, int64_t index) {
+  if (index < 0) return firstlineno;  // f_lasti is -1 before the first instruction
+  const int64_t offset = index * 2;     // the table counts bytes of bytecode
+  int line = firstlineno;
+  int64_t end = 0;
+  for (size_t at = 0; at + 1 < t.size(); at += 2) {
+    const int64_t start = end;
+    end += static_cast<uint8_t>(t[at]);
+    const int8_t delta = static_cast<int8_t>(t[at + 1]);
+    // -128: these bytes have no line; the line goes on from where it was.
+    if (delta != -128) line += delta;
+    if (offset >= start && offset < end) return delta == -128 ? firstlineno : line;
+  }
+  return line;
+}
+
 int python_line(const std::string& t, int firstlineno, int64_t index) {
   if (index < 0) return firstlineno;
   int line = firstlineno;
@@ -243,7 +259,9 @@ PythonFrame PythonFrames::name(pid_t pid, const discover::PythonLayout* layout, 
   out.function = valid_utf8(c.qualname);
   out.file = valid_utf8(c.filename);
   out.line = c.firstlineno;
-  if (layout) {
+  if (layout && layout->lasti_index) {
+    out.line = python310_line(c.linetable, c.firstlineno, int32_t(uint32_t(f.instr)));
+  } else if (layout) {
     const uint64_t start = code_addr + layout->code_adaptive;
     // Two bytes per code unit; the instruction being run sits one before a next-instruction pointer.
     int64_t index = f.instr >= start ? int64_t((f.instr - start) / 2) : -1;

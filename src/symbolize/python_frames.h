@@ -25,6 +25,9 @@ namespace gpuscope::symbolize {
 // location table (co_linetable; Objects/locations.md in CPython). `firstlineno` where the
 // table has no line for it (an index before the first instruction, or "no location").
 int python_line(const std::string& linetable, int firstlineno, int64_t index);
+// The same for 3.10's co_linetable ((bytecode delta, line delta) byte pairs; PEP 626), `index`
+// being f_lasti.
+int python310_line(const std::string& linetable, int firstlineno, int64_t index);
 
 struct PythonFrame {
   std::string function;  // co_qualname

@@ -42,6 +42,31 @@ TEST(PythonLine, FollowsTheLocationTable) {
   EXPECT_EQ(symbolize::python_line("", 7, 3), 7);
 }
 
+// The co_linetable CPython 3.10.13 made for
+//   def f(x):               # line 2
+//       y = x + 1
+//
+//       if y:
+//           z = [i
+//                for i in range(3)]
+//       return y
+// ((bytecode bytes, line delta) pairs), and what its co_lines() says: (start byte, end byte, line).
+TEST(PythonLine, Follows310sLineTable) {
+  const std::string table = from_hex("080104020601060106ff0402");
+  const struct {
+    int start, end, line;
+  } lines[] = {{0, 8, 3}, {8, 12, 5}, {12, 18, 6}, {18, 24, 7}, {24, 30, 6}, {30, 34, 8}};
+  for (const auto& l : lines)
+    for (int byte = l.start; byte < l.end; byte += 2)
+      EXPECT_EQ(symbolize::python310_line(table, 2, byte / 2), l.line) << "instruction at byte " << byte;
+  EXPECT_EQ(symbolize::python310_line(table, 2, -1), 2);  // f_lasti before the first instruction
+  // -128: bytes without a line; the line after them goes on from the last one.
+  const std::string gap = from_hex("04010480040a");
+  EXPECT_EQ(symbolize::python310_line(gap, 10, 0), 11);
+  EXPECT_EQ(symbolize::python310_line(gap, 10, 2), 10);
+  EXPECT_EQ(symbolize::python310_line(gap, 10, 4), 21);
+}
+
 TEST(PythonLine, LongAndNoColumnForms) {
   // Code 14 (long form): 1 unit, line +5, then end line, column, end column; code 13 (no
   // columns): 2 units, line -2 (svarint 5 = -2); code 15: no location.
@@ -70,13 +95,19 @@ TEST(PythonBinary, NamesThatLookLikeInterpreters) {
 }
 
 TEST(PythonBinary, LayoutsForTheVersionsWalked) {
+  ASSERT_NE(discover::python_layout(3, 10), nullptr);
   ASSERT_NE(discover::python_layout(3, 11), nullptr);
   ASSERT_NE(discover::python_layout(3, 12), nullptr);
   EXPECT_EQ(discover::python_layout(3, 9), nullptr);
-  // 3.11 marks entry frames itself; 3.12 puts a shim frame under them.
+  // 3.10 runs each frame in a C call of its own and knows threads by pthread_t; 3.11 marks
+  // entry frames itself; 3.12 puts a shim frame under them.
+  const auto* py310 = discover::python_layout(3, 10);
+  EXPECT_EQ(py310->bpf.flags, GS_PY_THREAD_ID_IS_PTHREAD | GS_PY_FRAME_PER_EVAL);
+  EXPECT_TRUE(py310->lasti_index);
+  EXPECT_EQ(discover::python_layout(3, 11)->bpf.flags, 0);
   EXPECT_NE(discover::python_layout(3, 11)->bpf.frame_is_entry, GS_PY_NONE);
   EXPECT_EQ(discover::python_layout(3, 12)->bpf.frame_owner, 70);
-  EXPECT_EQ(discover::supported_python_versions(), "3.11, 3.12, 3.13");
+  EXPECT_EQ(discover::supported_python_versions(), "3.10, 3.11, 3.12, 3.13");
 }
 
 TEST(PythonBinary, ReadsPython313sOffsetsFromTheInterpreter) {

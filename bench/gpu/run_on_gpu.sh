@@ -28,7 +28,7 @@ export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$AGENT_LIBS"
 
 {
   echo "== machine"; date -u; uname -r; nvidia-smi -L; echo "commit: ${GPUSCOPE_COMMIT:-unknown (set GPUSCOPE_COMMIT)}"
-  echo "nsys: $(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null || echo 'not installed')"
+  echo "nsys: $($PY -c 'import sys; sys.path.insert(0, "bench/gpu"); from overhead import find_nsys; print(find_nsys() or "not installed")' 2>/dev/null)"
 } 2>&1 | tee "$OUT/machine.txt"
 
 traps_per_launch() {  # BPF program runs per recorded launch, from a --bpf-stats record

@@ -722,6 +722,7 @@ struct py_scratch {
 	__u32 tid;
 	__u32 pad;
 	__u64 thread_key;  /* what the thread's PyThreadState holds at tstate_native_thread_id */
+	__u64 owner;       /* pid_tgid of the walk using this scratch (see python_stack) */
 	__u64 chunk_base;  /* user address of chunk[0]; chunk[] holds [chunk_base, chunk_end) */
 	__u64 chunk_end;
 	__u8 buf[256 + 8];  /* a code object read, indexed by offsets below 256 */
@@ -910,6 +911,9 @@ static __always_inline __u64 python_stack(__u64 pid_tgid, __u32 slot)
 	if (!s)
 		return 0;
 	struct py_walk walk = {.s = s, .slot = slot};
+	/* A uprobe program can be preempted, and another thread's call probe on this CPU then
+	 * takes the same scratch: a walk that finds another owner at its end was written over. */
+	s->owner = pid_tgid;
 	s->off = proc->off;
 	s->tid = tid;
 	s->thread_key = tid;
@@ -965,6 +969,10 @@ static __always_inline __u64 python_stack(__u64 pid_tgid, __u32 slot)
 	s->rec.flags = 0;
 	s->rec.pad = 0;
 	bpf_loop(GS_MAX_PY_FRAMES + 16, walk_py_frame, &walk, 0);
+	if (s->owner != pid_tgid) {
+		count_lost(GS_LOST_PY_STACK);
+		return 0;
+	}
 	if (!s->rec.depth)
 		return 0;
 	__u64 id = s->hash | 1;  /* never 0 */
@@ -974,6 +982,10 @@ static __always_inline __u64 python_stack(__u64 pid_tgid, __u32 slot)
 
 	/* New: its code objects first, then the stack, each once. */
 	bpf_loop(GS_MAX_PY_FRAMES, send_py_code, &walk, 0);
+	if (s->owner != pid_tgid) {
+		count_lost(GS_LOST_PY_STACK);
+		return 0;
+	}
 	__u64 size = sizeof(s->rec) - sizeof(s->rec.frames) + (__u64)s->rec.depth * sizeof(struct gs_py_frame);
 	if (size > sizeof(s->rec))
 		size = sizeof(s->rec);

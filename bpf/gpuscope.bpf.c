@@ -87,18 +87,16 @@ static __always_inline int pending_slot(struct pending_thread *t, __u32 tag)
 	return -1;
 }
 
-
 /* Threads inside a runtime launch: the driver launch it makes has the same stack plus a
  * few runtime frames, so it skips the walk (the costliest part of a probe) and user space
  * gives it its parent's stack. Task storage, not a hash: an LRU hash update was 200-350 ns of
  * a runtime launch's probe on the dev VM (519-698 ns without stacks, 327-334 ns now). */
 struct {
-	/* Per thread, so that a launch needs no hash update: a runtime launch's entry time, until
-	 * the driver's launch inside it clears it. */
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
-	__type(value, __u64);  /* entry time of the runtime launch; 0: none pending */
+	__type(value, __u64);  /* entry time of the runtime launch, until the driver's launch in it
+	                        * clears it; 0: none pending */
 } in_runtime_launch SEC(".maps");
 
 /* A runtime launch reaches the driver within microseconds; older marks are stale (the
@@ -719,8 +717,6 @@ struct py_scratch {
 	__u64 frame;       /* next frame to read */
 	__u64 hash;
 	__u64 tstate;      /* thread-list walk: the state looked at, then the one found */
-	__u32 tid;
-	__u32 pad;
 	__u64 thread_key;  /* what the thread's PyThreadState holds at tstate_native_thread_id */
 	__u64 owner;       /* pid_tgid of the walk using this scratch (see python_stack) */
 	__u64 chunk_base;  /* user address of chunk[0]; chunk[] holds [chunk_base, chunk_end) */
@@ -799,12 +795,12 @@ static long walk_py_frame(__u32 i, void *ctx)
 	if (f < s->chunk_base || f + frame_len > s->chunk_end) {
 		__u64 start = f & ~(__u64)(PY_PAGE - 1);
 		/* Written so that the verifier sees the bound: at most PY_CHUNK_MAX. */
-		__u32 len = (f & (PY_PAGE - 1)) + (frame_len & (PY_FRAME_READ_310 | PY_FRAME_READ));
+		__u32 len = (f & (PY_PAGE - 1)) + frame_len;
 		if (bpf_probe_read_user(s->chunk, len, (void *)start)) {
 			/* The page's start unreadable (it cannot be faulted in here): the frame alone. */
 			start = f;
 			len = frame_len;
-			if (bpf_probe_read_user(s->chunk, frame_len & (PY_FRAME_READ_310 | PY_FRAME_READ), (void *)f)) {
+			if (bpf_probe_read_user(s->chunk, frame_len, (void *)f)) {
 				s->rec.flags |= GS_PY_STACK_TRUNCATED;
 				return 1;
 			}
@@ -915,7 +911,6 @@ static __always_inline __u64 python_stack(__u64 pid_tgid, __u32 slot)
 	 * takes the same scratch: a walk that finds another owner at its end was written over. */
 	s->owner = pid_tgid;
 	s->off = proc->off;
-	s->tid = tid;
 	s->thread_key = tid;
 	if (s->off.flags & GS_PY_THREAD_ID_IS_PTHREAD)
 		s->thread_key = BPF_CORE_READ(bpf_get_current_task_btf(), thread.fsbase);

@@ -57,11 +57,16 @@ double BudgetController::duty_now(const ProcessState& st) const {
   return cfg_.budget >= 1 ? 1.0 : std::clamp(st.duty * agent_factor_, kMinDuty, 1.0);
 }
 
+void BudgetController::begin_period(pid_t pid) {
+  // Without a limit (budget >= 1) calls count as they come: nothing is held.
+  if (cfg_.budget < 1) agg_.begin_high_rate_period(uint32_t(pid));
+}
+
 void BudgetController::add_process(pid_t pid, uint64_t now_ns) {
   if (state_.contains(pid)) return;
   ProcessState st;
   st.on = switch_(pid, true);
-  if (st.on && cfg_.budget < 1) agg_.begin_high_rate_period(uint32_t(pid));
+  if (st.on) begin_period(pid);
   st.phase_start_ns = st.first_ns = st.last_tick_ns = now_ns;
   st.last_cpu_ns = process_cpu_ns(pid);
   auto hits = agg_.probe_hits();
@@ -159,11 +164,11 @@ void BudgetController::tick(uint64_t now_ns) {
     } else if (!st.on && (duty >= 1 || phase_s >= st.off_len_s)) {
       st.on = switch_(pid, true);
       st.phase_start_ns = now_ns;
-      if (st.on && cfg_.budget < 1) agg_.begin_high_rate_period(uint32_t(pid));
+      if (st.on) begin_period(pid);
     } else if (st.on && duty >= 1) {
       // Not cycling: what was held counts as it is, every tick.
       agg_.end_high_rate_period(uint32_t(pid), 1);
-      if (cfg_.budget < 1) agg_.begin_high_rate_period(uint32_t(pid));
+      begin_period(pid);
     }
     agg_.set_high_rate_weight(uint32_t(pid), 1 / duty, st.observed_ratio());
   }

@@ -85,6 +85,7 @@ class BudgetController {
   double hits_cost_ns(uint64_t entries, uint64_t returns) const;
   // The share of the cycle a process's high-rate probes are on: its duty, the agent's factor.
   double duty_now(const ProcessState& st) const;
+  void begin_period(pid_t pid);  // an on-period's high-rate calls held apart (Aggregator)
 
   BudgetConfig cfg_;
   double agent_factor_ = 1;  // applied to every process's duty (see note_agent_cpu)

@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
                   "times to (their GPUSCOPE_GPU_TRACE, docs/gpu-times.md); the recording's window of them is stored");
   bool no_python = false;
   rec->add_flag("--no-python", no_python,
-                "Do not walk Python frames (by default stacks of CPython 3.11/3.12 processes show the Python "
+                "Do not walk Python frames (by default stacks of CPython 3.10 to 3.13 processes show the Python "
                 "functions and lines that made each call)");
   rec->add_flag("--bpf-stats", ropts.bpf_stats,
                  "Record each BPF program's run count and run time (costs two clock reads per probe hit)");

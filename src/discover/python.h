@@ -33,7 +33,7 @@ struct PythonLayout {
 // The layout of a CPython version in gpuscope's table (3.10, 3.11, 3.12), or null. 3.13's is read
 // from the interpreter itself (inspect_python_binary).
 const PythonLayout* python_layout(int major, int minor);
-// Versions with a layout, for messages: "3.11, 3.12".
+// Versions gpuscope walks, for messages: "3.10, 3.11, 3.12, 3.13".
 std::string supported_python_versions();
 
 // A file (executable or libpython) that defines the interpreter.

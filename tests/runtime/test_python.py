@@ -1,5 +1,6 @@
 """Python frames: CUDA calls and CPU samples of CPython processes show the Python functions and
 lines that made them, merged with the native stack where the interpreter runs them."""
+import functools
 import os
 import pathlib
 import re
@@ -29,12 +30,16 @@ def interpreters():
     return found
 
 
+@functools.cache
+def minor_version(python):
+    return int(subprocess.run([python, "-c", "import sys; print(sys.version_info[1])"], capture_output=True,
+                              text=True, check=True).stdout)
+
+
 def named(python, qualname):
     """A function's name as gpuscope shows it: its qualname, or before 3.11 (whose code objects
     have none) its name."""
-    version = subprocess.run([python, "-c", "import sys; print(sys.version_info[1])"], capture_output=True,
-                             text=True).stdout.strip()
-    return qualname.rsplit(".", 1)[-1] if int(version) < 11 else qualname
+    return qualname.rsplit(".", 1)[-1] if minor_version(python) < 11 else qualname
 
 
 def marked_lines(script):

@@ -37,8 +37,9 @@ enum gs_record_kind {
 	GS_REC_STACK_COPY = 7, /* a call's user registers and stack copy, just before its call record */
 	GS_REC_PY_STACK = 8, /* a Python stack not sent before, ahead of the first record naming it */
 	GS_REC_PY_CODE = 9,  /* a Python code object not sent before: its names and line table */
-	GS_REC_STACK_IPS = 10, /* a user stack its stack map could not take, just before the record naming it */
-	GS_REC_NATIVE_STACK = 11, /* a user stack walked from .eh_frame tables, sent once per process */
+	/* 10: once a user stack its stack map could not take; user stacks are walked in BPF now */
+	GS_REC_NATIVE_STACK = 11, /* a user stack walked in BPF (frame pointers or .eh_frame tables),
+	                           * sent once per process ahead of the first record naming it */
 };
 
 /* The BPF cookie of each uprobe, set by user space at attach time:
@@ -65,8 +66,8 @@ enum gs_call_flags {
 	GS_CALL_DEREF_OK = 1 << 1,    /* deref[] holds entry data */
 	GS_CALL_OUT_OK = 1 << 2,      /* out_value holds the out-pointer's value at return */
 	GS_CALL_UNDER_RUNTIME = 1 << 3, /* a driver launch right after a runtime launch on its thread */
-	GS_CALL_STACK_COPIED = 1 << 4,  /* the user stack came ahead, as a GS_REC_STACK_COPY or a
-	                                 * GS_REC_STACK_IPS with this tid and ts_ns */
+	GS_CALL_STACK_COPIED = 1 << 4,  /* the user stack came ahead, as a GS_REC_STACK_COPY with
+	                                 * this tid and ts_ns */
 };
 
 struct gs_call_record {
@@ -78,10 +79,10 @@ struct gs_call_record {
 	__u32 pid;           /* thread group id */
 	__u32 tid;
 	__s64 ret;           /* the function's return value (rax) */
-	__s32 ustack_id;     /* a stack id (GS_STACK_GEN_BIT), or a negative errno */
 	__u32 deref_len;
+	__u32 pad;
 	__u64 py_stack;      /* id of the thread's Python stack (a GS_REC_PY_STACK), 0: none */
-	__u64 native_stack;  /* id of its user stack walked from .eh_frame (a GS_REC_NATIVE_STACK), 0: none */
+	__u64 native_stack;  /* id of its user stack (a GS_REC_NATIVE_STACK), 0: none */
 	__u64 out_value;
 	__u64 args[GS_NUM_ARGS];
 	__u8 deref[GS_DEREF_LEN];
@@ -118,38 +119,18 @@ struct gs_proc_record {
 };
 
 /* A CPU profile sample: the thread on a CPU when its cpu-clock event fired, with its user
- * and kernel stacks (stack ids, see GS_STACK_GEN_BIT; negative: none, e.g. a thread in user
- * mode has no kernel stack). */
+ * stack (native_stack, or a copy: gs_sample_stack_record) and its kernel stack (a stack id, see
+ * GS_STACK_GEN_BIT; negative: none, e.g. a thread in user mode has no kernel stack). */
 struct gs_sample_record {
 	__u16 kind;          /* GS_REC_SAMPLE */
 	__u16 cpu;
 	__u32 pid;
 	__u32 tid;
-	__s32 ustack_id;
 	__s32 kstack_id;
-	__u32 flags;         /* GS_SAMPLE_* */
 	__u64 ts_ns;
 	__u64 py_stack;      /* as in gs_call_record */
 	__u64 native_stack;  /* as in gs_call_record */
 	char comm[GS_COMM_LEN];
-};
-
-enum gs_sample_flags {
-	GS_SAMPLE_USTACK_SENT = 1 << 0,  /* the user stack came ahead as a GS_REC_STACK_IPS with this tid and ts_ns */
-};
-
-/* A user stack that bpf_get_stackid could not store: its bucket in the stack map holds
- * another stack (-EEXIST: the kernel hashes stacks into buckets and never chains them), or
- * the map is full. Its frames travel in the ring buffer instead, ahead of the record that
- * would have named it, so a collision costs one bigger record, not a lost stack. */
-struct gs_stack_ips_record {
-	__u16 kind;          /* GS_REC_STACK_IPS */
-	__u16 pad;
-	__u32 pid;
-	__u32 tid;
-	__u32 nr;            /* frames in ips[] */
-	__u64 ts_ns;         /* that of the record naming the stack */
-	__u64 ips[GS_MAX_STACK_DEPTH];
 };
 
 /* With --unwind dwarf, a sample also carries the thread's user registers and a copy of the
@@ -329,7 +310,11 @@ struct gs_unwind_proc {
 };
 
 enum gs_native_stack_flags {
-	GS_NATIVE_COMPLETE = 1 << 0,  /* the walk reached a frame whose rules say the stack ends */
+	GS_NATIVE_COMPLETE = 1 << 0,  /* the walk reached a frame whose rules say the stack ends, or
+	                               * (frame pointers) the outermost frame's null one */
+	GS_NATIVE_FP_END = 1 << 1,    /* a frame-pointer walk ended at a frame pointer that is none:
+	                               * the C library's outermost frames keep no frame pointer either,
+	                               * so a stack that reached main ends so too; not a cut */
 };
 
 /* A stack walked in BPF, sent the first time it is seen in its process; records carry its id. */
@@ -348,7 +333,7 @@ enum gs_lost_cause {
 	GS_LOST_RINGBUF_FULL = 0,  /* no room to reserve a record */
 	GS_LOST_PENDING_FULL,      /* no slot to keep an entry until its return */
 	GS_LOST_RETURN_ORPHAN,     /* return without a matching entry (attached mid-call) */
-	GS_LOST_STACK,             /* stack id unavailable (map full or hash collision) */
+	GS_LOST_STACK,             /* a kernel stack's id unavailable (map full or hash collision) */
 	GS_LOST_DEREF,             /* user memory behind an argument could not be read */
 	GS_LOST_TARGETS_FULL,      /* a target's child could not be followed */
 	GS_LOST_PY_STACK,          /* a Python stack could not be walked or sent */

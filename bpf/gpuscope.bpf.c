@@ -49,7 +49,6 @@ struct pending_call {
 	__u64 ts_ns;
 	__u64 py_stack;
 	__u64 native_stack;
-	__s32 ustack_id;
 	__u32 deref_len;
 	__u32 flags;
 	__u32 nested;  /* entries of the same function inside this call (see call_entry) */
@@ -103,8 +102,9 @@ struct {
  * launch failed before reaching it). */
 #define RUNTIME_TO_DRIVER_NS 200000
 
-/* Two generations of stack maps (see GS_STACK_GEN_BIT): captures go to the one stack_gen
- * names; user space empties the other. Both resized by user space. */
+/* Kernel stacks of CPU samples (user stacks are walked here: see fp_user_stack). Two
+ * generations of stack maps (see GS_STACK_GEN_BIT): captures go to the one stack_gen names; user
+ * space empties the other. Both resized by user space. */
 struct {
 	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
 	__uint(max_entries, 16384);
@@ -225,10 +225,10 @@ struct {
  * reads were most of a frame's cost when each word was read apart), and a page holds several
  * frames. A page of the stack is mapped whole, so reading one is no likelier to fail than a word. */
 #define UNWIND_CHUNK 4096
+#define UNWIND_NEAR_PAGES 4
 
-/* Two chunks per CPU, indexed by CPU * 2 + UNWIND_SLOT_*, in an array sized (by user space) only
- * when stacks are walked here: 4 KiB in all in fp mode, where a per-CPU array would take 4 KiB a
- * CPU. A CPU sample's program runs from the timer interrupt and can interrupt a uprobe's
+/* Two chunks per CPU, indexed by CPU * 2 + UNWIND_SLOT_*, in an array sized by user space (one
+ * chunk when no stack is taken). A CPU sample's program runs from the timer interrupt and can interrupt a uprobe's
  * mid-walk on the same CPU (uprobe-multi programs do not hold off other BPF programs): each has
  * its own chunk and scratch, here and in the Python walk, so neither overwrites the other's. */
 #define UNWIND_SLOT_CALL 0
@@ -253,7 +253,9 @@ struct unwind_scratch {
 	__u16 fp_steps;    /* frames stepped with frame pointers */
 	__u16 unmapped;    /* of which in no mapping of the table */
 	__u32 last_map;    /* the mapping the last frame was in: callers are often in the same file */
+	__u32 at_entry;    /* frame-pointer walk: the first frame is a probed function's first instruction */
 	__u64 chunk;       /* the user address the CPU's unwind_chunks entry holds; 1: none */
+	__u64 last_page;   /* the page the last read was in */
 };
 
 struct {
@@ -326,9 +328,19 @@ static __always_inline long unwind_read(struct unwind_scratch *s, struct unwind_
 	if (off > UNWIND_CHUNK - sizeof(__u64))  /* straddles the chunk's end: unaligned */
 		return bpf_probe_read_user(out, sizeof(*out), (void *)addr);
 	if (base != s->chunk) {
-		if (bpf_probe_read_user(k->b, UNWIND_CHUNK, (void *)base)) {
-			s->chunk = 1;
+		/* A caller's frame lies in the same page or a few above; an address further off is
+		 * most likely a frame pointer that is not one (code that uses rbp for data), where
+		 * the walk ends soon: a word read costs less than a page's there. */
+		bool near = base - s->last_page <= UNWIND_NEAR_PAGES * UNWIND_CHUNK;
+		s->last_page = base;
+		if (!near)
 			return bpf_probe_read_user(out, sizeof(*out), (void *)addr);
+		/* A page is readable whole or not at all: a word of one that failed would fail too
+		 * (and a failed read costs a fault here). */
+		long err = bpf_probe_read_user(k->b, UNWIND_CHUNK, (void *)base);
+		if (err) {
+			s->chunk = 1;
+			return err;
 		}
 		s->chunk = base;
 	}
@@ -360,9 +372,9 @@ static __always_inline long unwind_stop(struct unwind_scratch *s, __u32 cause)
 static __always_inline long unwind_fp_step(struct unwind_scratch *s, struct unwind_chunk *k)
 {
 	__u64 frame[2];
-	if (!unwind_bp(s, k) || !s->bp || unwind_read(s, k, s->bp, &frame[0]) || unwind_read(s, k, s->bp + 8, &frame[1]))
-		return unwind_stop(s, GS_LOST_UNWIND_READ);
-	if (s->bp + 16 <= s->sp)
+	/* A frame pointer below the stack pointer or unaligned is not one: stop before reading. */
+	if (!unwind_bp(s, k) || !s->bp || s->bp + 16 <= s->sp || (s->bp & 7) ||
+	    unwind_read(s, k, s->bp, &frame[0]) || unwind_read(s, k, s->bp + 8, &frame[1]))
 		return unwind_stop(s, GS_LOST_UNWIND_READ);
 	s->fp_steps++;
 	s->sp = s->bp + 16;
@@ -511,6 +523,8 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 	return ra ? 0 : unwind_stop(s, GS_LOST_NR);
 }
 
+static __always_inline __u64 native_stack_id(struct unwind_scratch *s, __u32 tgid, __u32 flags);
+
 /* Walks the user stack whose registers are `regs` with the process's tables and returns its
  * id, the stack sent first if it is new; 0 when the process has no tables (not yet: the caller
  * takes a frame-pointer stack instead). A walk cut short keeps what it found. */
@@ -536,6 +550,7 @@ static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_t
 	s->unmapped = 0;
 	s->last_map = 0;
 	s->chunk = 1;
+	s->last_page = s->sp & ~(__u64)(UNWIND_CHUNK - 1);
 	s->hash = 0xcbf29ce484222325ULL ^ tgid;
 	s->rec.nr = 0;
 	__u32 chunk_key = bpf_get_smp_processor_id() * 2 + slot;
@@ -555,6 +570,14 @@ static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_t
 		flags = GS_NATIVE_COMPLETE;
 	else if (s->stop < GS_LOST_NR)
 		count_lost(s->stop);
+	return native_stack_id(s, tgid, flags);
+}
+
+/* A walked stack's id, the stack sent first unless user space has it (its id hashes the
+ * process, the frames and the flags in); 0 when it could not be sent. */
+static __always_inline __u64 native_stack_id(struct unwind_scratch *s, __u32 tgid, __u32 flags)
+{
+	__u8 one = 1;
 	__u64 id = ((s->hash ^ flags) * 0x100000001b3ULL) | 1;  /* never 0 */
 	if (bpf_map_lookup_elem(&native_stacks_sent, &id))
 		return id;
@@ -574,32 +597,61 @@ static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_t
 	return id;
 }
 
-/* The user stack that get_stackid could not store, sent as its frames (gs_stack_ips_record)
- * for the record with this thread and ts_ns, which must be reserved after it. -EFAULT (no
- * user stack to walk) is not retried. Returns whether it was sent; counts the loss if not. */
-static __always_inline bool send_user_stack(void *ctx, __u64 pid_tgid, __u64 ts_ns, long err)
+/* ---- stacks walked here along frame pointers (--call-stacks fp, and code without tables) ----
+ * The kernel's walk (bpf_get_stackid with BPF_F_USER_STACK) reads each frame apart: ~50 ns a
+ * frame in a uprobe on the dev VM, most of it a probe read's fixed cost, plus ~500 ns for the
+ * stack map. This one reads the stack a page at a time through the chunk cache the table walk
+ * uses, and sends each stack once per process. */
+
+static long fp_frame(__u32 i, struct unwind_ctx *c)
 {
-	if (err == -EFAULT)
-		return false;
-	struct gs_stack_ips_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
-	if (!r) {
-		count_lost(GS_LOST_STACK);
-		return false;
+	struct unwind_scratch *s = c->s;
+	if (i >= GS_MAX_NATIVE_DEPTH)
+		return unwind_stop(s, GS_LOST_UNWIND_DEPTH);
+	s->rec.ips[i & 127] = s->ip;
+	s->rec.nr = i + 1;
+	s->hash = (s->hash ^ s->ip) * 0x100000001b3ULL;
+	if (i == 0 && s->at_entry) {
+		/* A probe at a function's first instruction: the caller's frame is not made yet, and
+		 * its return address is at sp (the kernel's walk adds it the same way). */
+		if (unwind_read(s, c->k, s->sp, &s->ip))
+			return unwind_stop(s, GS_LOST_UNWIND_READ);
+		s->sp += 8;
+		return s->ip ? 0 : unwind_stop(s, GS_LOST_NR);
 	}
-	long len = bpf_get_stack(ctx, r->ips, sizeof(r->ips), BPF_F_USER_STACK);
-	if (len <= 0) {
-		bpf_ringbuf_discard(r, BPF_RB_NO_WAKEUP);
-		count_lost(GS_LOST_STACK);
-		return false;
-	}
-	r->kind = GS_REC_STACK_IPS;
-	r->pad = 0;
-	r->pid = pid_tgid >> 32;
-	r->tid = (__u32)pid_tgid;
-	r->nr = len / sizeof(__u64);
-	r->ts_ns = ts_ns;
-	bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
-	return true;
+	/* rbp is 0 in the outermost frame (the C library's _start and thread start clear it). */
+	if (!s->bp)
+		return unwind_stop(s, GS_LOST_NR);
+	return unwind_fp_step(s, c->k);
+}
+
+/* The user stack whose registers are `regs`, walked along frame pointers: its id (the stack sent
+ * first if it is new), 0 if none. at_entry: regs are at a probed function's first instruction. */
+static __always_inline __u64 fp_user_stack(struct pt_regs *regs, __u64 pid_tgid, __u32 slot, bool at_entry)
+{
+	struct unwind_scratch *s = bpf_map_lookup_elem(&unwind_scratch_map, &slot);
+	__u32 chunk_key = bpf_get_smp_processor_id() * 2 + slot;
+	struct unwind_chunk *k = bpf_map_lookup_elem(&unwind_chunks, &chunk_key);
+	if (!s || !k)
+		return 0;
+	__u32 tgid = pid_tgid >> 32;
+	s->ip = BPF_CORE_READ(regs, ip);
+	s->sp = BPF_CORE_READ(regs, sp);
+	s->bp = BPF_CORE_READ(regs, bp);
+	s->bp_known = 1;
+	s->at_entry = at_entry;
+	s->stop = GS_LOST_UNWIND_DEPTH;
+	s->chunk = 1;
+	s->last_page = s->sp & ~(__u64)(UNWIND_CHUNK - 1);
+	s->hash = 0xcbf29ce484222325ULL ^ tgid;
+	s->rec.nr = 0;
+	struct unwind_ctx c = {.s = s, .k = k};
+	bpf_loop(GS_MAX_NATIVE_DEPTH + 1, fp_frame, &c, 0);
+	if (!s->rec.nr)
+		return 0;
+	/* A chain that ends in code without frame pointers is how this walk ends: not a loss. */
+	__u32 flags = s->stop == GS_LOST_NR ? GS_NATIVE_COMPLETE : s->stop == GS_LOST_UNWIND_DEPTH ? 0 : GS_NATIVE_FP_END;
+	return native_stack_id(s, tgid, flags);
 }
 
 static __always_inline bool is_target(__u32 tgid)
@@ -995,28 +1047,25 @@ static __always_inline __u64 python_stack(__u64 pid_tgid, __u32 slot)
 
 static __always_inline __u32 copy_user_state(struct gs_user_regs *dst, __u8 *stack, struct pt_regs *regs);
 
-/* The call's user stack: a stack id (frame pointers, walked here), with --call-stacks eh-frame
- * the id of a stack walked from the unwind tables (in *native), or with --call-stacks dwarf a
- * copy of the stack sent now, ahead of the call's record. */
-static __always_inline __s32 user_stack_id(struct pt_regs *ctx, __u64 cookie, __u64 ts_ns, __u32 *flags,
-					   __u64 *native)
+/* The call's user stack: the id of a stack walked here (from the unwind tables with
+ * --call-stacks eh-frame, else along frame pointers), or with --call-stacks dwarf 0 and a copy of
+ * the stack sent now, ahead of the call's record (flagged in *flags). */
+static __always_inline __u64 call_user_stack(struct pt_regs *ctx, __u64 cookie, __u64 ts_ns, __u32 *flags)
 {
-	*native = 0;
 	if (!capture_stacks || GS_COOKIE_NO_STACK(cookie))
-		return -1;
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
 	if (call_unwind_tables) {
-		*native = unwind_user_stack(ctx, bpf_get_current_pid_tgid(), UNWIND_SLOT_CALL);
-		if (*native)
-			return -1;
+		__u64 native = unwind_user_stack(ctx, id, UNWIND_SLOT_CALL);
+		if (native)
+			return native;
 		/* No tables for this process yet: frame pointers, as without them. */
-	}
-	if (call_stack_copy) {
+	} else if (call_stack_copy) {
 		struct gs_stack_copy_record *c = bpf_ringbuf_reserve(&events, sizeof(*c), 0);
 		if (!c) {
 			count_lost(GS_LOST_RINGBUF_FULL);
-			return -1;
+			return 0;
 		}
-		__u64 id = bpf_get_current_pid_tgid();
 		c->kind = GS_REC_STACK_COPY;
 		c->pad = 0;
 		c->pid = id >> 32;
@@ -1025,12 +1074,9 @@ static __always_inline __s32 user_stack_id(struct pt_regs *ctx, __u64 cookie, __
 		c->stack_len = copy_user_state(&c->regs, c->data, ctx);
 		bpf_ringbuf_submit(c, BPF_RB_NO_WAKEUP);
 		*flags |= GS_CALL_STACK_COPIED;
-		return -1;
+		return 0;
 	}
-	long id = get_stackid(ctx, BPF_F_USER_STACK);
-	if (id < 0 && send_user_stack(ctx, bpf_get_current_pid_tgid(), ts_ns, id))
-		*flags |= GS_CALL_STACK_COPIED;
-	return id;
+	return fp_user_stack(ctx, id, UNWIND_SLOT_CALL, true);
 }
 
 /* Launches: entry only, so that a launch costs one trap. */
@@ -1060,8 +1106,7 @@ int call_entry_emit(struct pt_regs *ctx)
 	}
 	/* Before the call's record is reserved, so that a stack copy or a new Python stack comes
 	 * ahead of it. */
-	__u64 native = 0;
-	__s32 ustack_id = skip_stack ? -1 : user_stack_id(ctx, cookie, ts_ns, &flags, &native);
+	__u64 native = skip_stack ? 0 : call_user_stack(ctx, cookie, ts_ns, &flags);
 	__u64 py_stack = skip_stack || !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, UNWIND_SLOT_CALL);
 
 	struct gs_call_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
@@ -1080,7 +1125,7 @@ int call_entry_emit(struct pt_regs *ctx)
 	r->out_value = 0;
 	read_args(ctx, r->args);
 	r->deref_len = read_entry_deref(cookie, r->args, r->deref, &r->flags);
-	r->ustack_id = ustack_id;
+	r->pad = 0;
 	r->py_stack = py_stack;
 	r->native_stack = native;
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
@@ -1135,7 +1180,7 @@ int call_entry(struct pt_regs *ctx)
 	p->nested = 0;
 	read_args(ctx, p->args);
 	p->deref_len = read_entry_deref(cookie, p->args, p->deref, &p->flags);
-	p->ustack_id = user_stack_id(ctx, cookie, p->ts_ns, &p->flags, &p->native_stack);
+	p->native_stack = call_user_stack(ctx, cookie, p->ts_ns, &p->flags);
 	p->py_stack = !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, UNWIND_SLOT_CALL);
 	return 0;
 }
@@ -1176,7 +1221,7 @@ int call_return(struct pt_regs *ctx)
 	r->pid = id >> 32;
 	r->tid = (__u32)id;
 	r->ret = ctx->ax;
-	r->ustack_id = p->ustack_id;
+	r->pad = 0;
 	r->py_stack = p->py_stack;
 	r->native_stack = p->native_stack;
 	r->deref_len = p->deref_len;
@@ -1270,10 +1315,11 @@ static __always_inline void fill_sample(struct gs_sample_record *r, __u64 id, vo
 	r->cpu = bpf_get_smp_processor_id();
 	r->pid = id >> 32;
 	r->tid = (__u32)id;
-	r->flags = 0;
 	r->ts_ns = ts_ns;
 	/* A sample taken in user mode has no kernel stack: EFAULT, not a loss. */
 	r->kstack_id = get_stackid(ctx, 0);
+	if (r->kstack_id < 0 && r->kstack_id != -EFAULT)
+		count_lost(GS_LOST_STACK);
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
 }
 
@@ -1328,7 +1374,6 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 			return 0;
 		}
 		fill_sample(&r->s, id, ctx, py_stack, bpf_ktime_get_ns());
-		r->s.ustack_id = -1;
 		/* The user-mode registers, also when the sample interrupted a system call. */
 		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 		r->stack_len = copy_user_state(&r->regs, r->data, regs);
@@ -1336,27 +1381,22 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		bpf_ringbuf_submit(r, submit_flags());
 		return 0;
 	}
-	/* The user stack first: a new one walked from the tables, or one its map cannot take, is
-	 * sent ahead of the sample. */
+	/* The user stack first: a new one is sent ahead of the sample. The user-mode registers,
+	 * also when the sample interrupted a system call. */
 	__u64 ts_ns = bpf_ktime_get_ns();
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 	__u64 native = 0;
-	if (sample_unwind_tables) {
-		/* The user-mode registers, also when the sample interrupted a system call. */
-		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	if (sample_unwind_tables)
 		native = unwind_user_stack(regs, id, UNWIND_SLOT_SAMPLE);
-	}
-	long ustack_id = native ? -1 : get_stackid(ctx, BPF_F_USER_STACK);
-	bool ustack_sent = ustack_id < 0 && send_user_stack(ctx, id, ts_ns, ustack_id);
+	if (!native)
+		native = fp_user_stack(regs, id, UNWIND_SLOT_SAMPLE, false);
 	struct gs_sample_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
 		count_lost(GS_LOST_RINGBUF_FULL);
 		return 0;
 	}
 	fill_sample(r, id, ctx, py_stack, ts_ns);
-	r->ustack_id = ustack_id;
 	r->native_stack = native;
-	if (ustack_sent)
-		r->flags |= GS_SAMPLE_USTACK_SENT;
 	bpf_ringbuf_submit(r, submit_flags());
 	return 0;
 }

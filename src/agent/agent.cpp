@@ -383,9 +383,6 @@ void Agent::update_health() {
   add("gpuscope_agent_unmatched_returns_total",
       "Returns of calls entered while their probes were off (switched on during the call)", "", MetricType::Counter,
       {{{}, double(lost[GS_LOST_RETURN_ORPHAN])}});
-  add("gpuscope_agent_stacks_sent_whole_total",
-      "User stacks sent as frames because their BPF stack map bucket held another stack", "", MetricType::Counter,
-      {{{}, double(st.stacks_sent_whole)}});
   add("gpuscope_agent_stack_map_recycles_total", "Times the BPF stack maps were switched and the old one emptied", "",
       MetricType::Counter, {{{}, double(st.stack_recycles)}});
   add("gpuscope_agent_attached_processes", "Processes whose CUDA libraries are probed", "", MetricType::Gauge,

@@ -77,18 +77,17 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   skel_->rodata->call_unwind_tables = cfg.call_unwind_tables;
   skel_->rodata->sample_unwind_tables = cfg.sample_unwind_tables;
   const bool tables = cfg.call_unwind_tables || cfg.sample_unwind_tables;
+  const bool walks = tables || cfg.walk_user_stacks;
   bpf_map__set_max_entries(skel_->maps.unwind_rows, tables ? std::max<uint32_t>(cfg.unwind_rows, 1) : 1);
-  // A stack chunk per CPU for the walk (4 KiB each). Without tables these maps are never used:
-  // one entry each, so that fp mode does not pay for them (the LRU maps are preallocated: 5.5 MiB).
-  bpf_map__set_max_entries(skel_->maps.unwind_chunks, tables ? 2 * std::max(libbpf_num_possible_cpus(), 1) : 1);  // a call's and a sample's per CPU
-  if (!tables) {
-    bpf_map__set_max_entries(skel_->maps.native_stacks_sent, 1);
-    bpf_map__set_max_entries(skel_->maps.unwind_wanted, 1);
-  }
+  // A stack chunk per CPU for the walk (4 KiB each), a call's and a sample's. Where stacks are
+  // not walked in BPF these maps are never used: one entry each (the LRU maps are preallocated).
+  bpf_map__set_max_entries(skel_->maps.unwind_chunks, walks ? 2 * std::max(libbpf_num_possible_cpus(), 1) : 1);
+  if (!walks) bpf_map__set_max_entries(skel_->maps.native_stacks_sent, 1);
+  if (!tables) bpf_map__set_max_entries(skel_->maps.unwind_wanted, 1);
   skel_->rodata->wakeup_bytes = cfg.wakeup_bytes;
   skel_->rodata->self_tgid = static_cast<uint32_t>(getpid());
   bpf_map__set_max_entries(skel_->maps.events, round_up_pow2(cfg.ringbuf_bytes));
-  stack_map_entries_ = cfg.capture_stacks ? cfg.stack_map_entries : 1;
+  stack_map_entries_ = std::max<uint32_t>(cfg.stack_map_entries, 1);
   stack_generations_ = cfg.stack_generations;
   bpf_map__set_max_entries(skel_->maps.stacks, stack_map_entries_);
   bpf_map__set_max_entries(skel_->maps.stacks_alt, stack_generations_ ? stack_map_entries_ : 1);

@@ -28,7 +28,9 @@ struct SessionConfig {
   bool stop_for_shared_objects = true;  // see bpf: stop_for_shared_objects
   uint32_t ringbuf_bytes = 64u << 20;
   uint32_t wakeup_bytes = 4u << 20;
-  uint32_t stack_map_entries = 32768;
+  // Kernel stacks of CPU samples go to a stack map of this many entries (user stacks are walked
+  // in BPF and sent once per process, see walk_user_stacks); 0: no samples, a one-entry map.
+  uint32_t stack_map_entries = 8192;
   // A second stack map of the same size, so that stack generations can be flipped and the
   // old one emptied (see GS_STACK_GEN_BIT); without it, stacks_alt has one entry and is unused.
   bool stack_generations = false;
@@ -38,13 +40,15 @@ struct SessionConfig {
   // Where enabling them is refused (BPF_ENABLE_STATS needs CAP_SYS_ADMIN), go on without.
   bool program_stats_optional = false;
   // CPU samples carry registers and a copy of the user stack, unwound in user space from
-  // .eh_frame; false: frame pointers, walked by the kernel.
+  // .eh_frame; false: walked in BPF (frame pointers, or the unwind tables).
   bool sample_stack_copy = false;
   bool call_stack_copy = false;  // the same for CUDA calls' stacks
   // Walk CUDA calls' (samples') user stacks in BPF with the unwind tables given by
   // set_unwind_process; processes without tables get frame-pointer stacks.
   bool call_unwind_tables = false;
   bool sample_unwind_tables = false;
+  // Whether any user stack is walked (call stacks or CPU samples): sizes the walk's maps.
+  bool walk_user_stacks = true;
   uint32_t unwind_rows = 16u << 20;  // capacity of the shared row array (8-byte slots: 128 MiB)
   // Runtime launches (cudaLaunchKernel...) reach the driver's launch functions, so probing both
   // traps twice per launch. false: attach only the driver's (see detach_runtime_launch_probes).

@@ -149,8 +149,8 @@ int main(int argc, char** argv) {
                  "Record each BPF program's run count and run time (costs two clock reads per probe hit)");
   rec->add_option("--ringbuf-mb", ropts.ringbuf_mb, "Kernel ring buffer size in MiB")->capture_default_str();
   rec->add_option("--stack-map-entries", ropts.stack_map_entries,
-                  "Distinct native stacks the BPF stack map holds; a stack that does not fit is sent whole, at "
-                  "more ring buffer bandwidth")
+                  "Distinct kernel stacks of CPU samples the BPF stack map holds (they are recycled when it "
+                  "fills)")
       ->capture_default_str();
   rec->add_flag("-q,--quiet", ropts.quiet, "Print only errors");
   rec->add_flag("-v,--verbose", g_verbose, "Print debugging detail");

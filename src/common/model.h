@@ -20,7 +20,6 @@ struct CallEvent {
   uint16_t func = 0;
   bool has_return = false;
   int64_t ret = 0;
-  int32_t bpf_stack_id = -1;
   uint64_t py_stack = 0;  // the thread's Python stack (symbolize::PythonFrames), 0: none
   std::string comm;
 

@@ -46,7 +46,6 @@ bool decode_call(const gs_call_record& r, CallEvent& e) {
   e.func = r.func;
   e.has_return = r.flags & GS_CALL_HAS_RETURN;
   e.ret = e.has_return ? static_cast<int32_t>(r.ret) : 0;  // cudaError_t/CUresult are 32-bit
-  e.bpf_stack_id = r.ustack_id;
   e.py_stack = r.py_stack;
   e.comm.assign(r.comm, strnlen(r.comm, sizeof(r.comm)));
   e.out_valid = (r.flags & GS_CALL_OUT_OK) && e.ret == 0;

@@ -181,13 +181,6 @@ void Tracker::flush(const std::function<void(CallEvent&)>& emit) {
   }
 }
 
-void Tracker::for_each_held(const std::function<void(CallEvent&)>& fn) {
-  for (auto& [tid, t] : threads_) {
-    if (t.held_runtime_launch) fn(*t.held_runtime_launch);
-    for (auto& d : t.held_driver_calls) fn(d);
-  }
-}
-
 void Tracker::forget_process(uint32_t pid) {
   processes_.erase(pid);
   // Threads are keyed by tid; their held calls were flushed by the caller.

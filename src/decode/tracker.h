@@ -39,8 +39,6 @@ class Tracker {
   void process(CallEvent e, const std::function<void(CallEvent&)>& emit);
   // Hands on every held call (end of recording, or a process exit).
   void flush(const std::function<void(CallEvent&)>& emit);
-  // Every call held, to update in place (e.g. resolve what will not be resolvable later).
-  void for_each_held(const std::function<void(CallEvent&)>& fn);
   void forget_process(uint32_t pid);
   // This process was followed from before its first CUDA call (caught at its CUDA library's
   // load): memory no tracked allocation contains is pageable, as with complete_history.

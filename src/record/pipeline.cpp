@@ -93,7 +93,7 @@ void Pipeline::stop() {
 
 PipelineStats Pipeline::stats() const {
   return PipelineStats{records_.load(), calls_.load(), launches_.load(), samples_.load(), dropped_.load(),
-                       stack_recycles_.load(), stacks_expired_.load(), stacks_sent_whole_.load()};
+                       stack_recycles_.load(), stacks_expired_.load()};
 }
 
 void Pipeline::run() {
@@ -210,17 +210,6 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       copied_stacks_[{tid, ts}] = unwind_stack_copy(pid, tid, &c->regs, c->data, len);
       break;
     }
-    case GS_REC_STACK_IPS: {
-      // Frames its stack map could not take (a bucket collision); the record naming it follows.
-      if (size < offsetof(gs_stack_ips_record, ips)) return;
-      gs_stack_ips_record r{};
-      std::memcpy(&r, data, std::min(size, sizeof(r)));
-      const size_t nr = std::min<size_t>({r.nr, GS_MAX_STACK_DEPTH, (size - offsetof(gs_stack_ips_record, ips)) / 8});
-      if (copied_stacks_.size() >= kMaxCopiedStacks) copied_stacks_.clear();
-      copied_stacks_[{r.tid, r.ts_ns}] = Unwound{std::vector<uint64_t>(r.ips, r.ips + nr), false};
-      ++stacks_sent_whole_;
-      break;
-    }
     case GS_REC_PY_CODE: {
       if (size < sizeof(gs_py_code_record)) return;
       python_.on_code(*reinterpret_cast<const gs_py_code_record*>(data));
@@ -254,10 +243,8 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
         user_stack = store_user_stack(rec.pid, u.ips, u.truncated, rec.py_stack);
       } else if (rec.native_stack) {
         user_stack = native_stack(rec.pid, rec.native_stack, rec.py_stack);
-      } else if (rec.flags & GS_SAMPLE_USTACK_SENT) {
-        user_stack = take_sent_stack(rec.pid, rec.tid, rec.ts_ns, rec.py_stack);
       } else {
-        user_stack = resolve_user_stack(rec.pid, rec.ustack_id, rec.py_stack, rec.ts_ns);
+        user_stack = python_only_stack(rec.pid, rec.py_stack);
       }
       sink_.add_sample(rec.ts_ns, rec.pid, rec.tid, rec.cpu, user_stack, resolve_kernel_stack(rec.kstack_id, rec.ts_ns));
       ++samples_;
@@ -318,7 +305,7 @@ void Pipeline::note_process(uint32_t pid, uint64_t ts_ns) {
 void Pipeline::emit(CallEvent& e) {
   note_process(e.pid, e.ts_ns);
   note_thread(e.tid, e.pid, e.comm);
-  if (!e.stack_id) e.stack_id = resolve_user_stack(e.pid, e.bpf_stack_id, e.py_stack, e.ts_ns);
+  if (!e.stack_id) e.stack_id = python_only_stack(e.pid, e.py_stack);
   const auto* f = decode::function_by_id(e.func);
   if (f && f->kind == decode::CallKind::Launch) {
     e.kernel_id = resolve_kernel(e);
@@ -387,15 +374,12 @@ int64_t Pipeline::resolve_kernel_stack(int32_t bpf_stack_id, uint64_t ts_ns) {
   return id;
 }
 
-int64_t Pipeline::resolve_user_stack(uint32_t pid, int32_t bpf_stack_id, uint64_t py_stack, uint64_t ts_ns) {
-  if (bpf_stack_id >= 0 && stack_expired(bpf_stack_id, ts_ns)) bpf_stack_id = -1;  // its Python frames remain
-  if (bpf_stack_id < 0 && !py_stack) return 0;
+int64_t Pipeline::python_only_stack(uint32_t pid, uint64_t py_stack) {
+  if (!py_stack) return 0;
   auto& ids = stack_ids_[pid];
-  if (auto it = ids.find({bpf_stack_id, py_stack}); it != ids.end()) return it->second;
-  if (bpf_stack_id >= 0) stack_gens_.seen(bpf_stack_id);
-  const int64_t id =
-      store_user_stack(pid, bpf_stack_id < 0 ? std::vector<uint64_t>{} : bpf_.stack(bpf_stack_id), false, py_stack);
-  ids.emplace(std::pair{bpf_stack_id, py_stack}, id);
+  if (auto it = ids.find(py_stack); it != ids.end()) return it->second;
+  const int64_t id = store_user_stack(pid, {}, false, py_stack);
+  ids.emplace(py_stack, id);
   return id;
 }
 
@@ -403,8 +387,8 @@ int64_t Pipeline::take_sent_stack(uint32_t pid, uint32_t tid, uint64_t ts_ns, ui
   auto it = copied_stacks_.find({tid, ts_ns});
   if (it == copied_stacks_.end()) return 0;
   const Unwound& u = it->second;
-  // The same frames come again and again (a hot call whose stack collides in its map): the
-  // stack is stored once per process and found again by its frames.
+  // The same frames come again and again (a hot call, copied at each call): the stack is
+  // stored once per process and found again by its frames.
   std::string key(reinterpret_cast<const char*>(u.ips.data()), u.ips.size() * sizeof(uint64_t));
   key.append(reinterpret_cast<const char*>(&py_stack), sizeof(py_stack));
   key.push_back(u.truncated ? 1 : 0);
@@ -430,7 +414,7 @@ void Pipeline::on_native_stack(const uint8_t* data, size_t size) {
   Unwound u;
   u.ips.resize(nr);
   std::memcpy(u.ips.data(), data + header, nr * sizeof(uint64_t));
-  u.truncated = !(rec.flags & GS_NATIVE_COMPLETE);
+  u.truncated = !(rec.flags & (GS_NATIVE_COMPLETE | GS_NATIVE_FP_END));
   if (native_stacks_[rec.pid].stacks.size() >= kMaxNativeStacksPerProcess) forget_native_stacks(rec.pid);
   native_stacks_[rec.pid].stacks[rec.id] = std::move(u);
 }
@@ -464,16 +448,16 @@ void Pipeline::forget_native_stacks(uint32_t pid) {
 }
 
 bool Pipeline::stack_expired(int32_t bpf_stack_id, uint64_t ts_ns) {
-  // Calls in flight across a recycle (entry before the flip, return after the emptying) lose
-  // their stack so; none gets another's.
+  // A sample taken before the flip and read after the emptying loses its kernel stack so; none
+  // gets another's.
   if (!stack_gens_.expired(bpf_stack_id, ts_ns)) return false;
   ++stacks_expired_;
   return true;
 }
 
-// The kernel never frees a stack map's entries, and new stacks keep coming to an agent that runs
-// for weeks: each process has its own (address space layout randomisation), and CPU samples hit
-// ever new ones. Once the map is full, every new stack would be lost. So captures go to one of
+// The kernel never frees a stack map's entries, and new kernel stacks keep coming to an agent that
+// samples for weeks (user stacks are walked in BPF and need no map). Once the map is full, every
+// new stack would be lost. So captures go to one of
 // two maps, and when it is full enough (StackGenerations::next), to the other; the first is
 // emptied once every record captured before the switch has been processed.
 void Pipeline::recycle_stacks(uint64_t taken_ns) {
@@ -488,14 +472,6 @@ void Pipeline::recycle_stacks(uint64_t taken_ns) {
   }
   const int old = stack_gens_.current() ^ 1;
   auto in_old = [old](int32_t id) { return id >= 0 && StackGenerations::generation_of(id) == old; };
-  // Calls the tracker still holds (a driver call waits for the runtime call around it) are
-  // resolved now, while the map has their stacks.
-  tracker_.for_each_held([&](CallEvent& e) {
-    if (e.stack_id || !in_old(e.bpf_stack_id)) return;
-    e.stack_id = resolve_user_stack(e.pid, e.bpf_stack_id, e.py_stack, e.ts_ns);
-    e.bpf_stack_id = -1;
-  });
-  for (auto& [pid, ids] : stack_ids_) std::erase_if(ids, [&](const auto& kv) { return in_old(kv.first.first); });
   std::erase_if(kernel_stack_ids_, [&](const auto& kv) { return in_old(kv.first); });
   bpf_.clear_stacks(old);
   stack_gens_.emptied(monotonic_ns());

@@ -57,10 +57,8 @@ struct PipelineStats {
   uint64_t samples = 0;
   uint64_t queue_dropped_records = 0;
   uint64_t stack_recycles = 0;
-  // Stacks captured before their map was emptied (calls in flight across a recycle): unread.
+  // Kernel stacks captured before their map was emptied (samples in flight across a recycle): unread.
   uint64_t stacks_expired = 0;
-  // User stacks sent whole because their stack map could not take them (bucket collisions).
-  uint64_t stacks_sent_whole = 0;
 };
 
 class Pipeline {
@@ -95,7 +93,8 @@ class Pipeline {
   void note_process(uint32_t pid, uint64_t ts_ns);
   void note_thread(uint32_t tid, uint32_t pid, const std::string& comm);
   // ts_ns: the record's, taken before its stacks were captured (see StackGenerations::expired).
-  int64_t resolve_user_stack(uint32_t pid, int32_t bpf_stack_id, uint64_t py_stack, uint64_t ts_ns);
+  // A stack of Python frames alone (a call or sample whose native stack was not taken).
+  int64_t python_only_stack(uint32_t pid, uint64_t py_stack);
   static bool is_registration(const CallEvent& e);
   int64_t take_sent_stack(uint32_t pid, uint32_t tid, uint64_t ts_ns, uint64_t py_stack);
   // A stack walked from the unwind tables in BPF, by the id its GS_REC_NATIVE_STACK came with.
@@ -158,8 +157,8 @@ class Pipeline {
   static constexpr size_t kMaxThreadComms = 65536;
   std::unordered_map<uint32_t, std::string> thread_comms_;
   // Per process, forgotten at its exit: a later process may reuse the pid with other mappings.
-  // (BPF stack id, Python stack id) -> stored
-  std::unordered_map<uint32_t, std::map<std::pair<int32_t, uint64_t>, int64_t>> stack_ids_;
+  // Python stack id -> stored (python_only_stack)
+  std::unordered_map<uint32_t, std::unordered_map<uint64_t, int64_t>> stack_ids_;
   // Build ids by process (dropped at its exit: the paths go through its /proc/PID/root), then
   // by the path they were read at.
   std::unordered_map<uint32_t, std::unordered_map<std::string, std::string>> build_ids_;
@@ -171,9 +170,8 @@ class Pipeline {
   int64_t truncated_module_id_ = 0;
   int64_t python_module_id_ = 0;
   symbolize::PythonFrames python_;
-  // Stacks sent ahead of their record (copies with --call-stacks dwarf, or frames that their
-  // stack map could not take), by (tid, the record's time); stored when that record, with its
-  // Python stack, comes.
+  // Stacks sent ahead of their record (copies with --call-stacks dwarf), by (tid, the record's
+  // time); stored when that record, with its Python stack, comes.
   static constexpr size_t kMaxCopiedStacks = 65536;
   std::map<std::pair<uint32_t, uint64_t>, Unwound> copied_stacks_;
   // Stacks that came ahead, stored: by process, then by their frames, Python stack and
@@ -197,7 +195,7 @@ class Pipeline {
   StackGenerations stack_gens_;
 
   std::atomic<uint64_t> records_{0}, calls_{0}, launches_{0}, samples_{0}, dropped_{0}, stack_recycles_{0},
-      stacks_expired_{0}, stacks_sent_whole_{0};
+      stacks_expired_{0};
 };
 
 }  // namespace gpuscope::record

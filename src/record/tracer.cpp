@@ -97,6 +97,7 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   cfg.sample_unwind_tables = opts_.table_unwind_samples && opts_.cpu_profile_hz > 0;
   cfg.call_stack_copy = opts_.dwarf_unwind_calls && opts_.stacks && !cfg.call_unwind_tables;
   cfg.sample_stack_copy = opts_.dwarf_unwind_samples && !cfg.sample_unwind_tables;
+  cfg.walk_user_stacks = opts_.stacks || opts_.cpu_profile_hz > 0;
   cfg.unwind_rows = uint32_t((uint64_t(opts_.unwind_table_mb) << 20) / sizeof(gs_unwind_row));
   sink_.set_meta("call_unwinding", !opts_.stacks                ? "none"
                                    : cfg.call_unwind_tables   ? "eh-frame"
@@ -109,8 +110,8 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   cfg.high_rate_per_process = opts_.high_rate_per_process;
   cfg.sample_only_targets = opts_.all && opts_.only_cuda_processes;
   cfg.ringbuf_bytes = opts_.ringbuf_mb << 20;
-  cfg.stack_map_entries = opts_.stack_map_entries;
-  cfg.stack_generations = opts_.stacks && opts_.pipeline.recycle_stacks_at > 0;
+  cfg.stack_map_entries = opts_.cpu_profile_hz > 0 ? opts_.stack_map_entries : 0;
+  cfg.stack_generations = opts_.cpu_profile_hz > 0 && opts_.pipeline.recycle_stacks_at > 0;
   cfg.wakeup_bytes = cfg.ringbuf_bytes / 4;
   bpf_ = std::make_unique<attach::BpfSession>(cfg);
   if (opts_.cpu_profile_hz) {

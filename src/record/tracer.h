@@ -59,7 +59,7 @@ struct TracerOptions {
   // the buffer holds a share of its size (submit_flags), so this bounds only how late a
   // trickle of records arrives, and how often an idle tracer wakes.
   int poll_ms = 20;
-  uint32_t stack_map_entries = 32768;  // of each BPF stack map
+  uint32_t stack_map_entries = 8192;  // of each BPF stack map (kernel stacks of CPU samples)
   double gpu_sample_hz = 0;  // NVML samples per second; 0: off
   double gpu_slow_sample_hz = 1;  // of which PCIe and per-process readings (see NvmlSampler::kSlowHz)
   bool quiet = false;

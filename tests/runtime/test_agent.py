@@ -424,9 +424,9 @@ def test_processes_coming_and_going_leak_nothing(agent):
     assert fds1 <= fds0 + 1, (fds0, fds1)  # one HTTP connection may be open
     assert rss1 - rss0 < 8 * 1024, (rss0, rss1)  # KiB
     m = a.metrics()
-    # Nothing lost but the odd stack whose hash collides with another's in the BPF stack map
-    # (every process's stacks are new addresses; a slot is taken with the chance of how full the
-    # map is, which the agent keeps under 1/32 by recycling it).
+    # Nothing lost but the odd kernel stack whose hash collides with another's in the BPF stack
+    # map (a slot is taken with the chance of how full the map is, which the agent keeps under
+    # 1/32 by recycling it).
     lost = {dict(labels)["cause"]: v for (name, labels), v in m.items() if name == "gpuscope_agent_lost_events_total"}
     assert sum(v for cause, v in lost.items() if cause != "stack") == 0, lost
     assert lost["stack"] <= 0.05 * series(m, "gpuscope_agent_events_total")[0], lost

@@ -186,11 +186,11 @@ TEST_F(TrackerTest, DriverLaunchNestsUnderRuntimeLaunchAndInheritsItsName) {
   reg.flags |= GS_CALL_DEREF_OK;
   t.process(decoded(reg), emit);
   auto rt = raw("cudaLaunchKernel", {0x401000, pack(1, 1), 1, pack(1, 1), 1, 0, 0, 0}, 10);
-  rt.ustack_id = 5;
-  t.process(decoded(rt), emit);
-  auto drv = raw("cuLaunchKernel", {0xf00, 1, 1, 1, 1, 1, 1, 0, 0}, 11);
-  drv.ustack_id = -1;  // the BPF side skipped the walk: it is the runtime launch's stack
-  t.process(decoded(drv), emit);
+  CallEvent rt_event = decoded(rt);
+  rt_event.stack_id = 5;
+  t.process(rt_event, emit);
+  // The BPF side skipped the walk (no stack): it is the runtime launch's stack.
+  t.process(decoded(raw("cuLaunchKernel", {0xf00, 1, 1, 1, 1, 1, 1, 0, 0}, 11)), emit);
   // A later driver launch with no runtime launch around it stands alone.
   t.process(decoded(raw("cuLaunchKernel", {0xf00, 1, 1, 1, 1, 1, 1, 0, 0}, 20)), emit);
   t.flush(emit);
@@ -199,7 +199,7 @@ TEST_F(TrackerTest, DriverLaunchNestsUnderRuntimeLaunchAndInheritsItsName) {
   EXPECT_EQ(t.kernel_name(out[1]), "_Z6kernelv");
   EXPECT_EQ(out[1].driver_func, function_by_symbol("cuLaunchKernel")->id);
   EXPECT_EQ(out[1].driver_handle, 0xf00u);
-  EXPECT_EQ(out[1].bpf_stack_id, 5);
+  EXPECT_EQ(out[1].stack_id, 5);
   EXPECT_EQ(out[2].parent_id, 0);
   EXPECT_EQ(t.kernel_name(out[2]), "_Z6kernelv");  // learnt from the runtime launch
 }
@@ -264,22 +264,3 @@ TEST_F(TrackerTest, DriverLookupsNameCuFunctions) {
   EXPECT_EQ(t.kernel_name(out.back()), "triton_kernel");
 }
 
-TEST_F(TrackerTest, HeldCallsCanBeUpdatedInPlaceBeforeTheyAreHandedOn) {
-  Tracker t(true);
-  auto rt = raw("cudaLaunchKernel", {0x401000, pack(1, 1), 1, pack(1, 1), 1, 0, 0, 0}, 10);
-  rt.ustack_id = 5;
-  t.process(decoded(rt), emit);
-  auto drv = raw("cuMemAlloc_v2", {0, 64}, 20, 10, 0, 8);  // another thread's, held for its runtime call
-  drv.ustack_id = 6;
-  t.process(decoded(drv), emit);
-  ASSERT_TRUE(out.empty());
-  std::set<int32_t> seen;
-  t.for_each_held([&](CallEvent& e) {
-    seen.insert(e.bpf_stack_id);
-    e.stack_id = 100 + e.bpf_stack_id;
-  });
-  EXPECT_EQ(seen, (std::set<int32_t>{5, 6}));
-  t.flush(emit);
-  ASSERT_EQ(out.size(), 2u);
-  for (const auto& e : out) EXPECT_EQ(e.stack_id, 100 + e.bpf_stack_id);
-}

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """GPU times (issue 5): per kernel name, the total GPU time `gpuscope record --gpu-times` measures
 for train_step.py's profiled steps against torch.profiler's for the same steps, run separately
-(two CUPTI users cannot share a process), and the kernel counts of both.
+(two CUPTI users cannot share a process), and the kernel counts of both. With --runs N, N runs of
+each, interleaved: medians are compared, and torch.profiler's own run-to-run spread per kernel is
+shown beside the difference (a kernel's time moves between executions of the same program).
 
-    python3 bench/gpu/gpu_times_check.py --gpuscope build-static/gpuscope [--steps 5]"""
+    python3 bench/gpu/gpu_times_check.py --gpuscope build-static/gpuscope [--steps 5] [--runs 3]"""
 import argparse
 import json
 import os
 import pathlib
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -16,55 +19,91 @@ import tempfile
 HERE = pathlib.Path(__file__).resolve().parent
 
 
+def profiler_run(args, tmp, r):
+    """torch.profiler's kernels: {name: (count, us)}."""
+    path = os.path.join(tmp, f"truth{r}.json")
+    subprocess.run([args.python, str(HERE / "train_step.py"), path, "--steps", str(args.steps)], check=True)
+    truth = json.load(open(path))
+    return {n: (truth["kernels"][n], truth["kernel_us"].get(n, 0)) for n in truth["kernels"]}
+
+
+def gpuscope_run(args, tmp, r):
+    """gpuscope's kernels in the profiled window ({name: (count, us)}), its record's meta, the
+    kernels tied to their launch (all, tied) and the GPU time by Python line."""
+    ours_path, rec = os.path.join(tmp, f"ours{r}.json"), os.path.join(tmp, f"run{r}.gpuscope")
+    run = subprocess.run([args.gpuscope, "record", "--gpu-times", "-o", rec, "--", args.python,
+                          str(HERE / "train_step.py"), ours_path, "--steps", str(args.steps), "--no-profile"],
+                         capture_output=True, text=True)
+    print(run.stderr.strip())
+    ours_run = json.load(open(ours_path))
+    db = sqlite3.connect(rec)
+    meta = dict(db.execute("SELECT key, value FROM meta"))
+    # Kernels whose launch call lies in the profiled window (or, untied, that started in it).
+    rows = db.execute(
+        "SELECT a.name, count(*), sum(a.end_ns - a.start_ns) FROM gpu_activities a LEFT JOIN calls c ON c.id = a.call_id "
+        "WHERE a.kind = 'kernel' AND a.pid = ? AND coalesce(c.ts_ns, a.start_ns) BETWEEN ? AND ? GROUP BY 1",
+        (ours_run["pid"], ours_run["t0"], ours_run["t1"])).fetchall()
+    tied = db.execute("SELECT count(*), count(call_id) FROM gpu_activities WHERE kind = 'kernel'").fetchone()
+    lines = db.execute(
+        "SELECT p.function || ' (' || p.file || ':' || p.line || ')', sum(a.end_ns - a.start_ns) FROM gpu_activities a "
+        "JOIN calls c ON c.id = a.call_id JOIN stack_frames sf ON sf.stack_id = c.stack_id "
+        "JOIN modules m ON m.id = sf.module_id AND m.path = '[python]' JOIN python_frames p ON p.id = sf.offset "
+        "WHERE a.kind = 'kernel' AND sf.depth = (SELECT min(depth) FROM stack_frames f2 JOIN modules m2 ON "
+        "m2.id = f2.module_id AND m2.path = '[python]' WHERE f2.stack_id = c.stack_id) GROUP BY 1 ORDER BY 2 DESC "
+        "LIMIT 5").fetchall()
+    db.close()
+    os.unlink(rec)
+    return {n: (c, ns / 1e3) for n, c, ns in rows}, meta, tied, lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpuscope", default="build-static/gpuscope")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--runs", type=int, default=1,
+                    help="runs of each, interleaved; per kernel the medians are compared, and with 2 or more the "
+                         "spread of torch.profiler's own runs is shown beside the difference")
     args = ap.parse_args()
+    theirs_runs, ours_runs = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        truth_path, ours_path, rec = (os.path.join(tmp, n) for n in ("truth.json", "ours.json", "run.gpuscope"))
-        subprocess.run([args.python, str(HERE / "train_step.py"), truth_path, "--steps", str(args.steps)], check=True)
-        run = subprocess.run([args.gpuscope, "record", "--gpu-times", "-o", rec, "--", args.python,
-                              str(HERE / "train_step.py"), ours_path, "--steps", str(args.steps), "--no-profile"],
-                             capture_output=True, text=True)
-        print(run.stderr.strip())
-        truth, ours_run = json.load(open(truth_path)), json.load(open(ours_path))
-        db = sqlite3.connect(rec)
-        meta = dict(db.execute("SELECT key, value FROM meta"))
-        # Kernels whose launch call lies in the profiled window (or, untied, that started in it).
-        rows = db.execute(
-            "SELECT a.name, count(*), sum(a.end_ns - a.start_ns) FROM gpu_activities a LEFT JOIN calls c ON c.id = a.call_id "
-            "WHERE a.kind = 'kernel' AND a.pid = ?1 AND coalesce(c.ts_ns, a.start_ns) BETWEEN ?2 AND ?3 GROUP BY 1",
-            (ours_run["pid"], ours_run["t0"], ours_run["t1"])).fetchall()
-        tied = db.execute("SELECT count(*), count(call_id) FROM gpu_activities WHERE kind = 'kernel'").fetchone()
-        lines = db.execute(
-            "SELECT p.function || ' (' || p.file || ':' || p.line || ')', sum(a.end_ns - a.start_ns) FROM gpu_activities a "
-            "JOIN calls c ON c.id = a.call_id JOIN stack_frames sf ON sf.stack_id = c.stack_id "
-            "JOIN modules m ON m.id = sf.module_id AND m.path = '[python]' JOIN python_frames p ON p.id = sf.offset "
-            "WHERE a.kind = 'kernel' AND sf.depth = (SELECT min(depth) FROM stack_frames f2 JOIN modules m2 ON "
-            "m2.id = f2.module_id AND m2.path = '[python]' WHERE f2.stack_id = c.stack_id) GROUP BY 1 ORDER BY 2 DESC "
-            "LIMIT 5").fetchall()
-    print(f"gpu_times meta: {meta.get('gpu_times')}")
-    print(f"kernels recorded: {tied[0]}, tied to their launch call: {tied[1]}")
-    ours = {n: (c, ns / 1e3) for n, c, ns in rows}
-    theirs = {n: (truth["kernels"][n], truth["kernel_us"].get(n, 0)) for n in truth["kernels"]}
-    names = sorted(set(ours) | set(theirs), key=lambda n: -theirs.get(n, ours.get(n, (0, 0)))[1])
-    equal_counts = sum(1 for n in names if ours.get(n, (0,))[0] == theirs.get(n, (0,))[0])
-    within = 0
+        for r in range(args.runs):
+            theirs_runs.append(profiler_run(args, tmp, r))
+            ours, meta, tied, lines = gpuscope_run(args, tmp, r)
+            ours_runs.append(ours)
+            print(f"run {r + 1}: gpu_times meta: {meta.get('gpu_times')}; kernels recorded: {tied[0]}, "
+                  f"tied to their launch call: {tied[1]}")
+
+    names = set().union(*ours_runs, *theirs_runs)
+    ours = {n: (statistics.median(run.get(n, (0, 0.0))[0] for run in ours_runs),
+                statistics.median(run.get(n, (0, 0.0))[1] for run in ours_runs)) for n in names}
+    theirs = {n: (statistics.median(run.get(n, (0, 0.0))[0] for run in theirs_runs),
+                  statistics.median(run.get(n, (0, 0.0))[1] for run in theirs_runs)) for n in names}
+    names = sorted(names, key=lambda n: -theirs[n][1])
+    equal_counts = sum(1 for n in names if all(run.get(n, (0,))[0] == theirs_runs[0].get(n, (0,))[0]
+                                               for run in ours_runs + theirs_runs))
     total_ours = sum(v[1] for v in ours.values())
     total_theirs = sum(v[1] for v in theirs.values())
-    print(f"{len(names)} kernel names; {equal_counts} with equal counts; GPU time in all: gpuscope {total_ours:.0f} us, "
-          f"torch.profiler {total_theirs:.0f} us ({100 * (total_ours - total_theirs) / max(total_theirs, 1e-9):+.2f}%)")
-    print(f"  {'gpuscope n':>10} {'profiler n':>10} {'gpuscope us':>12} {'profiler us':>12} {'diff':>8}  kernel")
+    print(f"{len(names)} kernel names; {equal_counts} with equal counts in every run; GPU time in all "
+          f"(median of {args.runs} run(s) each): gpuscope {total_ours:.0f} us, torch.profiler {total_theirs:.0f} us "
+          f"({100 * (total_ours - total_theirs) / max(total_theirs, 1e-9):+.2f}%)")
+    print(f"  {'gpuscope n':>10} {'profiler n':>10} {'gpuscope us':>12} {'profiler us':>12} {'diff':>8} "
+          f"{'profiler spread':>16}  kernel")
+    within = within_spread = 0
     for n in names:
-        oc, ous = ours.get(n, (0, 0.0))
-        tc, tus = theirs.get(n, (0, 0.0))
+        oc, ous = ours[n]
+        tc, tus = theirs[n]
         diff = 100 * (ous - tus) / tus if tus else float("nan")
+        # torch.profiler against itself: its runs' range, as a share of their median.
+        vals = [run.get(n, (0, 0.0))[1] for run in theirs_runs]
+        spread = 100 * (max(vals) - min(vals)) / tus if tus and len(vals) > 1 else float("nan")
         within += abs(diff) <= 2
-        print(f"  {oc:10d} {tc:10d} {ous:12.1f} {tus:12.1f} {diff:+7.2f}%  {n[:110]}")
+        within_spread += abs(diff) <= 2 or (len(vals) > 1 and abs(diff) <= spread)
+        print(f"  {oc:10.0f} {tc:10.0f} {ous:12.1f} {tus:12.1f} {diff:+7.2f}% {spread:15.2f}%  {n[:100]}")
     print(f"{within} of {len(names)} kernel names within 2% of torch.profiler's GPU time")
-    print("GPU time by Python line (innermost Python frame of the launch):")
+    if args.runs > 1:
+        print(f"{within_spread} of {len(names)} within 2% or within the spread of torch.profiler's own runs")
+    print("GPU time by Python line (innermost Python frame of the launch, last run):")
     for line, ns in lines:
         print(f"  {ns / 1e3:10.1f} us  {line}")
     return 0

@@ -228,9 +228,10 @@ struct {
 #define UNWIND_NEAR_PAGES 4
 
 /* Two chunks per CPU, indexed by CPU * 2 + UNWIND_SLOT_*, in an array sized by user space (one
- * chunk when no stack is taken). A CPU sample's program runs from the timer interrupt and can interrupt a uprobe's
- * mid-walk on the same CPU (uprobe-multi programs do not hold off other BPF programs): each has
- * its own chunk and scratch, here and in the Python walk, so neither overwrites the other's. */
+ * chunk when no stack is taken). A CPU sample's program runs from the timer interrupt and can
+ * interrupt a uprobe's mid-walk on the same CPU (uprobe-multi programs do not hold off other BPF
+ * programs): each has its own chunk and scratch, here and in the Python walk, so neither
+ * overwrites the other's. */
 #define UNWIND_SLOT_CALL 0
 #define UNWIND_SLOT_SAMPLE 1
 struct unwind_chunk {

@@ -315,6 +315,7 @@ enum gs_native_stack_flags {
 	GS_NATIVE_FP_END = 1 << 1,    /* a frame-pointer walk ended at a frame pointer that is none:
 	                               * the C library's outermost frames keep no frame pointer either,
 	                               * so a stack that reached main ends so too; not a cut */
+	GS_NATIVE_ONCE = 1 << 2,      /* for the next record naming it only (a CPU sample's): not kept */
 };
 
 /* A stack walked in BPF, sent the first time it is seen in its process; records carry its id. */

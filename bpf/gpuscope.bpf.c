@@ -524,7 +524,7 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 	return ra ? 0 : unwind_stop(s, GS_LOST_NR);
 }
 
-static __always_inline __u64 native_stack_id(struct unwind_scratch *s, __u32 tgid, __u32 flags);
+static __always_inline __u64 native_stack_id(struct unwind_scratch *s, __u32 tgid, __u32 flags, __u32 slot);
 
 /* Walks the user stack whose registers are `regs` with the process's tables and returns its
  * id, the stack sent first if it is new; 0 when the process has no tables (not yet: the caller
@@ -571,16 +571,22 @@ static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_t
 		flags = GS_NATIVE_COMPLETE;
 	else if (s->stop < GS_LOST_NR)
 		count_lost(s->stop);
-	return native_stack_id(s, tgid, flags);
+	return native_stack_id(s, tgid, flags, slot);
 }
 
 /* A walked stack's id, the stack sent first unless user space has it (its id hashes the
- * process, the frames and the flags in); 0 when it could not be sent. */
-static __always_inline __u64 native_stack_id(struct unwind_scratch *s, __u32 tgid, __u32 flags)
+ * process, the frames and the flags in); 0 when it could not be sent. A CPU sample's stack is
+ * sent every time, for its record alone (GS_NATIVE_ONCE): its leaf is wherever the thread was,
+ * so nearly every one is new, and kept they would crowd out the calls' stacks here and fill
+ * user space. */
+static __always_inline __u64 native_stack_id(struct unwind_scratch *s, __u32 tgid, __u32 flags, __u32 slot)
 {
 	__u8 one = 1;
+	bool once = slot == UNWIND_SLOT_SAMPLE;
+	if (once)
+		flags |= GS_NATIVE_ONCE;
 	__u64 id = ((s->hash ^ flags) * 0x100000001b3ULL) | 1;  /* never 0 */
-	if (bpf_map_lookup_elem(&native_stacks_sent, &id))
+	if (!once && bpf_map_lookup_elem(&native_stacks_sent, &id))
 		return id;
 	s->rec.kind = GS_REC_NATIVE_STACK;
 	s->rec.pid = tgid;
@@ -594,7 +600,8 @@ static __always_inline __u64 native_stack_id(struct unwind_scratch *s, __u32 tgi
 		count_lost(GS_LOST_UNWIND_SEND);
 		return 0;
 	}
-	bpf_map_update_elem(&native_stacks_sent, &id, &one, BPF_ANY);
+	if (!once)
+		bpf_map_update_elem(&native_stacks_sent, &id, &one, BPF_ANY);
 	return id;
 }
 
@@ -652,7 +659,7 @@ static __always_inline __u64 fp_user_stack(struct pt_regs *regs, __u64 pid_tgid,
 		return 0;
 	/* A chain that ends in code without frame pointers is how this walk ends: not a loss. */
 	__u32 flags = s->stop == GS_LOST_NR ? GS_NATIVE_COMPLETE : s->stop == GS_LOST_UNWIND_DEPTH ? 0 : GS_NATIVE_FP_END;
-	return native_stack_id(s, tgid, flags);
+	return native_stack_id(s, tgid, flags, slot);
 }
 
 static __always_inline bool is_target(__u32 tgid)

@@ -415,11 +415,22 @@ void Pipeline::on_native_stack(const uint8_t* data, size_t size) {
   u.ips.resize(nr);
   std::memcpy(u.ips.data(), data + header, nr * sizeof(uint64_t));
   u.truncated = !(rec.flags & (GS_NATIVE_COMPLETE | GS_NATIVE_FP_END));
+  if (rec.flags & GS_NATIVE_ONCE) {
+    // Bounded: a stack whose record was lost must not stay.
+    if (once_stacks_.size() >= kMaxOnceStacks) once_stacks_.clear();
+    once_stacks_[rec.id] = std::move(u);
+    return;
+  }
   if (native_stacks_[rec.pid].stacks.size() >= kMaxNativeStacksPerProcess) forget_native_stacks(rec.pid);
   native_stacks_[rec.pid].stacks[rec.id] = std::move(u);
 }
 
 int64_t Pipeline::native_stack(uint32_t pid, uint64_t id, uint64_t py_stack) {
+  if (auto once = once_stacks_.find(id); once != once_stacks_.end()) {
+    const int64_t stored = store_user_stack(pid, once->second.ips, once->second.truncated, py_stack);
+    once_stacks_.erase(once);
+    return stored;
+  }
   auto p = native_stacks_.find(pid);
   if (p == native_stacks_.end()) {
     ++native_stacks_unknown_;

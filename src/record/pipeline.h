@@ -186,6 +186,9 @@ class Pipeline {
     std::map<std::pair<uint64_t, uint64_t>, int64_t> stored;
   };
   std::unordered_map<uint32_t, NativeStacks> native_stacks_;
+  // Stacks sent for one record each (GS_NATIVE_ONCE: CPU samples'), by id, until it comes.
+  static constexpr size_t kMaxOnceStacks = 4096;
+  std::unordered_map<uint64_t, Unwound> once_stacks_;
   uint64_t native_stacks_unknown_ = 0;  // records naming a stack that never came (or was dropped)
   std::unordered_set<uint64_t> named_kernel_ips_;
   std::unordered_map<uint32_t, std::unordered_map<uint64_t, int64_t>> kernel_ids_;  // handle ^ api -> kernel

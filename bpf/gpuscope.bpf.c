@@ -596,7 +596,9 @@ static __always_inline __u64 native_stack_id(struct unwind_scratch *s, __u32 tgi
 	__u64 size = sizeof(s->rec) - sizeof(s->rec.ips) + (__u64)s->rec.nr * sizeof(__u64);
 	if (size > sizeof(s->rec))
 		size = sizeof(s->rec);
-	if (bpf_ringbuf_output(&events, &s->rec, size, 0)) {
+	/* No wake-up: the record naming the stack follows and decides (a wake-up per sample's
+	 * stack cost the consumer more than the stacks themselves). */
+	if (bpf_ringbuf_output(&events, &s->rec, size, BPF_RB_NO_WAKEUP)) {
 		count_lost(GS_LOST_UNWIND_SEND);
 		return 0;
 	}
@@ -944,7 +946,7 @@ static long send_py_code(__u32 i, void *ctx)
 		if (n == len && !bpf_probe_read_user(r->linetable, n, (void *)(table + s->off.bytes_data)))
 			r->flags |= GS_PY_CODE_LINETABLE_OK;
 	}
-	if (bpf_ringbuf_output(&events, r, sizeof(*r), 0)) {
+	if (bpf_ringbuf_output(&events, r, sizeof(*r), BPF_RB_NO_WAKEUP)) {
 		count_lost(GS_LOST_RINGBUF_FULL);
 		return 1;
 	}
@@ -1044,7 +1046,7 @@ static __always_inline __u64 python_stack(__u64 pid_tgid, __u32 slot)
 	__u64 size = sizeof(s->rec) - sizeof(s->rec.frames) + (__u64)s->rec.depth * sizeof(struct gs_py_frame);
 	if (size > sizeof(s->rec))
 		size = sizeof(s->rec);
-	if (bpf_ringbuf_output(&events, &s->rec, size, 0)) {
+	if (bpf_ringbuf_output(&events, &s->rec, size, BPF_RB_NO_WAKEUP)) {
 		count_lost(GS_LOST_PY_STACK);
 		return 0;
 	}

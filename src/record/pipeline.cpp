@@ -159,7 +159,10 @@ void Pipeline::process_batch(const std::vector<uint8_t>& batch) {
     stack_ids_.clear();
     sent_stack_ids_.clear();
     kernel_stack_ids_.clear();
-    for (auto& [pid, n] : native_stacks_) n.stored.clear();
+    for (auto& [pid, n] : native_stacks_) {
+      n.stored.clear();
+      n.once_stored.clear();
+    }
   }
   size_t at = 0;
   while (at + sizeof(uint32_t) <= batch.size()) {
@@ -427,7 +430,15 @@ void Pipeline::on_native_stack(const uint8_t* data, size_t size) {
 
 int64_t Pipeline::native_stack(uint32_t pid, uint64_t id, uint64_t py_stack) {
   if (auto once = once_stacks_.find(id); once != once_stacks_.end()) {
-    const int64_t stored = store_user_stack(pid, once->second.ips, once->second.truncated, py_stack);
+    auto& cache = native_stacks_[pid].once_stored;
+    int64_t stored;
+    if (auto it = cache.find({id, py_stack}); it != cache.end()) {
+      stored = it->second;
+    } else {
+      stored = store_user_stack(pid, once->second.ips, once->second.truncated, py_stack);
+      if (cache.size() >= kMaxOnceStoredPerProcess) cache.clear();
+      cache.emplace(std::pair{id, py_stack}, stored);
+    }
     once_stacks_.erase(once);
     return stored;
   }

@@ -184,7 +184,11 @@ class Pipeline {
   struct NativeStacks {
     std::unordered_map<uint64_t, Unwound> stacks;
     std::map<std::pair<uint64_t, uint64_t>, int64_t> stored;
+    // Samples' stacks (sent with each sample) stored before, by (id, Python stack): a hot
+    // loop's samples repeat a few stacks, resolved once. Emptied when full.
+    std::map<std::pair<uint64_t, uint64_t>, int64_t> once_stored;
   };
+  static constexpr size_t kMaxOnceStoredPerProcess = 16384;
   std::unordered_map<uint32_t, NativeStacks> native_stacks_;
   // Stacks sent for one record each (GS_NATIVE_ONCE: CPU samples'), by id, until it comes.
   static constexpr size_t kMaxOnceStacks = 4096;

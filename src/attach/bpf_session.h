@@ -29,7 +29,7 @@ struct SessionConfig {
   uint32_t ringbuf_bytes = 64u << 20;
   uint32_t wakeup_bytes = 4u << 20;
   // Kernel stacks of CPU samples go to a stack map of this many entries (user stacks are walked
-  // in BPF and sent once per process, see walk_user_stacks); 0: no samples, a one-entry map.
+  // in BPF and sent in the ring buffer, see walk_user_stacks); 0: no samples, a one-entry map.
   uint32_t stack_map_entries = 8192;
   // A second stack map of the same size, so that stack generations can be flipped and the
   // old one emptied (see GS_STACK_GEN_BIT); without it, stacks_alt has one entry and is unused.

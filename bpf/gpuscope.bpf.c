@@ -526,6 +526,33 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 
 static __always_inline __u64 native_stack_id(struct unwind_scratch *s, __u32 tgid, __u32 flags, __u32 slot);
 
+/* Readies this CPU's scratch and stack chunk of `slot` (UNWIND_SLOT_*) in c for a walk of the
+ * user stack whose registers are `regs`; false if either map has no entry for them. */
+static __always_inline bool unwind_start(struct unwind_ctx *c, struct pt_regs *regs, __u32 tgid, __u32 slot)
+{
+	__u32 chunk_key = bpf_get_smp_processor_id() * 2 + slot;
+	struct unwind_scratch *s = bpf_map_lookup_elem(&unwind_scratch_map, &slot);
+	struct unwind_chunk *k = bpf_map_lookup_elem(&unwind_chunks, &chunk_key);
+	if (!s || !k)
+		return false;
+	s->ip = BPF_CORE_READ(regs, ip);
+	s->sp = BPF_CORE_READ(regs, sp);
+	s->bp = BPF_CORE_READ(regs, bp);
+	s->bp_known = 1;
+	s->stop = GS_LOST_UNWIND_DEPTH;
+	s->fp_steps = 0;
+	s->unmapped = 0;
+	s->last_map = 0;
+	s->at_entry = 0;
+	s->chunk = 1;
+	s->last_page = s->sp & ~(__u64)(UNWIND_CHUNK - 1);
+	s->hash = 0xcbf29ce484222325ULL ^ tgid;
+	s->rec.nr = 0;
+	c->s = s;
+	c->k = k;
+	return true;
+}
+
 /* Walks the user stack whose registers are `regs` with the process's tables and returns its
  * id, the stack sent first if it is new; 0 when the process has no tables (not yet: the caller
  * takes a frame-pointer stack instead). A walk cut short keeps what it found. */
@@ -539,26 +566,10 @@ static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_t
 		bpf_map_update_elem(&unwind_wanted, &tgid, &one, BPF_NOEXIST);
 		return 0;
 	}
-	struct unwind_scratch *s = bpf_map_lookup_elem(&unwind_scratch_map, &slot);
-	if (!s)
+	struct unwind_ctx c = {.proc = proc};
+	if (!unwind_start(&c, regs, tgid, slot))
 		return 0;
-	s->ip = BPF_CORE_READ(regs, ip);
-	s->sp = BPF_CORE_READ(regs, sp);
-	s->bp = BPF_CORE_READ(regs, bp);
-	s->bp_known = 1;
-	s->stop = GS_LOST_UNWIND_DEPTH;
-	s->fp_steps = 0;
-	s->unmapped = 0;
-	s->last_map = 0;
-	s->chunk = 1;
-	s->last_page = s->sp & ~(__u64)(UNWIND_CHUNK - 1);
-	s->hash = 0xcbf29ce484222325ULL ^ tgid;
-	s->rec.nr = 0;
-	__u32 chunk_key = bpf_get_smp_processor_id() * 2 + slot;
-	struct unwind_chunk *k = bpf_map_lookup_elem(&unwind_chunks, &chunk_key);
-	if (!k)
-		return 0;
-	struct unwind_ctx c = {.s = s, .proc = proc, .k = k};
+	struct unwind_scratch *s = c.s;
 	bpf_loop(GS_MAX_NATIVE_DEPTH + 1, unwind_frame, &c, 0);
 	if (!s->rec.nr)
 		return 0;
@@ -639,23 +650,12 @@ static long fp_frame(__u32 i, struct unwind_ctx *c)
  * first if it is new), 0 if none. at_entry: regs are at a probed function's first instruction. */
 static __always_inline __u64 fp_user_stack(struct pt_regs *regs, __u64 pid_tgid, __u32 slot, bool at_entry)
 {
-	struct unwind_scratch *s = bpf_map_lookup_elem(&unwind_scratch_map, &slot);
-	__u32 chunk_key = bpf_get_smp_processor_id() * 2 + slot;
-	struct unwind_chunk *k = bpf_map_lookup_elem(&unwind_chunks, &chunk_key);
-	if (!s || !k)
-		return 0;
 	__u32 tgid = pid_tgid >> 32;
-	s->ip = BPF_CORE_READ(regs, ip);
-	s->sp = BPF_CORE_READ(regs, sp);
-	s->bp = BPF_CORE_READ(regs, bp);
-	s->bp_known = 1;
+	struct unwind_ctx c = {};
+	if (!unwind_start(&c, regs, tgid, slot))
+		return 0;
+	struct unwind_scratch *s = c.s;
 	s->at_entry = at_entry;
-	s->stop = GS_LOST_UNWIND_DEPTH;
-	s->chunk = 1;
-	s->last_page = s->sp & ~(__u64)(UNWIND_CHUNK - 1);
-	s->hash = 0xcbf29ce484222325ULL ^ tgid;
-	s->rec.nr = 0;
-	struct unwind_ctx c = {.s = s, .k = k};
 	bpf_loop(GS_MAX_NATIVE_DEPTH + 1, fp_frame, &c, 0);
 	if (!s->rec.nr)
 		return 0;

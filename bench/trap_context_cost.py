@@ -12,9 +12,9 @@ import pathlib
 import statistics
 import subprocess
 import sys
-import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from uprobe_cost import ROOT, EmptyProbe, cudart_of  # noqa: E402
 
 # A tight ctypes loop; argv: libcudart, calls, extra mappings (alternate protections keep the
 # kernel from merging them).
@@ -40,14 +40,6 @@ print(json.dumps({"ns_per_call": (time.perf_counter() - t0) * 1e9 / n}))
 '''
 
 
-def cudart_of(binary):
-    out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        if "libcudart.so" in line and "=>" in line:
-            return line.split("=>")[1].split()[0]
-    raise SystemExit("launch_loop is not linked to a shared libcudart")
-
-
 def last_json(out):
     return json.loads(out.strip().splitlines()[-1])["ns_per_call"]
 
@@ -60,7 +52,10 @@ def main():
     ap.add_argument("--maps", type=int, default=20000, help="extra mappings of the third caller (0: leave it out)")
     args = ap.parse_args()
     build = pathlib.Path(args.build)
-    cudart = cudart_of(build / "bench" / "launch_loop")
+    try:
+        cudart = cudart_of(build / "bench" / "launch_loop")
+    except RuntimeError as e:
+        raise SystemExit(str(e))
     callers = {"C launch loop": [str(build / "bench" / "launch_loop"), "--calls", str(args.calls)],
                "Python ctypes loop": [sys.executable, "-c", PY_LOOP, cudart, str(args.calls), "0"]}
     if args.maps:
@@ -69,22 +64,17 @@ def main():
     ns = {(c, p): [] for c in callers for p in (False, True)}
     for _ in range(args.rounds):
         for probed in (False, True):
-            probe = None
-            if probed:
-                probe = subprocess.Popen([str(build / "bench" / "empty_probe"), cudart, "cudaLaunchKernel"],
-                                         stderr=subprocess.PIPE, text=True)
-                if "attached" not in probe.stderr.readline():
-                    probe.kill()
-                    raise SystemExit("empty_probe did not attach (root? libbpf?)")
-                time.sleep(0.5)
+            try:
+                probe = EmptyProbe(build, {cudart: ["cudaLaunchKernel"]}) if probed else None
+            except RuntimeError as e:
+                raise SystemExit(f"{e} (run as root)")
             try:
                 for name, cmd in callers.items():
                     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
                     ns[(name, probed)].append(last_json(out))
             finally:
                 if probe:
-                    probe.terminate()
-                    probe.wait()
+                    probe.close()
     print(f"ns per cudaLaunchKernel call, {args.calls} calls x {args.rounds} rounds (median, min..max)")
     print(f"{'caller':34} {'alone':>16} {'empty probe':>20} {'added by the trap':>18}")
     for name in callers:

@@ -305,7 +305,7 @@ struct gs_unwind_mapping {
 
 struct gs_unwind_proc {
 	__u32 nr;          /* mappings used, sorted by start */
-	__u32 pad;
+	__u32 gen;         /* changes whenever the entry does: walks cached per thread are stale */
 	struct gs_unwind_mapping maps[GS_UNWIND_MAX_MAPPINGS];
 };
 

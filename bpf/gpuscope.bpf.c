@@ -257,6 +257,10 @@ struct unwind_scratch {
 	__u32 at_entry;    /* frame-pointer walk: the first frame is a probed function's first instruction */
 	__u64 chunk;       /* the user address the CPU's unwind_chunks entry holds; 1: none */
 	__u64 last_page;   /* the page the last read was in */
+	/* The thread's last walk (struct walk_cache): */
+	__u32 step_flags;  /* WALK_* of the step under way */
+	__u32 search_lo;   /* the last walk's frames below it are below this walk's stack pointer */
+	__u64 step_bp_val; /* the saved rbp the step under way read (WALK_BP_READ) */
 };
 
 struct {
@@ -266,10 +270,54 @@ struct {
 	__type(value, struct unwind_scratch);
 } unwind_scratch_map SEC(".maps");
 
+/* A thread's stacks mostly share their outer frames from one walk to the next: the same frames,
+ * at the same stack addresses. Each walk keeps its frames here, per thread, and the next walk,
+ * on reaching a frame whose registers (ip, sp, rbp) equal one of them, takes that frame's step
+ * from here instead of from the tables when the words the step read (the return address, the
+ * saved rbp) still hold what they held: the step's outcome depends on nothing else, so the stack
+ * is the one the tables give. A word that changed sends the walk back to the tables. */
+struct walk_frame {
+	__u64 ip, sp, bp;
+	__u64 bp_val;      /* WALK_BP_READ: the saved rbp the step read at bp */
+	__u32 bp_known;
+	__u32 flags;       /* WALK_*: how the step from this frame to the next went */
+};
+#define WALK_DEPTH 128         /* >= GS_MAX_NATIVE_DEPTH, a power of two */
+#define WALK_STEPPED (1 << 0)  /* the step found the next frame: none for the last */
+#define WALK_BP_READ (1 << 1)
+#define WALK_FP_STEP (1 << 2)  /* along the frame pointer (code without a table) */
+#define WALK_UNMAPPED (1 << 3) /* ... because no mapping of the table holds it */
+#define WALK_OTHER_READ (1 << 4)  /* the step read a word not kept here: not taken from here */
+#define WALK_SEARCH 8          /* log2(WALK_DEPTH) + 1 halvings */
+
+struct walk_cache {
+	__u32 tgid, gen;   /* the process and its table (gs_unwind_proc.gen) the frames were walked with */
+	__u32 cur;         /* frames[cur] holds the last walk; the next writes the other */
+	__u32 nr[2];
+	struct walk_frame frames[2][WALK_DEPTH];
+};
+
+/* One per thread and kind of walk: a CPU sample can interrupt a call's walk on its thread. */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct walk_cache);
+} walk_cache_call SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct walk_cache);
+} walk_cache_sample SEC(".maps");
+
 struct unwind_ctx {
 	struct unwind_scratch *s;
 	struct gs_unwind_proc *proc;
 	struct unwind_chunk *k;
+	struct walk_cache *wc;  /* NULL: none (no memory for one, or the fp walk) */
+	__u32 old, old_nr;      /* the last walk: wc->frames[old], old_nr frames (0: none usable) */
 };
 
 #define UNWIND_MAP_SEARCH 10   /* log2(GS_UNWIND_MAX_MAPPINGS) + 1 */
@@ -358,6 +406,8 @@ static __always_inline bool unwind_bp(struct unwind_scratch *s, struct unwind_ch
 			return false;
 		}
 		s->bp_known = 1;
+		s->step_flags |= WALK_BP_READ;
+		s->step_bp_val = s->bp;
 	}
 	return s->bp_known == 1;
 }
@@ -378,10 +428,76 @@ static __always_inline long unwind_fp_step(struct unwind_scratch *s, struct unwi
 	    unwind_read(s, k, s->bp, &frame[0]) || unwind_read(s, k, s->bp + 8, &frame[1]))
 		return unwind_stop(s, GS_LOST_UNWIND_READ);
 	s->fp_steps++;
+	s->step_flags |= WALK_FP_STEP;
 	s->sp = s->bp + 16;
 	s->bp = frame[0];
 	s->ip = frame[1];
 	return s->ip ? 0 : unwind_stop(s, GS_LOST_NR);
+}
+
+/* Keeps frame i (its registers now, and how the step from frame i - 1 went) for the thread's
+ * next walk, and takes the step from frame i from the last walk when that is safe: true if it
+ * did (s holds the caller's registers), false to step with the tables. */
+static __always_inline bool walk_cached_step(struct unwind_ctx *c, __u32 i)
+{
+	struct unwind_scratch *s = c->s;
+	struct walk_cache *wc = c->wc;
+	struct walk_frame *nf = wc->frames[(c->old ^ 1) & 1];
+	if (i) {
+		struct walk_frame *prev = &nf[(i - 1) & (WALK_DEPTH - 1)];
+		prev->flags = s->step_flags & WALK_OTHER_READ ? 0 : s->step_flags | WALK_STEPPED;
+		prev->bp_val = s->step_bp_val;
+	}
+	struct walk_frame *f = &nf[i & (WALK_DEPTH - 1)];
+	f->ip = s->ip;
+	f->sp = s->sp;
+	f->bp = s->bp;
+	f->bp_known = s->bp_known;
+	f->flags = 0;
+	s->step_flags = 0;
+
+	/* The last walk's frame with this stack pointer: they are sorted by it. */
+	__u32 nr = c->old_nr & (WALK_DEPTH - 1), lo = s->search_lo, hi = nr;
+	struct walk_frame *of = wc->frames[c->old & 1];
+	if (lo >= nr || s->sp > of[(nr - 1) & (WALK_DEPTH - 1)].sp)
+		return false;
+	/* After a step taken from here the next frame is the candidate: no search. */
+	for (int h = 0; h < WALK_SEARCH && lo < hi && of[lo & (WALK_DEPTH - 1)].sp < s->sp; h++) {
+		__u32 mid = (lo + hi) / 2;
+		if (of[mid & (WALK_DEPTH - 1)].sp < s->sp)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	s->search_lo = lo;
+	if (lo + 1 >= nr)
+		return false;  /* none, or the last walk's last frame: how it ended is not kept */
+	struct walk_frame *o = &of[lo & (WALK_DEPTH - 1)], *next = &of[(lo + 1) & (WALK_DEPTH - 1)];
+	/* The same registers; and the first frame's row is looked up by ip, the others' by ip - 1. */
+	if (o->sp != s->sp || o->ip != s->ip || o->bp != s->bp || o->bp_known != s->bp_known ||
+	    !(o->flags & WALK_STEPPED) || !i != !lo)
+		return false;
+	/* The words the step read: the saved rbp, the caller's frame pointer for a frame-pointer
+	 * step, and the return address. */
+	__u64 word;
+	if ((o->flags & WALK_BP_READ) && (unwind_read(s, c->k, o->bp, &word) || word != o->bp_val))
+		return false;
+	if ((o->flags & WALK_FP_STEP) && (unwind_read(s, c->k, next->sp - 16, &word) || word != next->bp))
+		return false;
+	if (unwind_read(s, c->k, next->sp - 8, &word) || word != next->ip)
+		return false;
+	s->step_flags = o->flags & ~WALK_STEPPED;
+	s->step_bp_val = o->bp_val;
+	if (o->flags & WALK_FP_STEP)
+		s->fp_steps++;
+	if (o->flags & WALK_UNMAPPED)
+		s->unmapped++;
+	s->ip = next->ip;
+	s->sp = next->sp;
+	s->bp = next->bp;
+	s->bp_known = next->bp_known;
+	s->search_lo = lo + 1;
+	return true;
 }
 
 /* One frame: record its ip, find its mapping and row, compute the caller's registers. */
@@ -396,6 +512,8 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 	s->rec.ips[i & 127] = ip;
 	s->rec.nr = i + 1;
 	s->hash = (s->hash ^ ip) * 0x100000001b3ULL;
+	if (c->wc && walk_cached_step(c, i))
+		return 0;
 	/* A return address is after its call: the call's own rules are the ones before it. */
 	__u64 pc = i ? ip - 1 : ip;
 
@@ -412,6 +530,7 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 		m = &proc->maps[mi];
 		if (q.lo == 0 || pc >= m->end) {
 			s->unmapped++;
+			s->step_flags |= WALK_UNMAPPED;
 			return unwind_fp_step(s, k);
 		}
 		s->last_map = mi;
@@ -491,6 +610,7 @@ static long unwind_frame(__u32 i, struct unwind_ctx *c)
 		cfa = s->sp + 8 + ((ip & 15) >= (__u64)row->cfa_off ? 8 : 0);
 		break;
 	case GS_CFA_DEREF_RBP:
+		s->step_flags |= WALK_OTHER_READ;
 		if (!unwind_bp(s, k) || unwind_read(s, k, s->bp + cfa_off, &cfa))
 			return unwind_stop(s, GS_LOST_UNWIND_READ);
 		break;
@@ -546,6 +666,9 @@ static __always_inline bool unwind_start(struct unwind_ctx *c, struct pt_regs *r
 	s->at_entry = 0;
 	s->chunk = 1;
 	s->last_page = s->sp & ~(__u64)(UNWIND_CHUNK - 1);
+	s->step_flags = 0;
+	s->step_bp_val = 0;
+	s->search_lo = 0;
 	s->hash = 0xcbf29ce484222325ULL ^ tgid;
 	s->rec.nr = 0;
 	c->s = s;
@@ -570,7 +693,24 @@ static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_t
 	if (!unwind_start(&c, regs, tgid, slot))
 		return 0;
 	struct unwind_scratch *s = c.s;
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct walk_cache *wc = slot == UNWIND_SLOT_SAMPLE
+		? bpf_task_storage_get(&walk_cache_sample, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE)
+		: bpf_task_storage_get(&walk_cache_call, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (wc) {
+		c.wc = wc;
+		c.old = wc->cur & 1;
+		if (wc->tgid == tgid && wc->gen == proc->gen)
+			c.old_nr = wc->nr[c.old];
+	}
 	bpf_loop(GS_MAX_NATIVE_DEPTH + 1, unwind_frame, &c, 0);
+	if (wc) {
+		__u32 next = (c.old ^ 1) & 1;
+		wc->nr[next] = s->rec.nr;
+		wc->cur = next;
+		wc->tgid = tgid;
+		wc->gen = proc->gen;
+	}
 	if (!s->rec.nr)
 		return 0;
 	if (s->fp_steps)

@@ -216,6 +216,7 @@ bool UnwindTables::update(pid_t pid) {
     auto proc = std::make_unique<gs_unwind_proc>();
     std::memset(proc.get(), 0, sizeof(*proc));
     proc->nr = static_cast<uint32_t>(next.maps.size());
+    proc->gen = ++generation_;
     std::copy(next.maps.begin(), next.maps.end(), proc->maps);
     if (!bpf_.set_unwind_process(pid, *proc)) log_debug("no room for PID {}'s unwind table", pid);
   }

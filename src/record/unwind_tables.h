@@ -83,6 +83,7 @@ class UnwindTables {
   std::map<uint32_t, uint32_t> free_;  // free row ranges: offset -> length
   uint32_t top_ = 0;                   // rows below it have been handed out at some point
   uint64_t clock_ = 0;
+  uint32_t generation_ = 0;  // gs_unwind_proc::gen: one counter for all, so that no two entries share one
   Stats stats_;
 };
 

@@ -82,6 +82,27 @@ def test_library_loaded_late_gets_its_table(record):
     assert len(modules) > 12, modules
 
 
+def test_frames_kept_from_the_last_walk_are_not_taken_for_other_callers(record, gpuscope):
+    # Each launch's own frames lie where the last launch's did, but the callers above them
+    # alternate (two look-alike callers, three depths): the walk may reuse the thread's last walk
+    # only where the stack still holds what it held, so each launch keeps its own chain.
+    n = 600
+    rec = record("--call-stacks", "eh-frame", "--", TARGETS / "alike_callers", n)
+    assert rec.returncode == 0, rec.stderr
+    launches = folded(gpuscope, rec, "launches")
+    by_path = {}
+    for chain, count in launches.items():
+        assert chain[1] == "_start" and "[truncated stack]" not in chain, chain
+        via = [f for f in chain if "via_left" in f or "via_right" in f]
+        assert len(via) == 1, chain
+        nests = sum("nest" in f for f in chain)
+        assert chain.index("main") < chain.index(via[0]) < chain.index("cudaLaunchKernel"), chain
+        key = ("left" if "via_left" in via[0] else "right", nests - 1)
+        by_path[key] = by_path.get(key, 0) + count
+    # i % 2 picks the caller and (i / 2) % 3 the depth: every pair n / 6 times.
+    assert by_path == {(side, depth): n // 6 for side in ("left", "right") for depth in range(3)}, by_path
+
+
 @pytest.mark.parametrize("target", ["busy_loop", "busy_loop_nofp"])
 def test_cpu_samples_walked_from_tables(record, gpuscope, target):
     rec = record("--cpu-profile", 199, "--sample-unwind", "eh-frame", "--", TARGETS / target, 1)

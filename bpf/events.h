@@ -330,6 +330,15 @@ struct gs_native_stack_record {
 };
 
 /* Causes of lost information, counted per CPU in the `lost` map. */
+/* What the eh-frame walks did, summed over CPUs (bpf: unwind_stats): how often a frame's step
+ * came from the thread's last walk instead of the tables. */
+enum gs_unwind_stat {
+	GS_UNWIND_STAT_WALKS,
+	GS_UNWIND_STAT_FRAMES,
+	GS_UNWIND_STAT_FRAMES_REUSED,
+	GS_UNWIND_STAT_NR,
+};
+
 enum gs_lost_cause {
 	GS_LOST_RINGBUF_FULL = 0,  /* no room to reserve a record */
 	GS_LOST_PENDING_FULL,      /* no slot to keep an entry until its return */

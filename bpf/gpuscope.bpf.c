@@ -212,6 +212,20 @@ struct {
 	__type(value, __u8);
 } native_stacks_sent SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, GS_UNWIND_STAT_NR);
+	__type(key, __u32);
+	__type(value, __u64);
+} unwind_stats SEC(".maps");
+
+static __always_inline void unwind_stat_add(__u32 stat, __u64 n)
+{
+	__u64 *v = bpf_map_lookup_elem(&unwind_stats, &stat);
+	if (v)
+		*v += n;
+}
+
 /* Processes whose walks met code in no mapping of their table, or that have no table yet
  * (forked children, processes found late): user space reads their mappings again. */
 struct {
@@ -260,6 +274,7 @@ struct unwind_scratch {
 	/* The thread's last walk (struct walk_cache): */
 	__u32 step_flags;  /* WALK_* of the step under way */
 	__u32 search_lo;   /* the last walk's frames below it are below this walk's stack pointer */
+	__u32 reused;      /* steps taken from the last walk */
 	__u64 step_bp_val; /* the saved rbp the step under way read (WALK_BP_READ) */
 };
 
@@ -319,7 +334,26 @@ struct unwind_ctx {
 	struct unwind_chunk *k;
 	struct walk_cache *wc;  /* NULL: none (no memory for one, or the fp walk) */
 	__u32 old, old_nr;      /* the last walk: wc->frames[old], old_nr frames (0: none usable) */
+	__u32 tgid, slot;
 };
+
+/* Rows found lately, by pc, per CPU and UNWIND_SLOT_*: a process's tables are tens of MiB (a
+ * PyTorch process's ~90), so a row search reads cold memory: the mapping, the page index and a
+ * few rows. Stacks keep coming back to the same call sites; the walk cache above covers only
+ * the frames a thread's last stack shares with its new one. Direct-mapped. */
+struct row_cache_entry {
+	__u64 pc;
+	__u32 tgid, gen;   /* the process and its tables' gs_unwind_proc.gen */
+	struct gs_unwind_row row;
+};
+#define ROW_CACHE_BITS 12
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2 << ROW_CACHE_BITS);  /* UNWIND_SLOT_* << ROW_CACHE_BITS | slot */
+	__type(key, __u32);
+	__type(value, struct row_cache_entry);
+} unwind_row_cache SEC(".maps");
 
 #define UNWIND_MAP_SEARCH 10   /* log2(GS_UNWIND_MAX_MAPPINGS) + 1 */
 #define UNWIND_ROW_SEARCH 32   /* row indexes are 32-bit */
@@ -498,6 +532,7 @@ static __always_inline bool walk_cached_step(struct unwind_ctx *c, __u32 i)
 	s->bp = next->bp;
 	s->bp_known = next->bp_known;
 	s->search_lo = lo + 1;
+	s->reused++;
 	return true;
 }
 
@@ -527,6 +562,13 @@ static long unwind_frame(__u32 iteration, struct unwind_ctx *c)
 	}
 	/* A return address is after its call: the call's own rules are the ones before it. */
 	__u64 pc = i ? ip - 1 : ip;
+	struct gs_unwind_row found;
+	__u32 slot = (c->slot & 1) << ROW_CACHE_BITS | (__u32)((pc * 0x9e3779b97f4a7c15ULL) >> (64 - ROW_CACHE_BITS));
+	struct row_cache_entry *rc = bpf_map_lookup_elem(&unwind_row_cache, &slot);
+	if (rc && rc->pc == pc && rc->tgid == c->tgid && rc->gen == proc->gen) {
+		found = rc->row;
+		goto have_row;
+	}
 
 	__u32 nr = proc->nr < GS_UNWIND_MAX_MAPPINGS ? proc->nr : GS_UNWIND_MAX_MAPPINGS;
 	__u32 mi = s->last_map & (GS_UNWIND_MAX_MAPPINGS - 1);
@@ -602,9 +644,17 @@ static long unwind_frame(__u32 iteration, struct unwind_ctx *c)
 	struct gs_unwind_row *row = bpf_map_lookup_elem(&unwind_rows, &idx);
 	if (!row)
 		return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);
+	found = *row;
+	if (rc) {
+		rc->pc = pc;
+		rc->tgid = c->tgid;
+		rc->gen = proc->gen;
+		rc->row = found;
+	}
 
-	__u8 cfa_rule = row->rules & 0xf, rbp_rule = row->rules >> 4;
-	__s64 cfa_off = (__s64)row->cfa_off * 8, rbp_off = (__s64)row->rbp_off * 8;
+have_row:;
+	__u8 cfa_rule = found.rules & 0xf, rbp_rule = found.rules >> 4;
+	__s64 cfa_off = (__s64)found.cfa_off * 8, rbp_off = (__s64)found.rbp_off * 8;
 	__u64 cfa;
 	switch (cfa_rule) {
 	case GS_CFA_RSP:
@@ -618,7 +668,7 @@ static long unwind_frame(__u32 iteration, struct unwind_ctx *c)
 		cfa = s->bp + cfa_off;
 		break;
 	case GS_CFA_PLT:
-		cfa = s->sp + 8 + ((ip & 15) >= (__u64)row->cfa_off ? 8 : 0);
+		cfa = s->sp + 8 + ((ip & 15) >= (__u64)found.cfa_off ? 8 : 0);
 		break;
 	case GS_CFA_DEREF_RBP:
 		s->step_flags |= WALK_OTHER_READ;
@@ -680,10 +730,13 @@ static __always_inline bool unwind_start(struct unwind_ctx *c, struct pt_regs *r
 	s->step_flags = 0;
 	s->step_bp_val = 0;
 	s->search_lo = 0;
+	s->reused = 0;
 	s->hash = 0xcbf29ce484222325ULL ^ tgid;
 	s->rec.nr = 0;
 	c->s = s;
 	c->k = k;
+	c->tgid = tgid;
+	c->slot = slot;
 	return true;
 }
 
@@ -724,6 +777,9 @@ static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_t
 	}
 	if (!s->rec.nr)
 		return 0;
+	unwind_stat_add(GS_UNWIND_STAT_WALKS, 1);
+	unwind_stat_add(GS_UNWIND_STAT_FRAMES, s->rec.nr);
+	unwind_stat_add(GS_UNWIND_STAT_FRAMES_REUSED, s->reused);
 	if (s->fp_steps)
 		count_lost(GS_LOST_UNWIND_NO_TABLE);
 	if (s->unmapped)

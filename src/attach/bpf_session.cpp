@@ -505,16 +505,28 @@ size_t BpfSession::clear_stacks(int generation) {
   return keys.size();
 }
 
-LostCounts BpfSession::lost() const {
-  LostCounts total{};
+namespace {
+// A per-CPU array's entry, summed over CPUs; 0 if it cannot be read.
+uint64_t sum_over_cpus(const bpf_map* map, uint32_t key) {
   const int ncpu = libbpf_num_possible_cpus();
   std::vector<uint64_t> per_cpu(ncpu > 0 ? ncpu : 1);
-  for (uint32_t cause = 0; cause < GS_LOST_NR; ++cause) {
-    if (bpf_map__lookup_elem(skel_->maps.lost, &cause, sizeof(cause), per_cpu.data(),
-                             per_cpu.size() * sizeof(uint64_t), 0) != 0)
-      continue;
-    for (uint64_t v : per_cpu) total[cause] += v;
-  }
+  if (bpf_map__lookup_elem(map, &key, sizeof(key), per_cpu.data(), per_cpu.size() * sizeof(uint64_t), 0) != 0)
+    return 0;
+  uint64_t total = 0;
+  for (uint64_t v : per_cpu) total += v;
+  return total;
+}
+}  // namespace
+
+LostCounts BpfSession::lost() const {
+  LostCounts total{};
+  for (uint32_t cause = 0; cause < GS_LOST_NR; ++cause) total[cause] = sum_over_cpus(skel_->maps.lost, cause);
+  return total;
+}
+
+std::array<uint64_t, GS_UNWIND_STAT_NR> BpfSession::unwind_stats() const {
+  std::array<uint64_t, GS_UNWIND_STAT_NR> total{};
+  for (uint32_t stat = 0; stat < GS_UNWIND_STAT_NR; ++stat) total[stat] = sum_over_cpus(skel_->maps.unwind_stats, stat);
   return total;
 }
 

@@ -142,6 +142,8 @@ class BpfSession {
   size_t clear_stacks(int generation);
   uint32_t stack_map_entries() const { return stack_map_entries_; }
   LostCounts lost() const;
+  // The eh-frame walks' counters (gs_unwind_stat), summed over CPUs.
+  std::array<uint64_t, GS_UNWIND_STAT_NR> unwind_stats() const;
 
   // What one probe hit costs on this machine, measured on a function of our own: calls of
   // `target` timed without a probe, with an entry probe, and with a return probe on it.

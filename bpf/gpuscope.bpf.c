@@ -831,9 +831,11 @@ static __always_inline __u64 native_stack_id(struct unwind_scratch *s, __u32 tgi
  * stack map. This one reads the stack a page at a time through the chunk cache the table walk
  * uses, and sends each stack once per process. */
 
-static long fp_frame(__u32 i, struct unwind_ctx *c)
+/* One frame: record its ip, step to its caller. */
+static __always_inline long fp_frame_step(struct unwind_ctx *c)
 {
 	struct unwind_scratch *s = c->s;
+	__u32 i = s->rec.nr;
 	if (i >= GS_MAX_NATIVE_DEPTH)
 		return unwind_stop(s, GS_LOST_UNWIND_DEPTH);
 	s->rec.ips[i & 127] = s->ip;
@@ -851,6 +853,15 @@ static long fp_frame(__u32 i, struct unwind_ctx *c)
 	if (!s->bp)
 		return unwind_stop(s, GS_LOST_NR);
 	return unwind_fp_step(s, c->k);
+}
+
+/* A frame-pointer step costs less than a bpf_loop iteration: several per iteration. */
+static long fp_frame(__u32 iteration, struct unwind_ctx *c)
+{
+	for (int n = 0; n < WALK_PER_ITERATION; n++)
+		if (fp_frame_step(c))
+			return 1;
+	return 0;
 }
 
 /* The user stack whose registers are `regs`, walked along frame pointers: its id (the stack sent
@@ -1054,7 +1065,7 @@ static long find_thread_state(__u32 i, void *ctx)
 	return 0;
 }
 
-static long walk_py_frame(__u32 i, void *ctx)
+static __always_inline long walk_py_frame_step(void *ctx)
 {
 	struct py_scratch *s = ((struct py_walk *)ctx)->s;
 	if (!s || !s->frame)
@@ -1102,6 +1113,18 @@ static long walk_py_frame(__u32 i, void *ctx)
 	s->rec.depth = n + 1;
 	s->hash = (s->hash ^ code) * 0x100000001b3ULL;
 	s->hash = (s->hash ^ instr) * 0x100000001b3ULL;
+	return 0;
+}
+
+/* Frames that lie in the page already read cost less than a bpf_loop iteration: several per
+ * iteration. */
+#define PY_FRAMES_PER_ITERATION 4
+
+static long walk_py_frame(__u32 iteration, void *ctx)
+{
+	for (int n = 0; n < PY_FRAMES_PER_ITERATION; n++)
+		if (walk_py_frame_step(ctx))
+			return 1;
 	return 0;
 }
 

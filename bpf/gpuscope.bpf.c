@@ -470,6 +470,21 @@ static __always_inline long unwind_fp_step(struct unwind_scratch *s, struct unwi
 	return s->ip ? 0 : unwind_stop(s, GS_LOST_NR);
 }
 
+/* Records the frame in s->ip as the stack's next, in *i; false (the walk stopped) when the stack
+ * has no room for it. */
+static __always_inline bool unwind_push_frame(struct unwind_scratch *s, __u32 *i)
+{
+	*i = s->rec.nr;
+	if (*i >= GS_MAX_NATIVE_DEPTH) {
+		unwind_stop(s, GS_LOST_UNWIND_DEPTH);
+		return false;
+	}
+	s->rec.ips[*i & 127] = s->ip;
+	s->rec.nr = *i + 1;
+	s->hash = (s->hash ^ s->ip) * 0x100000001b3ULL;
+	return true;
+}
+
 /* Keeps frame i (its registers now, and how the step from frame i - 1 went) for the thread's
  * next walk, and takes the step from frame i from the last walk when that is safe: true if it
  * did (s holds the caller's registers), false to step with the tables. */
@@ -536,35 +551,31 @@ static __always_inline bool walk_cached_step(struct unwind_ctx *c, __u32 i)
 	return true;
 }
 
-/* One frame: record its ip, find its mapping and row, compute the caller's registers. */
+/* Frames: record each one's ip, take its step from the thread's last walk where that holds,
+ * else find its mapping and row and compute the caller's registers. */
 static long unwind_frame(__u32 iteration, struct unwind_ctx *c)
 {
 	struct unwind_scratch *s = c->s;
 	struct gs_unwind_proc *proc = c->proc;
 	struct unwind_chunk *k = c->k;
 	__u32 i;
-	__u64 ip;
 	/* Steps taken from the last walk are cheap next to a bpf_loop iteration (an indirect
 	 * call: ~10 ns in a uprobe on the dev VM), so an iteration takes up to WALK_PER_ITERATION
 	 * of them; the frame after the last is stepped with the tables. */
 	for (int n = 0;; n++) {
-		i = s->rec.nr;
-		if (i >= GS_MAX_NATIVE_DEPTH)
-			return unwind_stop(s, GS_LOST_UNWIND_DEPTH);
-		ip = s->ip;
-		s->rec.ips[i & 127] = ip;
-		s->rec.nr = i + 1;
-		s->hash = (s->hash ^ ip) * 0x100000001b3ULL;
+		if (!unwind_push_frame(s, &i))
+			return 1;
 		if (!c->wc || !walk_cached_step(c, i))
 			break;
 		if (n == WALK_PER_ITERATION - 1)
 			return 0;
 	}
+	__u64 ip = s->ip;
 	/* A return address is after its call: the call's own rules are the ones before it. */
 	__u64 pc = i ? ip - 1 : ip;
 	struct gs_unwind_row found;
-	__u32 slot = (c->slot & 1) << ROW_CACHE_BITS | (__u32)((pc * 0x9e3779b97f4a7c15ULL) >> (64 - ROW_CACHE_BITS));
-	struct row_cache_entry *rc = bpf_map_lookup_elem(&unwind_row_cache, &slot);
+	__u32 rc_key = (c->slot & 1) << ROW_CACHE_BITS | (__u32)((pc * 0x9e3779b97f4a7c15ULL) >> (64 - ROW_CACHE_BITS));
+	struct row_cache_entry *rc = bpf_map_lookup_elem(&unwind_row_cache, &rc_key);
 	if (rc && rc->pc == pc && rc->tgid == c->tgid && rc->gen == proc->gen) {
 		found = rc->row;
 		goto have_row;
@@ -835,12 +846,9 @@ static __always_inline __u64 native_stack_id(struct unwind_scratch *s, __u32 tgi
 static __always_inline long fp_frame_step(struct unwind_ctx *c)
 {
 	struct unwind_scratch *s = c->s;
-	__u32 i = s->rec.nr;
-	if (i >= GS_MAX_NATIVE_DEPTH)
-		return unwind_stop(s, GS_LOST_UNWIND_DEPTH);
-	s->rec.ips[i & 127] = s->ip;
-	s->rec.nr = i + 1;
-	s->hash = (s->hash ^ s->ip) * 0x100000001b3ULL;
+	__u32 i;
+	if (!unwind_push_frame(s, &i))
+		return 1;
 	if (i == 0 && s->at_entry) {
 		/* A probe at a function's first instruction: the caller's frame is not made yet, and
 		 * its return address is at sp (the kernel's walk adds it the same way). */

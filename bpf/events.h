@@ -330,12 +330,19 @@ struct gs_native_stack_record {
 };
 
 /* Causes of lost information, counted per CPU in the `lost` map. */
-/* What the eh-frame walks did, summed over CPUs (bpf: unwind_stats): how often a frame's step
- * came from the thread's last walk instead of the tables. */
+/* What the BPF stack walks did, summed over CPUs (bpf: unwind_stats, one array of these per CPU):
+ * for eh-frame walks, how often a frame's step came from the thread's last walk instead of the
+ * tables, and how the rest found their rows; for both kinds, the pages of stack read. */
 enum gs_unwind_stat {
 	GS_UNWIND_STAT_WALKS,
 	GS_UNWIND_STAT_FRAMES,
 	GS_UNWIND_STAT_FRAMES_REUSED,
+	GS_UNWIND_STAT_ROWS_CACHED,    /* rows found in the per-CPU row cache */
+	GS_UNWIND_STAT_ROWS_SEARCHED,  /* rows searched for in the tables */
+	GS_UNWIND_STAT_PAGES_READ,     /* stack pages read (a probe read each) */
+	GS_UNWIND_STAT_FP_WALKS,       /* frame-pointer walks (--call-stacks fp, --sample-unwind fp) */
+	GS_UNWIND_STAT_FP_FRAMES,
+	GS_UNWIND_STAT_FP_PAGES_READ,
 	GS_UNWIND_STAT_NR,
 };
 

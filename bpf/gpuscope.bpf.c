@@ -212,18 +212,21 @@ struct {
 	__type(value, __u8);
 } native_stacks_sent SEC(".maps");
 
+struct unwind_stat_counts {
+	__u64 n[GS_UNWIND_STAT_NR];
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, GS_UNWIND_STAT_NR);
+	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct unwind_stat_counts);
 } unwind_stats SEC(".maps");
 
-static __always_inline void unwind_stat_add(__u32 stat, __u64 n)
+static __always_inline struct unwind_stat_counts *unwind_stat_counts(void)
 {
-	__u64 *v = bpf_map_lookup_elem(&unwind_stats, &stat);
-	if (v)
-		*v += n;
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&unwind_stats, &zero);
 }
 
 /* Processes whose walks met code in no mapping of their table, or that have no table yet
@@ -275,6 +278,8 @@ struct unwind_scratch {
 	__u32 step_flags;  /* WALK_* of the step under way */
 	__u32 search_lo;   /* the last walk's frames below it are below this walk's stack pointer */
 	__u32 reused;      /* steps taken from the last walk */
+	__u16 rows_cached, rows_searched, pages_read;  /* GS_UNWIND_STAT_*, summed at the walk's end */
+	__u16 pad;
 	__u64 step_bp_val; /* the saved rbp the step under way read (WALK_BP_READ) */
 };
 
@@ -421,6 +426,7 @@ static __always_inline long unwind_read(struct unwind_scratch *s, struct unwind_
 			return bpf_probe_read_user(out, sizeof(*out), (void *)addr);
 		/* A page is readable whole or not at all: a word of one that failed would fail too
 		 * (and a failed read costs a fault here). */
+		s->pages_read++;
 		long err = bpf_probe_read_user(k->b, UNWIND_CHUNK, (void *)base);
 		if (err) {
 			s->chunk = 1;
@@ -578,6 +584,7 @@ static long unwind_frame(__u32 iteration, struct unwind_ctx *c)
 	struct row_cache_entry *rc = bpf_map_lookup_elem(&unwind_row_cache, &rc_key);
 	if (rc && rc->pc == pc && rc->tgid == c->tgid && rc->gen == proc->gen) {
 		found = rc->row;
+		s->rows_cached++;
 		goto have_row;
 	}
 
@@ -656,6 +663,7 @@ static long unwind_frame(__u32 iteration, struct unwind_ctx *c)
 	if (!row)
 		return unwind_stop(s, GS_LOST_UNWIND_NO_ROW);
 	found = *row;
+	s->rows_searched++;
 	if (rc) {
 		rc->pc = pc;
 		rc->tgid = c->tgid;
@@ -742,6 +750,9 @@ static __always_inline bool unwind_start(struct unwind_ctx *c, struct pt_regs *r
 	s->step_bp_val = 0;
 	s->search_lo = 0;
 	s->reused = 0;
+	s->rows_cached = 0;
+	s->rows_searched = 0;
+	s->pages_read = 0;
 	s->hash = 0xcbf29ce484222325ULL ^ tgid;
 	s->rec.nr = 0;
 	c->s = s;
@@ -788,9 +799,15 @@ static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_t
 	}
 	if (!s->rec.nr)
 		return 0;
-	unwind_stat_add(GS_UNWIND_STAT_WALKS, 1);
-	unwind_stat_add(GS_UNWIND_STAT_FRAMES, s->rec.nr);
-	unwind_stat_add(GS_UNWIND_STAT_FRAMES_REUSED, s->reused);
+	struct unwind_stat_counts *st = unwind_stat_counts();
+	if (st) {
+		st->n[GS_UNWIND_STAT_WALKS]++;
+		st->n[GS_UNWIND_STAT_FRAMES] += s->rec.nr;
+		st->n[GS_UNWIND_STAT_FRAMES_REUSED] += s->reused;
+		st->n[GS_UNWIND_STAT_ROWS_CACHED] += s->rows_cached;
+		st->n[GS_UNWIND_STAT_ROWS_SEARCHED] += s->rows_searched;
+		st->n[GS_UNWIND_STAT_PAGES_READ] += s->pages_read;
+	}
 	if (s->fp_steps)
 		count_lost(GS_LOST_UNWIND_NO_TABLE);
 	if (s->unmapped)
@@ -885,6 +902,12 @@ static __always_inline __u64 fp_user_stack(struct pt_regs *regs, __u64 pid_tgid,
 	bpf_loop(GS_MAX_NATIVE_DEPTH + 1, fp_frame, &c, 0);
 	if (!s->rec.nr)
 		return 0;
+	struct unwind_stat_counts *st = unwind_stat_counts();
+	if (st) {
+		st->n[GS_UNWIND_STAT_FP_WALKS]++;
+		st->n[GS_UNWIND_STAT_FP_FRAMES] += s->rec.nr;
+		st->n[GS_UNWIND_STAT_FP_PAGES_READ] += s->pages_read;
+	}
 	/* A chain that ends in code without frame pointers is how this walk ends: not a loss. */
 	__u32 flags = s->stop == GS_LOST_NR ? GS_NATIVE_COMPLETE : s->stop == GS_LOST_UNWIND_DEPTH ? 0 : GS_NATIVE_FP_END;
 	return native_stack_id(s, tgid, flags, slot);

@@ -526,7 +526,14 @@ LostCounts BpfSession::lost() const {
 
 std::array<uint64_t, GS_UNWIND_STAT_NR> BpfSession::unwind_stats() const {
   std::array<uint64_t, GS_UNWIND_STAT_NR> total{};
-  for (uint32_t stat = 0; stat < GS_UNWIND_STAT_NR; ++stat) total[stat] = sum_over_cpus(skel_->maps.unwind_stats, stat);
+  const int ncpu = std::max(libbpf_num_possible_cpus(), 1);
+  std::vector<std::array<uint64_t, GS_UNWIND_STAT_NR>> per_cpu(static_cast<size_t>(ncpu));  // one array per CPU
+  const uint32_t key = 0;
+  if (bpf_map__lookup_elem(skel_->maps.unwind_stats, &key, sizeof(key), per_cpu.data(),
+                           per_cpu.size() * sizeof(per_cpu[0]), 0) != 0)
+    return total;
+  for (const auto& cpu : per_cpu)
+    for (size_t stat = 0; stat < total.size(); ++stat) total[stat] += cpu[stat];
   return total;
 }
 

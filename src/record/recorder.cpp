@@ -387,6 +387,7 @@ int Recorder::run() {
 
   tracer_->stop();
   tracer_->report_unwind_tables();
+  tracer_->report_stack_walks();
   const uint64_t end_ns = monotonic_ns();
   writer_->set_meta("end_ns", std::to_string(end_ns));
   record_own_cost();

@@ -332,17 +332,33 @@ void Tracer::report_unwind_tables() {
                   st.rows_capacity * sizeof(gs_unwind_row) / 1048576.0, st.files_compiled, st.compile_ns / 1e6,
                   st.files_from_cache, st.files_without_room, st.files_failed, st.evicted);
   sink_.set_meta("unwind_tables", text);
+  sink_.set_lost("unwind_table_no_room", st.files_without_room);
+  if (!opts_.quiet) log_info("unwind tables: {}", text);
+}
+
+// What the BPF stack walks did (their counters in events.h: gs_unwind_stat), in meta and on stderr.
+void Tracer::report_stack_walks() {
   const auto walks = bpf_->unwind_stats();
   if (walks[GS_UNWIND_STAT_WALKS]) {
+    const double n = double(walks[GS_UNWIND_STAT_WALKS]);
     const std::string walked = fmt::format(
-        "{} walks, {:.1f} frames a walk, {:.1f}% of frames stepped from the thread's last walk",
-        walks[GS_UNWIND_STAT_WALKS], double(walks[GS_UNWIND_STAT_FRAMES]) / walks[GS_UNWIND_STAT_WALKS],
-        100.0 * walks[GS_UNWIND_STAT_FRAMES_REUSED] / std::max<uint64_t>(walks[GS_UNWIND_STAT_FRAMES], 1));
+        "{} walks, {:.1f} frames a walk, {:.1f}% of frames stepped from the thread's last walk; "
+        "a walk found {:.1f} rows in the row cache and searched the tables for {:.1f}; {:.2f} stack pages read a walk",
+        walks[GS_UNWIND_STAT_WALKS], walks[GS_UNWIND_STAT_FRAMES] / n,
+        100.0 * walks[GS_UNWIND_STAT_FRAMES_REUSED] / std::max<uint64_t>(walks[GS_UNWIND_STAT_FRAMES], 1),
+        walks[GS_UNWIND_STAT_ROWS_CACHED] / n, walks[GS_UNWIND_STAT_ROWS_SEARCHED] / n,
+        walks[GS_UNWIND_STAT_PAGES_READ] / n);
     sink_.set_meta("unwind_walks", walked);
     if (!opts_.quiet) log_info("eh-frame walks: {}", walked);
   }
-  sink_.set_lost("unwind_table_no_room", st.files_without_room);
-  if (!opts_.quiet) log_info("unwind tables: {}", text);
+  if (walks[GS_UNWIND_STAT_FP_WALKS]) {
+    const double n = double(walks[GS_UNWIND_STAT_FP_WALKS]);
+    const std::string walked = fmt::format("{} walks, {:.1f} frames a walk, {:.2f} stack pages read a walk",
+                                           walks[GS_UNWIND_STAT_FP_WALKS], walks[GS_UNWIND_STAT_FP_FRAMES] / n,
+                                           walks[GS_UNWIND_STAT_FP_PAGES_READ] / n);
+    sink_.set_meta("fp_walks", walked);
+    if (!opts_.quiet) log_info("frame-pointer walks: {}", walked);
+  }
 }
 
 void Tracer::start_gpu_metrics() {

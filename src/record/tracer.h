@@ -108,6 +108,7 @@ class Tracer {
   PipelineStats stats() const { return pipeline_->stats(); }
   // Writes what the unwind tables hold and cost into the sink's meta (and says it unless quiet).
   void report_unwind_tables();
+  void report_stack_walks();
   int libraries_attached() const { return libraries_attached_; }
   // Processes that exited since the last call (when tracing every process; from exit records).
   std::vector<pid_t> take_exited();

@@ -1,10 +1,25 @@
 """--call-stacks eh-frame / --sample-unwind eh-frame: user stacks walked in BPF from tables compiled
 from .eh_frame reach the program's entry through code built without frame pointers."""
+import re
+
 import pytest
 
 from conftest import CUDART, ROOT, TARGETS, folded
 
 WORK = "(anonymous namespace)::work(int)"
+
+
+def walk_counts(rec, key, names):
+    """The figures of meta `key` (what record prints of its walks), in order, named by `names`."""
+    text = rec.scalar(f"SELECT value FROM meta WHERE key='{key}'")
+    assert text, key
+    figures = [float(n) for n in re.findall(r"[0-9]+(?:\.[0-9]+)?", text)]
+    assert len(figures) == len(names), text
+    return dict(zip(names, figures))
+
+
+EH_WALK = ("walks", "frames", "reused_pct", "rows_cached", "rows_searched", "pages")
+FP_WALK = ("walks", "frames", "pages")
 
 
 def call_stacks(gpuscope, rec):
@@ -41,11 +56,18 @@ def test_call_stacks_reach_start_without_frame_pointers(record, gpuscope):
     assert any(f.startswith("(anonymous namespace)::launch_kernels") for k in launches for f in k)
     assert not {c for c in lost(rec) if c.startswith("unwind_")}, lost(rec)
 
+    eh = walk_counts(rec, "unwind_walks", EH_WALK)  # before the next record takes its file
+
     # Frame pointers stop inside the program: none of those chains reaches main.
     fp = record("--call-stacks", "fp", "--", TARGETS / "cuda_ops_nofp", "--iterations", 2)
     fp_stacks = call_stacks(gpuscope, fp)
     assert fp_stacks and not any("main" in k for k in fp_stacks)
     assert max(map(len, fp_stacks)) < min(map(len, stacks))
+    # What each kind of walk did, as record reports it: the frame-pointer chain is shorter.
+    fpw = walk_counts(fp, "fp_walks", FP_WALK)
+    assert eh["walks"] >= 6 and fpw["walks"] >= 6, (eh, fpw)
+    assert fpw["frames"] < eh["frames"], (eh, fpw)
+    assert 1 <= fpw["pages"] <= eh["pages"], (eh, fpw)
 
 
 def test_many_threads_each_reach_their_entry(record, gpuscope):
@@ -101,6 +123,12 @@ def test_frames_kept_from_the_last_walk_are_not_taken_for_other_callers(record, 
         by_path[key] = by_path.get(key, 0) + count
     # i % 2 picks the caller and (i / 2) % 3 the depth: every pair n / 6 times.
     assert by_path == {(side, depth): n // 6 for side in ("left", "right") for depth in range(3)}, by_path
+    # The same few call sites over and over: steps come from the last walk or the row cache, and
+    # the tables are searched only for what neither holds.
+    w = walk_counts(rec, "unwind_walks", EH_WALK)
+    assert w["walks"] >= n and w["reused_pct"] > 0, w
+    assert w["rows_cached"] > w["rows_searched"], w
+    assert w["rows_cached"] + w["rows_searched"] <= w["frames"] * (1 - w["reused_pct"] / 100) + 0.1, w
 
 
 @pytest.mark.parametrize("target", ["busy_loop", "busy_loop_nofp"])

@@ -41,7 +41,7 @@ def run(gpuscope, flags, steps, tmp):
     entry = stats.get("call_entry", {"runs": 0, "run_time_ns": 0})
     return {"emit_avg": emit["run_time_ns"] / max(emit["runs"], 1), "emit_runs": emit["runs"],
             "entry_avg": entry["run_time_ns"] / max(entry["runs"], 1), "launches": launches,
-            "step_ms": (t["t1"] - t["t0"]) / t["steps"] / 1e6, "walks": meta.get("unwind_walks", "")}
+            "step_ms": (t["t1"] - t["t0"]) / t["steps"] / 1e6, "walks": meta.get("unwind_walks") or meta.get("fp_walks", "")}
 
 
 def fmt(xs, digits=0):
@@ -69,8 +69,9 @@ def main():
         per = [(x["emit_avg"] - b) * x["emit_runs"] / max(x["launches"], 1) for x, b in zip(rs, base)]
         print(f"{m:10} {fmt([x['emit_avg'] for x in rs]):>22} {fmt([x['entry_avg'] for x in rs]):>22} "
               f"{fmt(per) if m != 'no stacks' else '':>22} {fmt([x['step_ms'] for x in rs], 2):>20}")
-    for x in res["eh-frame"]:
-        print(f"eh-frame walks: {x['walks']}")
+    for m in ("fp", "eh-frame"):
+        for x in res[m]:
+            print(f"{m} walks: {x['walks']}")
     x = res["no stacks"][0]
     print(f"launch probe runs {x['emit_runs']} for {x['launches']} launch rows (the rest: registrations at import)")
     print(json.dumps({m: rs for m, rs in res.items()}))

@@ -327,10 +327,10 @@ void Tracer::report_unwind_tables() {
   const auto st = unwind_->stats();
   const std::string text =
       fmt::format("{} files, {} of {} row slots ({:.1f} of {:.1f} MiB, page indexes included), compiled {} files in {:.0f} ms ({} from the cache); {} without room, "
-                  "{} without frame information, {} evicted",
+                  "{} without frame information, {} evicted; processes' mappings read {} times",
                   st.files, st.rows_used, st.rows_capacity, st.rows_used * sizeof(gs_unwind_row) / 1048576.0,
                   st.rows_capacity * sizeof(gs_unwind_row) / 1048576.0, st.files_compiled, st.compile_ns / 1e6,
-                  st.files_from_cache, st.files_without_room, st.files_failed, st.evicted);
+                  st.files_from_cache, st.files_without_room, st.files_failed, st.evicted, st.updates);
   sink_.set_meta("unwind_tables", text);
   sink_.set_lost("unwind_table_no_room", st.files_without_room);
   if (!opts_.quiet) log_info("unwind tables: {}", text);

@@ -137,6 +137,7 @@ bool UnwindTables::update(pid_t pid) {
   if (!bpf_.unwind_tables_enabled()) return false;
   auto maps = discover::read_maps(pid);
   if (maps.empty()) return false;
+  ++stats_.updates;
   Process next;
   next.updated_ns = monotonic_ns();
   // The files the mappings hold, even if their paths now name others (an upgraded library).

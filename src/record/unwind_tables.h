@@ -47,6 +47,7 @@ class UnwindTables {
     uint64_t files_without_room = 0;  // walked with frame pointers: the array was full
     uint64_t files_failed = 0;     // unreadable, or no frame information
     uint64_t evicted = 0;
+    uint64_t updates = 0;          // a process's mappings read (at its start, a new library, a walk in none)
     size_t processes = 0;
   };
   Stats stats() const;

@@ -270,6 +270,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       sent_stack_ids_.erase(rec.pid);
       build_ids_.erase(rec.pid);
       kernel_ids_.erase(rec.pid);
+      frame_cache_.erase(rec.pid);
       unwinder_.forget(static_cast<pid_t>(rec.pid));
       python_.forget(static_cast<pid_t>(rec.pid));
       forget_native_stacks(rec.pid);  // a later process with this pid walks other code
@@ -281,6 +282,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       maps_.forget_before(rec.pid, rec.ts_ns);
       unwinder_.forget(static_cast<pid_t>(rec.pid));
       // The same addresses are other code in the new program.
+      frame_cache_.erase(rec.pid);
       stack_ids_.erase(rec.pid);
       sent_stack_ids_.erase(rec.pid);
       forget_native_stacks(rec.pid);
@@ -539,20 +541,46 @@ void Pipeline::merge_python(std::vector<store::StoredFrame>& native, const std::
   native = std::move(out);
 }
 
+const Pipeline::ResolvedFrame& Pipeline::resolve_frame(uint32_t pid, uint64_t ip) {
+  FrameCache& cache = frame_cache_[pid];
+  const uint64_t reads = maps_.reads(), python_generation = python_.generation();
+  if (cache.maps_reads != reads || cache.python_generation != python_generation ||
+      cache.frames.size() >= kMaxResolvedFrames) {
+    cache.frames.clear();
+    cache.maps_reads = reads;
+    cache.python_generation = python_generation;
+  }
+  auto [it, added] = cache.frames.try_emplace(ip);
+  ResolvedFrame& r = it->second;
+  if (!added && r.module_id) return r;
+  const uint64_t now = monotonic_ns();  // only here: a clock read costs a lookup's time
+  if (!added && now - r.asked_ns < kUnmappedRetryNs) return r;
+  r = ResolvedFrame{};
+  r.asked_ns = now;
+  if (auto m = maps_.resolve(pid, ip)) {
+    r.module_id = sink_.intern_module(m->path, build_id_of(pid, *m));
+    r.offset = m->file_offset;
+    r.eval_loop = python_.is_eval_loop(static_cast<pid_t>(pid), m->path, m->file_offset);
+  }
+  // Resolving may have read the maps: what it found holds for the snapshot read.
+  if (maps_.reads() != reads) {
+    const ResolvedFrame found = r;
+    cache.frames.clear();
+    cache.maps_reads = maps_.reads();
+    return cache.frames[ip] = found;
+  }
+  return r;
+}
+
 int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated, uint64_t py_stack) {
   std::vector<store::StoredFrame> frames;
   std::vector<bool> eval_loop;
+  frames.reserve(ips.size() + 1);
+  eval_loop.reserve(ips.size() + 1);
   for (uint64_t ip : ips) {
-    store::StoredFrame f;
-    f.ip = ip;
-    bool eval = false;
-    if (auto m = maps_.resolve(pid, ip)) {
-      f.module_id = sink_.intern_module(m->path, build_id_of(pid, *m));
-      f.offset = m->file_offset;
-      eval = py_stack && python_.is_eval_loop(static_cast<pid_t>(pid), m->path, m->file_offset);
-    }
-    frames.push_back(f);
-    eval_loop.push_back(eval);
+    const ResolvedFrame& r = resolve_frame(pid, ip);
+    frames.push_back({r.module_id, r.offset, ip});
+    eval_loop.push_back(py_stack && r.eval_loop);
   }
   if (truncated) {
     // The outermost frame says the walk was cut short, so that no one mistakes its last

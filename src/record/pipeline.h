@@ -163,6 +163,24 @@ class Pipeline {
   // by the path they were read at.
   std::unordered_map<uint32_t, std::unordered_map<std::string, std::string>> build_ids_;
   std::unordered_map<int32_t, int64_t> kernel_stack_ids_;
+  // Where each return address of a process's stacks lies (module, offset, eval loop or not):
+  // samples bring the same addresses again and again, and each costs a maps lookup, a build-id
+  // lookup and the module's interning. Emptied when any process's maps are read again or the
+  // Python processes change (ProcessMaps::reads, PythonFrames::generation), and when full.
+  struct ResolvedFrame {
+    int64_t module_id = 0;  // 0: in no file; asked again after kUnmappedRetryNs
+    uint64_t offset = 0;
+    bool eval_loop = false;
+    uint64_t asked_ns = 0;
+  };
+  struct FrameCache {
+    uint64_t maps_reads = 0, python_generation = 0;
+    std::unordered_map<uint64_t, ResolvedFrame> frames;
+  };
+  static constexpr size_t kMaxResolvedFrames = 1 << 16;  // per process
+  static constexpr uint64_t kUnmappedRetryNs = 1'000'000'000;
+  std::unordered_map<uint32_t, FrameCache> frame_cache_;
+  const ResolvedFrame& resolve_frame(uint32_t pid, uint64_t ip);
   uint64_t stack_epoch_ = 0;  // the sink's, when the two caches above were filled
   std::unique_ptr<symbolize::Kallsyms> kallsyms_;  // read at the first kernel stack
   symbolize::DwarfUnwinder unwinder_;               // stacks sent as copies (samples, --call-stacks dwarf)

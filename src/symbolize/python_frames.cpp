@@ -159,17 +159,20 @@ int python_line(const std::string& t, int firstlineno, int64_t index) {
 void PythonFrames::add_process(pid_t pid, const discover::PythonProcess& p) {
   std::lock_guard lock(mu_);
   processes_[pid] = p;
+  generation_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void PythonFrames::forget(pid_t pid) {
   std::lock_guard lock(mu_);
   processes_.erase(pid);
   codes_.erase(codes_.lower_bound({pid, 0}), codes_.upper_bound({pid, UINT64_MAX}));
+  generation_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void PythonFrames::on_fork(pid_t parent, pid_t child) {
   std::lock_guard lock(mu_);
   if (auto it = processes_.find(parent); it != processes_.end()) processes_[child] = it->second;
+  generation_.fetch_add(1, std::memory_order_relaxed);
 }
 
 std::optional<discover::PythonProcess> PythonFrames::process(pid_t pid) {

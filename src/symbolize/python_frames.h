@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -53,6 +54,8 @@ class PythonFrames {
   // Is the code at this file offset of `path` the interpreter's eval loop, in that process?
   bool is_eval_loop(pid_t pid, const std::string& path, uint64_t file_offset);
   uint64_t unnamed_frames() const { return unnamed_; }
+  // Moves whenever a process is added, forked or forgotten: is_eval_loop's answers may differ.
+  uint64_t generation() const { return generation_.load(std::memory_order_relaxed); }
 
  private:
   struct Code {
@@ -77,6 +80,7 @@ class PythonFrames {
   std::unordered_map<uint64_t, RawStack> stacks_;
   static constexpr size_t kMaxStacks = 1 << 20;  // bounded: past it the oldest ids are forgotten
   uint64_t unnamed_ = 0;
+  std::atomic<uint64_t> generation_{0};
 };
 
 }  // namespace gpuscope::symbolize

@@ -1,5 +1,7 @@
 #include "symbolize/dwarf_unwinder.h"
 
+#include "common/clock.h"
+
 #include <elfutils/libdwfl.h>
 
 #include <fmt/format.h>
@@ -82,6 +84,7 @@ int on_frame(Dwfl_Frame* frame, void* arg) {
 
 struct DwarfUnwinder::Process {
   Dwfl* dwfl = nullptr;
+  uint64_t reported_ns = 0;
   ~Process() {
     if (dwfl) dwfl_end(dwfl);
   }
@@ -104,7 +107,17 @@ bool DwarfUnwinder::report(Process& p, pid_t pid) {
   const int rc = dwfl_linux_proc_maps_report(p.dwfl, f);
   dwfl_report_end(p.dwfl, nullptr, nullptr);
   fclose(f);
+  p.reported_ns = monotonic_ns();
   return rc == 0;
+}
+
+// Samples often stop in code of no file (the vDSO's clock_gettime, which CUDA's waits call, or
+// JIT code): re-reading the maps and re-reporting every module for each of them cost more than
+// the rest of the unwind. Only a pc in a file mapped since is worth it.
+bool DwarfUnwinder::report_for(Process& p, pid_t pid, uint64_t pc) {
+  constexpr uint64_t kMinReportIntervalNs = 20'000'000;  // as ProcessMaps re-reads at most
+  if (monotonic_ns() - p.reported_ns < kMinReportIntervalNs || !maps_.resolve(pid, pc)) return false;
+  return report(p, pid);
 }
 DwarfUnwinder::~DwarfUnwinder() = default;
 
@@ -126,7 +139,7 @@ DwarfUnwinder::Result DwarfUnwinder::unwind(pid_t pid, pid_t tid, const gs_user_
   Result out;
   Process* p = process(pid);
   if (!p) return out;
-  if (!dwfl_addrmodule(p->dwfl, regs.ip)) report(*p, pid);
+  if (!dwfl_addrmodule(p->dwfl, regs.ip)) report_for(*p, pid, regs.ip);
   for (int attempt = 0;; ++attempt) {
     current_ = {tid, &regs, stack};
     out.ips.clear();
@@ -138,7 +151,7 @@ DwarfUnwinder::Result DwarfUnwinder::unwind(pid_t pid, pid_t tid, const gs_user_
     // A walk that ran into code of no known module may have met a library mapped since the
     // modules were last reported (the first stacks of a process come while it is loading).
     if (out.complete || attempt > 0 || out.ips.empty() || dwfl_addrmodule(p->dwfl, out.ips.back())) break;
-    if (!report(*p, pid)) break;
+    if (!report_for(*p, pid, out.ips.back())) break;
   }
   return out;
 }

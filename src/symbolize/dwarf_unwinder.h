@@ -48,6 +48,9 @@ class DwarfUnwinder {
   struct Process;
   Process* process(pid_t pid);
   bool report(Process& p, pid_t pid);
+  // Reports the modules again for a pc libdw has no module for, when a file maps it now and the
+  // last report is not too recent; true if it did.
+  bool report_for(Process& p, pid_t pid, uint64_t pc);
   ProcessMaps& maps_;
   std::unordered_map<pid_t, std::unique_ptr<Process>> procs_;
   Current current_;

@@ -75,6 +75,7 @@ bool ProcessMaps::refresh(pid_t pid) {
   std::lock_guard lock(mu_);
   Process& p = processes_[pid];
   p.maps = std::move(maps);
+  p.no_file_pages.clear();
   p.refreshed_ns = monotonic_ns();
   return true;
 }
@@ -100,8 +101,22 @@ std::optional<ModuleAddress> ProcessMaps::resolve(pid_t pid, uint64_t addr) {
   }
   // A miss: is the address in a file mapped since the snapshot? Asked of the kernel for that
   // one address where it can answer, the maps are re-read only when one is; else backing off.
+  const uint64_t page = addr >> 12;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = processes_.find(pid); it != processes_.end() && it->second.no_file_pages.contains(page))
+      return std::nullopt;
+  }
   const FileMapping mapped = file_maps(pid, addr);
-  if (mapped == FileMapping::No) return std::nullopt;
+  if (mapped == FileMapping::No) {
+    std::lock_guard lock(mu_);
+    if (auto it = processes_.find(pid); it != processes_.end()) {
+      auto& pages = it->second.no_file_pages;
+      if (pages.size() >= kMaxNoFilePages) pages.clear();
+      pages.insert(page);
+    }
+    return std::nullopt;
+  }
   {
     std::lock_guard lock(mu_);
     if (auto it = processes_.find(pid); it != processes_.end()) {

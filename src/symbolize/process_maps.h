@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "discover/proc.h"
@@ -52,7 +53,11 @@ class ProcessMaps {
     uint64_t miss_refresh_interval_ns = 0;  // 0: the shortest (see kMinRefreshIntervalNs)
     // openable_path's recent answers, by path: (answer, when asked).
     std::unordered_map<std::string, std::pair<std::string, uint64_t>> open_paths;
+    // Pages the kernel said no file maps (the vDSO, JIT code), until the next read of the maps:
+    // samples stop there often, and each question costs an open, an ioctl and a close.
+    std::unordered_set<uint64_t> no_file_pages;
   };
+  static constexpr size_t kMaxNoFilePages = 4096;
   std::optional<ModuleAddress> lookup(pid_t pid, uint64_t addr);
   mutable std::mutex mu_;
   std::unordered_map<pid_t, Process> processes_;  // those whose maps were read

@@ -65,6 +65,9 @@ def main():
                     help="runs of each, interleaved; per kernel the medians are compared, and with 2 or more the "
                          "spread of torch.profiler's own runs is shown beside the difference")
     args = ap.parse_args()
+    # CUDA_LAUNCH_BLOCKING=1 (inherited by both kinds of run): each kernel runs alone on an idle
+    # GPU, so that a kernel's time no longer depends on what ran beside it in that run.
+    print(f"CUDA_LAUNCH_BLOCKING={os.environ.get('CUDA_LAUNCH_BLOCKING', 'unset')}")
     theirs_runs, ours_runs = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.runs):

@@ -13,6 +13,12 @@
 # budget:   a launch-bound PyTorch job alone and under the agent (bench/agent_cost.py --budget-check).
 # soak:     the agent beside a PyTorch training job for SOAK_SECONDS: its CPU and memory over time.
 # cupti:    what --gpu-times costs the training step, by CUPTI activity (bench/gpu/cupti_api_cost.py).
+# ab:       each configuration's added time inside one process of each AB_WORKLOADS workload
+#           (bench/gpu/attach_ab.py: gpuscope attached and detached, torch.profiler switched on
+#           and off), with the traps alone (--floor-probes) beside; AB_CONFIGS, ROUNDS, AB_WINDOW.
+# gputimes: GPU times per kernel name against torch.profiler (bench/gpu/gpu_times_check.py),
+#           GPUTIMES_RUNS runs of each of GPUTIMES_STEPS steps; with GPUTIMES_BLOCKING=1 every
+#           launch waits for its kernel (CUDA_LAUNCH_BLOCKING), so kernels run alone in both.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-static}
@@ -127,5 +133,16 @@ if [[ " $STAGES " == *" soak "* ]]; then
 fi
 if [[ " $STAGES " == *" cupti "* ]]; then
   $PY bench/gpu/cupti_api_cost.py --gpuscope "$BUILD/gpuscope" --rounds ${ROUNDS:-2} --steps ${CUPTI_STEPS:-30} 2>&1 | tee "$OUT/cupti.txt"
+fi
+if [[ " $STAGES " == *" ab "* ]]; then
+  for w in ${AB_WORKLOADS:-train_step}; do
+    $PY bench/gpu/attach_ab.py --gpuscope "$BUILD/gpuscope" --workload "$w" --rounds ${ROUNDS:-5} \
+        --window ${AB_WINDOW:-5} --settle ${AB_SETTLE:-2} --out "$OUT" \
+        ${AB_CONFIGS:+--configs "$AB_CONFIGS"} 2>&1 | tee "$OUT/ab-$w.txt"
+  done
+fi
+if [[ " $STAGES " == *" gputimes "* ]]; then
+  CUDA_LAUNCH_BLOCKING=${GPUTIMES_BLOCKING:-0} $PY bench/gpu/gpu_times_check.py --gpuscope "$BUILD/gpuscope" \
+      --steps ${GPUTIMES_STEPS:-100} --runs ${GPUTIMES_RUNS:-3} 2>&1 | tee "$OUT/gputimes-blocking${GPUTIMES_BLOCKING:-0}.txt"
 fi
 rm -f "$OUT"/*.gpuscope "$OUT"/truth-*.json "$OUT"/*.nsys-rep "$OUT"/*.sqlite

@@ -102,6 +102,7 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
                 strerror(-err));
   }
   multi_ = multi;
+  floor_probes_ = cfg.floor_probes;
   if (unwind_rows_) munmap(unwind_rows_, size_t(unwind_rows_cap_) * sizeof(gs_unwind_row));
   unwind_rows_ = nullptr;
   unwind_rows_cap_ = 0;
@@ -144,6 +145,16 @@ BpfSession::BpfSession(const SessionConfig& cfg)
 
   ring_.reset(ring_buffer__new(bpf_map__fd(skel_->maps.events), &BpfSession::on_record, this, nullptr));
   if (!ring_) throw Error("cannot set up the ring buffer: {}", strerror(errno));
+}
+
+bpf_program* BpfSession::emit_program() const {
+  return floor_probes_ ? skel_->progs.calibration_hit : skel_->progs.call_entry_emit;
+}
+bpf_program* BpfSession::entry_program() const {
+  return floor_probes_ ? skel_->progs.calibration_hit : skel_->progs.call_entry;
+}
+bpf_program* BpfSession::return_program() const {
+  return floor_probes_ ? skel_->progs.calibration_hit : skel_->progs.call_return;
 }
 
 int BpfSession::attach_multi(bpf_program* prog, const std::string& path, const ProbeSet& set, bool retprobe, pid_t pid) {
@@ -295,13 +306,13 @@ void BpfSession::mark_checked(uint64_t dev, uint64_t ino) {
 void BpfSession::attach_probe(const std::string& path, uint64_t offset, uint64_t cookie, bool entry_only,
                               bool with_return, std::vector<std::unique_ptr<bpf_link, LinkDeleter>>& into, pid_t pid) {
   LIBBPF_OPTS(bpf_uprobe_opts, opts, .bpf_cookie = cookie);
-  bpf_program* entry = entry_only ? skel_->progs.call_entry_emit : skel_->progs.call_entry;
+  bpf_program* entry = entry_only ? emit_program() : entry_program();
   bpf_link* link = bpf_program__attach_uprobe_opts(entry, pid, path.c_str(), offset, &opts);
   if (!link) throw Error("uprobe at {}+{:#x}: {}", path, offset, strerror(errno));
   into.emplace_back(link);
   if (!with_return) return;
   LIBBPF_OPTS(bpf_uprobe_opts, ropts, .bpf_cookie = cookie, .retprobe = true);
-  link = bpf_program__attach_uprobe_opts(skel_->progs.call_return, pid, path.c_str(), offset, &ropts);
+  link = bpf_program__attach_uprobe_opts(return_program(), pid, path.c_str(), offset, &ropts);
   if (!link) throw Error("uretprobe at {}+{:#x}: {}", path, offset, strerror(errno));
   into.emplace_back(link);
 }
@@ -345,11 +356,11 @@ AttachResult BpfSession::attach_file(const std::string& path) {
       (f.api == decode::Api::Runtime ? result.runtime_probes : result.driver_probes)++;
     }
     if (multi_) {
-      for (int fd : {attach_multi(skel_->progs.call_entry_emit, path, emit, false),
-                     attach_multi(skel_->progs.call_entry, path, entry, false),
-                     attach_multi(skel_->progs.call_return, path, entry, true)})
+      for (int fd : {attach_multi(emit_program(), path, emit, false),
+                     attach_multi(entry_program(), path, entry, false),
+                     attach_multi(return_program(), path, entry, true)})
         if (fd >= 0) multi_links_.push_back(fd);
-      if (int fd = attach_multi(skel_->progs.call_entry_emit, path, rt_launch, false); fd >= 0)
+      if (int fd = attach_multi(emit_program(), path, rt_launch, false); fd >= 0)
         runtime_launch_multi_links_.push_back(fd);
     }
     if (!high_rate.emit.offsets.empty() || !high_rate.entry.offsets.empty()) {
@@ -371,9 +382,9 @@ AttachResult BpfSession::attach_file(const std::string& path) {
 
 void BpfSession::attach_high_rate(pid_t pid, const HighRateSet& set, ProcessLinks& into) {
   if (multi_) {
-    for (int fd : {attach_multi(skel_->progs.call_entry_emit, set.path, set.emit, false, pid),
-                   attach_multi(skel_->progs.call_entry, set.path, set.entry, false, pid),
-                   attach_multi(skel_->progs.call_return, set.path, set.entry, true, pid)})
+    for (int fd : {attach_multi(emit_program(), set.path, set.emit, false, pid),
+                   attach_multi(entry_program(), set.path, set.entry, false, pid),
+                   attach_multi(return_program(), set.path, set.entry, true, pid)})
       if (fd >= 0) into.fds.push_back(fd);
     return;
   }

@@ -61,6 +61,9 @@ struct SessionConfig {
   bool high_rate_per_process = false;
   // With filter_targets false: CPU samples only of processes given to add_target.
   bool sample_only_targets = false;
+  // Benchmarks: every CUDA probe (entry and return) runs a program that does nothing, so that
+  // a run measures the traps alone, on exactly the functions the real probes would take.
+  bool floor_probes = false;
 };
 
 struct AttachResult {
@@ -190,6 +193,12 @@ class BpfSession {
   // One uprobe-multi link (kernel 6.6+) per program and file: attaching and detaching a whole
   // library's probes costs one system call and one RCU grace period, not one per probe.
   bool multi_ = false;
+  bool floor_probes_ = false;
+  // The CUDA probes' programs: entry-only (launches), entry of a call with a return probe, and
+  // that return; with floor_probes all three are the program that does nothing.
+  bpf_program* emit_program() const;
+  bpf_program* entry_program() const;
+  bpf_program* return_program() const;
   std::vector<int> multi_links_;
   std::set<std::pair<uint64_t, uint64_t>> attached_files_;  // (st_dev, st_ino)
   // Runtime launch probes, kept apart so that they can be removed on their own.

@@ -152,6 +152,10 @@ int main(int argc, char** argv) {
                   "Distinct kernel stacks of CPU samples the BPF stack map holds (they are recycled when it "
                   "fills)")
       ->capture_default_str();
+  rec->add_flag("--floor-probes", ropts.floor_probes,
+                "Benchmarks only: the same probes, running a BPF program that does nothing (records no calls): "
+                "what the traps alone cost the targets")
+      ->group("");  // not in --help: it records nothing a user wants
   rec->add_flag("-q,--quiet", ropts.quiet, "Print only errors");
   rec->add_flag("-v,--verbose", g_verbose, "Print debugging detail");
   rec->add_option("command", ropts.command, "Command to run under observation (after --)");

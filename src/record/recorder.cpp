@@ -315,6 +315,7 @@ int Recorder::run() {
   topts.unwind_cache_dir = opts_.unwind_cache_dir;
   topts.launch_probes = opts_.launch_probes;
   topts.bpf_stats = opts_.bpf_stats;
+  topts.floor_probes = opts_.floor_probes;
   topts.cpu_profile_hz = opts_.cpu_profile_hz;
   topts.ringbuf_mb = opts_.ringbuf_mb;
   topts.stack_map_entries = opts_.stack_map_entries;

@@ -23,6 +23,7 @@ struct RecordOptions {
   bool quiet = false;
   LaunchProbes launch_probes = LaunchProbes::Auto;
   bool bpf_stats = false;
+  bool floor_probes = false;  // benchmarks: probes whose programs do nothing (the traps' own cost)
   int cpu_profile_hz = 0;  // 0: no CPU sampling
   bool dwarf_unwind_samples = true;  // CPU samples unwound from .eh_frame (false: frame pointers)
   bool dwarf_unwind_calls = false;   // CUDA calls' stacks too (a 16 KiB copy per call)

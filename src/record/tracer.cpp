@@ -108,6 +108,8 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   sink_.set_meta("python_stacks", cfg.python_stacks ? "1" : "0");
   cfg.stop_for_shared_objects = !opts_.all;
   cfg.high_rate_per_process = opts_.high_rate_per_process;
+  cfg.floor_probes = opts_.floor_probes;
+  if (opts_.floor_probes) sink_.set_meta("floor_probes", "1");
   cfg.sample_only_targets = opts_.all && opts_.only_cuda_processes;
   cfg.ringbuf_bytes = opts_.ringbuf_mb << 20;
   cfg.stack_map_entries = opts_.cpu_profile_hz > 0 ? opts_.stack_map_entries : 0;

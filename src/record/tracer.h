@@ -50,6 +50,7 @@ struct TracerOptions {
   LaunchProbes launch_probes = LaunchProbes::Auto;
   bool bpf_stats = false;
   bool bpf_stats_optional = false;  // go on without them where they are refused
+  bool floor_probes = false;        // benchmarks: the CUDA probes run an empty program
   // High-rate probes (launches, copies, memsets) attached per process, so that each process's
   // can be switched on and off (the agent's overhead budget); low-rate ones stay on for all.
   bool high_rate_per_process = false;

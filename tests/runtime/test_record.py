@@ -195,12 +195,14 @@ def test_sigterm_is_forwarded_and_file_stays_readable(tmp_path, gpuscope):
 
 def test_killed_recorder_keeps_what_it_committed(tmp_path, gpuscope):
     out = tmp_path / "killed.gpuscope"
+    # Far more iterations than 3 s allow (200,000 ran out in under 3 s on a fast machine, and the
+    # recording then ended cleanly before the kill).
     proc = subprocess.Popen([GPUSCOPE, "record", "-o", out, "--", TARGETS / "cuda_ops",
-                             "--iterations", "200000"], stderr=subprocess.PIPE, text=True)
+                             "--iterations", "100000000"], stderr=subprocess.PIPE, text=True)
     time.sleep(3)
     proc.kill()
     proc.wait()
-    subprocess.run(["pkill", "-f", "cuda_ops --iterations 200000"])
+    subprocess.run(["pkill", "-f", "cuda_ops --iterations 100000000"])
     rep = gpuscope("report", "--json", out)
     assert rep.returncode == 0, rep.stderr
     doc = json.loads(rep.stdout)
@@ -246,3 +248,19 @@ def test_runtime_launch_probes_leave_once_the_driver_is_probed(record, stub_driv
     # Without a driver the runtime's probes are the only ones that can see a launch: they stay.
     alone = record("--", TARGETS / "cuda_ops")
     assert alone.count("cudaLaunchKernel") == 2
+
+
+def test_floor_probes_trap_on_the_same_calls_and_record_none(record, tmp_path):
+    # bench/gpu/attach_ab.py's "floor": the real probe set, running a program that does nothing.
+    def program_runs(rec):
+        assert rec.returncode == 3, rec.stderr
+        return json.loads(rec.scalar("SELECT value FROM meta WHERE key='bpf_program_stats'"))
+    real = program_runs(record("--bpf-stats", "--", TARGETS / "cuda_ops", "--iterations", 2))
+    traps = sum(real[p]["runs"] for p in ("call_entry", "call_entry_emit", "call_return"))
+    assert traps > 40
+    rec = record("--floor-probes", "--bpf-stats", "--", TARGETS / "cuda_ops", "--iterations", 2)
+    floor = program_runs(rec)
+    assert rec.scalar("SELECT value FROM meta WHERE key='floor_probes'") == "1"
+    assert rec.scalar("SELECT count(*) FROM calls") == 0
+    assert not {"call_entry", "call_entry_emit", "call_return"} & set(floor)
+    assert floor["calibration_hit"]["runs"] == traps

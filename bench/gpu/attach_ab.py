@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""What each tool adds to a step, measured inside one process: a workload runs for the whole
+benchmark (ab_workload.py) while gpuscope is attached to it and detached again (`record --pid`),
+and torch.profiler is switched on and off inside it, configuration after configuration, round
+after round. Every configuration is compared with the baseline windows of the same process and
+round, so what separates one PyTorch process from the next (on the H100, baselines of separate
+runs spread over ±30%) does not enter the differences.
+
+    sudo python3 bench/gpu/attach_ab.py --gpuscope build-static/gpuscope [--workload train_step]
+        [--rounds 5] [--window 6] [--configs "baseline,floor,calls,+stacks,..."] [--out DIR]
+
+Configurations:
+  baseline               nothing attached
+  floor                  gpuscope's probes on the same functions, running a BPF program that
+                         does nothing (`record --floor-probes`): the traps alone, i.e. the floor
+                         times the traps, the least any uprobe-based tool adds (issue 3)
+  calls                  gpuscope record --no-stacks
+  +stacks                gpuscope record (frame-pointer stacks, Python frames)
+  +stacks eh-frame       gpuscope record --call-stacks eh-frame
+  +stacks +cpu 99Hz      gpuscope record --cpu-profile 99 (NVML at its default 10 Hz: every
+                         gpuscope configuration has it, as in overhead.py)
+  torch.profiler         CPU and CUDA activities
+  torch.profiler+stack   the same with Python stacks
+gpuscope attaches with --launch-probes driver (one trap per launch, what `record -- CMD` does once
+the driver is probed; on a machine without a GPU, where launches fail before the driver, give
+--launch-probes both). Each window waits --settle seconds after the tool starts, then keeps the
+steps that begin and end in the next --window seconds.
+
+Prints, per configuration, the median step time (median over rounds of each window's median),
+the added time (median and range of the per-round differences from that round's baseline), the
+traps per step for gpuscope's configurations (probed calls and returns in its record over the
+steps of its window), and then the figures the issues aim at; writes attach_ab.json to --out."""
+import argparse
+import json
+import os
+import pathlib
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+GPUSCOPE_CONFIGS = {
+    "floor": ["--floor-probes", "--no-stacks", "--gpu-sample-hz", "0"],
+    "calls": ["--no-stacks"],
+    "+stacks": [],
+    "+stacks eh-frame": ["--call-stacks", "eh-frame"],
+    "+stacks +cpu 99Hz": ["--cpu-profile", "99"],
+}
+PROFILER_CONFIGS = {"torch.profiler": "cuda", "torch.profiler+stack": "cuda+stack"}
+DEFAULT_CONFIGS = "baseline,floor,calls,+stacks,+stacks +cpu 99Hz,torch.profiler+stack"
+
+
+class Workload:
+    """The workload process, and the steps it has reported: (start_ns, end_ns, mode)."""
+
+    def __init__(self, python, name):
+        self.proc = subprocess.Popen([python, str(HERE / "ab_workload.py"), name], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.steps, self.modes = [], []
+        self.cond = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            f = line.split()
+            with self.cond:
+                if f[:1] == ["step"]:
+                    end, dur = int(f[1]), int(f[2])
+                    self.steps.append((end - dur, end, f[3]))
+                elif f[:1] == ["mode"]:
+                    self.modes.append(f[1])
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def wait_steps(self, n, timeout):
+        with self.cond:
+            if not self.cond.wait_for(lambda: len(self.steps) >= n or self.proc.poll() is not None, timeout):
+                raise SystemExit(f"attach_ab: the workload made {len(self.steps)} steps in {timeout} s")
+        if self.proc.poll() is not None:
+            raise SystemExit(f"attach_ab: the workload exited ({self.proc.returncode})")
+
+    def profiler(self, mode, timeout=300):
+        with self.cond:
+            n = len(self.modes)
+            self.proc.stdin.write(f"profiler {mode}\n")
+            self.proc.stdin.flush()
+            if not self.cond.wait_for(lambda: len(self.modes) > n or self.proc.poll() is not None, timeout):
+                raise SystemExit(f"attach_ab: the workload did not switch its profiler to {mode}")
+            return self.modes[-1]
+
+    def durations(self, t0, t1, mode=None):
+        with self.cond:
+            return [e - s for s, e, m in self.steps if s >= t0 and e <= t1 and (mode is None or m == mode)]
+
+    def count_between(self, t0, t1):
+        with self.cond:
+            return sum(1 for s, e, _ in self.steps if s >= t0 and e <= t1)
+
+    def stop(self):
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=120)
+        except Exception:
+            self.proc.kill()
+
+
+def record_figures(path, pid):
+    """Traps the record saw (a probed call is one trap, two with its return probe) and its span."""
+    db = sqlite3.connect(path)
+    meta = dict(db.execute("SELECT key, value FROM meta"))
+    calls, returns = db.execute("SELECT count(*), count(duration_ns) FROM calls WHERE pid = ?", (pid,)).fetchone()
+    lost = db.execute("SELECT coalesce(sum(count), 0) FROM lost WHERE cause NOT LIKE 'unwind_%'").fetchone()[0]
+    db.close()
+    return {"calls": calls, "returns": returns, "lost": lost, "start_ns": int(meta["start_ns"]),
+            "end_ns": int(meta.get("end_ns", 0)), "recorder_cpu_s": int(meta.get("recorder_cpu_ns", 0)) / 1e9}
+
+
+def gpuscope_window(args, work, flags, tmp):
+    """Attaches gpuscope, measures a window, detaches; returns (durations, figures)."""
+    rec = tmp / "ab.gpuscope"
+    rec.unlink(missing_ok=True)
+    proc = subprocess.Popen([args.gpuscope, "record", "-q", "--pid", str(work.proc.pid), "--launch-probes", args.launch_probes,
+                             *flags, "-o", str(rec)], stderr=subprocess.PIPE, text=True)
+    time.sleep(args.settle)
+    if proc.poll() is not None:
+        raise SystemExit(f"attach_ab: gpuscope {' '.join(flags)} exited: {proc.stderr.read().strip()}")
+    t0 = time.monotonic_ns()
+    time.sleep(args.window)
+    t1 = time.monotonic_ns()
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=300)[1]
+    if proc.returncode != 0:
+        raise SystemExit(f"attach_ab: gpuscope {' '.join(flags)} failed ({proc.returncode}): {err.strip()}")
+    fig = record_figures(rec, work.proc.pid)
+    steps = work.count_between(fig["start_ns"], fig["end_ns"] or t1)
+    fig["steps"] = steps
+    fig["traps_per_step"] = (fig["calls"] + fig["returns"]) / steps if steps else None
+    return work.durations(t0, t1), fig
+
+
+def profiler_window(args, work, mode):
+    got = work.profiler(mode)
+    if got != mode:
+        raise SystemExit(f"attach_ab: the workload cannot run torch.profiler ({got})")
+    time.sleep(args.settle)
+    t0 = time.monotonic_ns()
+    time.sleep(args.profiler_window)
+    t1 = time.monotonic_ns()
+    work.profiler("none")  # its post-processing runs in the workload here, outside any window
+    return work.durations(t0, t1, mode), {}
+
+
+def baseline_window(args, work):
+    time.sleep(min(args.settle, 1.0))
+    t0 = time.monotonic_ns()
+    time.sleep(args.window)
+    return work.durations(t0, time.monotonic_ns(), "none"), {}
+
+
+def run_group(args, configs, tmp, label):
+    """Runs one workload process through the rounds of these configurations."""
+    work = Workload(args.python, args.workload)
+    windows = {c: [] for c in configs}
+    figures = {c: [] for c in configs}
+    try:
+        work.wait_steps(1, 600)
+        time.sleep(args.warmup)
+        if "+stacks eh-frame" in configs:
+            # Compiles the process's unwind tables into gpuscope's cache once, outside the rounds.
+            gpuscope_window(args, work, GPUSCOPE_CONFIGS["+stacks eh-frame"], tmp)
+        for r in range(args.rounds):
+            # The order turns each round, so that no configuration always follows the same one.
+            order = configs[r % len(configs):] + configs[:r % len(configs)]
+            for c in order:
+                if c == "baseline":
+                    durs, fig = baseline_window(args, work)
+                elif c in GPUSCOPE_CONFIGS:
+                    durs, fig = gpuscope_window(args, work, GPUSCOPE_CONFIGS[c], tmp)
+                else:
+                    durs, fig = profiler_window(args, work, PROFILER_CONFIGS[c])
+                if not durs:
+                    raise SystemExit(f"attach_ab: no whole step in {c}'s window; make --window longer")
+                windows[c].append(statistics.median(durs))
+                figures[c].append({**fig, "window_steps": len(durs)})
+                print(f"{label}, round {r + 1}: {c:22} {statistics.median(durs) / 1e6:9.3f} ms/step over "
+                      f"{len(durs)} steps" + (f", {fig['traps_per_step']:.1f} traps/step" if fig.get("traps_per_step") else ""),
+                      flush=True)
+    finally:
+        work.stop()
+    return windows, figures
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpuscope", default=os.environ.get("GPUSCOPE", "build/gpuscope"))
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--workload", default="train_step", help="a workloads.py workload, or ctypes_launch (no GPU)")
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--window", type=float, default=6, help="seconds of steps kept per window")
+    ap.add_argument("--profiler-window", type=float, default=3,
+                    help="seconds of steps kept under torch.profiler (it post-processes every event when it stops)")
+    ap.add_argument("--settle", type=float, default=3, help="seconds between a tool's start and its window")
+    ap.add_argument("--warmup", type=float, default=5, help="seconds of steps before the first window")
+    ap.add_argument("--launch-probes", default="driver",
+                    help="gpuscope's --launch-probes (both: where launches never reach the driver, as without a GPU)")
+    ap.add_argument("--out", type=pathlib.Path)
+    args = ap.parse_args()
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for c in configs:
+        if c != "baseline" and c not in GPUSCOPE_CONFIGS and c not in PROFILER_CONFIGS:
+            raise SystemExit(f"attach_ab: unknown configuration {c!r}")
+    if "baseline" not in configs:
+        configs.insert(0, "baseline")
+
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="attach_ab."))
+    windows = {}  # config -> per round: median step ns
+    figures = {}
+    bases = {}    # config -> the baseline windows of its own process, round by round
+    # torch.profiler leaves CUPTI set up in the process once it has run, so its configurations
+    # run in a second process of the same workload, with baseline windows of its own.
+    groups = [[c for c in configs if c not in PROFILER_CONFIGS], [c for c in configs if c in PROFILER_CONFIGS]]
+    for group in groups:
+        if not group:
+            continue
+        if "baseline" not in group:
+            group.insert(0, "baseline")
+        label = "torch.profiler process" if any(c in PROFILER_CONFIGS for c in group) else "gpuscope process"
+        w, f = run_group(args, group, tmp, label)
+        for c in group:
+            if c == "baseline" and "baseline" in windows:
+                windows["baseline (torch.profiler process)"] = w[c]
+                figures["baseline (torch.profiler process)"] = f[c]
+                continue
+            windows[c], figures[c] = w[c], f[c]
+            bases[c] = w["baseline"]
+    configs = list(windows)
+    for c in configs:
+        bases.setdefault(c, windows[c])
+
+    base_ms = statistics.median(windows["baseline"]) / 1e6
+    summary = {}
+    print(f"\n{args.workload}, {args.rounds} rounds, windows of {args.window:g} s; added = the round's median "
+          f"minus that round's baseline")
+    print(f"{'configuration':22} {'ms/step':>9} {'x base':>7} {'added ms (range)':>26} {'traps/step':>10}")
+    for c in configs:
+        med = statistics.median(windows[c]) / 1e6
+        diffs = [(w - b) / 1e6 for w, b in zip(windows[c], bases[c])]
+        traps = [f["traps_per_step"] for f in figures[c] if f.get("traps_per_step")]
+        summary[c] = {"ms_per_step": med, "rounds_ms": [w / 1e6 for w in windows[c]], "added_ms": statistics.median(diffs),
+                      "added_ms_range": [min(diffs), max(diffs)], "traps_per_step": statistics.median(traps) if traps else None,
+                      "figures": figures[c]}
+        added = "" if c == "baseline" else f"{statistics.median(diffs):+8.3f} ({min(diffs):+.3f}..{max(diffs):+.3f})"
+        print(f"{c:22} {med:9.3f} {med / base_ms:7.3f} {added:>26} "
+              f"{(f'{statistics.median(traps):.1f}' if traps else ''):>10}")
+
+    def added(c):
+        return summary[c]["added_ms"] if c in summary else None
+    print()
+    if added("floor"):
+        for c in ("calls", "+stacks", "+stacks +cpu 99Hz", "+stacks eh-frame"):
+            if added(c) is not None:
+                print(f"{c} adds {added(c) / added('floor'):.2f}x what the traps alone add "
+                      f"({added(c):+.3f} against {added('floor'):+.3f} ms a step)")
+    if added("calls") is not None:
+        for c in ("+stacks", "+stacks eh-frame"):
+            if added(c) is not None:
+                extra = added(c) - added("calls")
+                print(f"{c} over calls: {extra:+.3f} ms a step, {100 * extra / base_ms:+.2f}% of the baseline step")
+    if added("torch.profiler+stack") is not None and added("+stacks"):
+        print(f"torch.profiler+stack adds {added('torch.profiler+stack') / added('+stacks'):.1f}x what gpuscope "
+              f"+stacks adds ({added('torch.profiler+stack'):+.3f} against {added('+stacks'):+.3f} ms a step)")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"attach_ab-{args.workload}.json").write_text(json.dumps(
+            {"workload": args.workload, "rounds": args.rounds, "window_s": args.window, "configs": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -17,10 +17,15 @@ Configurations:
   calls                  gpuscope record --no-stacks
   +stacks                gpuscope record (frame-pointer stacks, Python frames)
   +stacks eh-frame       gpuscope record --call-stacks eh-frame
+  +stacks no python      gpuscope record --no-python (native frames only)
   +stacks +cpu 99Hz      gpuscope record --cpu-profile 99 (NVML at its default 10 Hz: every
                          gpuscope configuration has it, as in overhead.py)
   torch.profiler         CPU and CUDA activities
   torch.profiler+stack   the same with Python stacks
+  X [b]                  gpuscope configuration X run with the build given by --gpuscope-b
+  X [apart]              X with gpuscope on --apart-cpus, the workload on --workload-cpus
+Every gpuscope configuration records with --bpf-stats (two clock reads a program run): its traps
+per step are its uprobe programs' runs, and "BPF ms/step" their run time.
 gpuscope attaches with --launch-probes driver (one trap per launch, what `record -- CMD` does once
 the driver is probed; on a machine without a GPU, where launches fail before the driver, give
 --launch-probes both). Each window waits --settle seconds after the tool starts, then keeps the
@@ -50,6 +55,7 @@ GPUSCOPE_CONFIGS = {
     "calls": ["--no-stacks"],
     "+stacks": [],
     "+stacks eh-frame": ["--call-stacks", "eh-frame"],
+    "+stacks no python": ["--no-python"],
     "+stacks +cpu 99Hz": ["--cpu-profile", "99"],
 }
 PROFILER_CONFIGS = {"torch.profiler": "cuda", "torch.profiler+stack": "cuda+stack"}
@@ -59,8 +65,9 @@ DEFAULT_CONFIGS = "baseline,floor,calls,+stacks,+stacks +cpu 99Hz,torch.profiler
 class Workload:
     """The workload process, and the steps it has reported: (start_ns, end_ns, mode)."""
 
-    def __init__(self, python, name):
-        self.proc = subprocess.Popen([python, str(HERE / "ab_workload.py"), name], stdin=subprocess.PIPE,
+    def __init__(self, python, name, cpus=None):
+        pin = ["taskset", "-c", cpus] if cpus else []
+        self.proc = subprocess.Popen([*pin, python, str(HERE / "ab_workload.py"), name], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, bufsize=1)
         self.steps, self.modes = [], []
         self.cond = threading.Condition()
@@ -116,18 +123,33 @@ def record_figures(path, pid):
     db = sqlite3.connect(path)
     meta = dict(db.execute("SELECT key, value FROM meta"))
     calls, returns = db.execute("SELECT count(*), count(duration_ns) FROM calls WHERE pid = ?", (pid,)).fetchone()
+    # --bpf-stats: every program's runs and run time; the uprobes' runs are the traps.
+    stats = json.loads(meta.get("bpf_program_stats", "{}"))
+    uprobes = ("call_entry", "call_entry_emit", "call_return", "calibration_hit")
     lost = db.execute("SELECT coalesce(sum(count), 0) FROM lost WHERE cause NOT LIKE 'unwind_%'").fetchone()[0]
     db.close()
     return {"calls": calls, "returns": returns, "lost": lost, "start_ns": int(meta["start_ns"]),
-            "end_ns": int(meta.get("end_ns", 0)), "recorder_cpu_s": int(meta.get("recorder_cpu_ns", 0)) / 1e9}
+            "end_ns": int(meta.get("end_ns", 0)), "recorder_cpu_s": int(meta.get("recorder_cpu_ns", 0)) / 1e9,
+            "uprobe_runs": sum(stats.get(p, {}).get("runs", 0) for p in uprobes),
+            "bpf_ns": sum(v.get("run_time_ns", 0) for v in stats.values())}
 
 
-def gpuscope_window(args, work, flags, tmp):
+def gpuscope_config(args, c):
+    """(command, flags) of a gpuscope configuration; "X [b]" is X run with --gpuscope-b, "X [apart]"
+    X with gpuscope kept off the workload's CPUs (--apart-cpus)."""
+    if c.endswith(" [b]") and args.gpuscope_b:
+        return [args.gpuscope_b], GPUSCOPE_CONFIGS.get(c[:-4])
+    if c.endswith(" [apart]") and args.apart_cpus:
+        return ["taskset", "-c", args.apart_cpus, args.gpuscope], GPUSCOPE_CONFIGS.get(c[:-8])
+    return [args.gpuscope], GPUSCOPE_CONFIGS.get(c)
+
+
+def gpuscope_window(args, work, flags, tmp, binary=None):
     """Attaches gpuscope, measures a window, detaches; returns (durations, figures)."""
     rec = tmp / "ab.gpuscope"
     rec.unlink(missing_ok=True)
-    proc = subprocess.Popen([args.gpuscope, "record", "-q", "--pid", str(work.proc.pid), "--launch-probes", args.launch_probes,
-                             *flags, "-o", str(rec)], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*(binary or [args.gpuscope]), "record", "-q", "--pid", str(work.proc.pid), "--bpf-stats",
+                             "--launch-probes", args.launch_probes, *flags, "-o", str(rec)], stderr=subprocess.PIPE, text=True)
     time.sleep(args.settle)
     if proc.poll() is not None:
         raise SystemExit(f"attach_ab: gpuscope {' '.join(flags)} exited: {proc.stderr.read().strip()}")
@@ -141,7 +163,8 @@ def gpuscope_window(args, work, flags, tmp):
     fig = record_figures(rec, work.proc.pid)
     steps = work.count_between(fig["start_ns"], fig["end_ns"] or t1)
     fig["steps"] = steps
-    fig["traps_per_step"] = (fig["calls"] + fig["returns"]) / steps if steps else None
+    fig["traps_per_step"] = fig["uprobe_runs"] / steps if steps else None
+    fig["bpf_ms_per_step"] = fig["bpf_ns"] / 1e6 / steps if steps else None
     return work.durations(t0, t1), fig
 
 
@@ -166,7 +189,7 @@ def baseline_window(args, work):
 
 def run_group(args, configs, tmp, label):
     """Runs one workload process through the rounds of these configurations."""
-    work = Workload(args.python, args.workload)
+    work = Workload(args.python, args.workload, args.workload_cpus)
     windows = {c: [] for c in configs}
     figures = {c: [] for c in configs}
     try:
@@ -181,8 +204,9 @@ def run_group(args, configs, tmp, label):
             for c in order:
                 if c == "baseline":
                     durs, fig = baseline_window(args, work)
-                elif c in GPUSCOPE_CONFIGS:
-                    durs, fig = gpuscope_window(args, work, GPUSCOPE_CONFIGS[c], tmp)
+                elif gpuscope_config(args, c)[1] is not None:
+                    binary, flags = gpuscope_config(args, c)
+                    durs, fig = gpuscope_window(args, work, flags, tmp, binary)
                 else:
                     durs, fig = profiler_window(args, work, PROFILER_CONFIGS[c])
                 if not durs:
@@ -211,11 +235,14 @@ def main():
     ap.add_argument("--warmup", type=float, default=5, help="seconds of steps before the first window")
     ap.add_argument("--launch-probes", default="driver",
                     help="gpuscope's --launch-probes (both: where launches never reach the driver, as without a GPU)")
+    ap.add_argument("--gpuscope-b", help="another gpuscope build: configuration \"X [b]\" is X run with it")
+    ap.add_argument("--workload-cpus", help="taskset the workload to these CPUs (e.g. 0-7)")
+    ap.add_argument("--apart-cpus", help="configuration \"X [apart]\": X with gpuscope taskset to these CPUs (e.g. 8-15)")
     ap.add_argument("--out", type=pathlib.Path)
     args = ap.parse_args()
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     for c in configs:
-        if c != "baseline" and c not in GPUSCOPE_CONFIGS and c not in PROFILER_CONFIGS:
+        if c != "baseline" and gpuscope_config(args, c)[1] is None and c not in PROFILER_CONFIGS:
             raise SystemExit(f"attach_ab: unknown configuration {c!r}")
     if "baseline" not in configs:
         configs.insert(0, "baseline")
@@ -249,17 +276,21 @@ def main():
     summary = {}
     print(f"\n{args.workload}, {args.rounds} rounds, windows of {args.window:g} s; added = the round's median "
           f"minus that round's baseline")
-    print(f"{'configuration':22} {'ms/step':>9} {'x base':>7} {'added ms (range)':>26} {'traps/step':>10}")
+    print(f"{'configuration':22} {'ms/step':>9} {'x base':>7} {'added ms (range)':>26} {'traps/step':>10} "
+          f"{'BPF ms/step':>11}")
     for c in configs:
         med = statistics.median(windows[c]) / 1e6
         diffs = [(w - b) / 1e6 for w, b in zip(windows[c], bases[c])]
         traps = [f["traps_per_step"] for f in figures[c] if f.get("traps_per_step")]
+        bpf = [f["bpf_ms_per_step"] for f in figures[c] if f.get("bpf_ms_per_step")]
         summary[c] = {"ms_per_step": med, "rounds_ms": [w / 1e6 for w in windows[c]], "added_ms": statistics.median(diffs),
                       "added_ms_range": [min(diffs), max(diffs)], "traps_per_step": statistics.median(traps) if traps else None,
+                      "bpf_ms_per_step": statistics.median(bpf) if bpf else None,
                       "figures": figures[c]}
         added = "" if c == "baseline" else f"{statistics.median(diffs):+8.3f} ({min(diffs):+.3f}..{max(diffs):+.3f})"
         print(f"{c:22} {med:9.3f} {med / base_ms:7.3f} {added:>26} "
-              f"{(f'{statistics.median(traps):.1f}' if traps else ''):>10}")
+              f"{(f'{statistics.median(traps):.1f}' if traps else ''):>10} "
+              f"{(f'{statistics.median(bpf):.3f}' if bpf else ''):>11}")
 
     def added(c):
         return summary[c]["added_ms"] if c in summary else None
@@ -274,6 +305,9 @@ def main():
             if added(c) is not None:
                 extra = added(c) - added("calls")
                 print(f"{c} over calls: {extra:+.3f} ms a step, {100 * extra / base_ms:+.2f}% of the baseline step")
+    for c in configs:
+        if c.endswith(" [b]") and added(c[:-4]) is not None:
+            print(f"{c} against {c[:-4]}: {added(c) - added(c[:-4]):+.3f} ms a step")
     if added("torch.profiler+stack") is not None and added("+stacks"):
         print(f"torch.profiler+stack adds {added('torch.profiler+stack') / added('+stacks'):.1f}x what gpuscope "
               f"+stacks adds ({added('torch.profiler+stack'):+.3f} against {added('+stacks'):+.3f} ms a step)")

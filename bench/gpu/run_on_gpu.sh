@@ -15,7 +15,8 @@
 # cupti:    what --gpu-times costs the training step, by CUPTI activity (bench/gpu/cupti_api_cost.py).
 # ab:       each configuration's added time inside one process of each AB_WORKLOADS workload
 #           (bench/gpu/attach_ab.py: gpuscope attached and detached, torch.profiler switched on
-#           and off), with the traps alone (--floor-probes) beside; AB_CONFIGS, ROUNDS, AB_WINDOW.
+#           and off), with the traps alone (--floor-probes) beside; AB_CONFIGS, ROUNDS, AB_WINDOW,
+#           AB_GPUSCOPE_B (a second build), AB_EXTRA (more attach_ab.py flags, e.g. the CPU sets).
 # gputimes: GPU times per kernel name against torch.profiler (bench/gpu/gpu_times_check.py),
 #           GPUTIMES_RUNS runs of each of GPUTIMES_STEPS steps; with GPUTIMES_BLOCKING=1 every
 #           launch waits for its kernel (CUDA_LAUNCH_BLOCKING), so kernels run alone in both.
@@ -138,7 +139,8 @@ if [[ " $STAGES " == *" ab "* ]]; then
   for w in ${AB_WORKLOADS:-train_step}; do
     $PY bench/gpu/attach_ab.py --gpuscope "$BUILD/gpuscope" --workload "$w" --rounds ${ROUNDS:-5} \
         --window ${AB_WINDOW:-5} --settle ${AB_SETTLE:-2} --out "$OUT" \
-        ${AB_CONFIGS:+--configs "$AB_CONFIGS"} 2>&1 | tee "$OUT/ab-$w.txt"
+        ${AB_CONFIGS:+--configs "$AB_CONFIGS"} ${AB_GPUSCOPE_B:+--gpuscope-b "$AB_GPUSCOPE_B"} \
+        ${AB_EXTRA:-} 2>&1 | tee "$OUT/ab-$w.txt"
   done
 fi
 if [[ " $STAGES " == *" gputimes "* ]]; then

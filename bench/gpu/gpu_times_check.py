@@ -5,7 +5,12 @@ for train_step.py's profiled steps against torch.profiler's for the same steps, 
 each, interleaved: medians are compared, and torch.profiler's own run-to-run spread per kernel is
 shown beside the difference (a kernel's time moves between executions of the same program).
 
-    python3 bench/gpu/gpu_times_check.py --gpuscope build-static/gpuscope [--steps 5] [--runs 3]"""
+With --pacing profiler, gpuscope's runs also run torch.profiler with CPU activity only, which
+uses no CUPTI: the host then launches at the full profiler's pace, so kernels meet the same
+neighbours and idle gaps in both kinds of run.
+
+    python3 bench/gpu/gpu_times_check.py --gpuscope build-static/gpuscope [--steps 5] [--runs 3]
+        [--pacing profiler]"""
 import argparse
 import json
 import os
@@ -24,15 +29,16 @@ def profiler_run(args, tmp, r):
     path = os.path.join(tmp, f"truth{r}.json")
     subprocess.run([args.python, str(HERE / "train_step.py"), path, "--steps", str(args.steps)], check=True)
     truth = json.load(open(path))
-    return {n: (truth["kernels"][n], truth["kernel_us"].get(n, 0)) for n in truth["kernels"]}
+    return {n: (truth["kernels"][n], truth["kernel_us"].get(n, 0)) for n in truth["kernels"]}, step_ms(truth)
 
 
 def gpuscope_run(args, tmp, r):
     """gpuscope's kernels in the profiled window ({name: (count, us)}), its record's meta, the
     kernels tied to their launch (all, tied) and the GPU time by Python line."""
     ours_path, rec = os.path.join(tmp, f"ours{r}.json"), os.path.join(tmp, f"run{r}.gpuscope")
+    pacing = ["--profile-cpu-only"] if args.pacing == "profiler" else []
     run = subprocess.run([args.gpuscope, "record", "--gpu-times", "-o", rec, "--", args.python,
-                          str(HERE / "train_step.py"), ours_path, "--steps", str(args.steps), "--no-profile"],
+                          str(HERE / "train_step.py"), ours_path, "--steps", str(args.steps), "--no-profile", *pacing],
                          capture_output=True, text=True)
     print(run.stderr.strip())
     ours_run = json.load(open(ours_path))
@@ -53,7 +59,11 @@ def gpuscope_run(args, tmp, r):
         "LIMIT 5").fetchall()
     db.close()
     os.unlink(rec)
-    return {n: (c, ns / 1e3) for n, c, ns in rows}, meta, tied, lines
+    return {n: (c, ns / 1e3) for n, c, ns in rows}, meta, tied, lines, step_ms(ours_run)
+
+
+def step_ms(run):
+    return (run["t1"] - run["t0"]) / 1e6 / run["steps"]
 
 
 def main():
@@ -64,6 +74,10 @@ def main():
     ap.add_argument("--runs", type=int, default=1,
                     help="runs of each, interleaved; per kernel the medians are compared, and with 2 or more the "
                          "spread of torch.profiler's own runs is shown beside the difference")
+    ap.add_argument("--pacing", choices=["free", "profiler"], default="free",
+                    help="profiler: gpuscope's runs also run torch.profiler with CPU activity alone (no CUPTI), "
+                         "so that the host launches at the full profiler's pace and each kernel has the same "
+                         "neighbours and gaps in both kinds of run")
     args = ap.parse_args()
     # CUDA_LAUNCH_BLOCKING=1 (inherited by both kinds of run): each kernel runs alone on an idle
     # GPU, so that a kernel's time no longer depends on what ran beside it in that run.
@@ -71,11 +85,13 @@ def main():
     theirs_runs, ours_runs = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.runs):
-            theirs_runs.append(profiler_run(args, tmp, r))
-            ours, meta, tied, lines = gpuscope_run(args, tmp, r)
+            theirs, their_ms = profiler_run(args, tmp, r)
+            theirs_runs.append(theirs)
+            ours, meta, tied, lines, our_ms = gpuscope_run(args, tmp, r)
             ours_runs.append(ours)
             print(f"run {r + 1}: gpu_times meta: {meta.get('gpu_times')}; kernels recorded: {tied[0]}, "
-                  f"tied to their launch call: {tied[1]}")
+                  f"tied to their launch call: {tied[1]}; ms a step: torch.profiler {their_ms:.2f}, "
+                  f"gpuscope {our_ms:.2f} (pacing {args.pacing})")
 
     names = set().union(*ours_runs, *theirs_runs)
     ours = {n: (statistics.median(run.get(n, (0, 0.0))[0] for run in ours_runs),

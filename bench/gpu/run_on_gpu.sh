@@ -19,7 +19,8 @@
 #           AB_GPUSCOPE_B (a second build), AB_EXTRA (more attach_ab.py flags, e.g. the CPU sets).
 # gputimes: GPU times per kernel name against torch.profiler (bench/gpu/gpu_times_check.py),
 #           GPUTIMES_RUNS runs of each of GPUTIMES_STEPS steps; with GPUTIMES_BLOCKING=1 every
-#           launch waits for its kernel (CUDA_LAUNCH_BLOCKING), so kernels run alone in both.
+#           launch waits for its kernel (CUDA_LAUNCH_BLOCKING), so kernels run alone in both;
+#           with GPUTIMES_PACING=profiler gpuscope's runs launch at the profiler's pace (--pacing).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-static}
@@ -145,6 +146,7 @@ if [[ " $STAGES " == *" ab "* ]]; then
 fi
 if [[ " $STAGES " == *" gputimes "* ]]; then
   CUDA_LAUNCH_BLOCKING=${GPUTIMES_BLOCKING:-0} $PY bench/gpu/gpu_times_check.py --gpuscope "$BUILD/gpuscope" \
-      --steps ${GPUTIMES_STEPS:-100} --runs ${GPUTIMES_RUNS:-3} 2>&1 | tee "$OUT/gputimes-blocking${GPUTIMES_BLOCKING:-0}.txt"
+      --steps ${GPUTIMES_STEPS:-100} --runs ${GPUTIMES_RUNS:-3} --pacing ${GPUTIMES_PACING:-free} 2>&1 |
+      tee "$OUT/gputimes-blocking${GPUTIMES_BLOCKING:-0}-${GPUTIMES_PACING:-free}.txt"
 fi
 rm -f "$OUT"/*.gpuscope "$OUT"/truth-*.json "$OUT"/*.nsys-rep "$OUT"/*.sqlite

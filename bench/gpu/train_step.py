@@ -6,6 +6,7 @@ Writes the profiled window (CLOCK_MONOTONIC ns, the clock gpuscope records in), 
 launches per name as torch.profiler saw them, and torch.cuda.memory_reserved() at the end."""
 import argparse
 import collections
+import contextlib
 import json
 import os
 import tempfile
@@ -22,6 +23,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-profile", action="store_true",
                     help="run the same steps without torch.profiler (for gpuscope --gpu-times: one CUPTI user at a time)")
+    ap.add_argument("--profile-cpu-only", action="store_true",
+                    help="with --no-profile: torch.profiler records CPU activity alone over the steps (no CUPTI), "
+                         "so that the host paces the GPU as it does under the full profiler")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -43,11 +47,13 @@ def main():
     torch.cuda.synchronize()
 
     if args.no_profile:
-        t0 = time.monotonic_ns()
-        for _ in range(args.steps):
-            step()
-        torch.cuda.synchronize()
-        t1 = time.monotonic_ns()
+        pacing = profile(activities=[ProfilerActivity.CPU]) if args.profile_cpu_only else contextlib.nullcontext()
+        with pacing:
+            t0 = time.monotonic_ns()
+            for _ in range(args.steps):
+                step()
+            torch.cuda.synchronize()
+            t1 = time.monotonic_ns()
         events = []
     else:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -72,7 +78,7 @@ def main():
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"train_step: {sum(kernels.values())} kernel launches in {args.steps} profiled steps, "
-          f"memory_reserved={result['memory_reserved']}")
+          f"{(t1 - t0) / 1e6 / args.steps:.3f} ms a step, memory_reserved={result['memory_reserved']}")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ struct Cupti {
   CUptiResult (*ActivityRegisterTimestampCallback)(CUpti_TimestampCallbackFunc);
   CUptiResult (*GetTimestamp)(uint64_t*);
   CUptiResult (*Subscribe)(CUpti_SubscriberHandle*, CUpti_CallbackFunc, void*);
+  CUptiResult (*Unsubscribe)(CUpti_SubscriberHandle);
   CUptiResult (*EnableCallback)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
   CUptiResult (*GetCallbackName)(CUpti_CallbackDomain, uint32_t, const char**);
 };
@@ -283,11 +284,9 @@ bool makes_gpu_work(const char* name) {
 
 // Callbacks on only the calls that make GPU work, in both domains (a launch through the runtime
 // is tied by the runtime call's id; one straight to the driver, by the driver call's).
-bool subscribe_api_callbacks() {
+bool enable_api_callbacks(CUpti_SubscriberHandle sub) {
   Cupti& c = g_cupti;
-  if (!c.Subscribe || !c.EnableCallback || !c.GetCallbackName) return false;
-  CUpti_SubscriberHandle sub = nullptr;
-  if (c.Subscribe(&sub, on_api_call, nullptr) != CUPTI_SUCCESS) return false;
+  if (!c.EnableCallback || !c.GetCallbackName) return false;
   int enabled = 0;
   for (auto [domain, size] : {std::pair{CUPTI_CB_DOMAIN_RUNTIME_API, uint32_t(CUPTI_RUNTIME_TRACE_CBID_SIZE)},
                               std::pair{CUPTI_CB_DOMAIN_DRIVER_API, uint32_t(CUPTI_DRIVER_TRACE_CBID_SIZE)}})
@@ -356,6 +355,7 @@ bool start() {
   bind(h, c.ActivityRegisterTimestampCallback, "cuptiActivityRegisterTimestampCallback");
   bind(h, c.GetTimestamp, "cuptiGetTimestamp");
   bind(h, c.Subscribe, "cuptiSubscribe");
+  bind(h, c.Unsubscribe, "cuptiUnsubscribe");
   bind(h, c.EnableCallback, "cuptiEnableCallback");
   bind(h, c.GetCallbackName, "cuptiGetCallbackName");
   uint32_t version = 0;
@@ -367,6 +367,27 @@ bool start() {
     say("CUPTI API version %s: no GPU times", msg);
     return false;
   }
+
+  // A process has one CUPTI subscriber, and one pair of activity buffer callbacks, which the last
+  // to register takes over. Holding the subscriber slot in every mode makes a profiler started
+  // later (torch.profiler's Kineto, ...) fail its cuptiSubscribe and leave the buffers alone; a
+  // tool that holds it already keeps it: gpuscope stands aside rather than fight it for them.
+  CUpti_SubscriberHandle sub = nullptr;
+  if (c.Subscribe) {
+    const CUptiResult r = c.Subscribe(&sub, on_api_call, nullptr);
+    if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+      say("%s", "another CUPTI user (a profiler or tracer) is already in this process: no GPU times");
+      return false;
+    }
+    if (r != CUPTI_SUCCESS) sub = nullptr;
+  }
+  // Without GPU times the slot goes back, for a profiler that the program may start.
+  struct Release {
+    CUpti_SubscriberHandle sub;
+    ~Release() {
+      if (sub && g_cupti.Unsubscribe) g_cupti.Unsubscribe(sub);
+    }
+  } release{sub};
 
   gs_gpu_trace_header hdr{};
   std::memcpy(hdr.magic, GS_GPU_TRACE_MAGIC, sizeof(hdr.magic));
@@ -388,7 +409,7 @@ bool start() {
     return false;
   }
   std::string api = api_records_mode();
-  const bool callbacks_refused = api == "callbacks" && !subscribe_api_callbacks();
+  const bool callbacks_refused = api == "callbacks" && !(sub && enable_api_callbacks(sub));
   if (callbacks_refused) api = "runtime,driver";
   for (CUpti_ActivityKind k : activity_kinds(api)) {
     if (CUptiResult r = c.ActivityEnable(k); r != CUPTI_SUCCESS) {
@@ -406,6 +427,7 @@ bool start() {
     return false;
   }
   write_all(&hdr, sizeof(hdr));
+  release.sub = nullptr;  // kept for the process's life
   g_active = true;
   std::atexit(flush_at_exit);
   // Completed buffers are handed over when full or flushed: flush once a second, so that a

@@ -127,6 +127,7 @@ void Recorder::store_gpu_times(uint64_t start_ns, uint64_t end_ns) {
   // processes recorded, only the recording's window, and the files stay.
   const bool services = !opts_.gpu_trace_dir.empty();
   uint64_t activities = 0, matched = 0, dropped = 0;
+  uint64_t launches = 0, kernels_tied = 0;  // the launches recorded, and kernels tied to one
   std::vector<std::string> files;
   std::string errors;
   try {
@@ -169,6 +170,7 @@ void Recorder::store_gpu_times(uint64_t start_ns, uint64_t end_ns) {
         calls.push_back({calls_of.i64(0), uint32_t(calls_of.i64(1)), uint64_t(calls_of.i64(2)),
                          uint64_t(calls_of.i64(3)), calls_of.str(4)});
       calls_of.reset();
+      for (const auto& c : calls) launches += c.kind == "launch";
       const auto ids = gpu::correlate(t, calls);
       for (size_t i = 0; i < t.records.size(); ++i) {
         const auto& r = t.records[i];
@@ -186,18 +188,30 @@ void Recorder::store_gpu_times(uint64_t start_ns, uint64_t end_ns) {
         insert.run();
         ++activities;
         matched += ids[i] != 0;
+        kernels_tied += r.kind == GS_GPU_KERNEL && ids[i] != 0;
       }
       if (!services) unlink(f.c_str());
     }
     auto meta = db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)");
-    const std::string summary =
+    // Records lost without CUPTI counting them: another CUPTI user in the process (a profiler
+    // started after gpuscope's library) can take the activity buffers over.
+    std::string coverage;
+    if (!services && launches >= 1000 && kernels_tied * 2 < launches)
+      coverage = fmt::format("; only {} of {} kernel launches have a GPU time (another CUPTI user in the process, "
+                             "e.g. a profiler, may have taken CUPTI's records)",
+                             kernels_tied, launches);
+    std::string summary =
         files.empty() ? (services ? fmt::format("none: no recorded process has a gpu-PID.bin in {}", gpu_trace_dir_)
                                   : std::string("none: no process wrote GPU times (no CUDA driver loaded gpuscope's library into it, or the library said why above)"))
                       : fmt::format("cupti: {} activities from {} process(es), {} tied to their calls, {} dropped{}",
                                     activities, files.size(), matched, dropped, errors.empty() ? "" : "; " + errors);
+    summary += coverage;
     meta.bind(1, std::string_view("gpu_times")).bind(2, summary).run();
     db.exec("COMMIT");
-    if (!opts_.quiet) log_info("GPU times: {}", summary);
+    if (!coverage.empty())
+      log_warn("GPU times: {}", summary);
+    else if (!opts_.quiet)
+      log_info("GPU times: {}", summary);
   } catch (const std::exception& e) {
     log_error("could not store GPU times: {}", e.what());
   }

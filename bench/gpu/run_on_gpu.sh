@@ -20,7 +20,8 @@
 # gputimes: GPU times per kernel name against torch.profiler (bench/gpu/gpu_times_check.py),
 #           GPUTIMES_RUNS runs of each of GPUTIMES_STEPS steps; with GPUTIMES_BLOCKING=1 every
 #           launch waits for its kernel (CUDA_LAUNCH_BLOCKING), so kernels run alone in both;
-#           with GPUTIMES_PACING=profiler gpuscope's runs launch at the profiler's pace (--pacing).
+#           with GPUTIMES_PACING=profiler gpuscope's runs launch at the profiler's pace (--pacing);
+#           with GPUTIMES_NSYS=1 Nsight Systems measures the same steps as a third reference.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-static}
@@ -145,8 +146,12 @@ if [[ " $STAGES " == *" ab "* ]]; then
   done
 fi
 if [[ " $STAGES " == *" gputimes "* ]]; then
+  # The library's benchmark knobs, when set, name the output too (the device tool takes back
+  # only names of letters, digits, '.', '-' and '_').
+  knobs=${GPUSCOPE_CUPTI_API:+-api-${GPUSCOPE_CUPTI_API//,/_}}${GPUSCOPE_CUPTI_CLOCK:+-clock-$GPUSCOPE_CUPTI_CLOCK}
+  name="gputimes-blocking${GPUTIMES_BLOCKING:-0}-${GPUTIMES_PACING:-free}${knobs}"
   CUDA_LAUNCH_BLOCKING=${GPUTIMES_BLOCKING:-0} $PY bench/gpu/gpu_times_check.py --gpuscope "$BUILD/gpuscope" \
-      --steps ${GPUTIMES_STEPS:-100} --runs ${GPUTIMES_RUNS:-3} --pacing ${GPUTIMES_PACING:-free} 2>&1 |
-      tee "$OUT/gputimes-blocking${GPUTIMES_BLOCKING:-0}-${GPUTIMES_PACING:-free}.txt"
+      --steps ${GPUTIMES_STEPS:-100} --runs ${GPUTIMES_RUNS:-3} --pacing ${GPUTIMES_PACING:-free} \
+      ${GPUTIMES_NSYS:+--nsys} --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.txt"
 fi
 rm -f "$OUT"/*.gpuscope "$OUT"/truth-*.json "$OUT"/*.nsys-rep "$OUT"/*.sqlite

@@ -16,6 +16,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 
+NVTX_WINDOW = "train_step window"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -23,6 +26,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-profile", action="store_true",
                     help="run the same steps without torch.profiler (for gpuscope --gpu-times: one CUPTI user at a time)")
+    ap.add_argument("--nvtx", action="store_true",
+                    help=f"with --no-profile: an NVTX range '{NVTX_WINDOW}' spans the steps (for Nsight Systems)")
     ap.add_argument("--profile-cpu-only", action="store_true",
                     help="with --no-profile: torch.profiler records CPU activity alone over the steps (no CUPTI), "
                          "so that the host paces the GPU as it does under the full profiler")
@@ -49,11 +54,15 @@ def main():
     if args.no_profile:
         pacing = profile(activities=[ProfilerActivity.CPU]) if args.profile_cpu_only else contextlib.nullcontext()
         with pacing:
+            if args.nvtx:
+                torch.cuda.nvtx.range_push(NVTX_WINDOW)
             t0 = time.monotonic_ns()
             for _ in range(args.steps):
                 step()
             torch.cuda.synchronize()
             t1 = time.monotonic_ns()
+            if args.nvtx:
+                torch.cuda.nvtx.range_pop()
         events = []
     else:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -16,6 +16,7 @@ gpuscope and torch.profiler that gpuscope makes from one that torch.profiler's r
     python3 bench/gpu/gpu_times_check.py --gpuscope build-static/gpuscope [--steps 5] [--runs 3]
         [--pacing profiler] [--nsys [PATH]]"""
 import argparse
+import ctypes
 import json
 import os
 import pathlib
@@ -76,22 +77,51 @@ def nsys_run(args, tmp, r):
     subprocess.run([args.nsys, "profile", "-t", "cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--force-overwrite=true",
                     "-o", rep, "--", args.python, str(HERE / "train_step.py"), out_json, "--steps", str(args.steps),
                     "--no-profile", "--nvtx", *pacing], check=True, capture_output=True)
+    if not os.path.exists(rep + ".nsys-rep") and os.path.exists(rep + ".qdstrm"):
+        # An nsys without its importer beside it (the one Nsight Compute bundles) leaves the raw
+        # stream: the importer of the desktop host directory next to it turns it into a report.
+        importers = sorted(pathlib.Path(args.nsys).resolve().parents[1].glob("*/QdstrmImporter"))
+        if not importers:
+            raise RuntimeError("nsys left only a .qdstrm and no QdstrmImporter is installed beside it")
+        subprocess.run([str(importers[0]), "-i", rep + ".qdstrm"], check=True, capture_output=True)
     subprocess.run([args.nsys, "export", "--type", "sqlite", "--force-overwrite=true", "-o", rep + ".sqlite",
                     rep + ".nsys-rep"], check=True, capture_output=True)
     db = sqlite3.connect(rep + ".sqlite")
     rows = db.execute(
         "WITH w AS (SELECT n.start, n.end FROM NVTX_EVENTS n LEFT JOIN StringIds t ON t.id = n.textId "
         "WHERE coalesce(n.text, t.value) = ?) "
-        "SELECT s.value, count(*), sum(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
-        "JOIN StringIds s ON s.id = k.demangledName, w WHERE k.start >= w.start AND k.start <= w.end GROUP BY 1",
+        "SELECT m.value, s.value, count(*), sum(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+        "JOIN StringIds s ON s.id = k.demangledName LEFT JOIN StringIds m ON m.id = k.mangledName, w "
+        "WHERE k.start >= w.start AND k.start <= w.end GROUP BY 1, 2",
         ("train_step window",)).fetchall()
     db.close()
-    for f in (rep + ".nsys-rep", rep + ".sqlite"):
+    for f in (rep + ".nsys-rep", rep + ".sqlite", rep + ".qdstrm"):
         if os.path.exists(f):
             os.unlink(f)
     if not rows:
         raise RuntimeError("Nsight Systems' record has no kernels inside the NVTX window")
-    return {n: (c, ns / 1e3) for n, c, ns in rows}, step_ms(json.load(open(out_json)))
+    kernels = {}
+    for mangled, demangled, c, ns in rows:
+        # Nsight's demangler spells names its own way ((bool)1, <unnamed>): the C++ runtime's, as
+        # torch.profiler and gpuscope use, gives the names the other two runs have.
+        name = cxx_demangle(mangled) or demangled
+        count, us = kernels.get(name, (0, 0.0))
+        kernels[name] = (count + c, us + ns / 1e3)
+    return kernels, step_ms(json.load(open(out_json)))
+
+
+def cxx_demangle(mangled):
+    if not mangled or not mangled.startswith("_Z"):
+        return mangled
+    lib = ctypes.CDLL("libstdc++.so.6")
+    lib.__cxa_demangle.restype = ctypes.c_void_p
+    status = ctypes.c_int()
+    out = lib.__cxa_demangle(mangled.encode(), None, None, ctypes.byref(status))
+    if status.value != 0 or not out:
+        return None
+    name = ctypes.string_at(out).decode(errors="replace")
+    ctypes.CDLL(None).free(ctypes.c_void_p(out))
+    return name
 
 
 def step_ms(run):
@@ -155,6 +185,9 @@ def main():
     print(f"{len(names)} kernel names; {equal_counts} with equal counts in every run; GPU time in all "
           f"(median of {args.runs} run(s) each): gpuscope {total_ours:.0f} us, torch.profiler {total_theirs:.0f} us "
           f"({100 * (total_ours - total_theirs) / max(total_theirs, 1e-9):+.2f}%)")
+    # Names compared without spaces: demanglers of different GCC releases write "> >" or ">>".
+    squeeze = {n.replace(" ", ""): n for n in names}
+    nsys_runs = [{squeeze.get(n.replace(" ", ""), n): v for n, v in run.items()} for run in nsys_runs]
     by_nsys = {n: statistics.median(run.get(n, (0, 0.0))[1] for run in nsys_runs) for n in names} if nsys_runs else {}
     if nsys_runs:
         nsys_names = set().union(*nsys_runs)

@@ -31,7 +31,8 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 TORCH_LIB=$($PY -c 'import os, nvidia.cu13 as m; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null || true)
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:${TORCH_LIB}"
-# The agent links Debian's cpp-httplib (a shared library, with its OpenSSL); carried in $BUILD/lib.
+# The agent links Debian's cpp-httplib (a shared library, with its OpenSSL); carried in $BUILD/lib,
+# with Debian's libdw.so.1 and libelf.so.1, which Nsight's QdstrmImporter needs and the machine lacks.
 AGENT_LIBS="$(pwd)/$BUILD/lib"
 export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$AGENT_LIBS"
 

@@ -159,3 +159,21 @@ def test_gpu_time_in_flame_graph_report_and_timeline(record, gpuscope):
     assert len(starts) == 2 and starts.keys() == ends.keys()
     for i, s in starts.items():
         assert abs(ends[i]["ts"] - s["ts"] - 1) < 1e-6 and ends[i]["pid"] == kernels[0]["pid"]
+
+
+def test_record_warns_when_launches_went_untimed(record):
+    """A CUPTI user that took the library's records over leaves a file with few kernels: record
+    says that most launches have no GPU time. The process writes its file as the library would,
+    then becomes the CUDA program (same PID), whose 1,200 launches are recorded."""
+    writer = ("import os, struct, sys; pid = os.getpid(); "
+              "rec = struct.pack('<HHIQQIIQII3I3I', 1, 0, 0, 1000, 3000, 7, 0, 0, 0, 10, 4, 1, 1, 32, 1, 1) + b'_Z6stolenv'; "
+              "open(os.path.join(os.environ['GPUSCOPE_GPU_TRACE'], f'gpu-{pid}.bin'), 'wb').write("
+              "b'GSGPU01\\0' + struct.pack('<IIq', pid, 13000, 0) + rec); "
+              "os.execv(sys.argv[1], sys.argv[1:])")
+    rec = record("--gpu-times", "--", sys.executable, "-c", writer, TARGETS / "cuda_ops", "--iterations", 600)
+    assert rec.returncode == 3, rec.stderr
+    assert rec.count("cudaLaunchKernel") == 1200
+    summary = rec.scalar("SELECT value FROM meta WHERE key = 'gpu_times'")
+    assert summary.startswith("cupti: 1 activities from 1 process(es)"), summary
+    assert "only 0 of 1200 kernel launches have a GPU time" in summary, summary
+    assert "only 0 of 1200 kernel launches have a GPU time" in rec.stderr

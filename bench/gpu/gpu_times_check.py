@@ -39,14 +39,18 @@ def profiler_run(args, tmp, r):
     return {n: (truth["kernels"][n], truth["kernel_us"].get(n, 0)) for n in truth["kernels"]}, step_ms(truth)
 
 
+def pacing_flags(args):
+    """train_step.py's flags for the runs that are not torch.profiler's own."""
+    return ["--profile-cpu-only"] if args.pacing == "profiler" else []
+
+
 def gpuscope_run(args, tmp, r):
     """gpuscope's kernels in the profiled window ({name: (count, us)}), its record's meta, the
     kernels tied to their launch (all, tied) and the GPU time by Python line."""
     ours_path, rec = os.path.join(tmp, f"ours{r}.json"), os.path.join(tmp, f"run{r}.gpuscope")
-    pacing = ["--profile-cpu-only"] if args.pacing == "profiler" else []
     run = subprocess.run([args.gpuscope, "record", "--gpu-times", "-o", rec, "--", args.python,
-                          str(HERE / "train_step.py"), ours_path, "--steps", str(args.steps), "--no-profile", *pacing],
-                         capture_output=True, text=True)
+                          str(HERE / "train_step.py"), ours_path, "--steps", str(args.steps), "--no-profile",
+                          *pacing_flags(args)], capture_output=True, text=True)
     print(run.stderr.strip())
     ours_run = json.load(open(ours_path))
     db = sqlite3.connect(rec)
@@ -73,10 +77,9 @@ def nsys_run(args, tmp, r):
     """Nsight Systems' kernels in the window ({name: (count, us)}) and ms a step: the kernels that
     start inside train_step.py's NVTX range (it waits for the GPU before the range ends)."""
     out_json, rep = os.path.join(tmp, f"nsys{r}.json"), os.path.join(tmp, f"nsys{r}")
-    pacing = ["--profile-cpu-only"] if args.pacing == "profiler" else []
     subprocess.run([args.nsys, "profile", "-t", "cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--force-overwrite=true",
                     "-o", rep, "--", args.python, str(HERE / "train_step.py"), out_json, "--steps", str(args.steps),
-                    "--no-profile", "--nvtx", *pacing], check=True, capture_output=True)
+                    "--no-profile", "--nvtx", *pacing_flags(args)], check=True, capture_output=True)
     if not os.path.exists(rep + ".nsys-rep") and os.path.exists(rep + ".qdstrm"):
         # An nsys without its importer beside it (the one Nsight Compute bundles) leaves the raw
         # stream: the importer of the desktop host directory next to it turns it into a report.

@@ -51,6 +51,12 @@ def test_gpu_times_need_a_command(gpuscope, tmp_path):
     assert "--gpu-trace-dir" in lines[0]
 
 
+def gpu_trace_header(pid):
+    """A gpu-PID.bin's gs_gpu_trace_header (src/inject/gpu_trace.h): CUPTI 13.0, no clock offset."""
+    import struct
+    return b"GSGPU01\0" + struct.pack("<IIq", pid, 13000, 0)
+
+
 def gpu_trace_record(kind, start, end, name=b""):
     """One gs_gpu_record (src/inject/gpu_trace.h) and its name."""
     import struct
@@ -62,18 +68,17 @@ def test_a_services_gpu_times_are_read_for_the_recording_window(tmp_path):
     life's GPU times; the recording stores the window it recorded, for the processes it recorded,
     and leaves the files (still being written) alone. The file is written here as the library
     would (CI has no GPU)."""
-    import struct
     import time
     from conftest import GPUSCOPE
     traces = tmp_path / "traces"
     traces.mkdir()
     target = subprocess.Popen([TARGETS / "cuda_ops", "--sleep-ms", "1500", "--iterations", "1"])
     mine, other = traces / f"gpu-{target.pid}.bin", traces / "gpu-999999.bin"
-    header = lambda pid: b"GSGPU01\0" + struct.pack("<IIq", pid, 13000, 0)
     now = time.monotonic_ns()
     # Long before the recording: not stored.
-    mine.write_bytes(header(target.pid) + gpu_trace_record(1, now - 100_000_000_000, now - 99_999_000_000, b"_Z6beforev"))
-    other.write_bytes(header(999999) + gpu_trace_record(1, now, now + 1000, b"_Z5otherv"))
+    mine.write_bytes(gpu_trace_header(target.pid) +
+                     gpu_trace_record(1, now - 100_000_000_000, now - 99_999_000_000, b"_Z6beforev"))
+    other.write_bytes(gpu_trace_header(999999) + gpu_trace_record(1, now, now + 1000, b"_Z5otherv"))
     out = tmp_path / "svc.gpuscope"
     rec = subprocess.Popen([GPUSCOPE, "record", "-o", out, "--pid", str(target.pid), "--gpu-trace-dir", traces],
                            stderr=subprocess.PIPE, text=True)
@@ -165,12 +170,15 @@ def test_record_warns_when_launches_went_untimed(record):
     """A CUPTI user that took the library's records over leaves a file with few kernels: record
     says that most launches have no GPU time. The process writes its file as the library would,
     then becomes the CUDA program (same PID), whose 1,200 launches are recorded."""
-    writer = ("import os, struct, sys; pid = os.getpid(); "
-              "rec = struct.pack('<HHIQQIIQII3I3I', 1, 0, 0, 1000, 3000, 7, 0, 0, 0, 10, 4, 1, 1, 32, 1, 1) + b'_Z6stolenv'; "
-              "open(os.path.join(os.environ['GPUSCOPE_GPU_TRACE'], f'gpu-{pid}.bin'), 'wb').write("
-              "b'GSGPU01\\0' + struct.pack('<IIq', pid, 13000, 0) + rec); "
-              "os.execv(sys.argv[1], sys.argv[1:])")
-    rec = record("--gpu-times", "--", sys.executable, "-c", writer, TARGETS / "cuda_ops", "--iterations", 600)
+    # The file's bytes, with the header's PID field left to the process (it is known there alone).
+    pid_at = 8  # after the magic
+    content = gpu_trace_header(0) + gpu_trace_record(1, 1000, 3000, b"_Z6stolenv")
+    writer = ("import os, struct, sys; b = bytearray.fromhex(sys.argv[1]); "
+              f"b[{pid_at}:{pid_at + 4}] = struct.pack('<I', os.getpid()); "
+              "open(os.path.join(os.environ['GPUSCOPE_GPU_TRACE'], f'gpu-{os.getpid()}.bin'), 'wb').write(b); "
+              "os.execv(sys.argv[2], sys.argv[2:])")
+    rec = record("--gpu-times", "--", sys.executable, "-c", writer, content.hex(), TARGETS / "cuda_ops",
+                 "--iterations", 600)
     assert rec.returncode == 3, rec.stderr
     assert rec.count("cudaLaunchKernel") == 1200
     summary = rec.scalar("SELECT value FROM meta WHERE key = 'gpu_times'")

@@ -1,42 +1,23 @@
 #include "agent/budget.h"
 
-#include <fcntl.h>
-#include <unistd.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 
 namespace gpuscope::agent {
 
 uint64_t process_cpu_ns(pid_t pid) {
-  // Read every tick (10 times a second) for each process under the budget: one read() and a
-  // scan, without streams (which were 7% of the agent's CPU on the H100 soak).
-  char path[32], buf[1024];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", int(pid));
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  ::close(fd);
-  if (n <= 0) return 0;
-  buf[n] = '\0';
-  // Fields after the command (which may hold spaces and parentheses): state is field 3,
-  // utime and stime fields 14 and 15.
-  const char* p = std::strrchr(buf, ')');
-  if (!p) return 0;
-  p += 2;
-  for (int field = 3; field < 14 && p; ++field) {
-    p = std::strchr(p, ' ');
-    if (p) ++p;
-  }
-  if (!p) return 0;
-  char* end = nullptr;
-  const unsigned long long utime = std::strtoull(p, &end, 10);
-  const unsigned long long stime = std::strtoull(end, nullptr, 10);
-  static const double ns_per_tick = 1e9 / double(sysconf(_SC_CLK_TCK));
-  return uint64_t(double(utime + stime) * ns_per_tick);
+  // Read every tick (10 times a second) for each process under the budget, so from the
+  // process's CPU clock: one system call and exact to the nanosecond. /proc/PID/stat cost
+  // ~10x as much (open, format, close: 7% of the agent's CPU on the H100 soak) and moves in
+  // 10 ms ticks. The clock id is the kernel's encoding of the process's CPUCLOCK_SCHED clock
+  // (what clock_getcpuclockid returns, without its extra clock_getres call).
+  if (pid <= 0) return 0;
+  const clockid_t clock = static_cast<clockid_t>((~static_cast<unsigned>(pid) << 3) | 2);
+  timespec ts{};
+  if (clock_gettime(clock, &ts) != 0) return 0;  // gone
+  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
 }
 
 double BudgetController::ProcessState::observed_ratio() const {
@@ -113,7 +94,7 @@ void BudgetController::tick(uint64_t now_ns) {
     st.last_hits = now_hits;
     st.last_tick_ns = now_ns;
 
-    // Re-estimated from at least a second of on-time (the CPU clock ticks in 10 ms steps); the
+    // Re-estimated from at least a second of on-time (hit records arrive a poll or two late); the
     // first time from half a second: a process is found with its probes on, and a launch-bound
     // one pays their full cost until then (and is off for 99 times as long after, at 1%).
     // A process spending more than twice its budget is cut back after a fifth of a second: a job

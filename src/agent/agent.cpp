@@ -386,6 +386,9 @@ void Agent::update_health() {
       {{{}, double(lost[GS_LOST_RETURN_ORPHAN])}});
   add("gpuscope_agent_stack_map_recycles_total", "Times the BPF stack maps were switched and the old one emptied", "",
       MetricType::Counter, {{{}, double(st.stack_recycles)}});
+  add("gpuscope_agent_python_stack_generations_total",
+      "Times the Python stacks held were dropped and the BPF side made to send them again", "", MetricType::Counter,
+      {{{}, double(st.python_stack_generations)}});
   add("gpuscope_agent_attached_processes", "Processes whose CUDA libraries are probed", "", MetricType::Gauge,
       {{{}, double(budget_->processes().size())}});
   add("gpuscope_agent_cpu_seconds_total", "CPU time the agent used", "seconds", MetricType::Counter, {{{}, self_cpu_s()}});

@@ -266,6 +266,21 @@ void BpfSession::forget_native_stacks(const std::vector<uint64_t>& ids) {
   for (uint64_t id : ids) bpf_map__delete_elem(skel_->maps.native_stacks_sent, &id, sizeof(id), 0);
 }
 
+size_t BpfSession::forget_python_stacks() {
+  // Keys are read ahead of the deletes: deleting the key in hand would restart the walk.
+  const int fd = bpf_map__fd(skel_->maps.py_stacks_sent);
+  std::vector<uint64_t> keys;
+  uint64_t key = 0, next = 0;
+  const uint64_t* prev = nullptr;
+  while (bpf_map_get_next_key(fd, prev, &next) == 0) {
+    keys.push_back(next);
+    key = next;
+    prev = &key;
+  }
+  for (uint64_t k : keys) bpf_map_delete_elem(fd, &k);
+  return keys.size();
+}
+
 void BpfSession::start_cpu_sampling(int hz) {
   const int ncpu = libbpf_num_possible_cpus();
   int opened = 0;

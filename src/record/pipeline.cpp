@@ -93,7 +93,7 @@ void Pipeline::stop() {
 
 PipelineStats Pipeline::stats() const {
   return PipelineStats{records_.load(), calls_.load(), launches_.load(), samples_.load(), dropped_.load(),
-                       stack_recycles_.load(), stacks_expired_.load()};
+                       stack_recycles_.load(), stacks_expired_.load(), python_generations_.load()};
 }
 
 void Pipeline::run() {
@@ -219,6 +219,11 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       break;
     }
     case GS_REC_PY_STACK:
+      if (python_.stacks_held() >= kMaxPythonStacks) {
+        bpf_.forget_python_stacks();
+        python_.new_generation();
+        ++python_generations_;
+      }
       python_.on_stack(data, size);
       break;
     case GS_REC_NATIVE_STACK:
@@ -383,6 +388,7 @@ int64_t Pipeline::python_only_stack(uint32_t pid, uint64_t py_stack) {
   if (!py_stack) return 0;
   auto& ids = stack_ids_[pid];
   if (auto it = ids.find(py_stack); it != ids.end()) return it->second;
+  if (ids.size() >= kMaxPythonStacks) ids.clear();
   const int64_t id = store_user_stack(pid, {}, false, py_stack);
   ids.emplace(py_stack, id);
   return id;
@@ -514,7 +520,7 @@ Pipeline::Unwound Pipeline::unwind_stack_copy(uint32_t pid, uint32_t tid, const 
 
 void Pipeline::merge_python(std::vector<store::StoredFrame>& native, const std::vector<bool>& eval_loop,
                             uint64_t py_stack) {
-  const auto* py = python_.stack(py_stack);
+  const auto py = python_.stack(py_stack);
   if (!py || py->empty()) return;
   if (!python_module_id_) python_module_id_ = sink_.intern_module("[python]", "");
   std::vector<store::StoredFrame> out;

@@ -59,6 +59,8 @@ struct PipelineStats {
   uint64_t stack_recycles = 0;
   // Kernel stacks captured before their map was emptied (samples in flight across a recycle): unread.
   uint64_t stacks_expired = 0;
+  // Times the Python stacks held were started anew (and the BPF side made to send them again).
+  uint64_t python_stack_generations = 0;
 };
 
 class Pipeline {
@@ -188,6 +190,10 @@ class Pipeline {
   int64_t truncated_module_id_ = 0;
   int64_t python_module_id_ = 0;
   symbolize::PythonFrames python_;
+  // Python stacks held per generation (PythonFrames::new_generation): ~0.7 KiB each at 40
+  // frames, so two generations stay within a few MiB.
+  static constexpr size_t kMaxPythonStacks = 4096;
+  std::atomic<uint64_t> python_generations_{0};
   // Stacks sent ahead of their record (copies with --call-stacks dwarf), by (tid, the record's
   // time); stored when that record, with its Python stack, comes.
   static constexpr size_t kMaxCopiedStacks = 65536;

@@ -405,6 +405,7 @@ int Recorder::run() {
   tracer_->report_stack_walks();
   const uint64_t end_ns = monotonic_ns();
   writer_->set_meta("end_ns", std::to_string(end_ns));
+  writer_->set_meta("python_stack_generations", std::to_string(tracer_->stats().python_stack_generations));
   record_own_cost();
   writer_->finish();
   close(sfd);

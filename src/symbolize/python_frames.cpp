@@ -233,13 +233,17 @@ void PythonFrames::on_stack(const uint8_t* data, size_t size) {
   if (size < head_size) return;
   std::memcpy(&head, data, head_size);
   const size_t depth = std::min<size_t>({head.depth, GS_MAX_PY_FRAMES, (size - head_size) / sizeof(gs_py_frame)});
-  if (stacks_.size() >= kMaxStacks) stacks_.clear();
   RawStack s;
   s.pid = static_cast<pid_t>(head.pid);
   s.truncated = head.flags & GS_PY_STACK_TRUNCATED;
   s.frames.resize(depth);
   std::memcpy(s.frames.data(), data + head_size, depth * sizeof(gs_py_frame));
-  stacks_[head.id] = std::move(s);
+  current_[head.id] = std::move(s);
+}
+
+void PythonFrames::new_generation() {
+  previous_ = std::move(current_);
+  current_.clear();
 }
 
 PythonFrame PythonFrames::name(pid_t pid, const discover::PythonLayout* layout, const gs_py_frame& f) {
@@ -274,20 +278,20 @@ PythonFrame PythonFrames::name(pid_t pid, const discover::PythonLayout* layout, 
   return out;
 }
 
-const std::vector<PythonFrame>* PythonFrames::stack(uint64_t id) {
-  auto it = stacks_.find(id);
-  if (it == stacks_.end()) return nullptr;
-  RawStack& s = it->second;
-  if (!s.named) {
-    std::vector<PythonFrame> named;
-    named.reserve(s.frames.size() + 1);
-    const auto p = process(s.pid);
-    const discover::PythonLayout* layout = p ? p->binary.layout.get() : nullptr;
-    for (const auto& f : s.frames) named.push_back(name(s.pid, layout, f));
-    if (s.truncated) named.push_back(PythonFrame{"[truncated python stack]", "", 0, true});
-    s.named = std::move(named);
+std::optional<std::vector<PythonFrame>> PythonFrames::stack(uint64_t id) {
+  auto it = current_.find(id);
+  if (it == current_.end()) {
+    it = previous_.find(id);
+    if (it == previous_.end()) return std::nullopt;
   }
-  return &*s.named;
+  const RawStack& s = it->second;
+  std::vector<PythonFrame> named;
+  named.reserve(s.frames.size() + 1);
+  const auto p = process(s.pid);
+  const discover::PythonLayout* layout = p ? p->binary.layout.get() : nullptr;
+  for (const auto& f : s.frames) named.push_back(name(s.pid, layout, f));
+  if (s.truncated) named.push_back(PythonFrame{"[truncated python stack]", "", 0, true});
+  return named;
 }
 
 bool PythonFrames::is_eval_loop(pid_t pid, const std::string& path, uint64_t file_offset) {

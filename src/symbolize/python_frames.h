@@ -48,9 +48,16 @@ class PythonFrames {
   void on_code(const gs_py_code_record& rec);
   // `size`: the record's bytes (it is cut after its last frame).
   void on_stack(const uint8_t* data, size_t size);
+  // Stacks arrived since the last new_generation().
+  size_t stacks_held() const { return current_.size(); }
+  // Starts a new table of stacks; the one before stays readable until the next call. The BPF
+  // side sends each stack once, so the caller first makes it forget what it sent: stacks that
+  // come again are sent again, and records already under way still find theirs.
+  void new_generation();
 
-  // The frames of a stack id, innermost first; null if it never arrived (a lost record).
-  const std::vector<PythonFrame>* stack(uint64_t id);
+  // The frames of a stack id, innermost first; nullopt if it never arrived (a lost record).
+  // Named anew at each call: callers keep what they made of it.
+  std::optional<std::vector<PythonFrame>> stack(uint64_t id);
   // Is the code at this file offset of `path` the interpreter's eval loop, in that process?
   bool is_eval_loop(pid_t pid, const std::string& path, uint64_t file_offset);
   uint64_t unnamed_frames() const { return unnamed_; }
@@ -66,7 +73,6 @@ class PythonFrames {
     pid_t pid = 0;
     bool truncated = false;
     std::vector<gs_py_frame> frames;
-    std::optional<std::vector<PythonFrame>> named;  // named at first use
   };
   std::optional<discover::PythonProcess> process(pid_t pid);
   // Fills what the record could not carry from the live process; false if it is gone.
@@ -77,8 +83,9 @@ class PythonFrames {
   std::mutex mu_;
   std::unordered_map<pid_t, discover::PythonProcess> processes_;
   std::map<std::pair<pid_t, uint64_t>, Code> codes_;
-  std::unordered_map<uint64_t, RawStack> stacks_;
-  static constexpr size_t kMaxStacks = 1 << 20;  // bounded: past it the oldest ids are forgotten
+  // Two generations (see new_generation). A stack sampled on the CPU is new whenever the
+  // leaf's instruction is, so without a bound the tables grow for the process's life.
+  std::unordered_map<uint64_t, RawStack> current_, previous_;
   uint64_t unnamed_ = 0;
   std::atomic<uint64_t> generation_{0};
 };

@@ -194,3 +194,28 @@ def test_deep_python_stacks_are_walked_whole(record, python):
         expected.append(("nest", script, at["through_c" if depth == nest // 2 else "nest"]))
     expected.append(("<module>", script, at["module"]))
     assert stack == expected, stack
+
+
+def test_python_stacks_stay_right_past_the_number_held(record):
+    # 9,000 distinct Python stacks, twice over: more than the two generations of 4,096 the
+    # recorder holds at once, so it drops the older ones, and the BPF side must send them again
+    # when they come back. Every launch must still get its own stack: the function its grid
+    # names, recursed as deep as its block says.
+    functions, depths = 300, 30
+    rec = record("--", PYTHON, SCRIPTS / "py_many_stacks.py", CUDART, functions, depths)
+    assert rec.returncode == 0, rec.stderr
+    assert int(rec.scalar("SELECT value FROM meta WHERE key = 'python_stack_generations'")) >= 2
+    rows = rec.query(
+        "SELECT c.id, c.grid_x, c.block_x, p.function FROM calls c JOIN functions f ON f.id = c.func "
+        "JOIN stack_frames sf ON sf.stack_id = c.stack_id JOIN modules m ON m.id = sf.module_id AND m.path = '[python]' "
+        "JOIN python_frames p ON p.id = sf.offset WHERE f.name = 'cudaLaunchKernel' ORDER BY c.id, sf.depth")
+    stacks = {}
+    for call, grid_x, block_x, function in rows:
+        stacks.setdefault(call, (grid_x, block_x, []))[2].append(function)
+    assert rec.count("cudaLaunchKernel") == 2 * functions * depths
+    assert len(stacks) == 2 * functions * depths
+    wrong = [(g, b, names) for g, b, names in stacks.values()
+             if names != ["go"] + [f"f{g - 1}"] * b + ["<module>"]]
+    assert not wrong, wrong[:3]
+    assert rec.scalar("SELECT count FROM lost WHERE cause = 'python_frame_unnamed'") == 0
+    assert rec.scalar("SELECT count FROM lost WHERE cause = 'python_stack'") == 0

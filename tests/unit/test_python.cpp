@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <string>
+#include <vector>
 
 #include "discover/python.h"
 #include "symbolize/python_frames.h"
@@ -153,4 +155,37 @@ TEST(PythonBinary, ReadsDebiansInterpreter) {
   // Not an interpreter: no _PyRuntime.
   EXPECT_FALSE(discover::inspect_python_binary("/proc/self/exe", "/proc/self/exe").has_value());
   EXPECT_FALSE(discover::inspect_python_binary("/nonexistent", "/nonexistent").has_value());
+}
+
+namespace {
+// A one-frame stack record for PythonFrames::on_stack.
+std::vector<uint8_t> py_stack_record(uint64_t id, uint64_t code) {
+  gs_py_stack_record rec{};
+  rec.kind = GS_REC_PY_STACK;
+  rec.id = id;
+  rec.pid = 1;
+  rec.depth = 1;
+  rec.frames[0].code = code;
+  const size_t size = offsetof(gs_py_stack_record, frames) + sizeof(gs_py_frame);
+  const auto* p = reinterpret_cast<const uint8_t*>(&rec);
+  return {p, p + size};
+}
+}  // namespace
+
+TEST(PythonFrames, KeepsTheGenerationBeforeAndForgetsOlderOnes) {
+  symbolize::PythonFrames py;
+  auto first = py_stack_record(11, 0x1000), second = py_stack_record(22, 0x2000);
+  py.on_stack(first.data(), first.size());
+  EXPECT_EQ(py.stacks_held(), 1u);
+  py.new_generation();
+  EXPECT_EQ(py.stacks_held(), 0u);
+  py.on_stack(second.data(), second.size());
+  // Records already under way when the generation changed still find their stacks.
+  ASSERT_TRUE(py.stack(11).has_value());
+  EXPECT_EQ(py.stack(11)->size(), 1u);
+  ASSERT_TRUE(py.stack(22).has_value());
+  py.new_generation();
+  EXPECT_FALSE(py.stack(11).has_value());
+  EXPECT_TRUE(py.stack(22).has_value());
+  EXPECT_FALSE(py.stack(33).has_value());
 }

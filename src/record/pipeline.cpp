@@ -163,6 +163,7 @@ void Pipeline::process_batch(const std::vector<uint8_t>& batch) {
       n.stored.clear();
       n.once_stored.clear();
     }
+    py_frame_ids_.clear();
   }
   size_t at = 0;
   while (at + sizeof(uint32_t) <= batch.size()) {
@@ -518,24 +519,51 @@ Pipeline::Unwound Pipeline::unwind_stack_copy(uint32_t pid, uint32_t tid, const 
   return Unwound{std::move(res.ips), truncated};
 }
 
+void Pipeline::python_frame_ids(uint64_t py_stack, std::vector<PyFrameId>& out) {
+  out.clear();
+  const auto* py = python_.sent(py_stack);
+  if (!py) return;
+  // Names are the sink's ids, good for a process's interpreter and the sink's stack epoch.
+  if (const uint64_t gen = python_.generation(); gen != py_frame_ids_generation_ || py_frame_ids_.size() >= kMaxPyFrameIds) {
+    py_frame_ids_.clear();
+    py_frame_ids_generation_ = gen;
+  }
+  std::shared_ptr<const discover::PythonLayout> layout;
+  bool layout_read = false;
+  for (const auto& f : py->frames) {
+    const bool entry = f.code & GS_PY_FRAME_ENTRY;
+    auto [it, added] = py_frame_ids_.try_emplace(PyFrameKey{uint32_t(py->pid), f.code, f.instr}, 0);
+    if (added) {
+      if (!layout_read) {
+        layout = python_.layout_of(static_cast<pid_t>(py->pid));
+        layout_read = true;
+      }
+      const auto named = python_.name(static_cast<pid_t>(py->pid), layout.get(), f);
+      it->second = sink_.intern_python_frame(named.function, named.file, named.line);
+    }
+    out.push_back({it->second, entry});
+  }
+  if (py->truncated) out.push_back({sink_.intern_python_frame("[truncated python stack]", "", 0), true});
+}
+
 void Pipeline::merge_python(std::vector<store::StoredFrame>& native, const std::vector<bool>& eval_loop,
                             uint64_t py_stack) {
-  const auto py = python_.stack(py_stack);
-  if (!py || py->empty()) return;
+  // A CPU sample's native stack is new nearly every time, so the same Python frames are merged
+  // again and again: each is named once (python_frame_ids), not at every merge.
+  auto& py = py_frames_scratch_;
+  python_frame_ids(py_stack, py);
+  if (py.empty()) return;
   if (!python_module_id_) python_module_id_ = sink_.intern_module("[python]", "");
   std::vector<store::StoredFrame> out;
-  out.reserve(native.size() + py->size());
+  out.reserve(native.size() + py.size());
   size_t next = 0;  // the innermost Python frame not placed yet
-  auto place = [&](size_t i) {
-    const auto& f = (*py)[i];
-    out.push_back({python_module_id_, uint64_t(sink_.intern_python_frame(f.function, f.file, f.line)), 0});
-  };
+  auto place = [&](size_t i) { out.push_back({python_module_id_, uint64_t(py[i].id), 0}); };
   for (size_t i = 0; i < native.size(); ++i) {
-    if (eval_loop[i] && next < py->size()) {
+    if (eval_loop[i] && next < py.size()) {
       // One run of the eval loop: its Python frames up to the one C entered it with.
-      while (next < py->size()) {
+      while (next < py.size()) {
         place(next);
-        if ((*py)[next++].entry) break;
+        if (py[next++].entry) break;
       }
       continue;
     }
@@ -543,7 +571,7 @@ void Pipeline::merge_python(std::vector<store::StoredFrame>& native, const std::
   }
   // Eval-loop frames the native walk did not reach (it stopped, or was cut short: its marker
   // stays in between): their Python frames are the outer end of the stack.
-  while (next < py->size()) place(next++);
+  while (next < py.size()) place(next++);
   native = std::move(out);
 }
 

@@ -115,6 +115,12 @@ class Pipeline {
   Unwound unwind_stack_copy(uint32_t pid, uint32_t tid, const gs_user_regs* regs_in_record, const uint8_t* stack,
                             uint32_t len);
   // Python frames take the place of the eval-loop frames that ran them (see python_frames.h).
+  struct PyFrameId {
+    int64_t id;  // the sink's python frame
+    bool entry;  // the outermost frame of one C call into the interpreter
+  };
+  // A sent Python stack's frames as the sink's ids, innermost first (empty: none arrived).
+  void python_frame_ids(uint64_t py_stack, std::vector<PyFrameId>& out);
   void merge_python(std::vector<store::StoredFrame>& native, const std::vector<bool>& eval_loop,
                     uint64_t py_stack);
   // Kernel stacks are the same in every process: cached once, frames named from kallsyms.
@@ -193,6 +199,21 @@ class Pipeline {
   // Python stacks held per generation (PythonFrames::new_generation): ~0.7 KiB each at 40
   // frames, so two generations stay within a few MiB.
   static constexpr size_t kMaxPythonStacks = 4096;
+  // (process, code object | entry bit, instruction) -> the sink's python frame id.
+  struct PyFrameKey {
+    uint32_t pid;
+    uint64_t code, instr;
+    bool operator==(const PyFrameKey&) const = default;
+  };
+  struct PyFrameKeyHash {
+    size_t operator()(const PyFrameKey& k) const {
+      return std::hash<uint64_t>()(k.code * 0x9e3779b97f4a7c15ull ^ k.instr ^ (uint64_t(k.pid) << 40));
+    }
+  };
+  std::unordered_map<PyFrameKey, int64_t, PyFrameKeyHash> py_frame_ids_;
+  uint64_t py_frame_ids_generation_ = 0;
+  static constexpr size_t kMaxPyFrameIds = 1 << 16;
+  std::vector<PyFrameId> py_frames_scratch_;
   std::atomic<uint64_t> python_generations_{0};
   // Stacks sent ahead of their record (copies with --call-stacks dwarf), by (tid, the record's
   // time); stored when that record, with its Python stack, comes.

@@ -233,7 +233,7 @@ void PythonFrames::on_stack(const uint8_t* data, size_t size) {
   if (size < head_size) return;
   std::memcpy(&head, data, head_size);
   const size_t depth = std::min<size_t>({head.depth, GS_MAX_PY_FRAMES, (size - head_size) / sizeof(gs_py_frame)});
-  RawStack s;
+  SentStack s;
   s.pid = static_cast<pid_t>(head.pid);
   s.truncated = head.flags & GS_PY_STACK_TRUNCATED;
   s.frames.resize(depth);
@@ -278,19 +278,26 @@ PythonFrame PythonFrames::name(pid_t pid, const discover::PythonLayout* layout, 
   return out;
 }
 
+const PythonFrames::SentStack* PythonFrames::sent(uint64_t id) const {
+  if (auto it = current_.find(id); it != current_.end()) return &it->second;
+  if (auto it = previous_.find(id); it != previous_.end()) return &it->second;
+  return nullptr;
+}
+
+std::shared_ptr<const discover::PythonLayout> PythonFrames::layout_of(pid_t pid) {
+  std::lock_guard lock(mu_);
+  auto it = processes_.find(pid);
+  return it == processes_.end() ? nullptr : it->second.binary.layout;
+}
+
 std::optional<std::vector<PythonFrame>> PythonFrames::stack(uint64_t id) {
-  auto it = current_.find(id);
-  if (it == current_.end()) {
-    it = previous_.find(id);
-    if (it == previous_.end()) return std::nullopt;
-  }
-  const RawStack& s = it->second;
+  const SentStack* s = sent(id);
+  if (!s) return std::nullopt;
   std::vector<PythonFrame> named;
-  named.reserve(s.frames.size() + 1);
-  const auto p = process(s.pid);
-  const discover::PythonLayout* layout = p ? p->binary.layout.get() : nullptr;
-  for (const auto& f : s.frames) named.push_back(name(s.pid, layout, f));
-  if (s.truncated) named.push_back(PythonFrame{"[truncated python stack]", "", 0, true});
+  named.reserve(s->frames.size() + 1);
+  const auto layout = layout_of(s->pid);
+  for (const auto& f : s->frames) named.push_back(name(s->pid, layout.get(), f));
+  if (s->truncated) named.push_back(PythonFrame{"[truncated python stack]", "", 0, true});
   return named;
 }
 

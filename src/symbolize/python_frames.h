@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -55,8 +56,20 @@ class PythonFrames {
   // come again are sent again, and records already under way still find theirs.
   void new_generation();
 
-  // The frames of a stack id, innermost first; nullopt if it never arrived (a lost record).
-  // Named anew at each call: callers keep what they made of it.
+  // A stack as it was sent: (code object, instruction) per frame, innermost first.
+  struct SentStack {
+    pid_t pid = 0;
+    bool truncated = false;
+    std::vector<gs_py_frame> frames;
+  };
+  // Null if the stack never arrived (a lost record) or is two generations old.
+  const SentStack* sent(uint64_t id) const;
+  // The interpreter layout of a process found running Python; null if none or not walkable.
+  std::shared_ptr<const discover::PythonLayout> layout_of(pid_t pid);
+  // One sent frame of process `pid` named (layout: layout_of(pid)).
+  PythonFrame name(pid_t pid, const discover::PythonLayout* layout, const gs_py_frame& f);
+  // The frames of a stack id named, innermost first; nullopt if sent() has none. Named anew
+  // at each call: a caller that names often keeps what it made of the frames.
   std::optional<std::vector<PythonFrame>> stack(uint64_t id);
   // Is the code at this file offset of `path` the interpreter's eval loop, in that process?
   bool is_eval_loop(pid_t pid, const std::string& path, uint64_t file_offset);
@@ -69,23 +82,17 @@ class PythonFrames {
     std::string qualname, filename, linetable;
     int firstlineno = 0;
   };
-  struct RawStack {
-    pid_t pid = 0;
-    bool truncated = false;
-    std::vector<gs_py_frame> frames;
-  };
   std::optional<discover::PythonProcess> process(pid_t pid);
   // Fills what the record could not carry from the live process; false if it is gone.
   bool read_from_process(pid_t pid, uint64_t addr, const discover::PythonLayout& layout, Code& code,
                          uint16_t have_flags);
-  PythonFrame name(pid_t pid, const discover::PythonLayout* layout, const gs_py_frame& f);
 
   std::mutex mu_;
   std::unordered_map<pid_t, discover::PythonProcess> processes_;
   std::map<std::pair<pid_t, uint64_t>, Code> codes_;
   // Two generations (see new_generation). A stack sampled on the CPU is new whenever the
   // leaf's instruction is, so without a bound the tables grow for the process's life.
-  std::unordered_map<uint64_t, RawStack> current_, previous_;
+  std::unordered_map<uint64_t, SentStack> current_, previous_;
   uint64_t unnamed_ = 0;
   std::atomic<uint64_t> generation_{0};
 };

@@ -266,7 +266,7 @@ void BpfSession::forget_native_stacks(const std::vector<uint64_t>& ids) {
   for (uint64_t id : ids) bpf_map__delete_elem(skel_->maps.native_stacks_sent, &id, sizeof(id), 0);
 }
 
-size_t BpfSession::forget_python_stacks() {
+void BpfSession::forget_python_stacks() {
   // Keys are read ahead of the deletes: deleting the key in hand would restart the walk.
   const int fd = bpf_map__fd(skel_->maps.py_stacks_sent);
   std::vector<uint64_t> keys;
@@ -278,7 +278,6 @@ size_t BpfSession::forget_python_stacks() {
     prev = &key;
   }
   for (uint64_t k : keys) bpf_map_delete_elem(fd, &k);
-  return keys.size();
 }
 
 void BpfSession::start_cpu_sampling(int hz) {

@@ -107,9 +107,8 @@ class BpfSession {
   void clear_unwind_wanted(pid_t pid);
   // Lets the BPF side send these stacks again (bpf: native_stacks_sent): user space forgot them.
   void forget_native_stacks(const std::vector<uint64_t>& ids);
-  // Empties the map of Python stacks sent: each is sent again when next walked. Returns how
-  // many entries it held.
-  size_t forget_python_stacks();
+  // Empties the map of Python stacks sent: each is sent again when next walked.
+  void forget_python_stacks();
   // Tells the BPF side not to stop processes again for this file (see bpf: checked_files).
   void mark_checked(uint64_t dev, uint64_t ino);
   // Detaches the tracepoint that stops processes at library loads. Called first when the

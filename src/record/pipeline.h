@@ -114,13 +114,13 @@ class Pipeline {
   };
   Unwound unwind_stack_copy(uint32_t pid, uint32_t tid, const gs_user_regs* regs_in_record, const uint8_t* stack,
                             uint32_t len);
-  // Python frames take the place of the eval-loop frames that ran them (see python_frames.h).
   struct PyFrameId {
     int64_t id;  // the sink's python frame
     bool entry;  // the outermost frame of one C call into the interpreter
   };
   // A sent Python stack's frames as the sink's ids, innermost first (empty: none arrived).
   void python_frame_ids(uint64_t py_stack, std::vector<PyFrameId>& out);
+  // Python frames take the place of the eval-loop frames that ran them (see python_frames.h).
   void merge_python(std::vector<store::StoredFrame>& native, const std::vector<bool>& eval_loop,
                     uint64_t py_stack);
   // Kernel stacks are the same in every process: cached once, frames named from kallsyms.

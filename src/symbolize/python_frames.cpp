@@ -222,8 +222,8 @@ void PythonFrames::on_code(const gs_py_code_record& rec) {
     c.linetable.assign(reinterpret_cast<const char*>(rec.linetable), std::min<size_t>(rec.linetable_len, GS_PY_LINETABLE_LEN));
   const auto want = GS_PY_CODE_NAME_OK | GS_PY_CODE_FILE_OK | GS_PY_CODE_LINETABLE_OK;
   if ((rec.flags & want) != want)
-    if (auto p = process(static_cast<pid_t>(rec.pid)); p && p->binary.layout)
-      read_from_process(static_cast<pid_t>(rec.pid), rec.code, *p->binary.layout, c, rec.flags);
+    if (const auto layout = layout_of(static_cast<pid_t>(rec.pid)))
+      read_from_process(static_cast<pid_t>(rec.pid), rec.code, *layout, c, rec.flags);
   codes_[{static_cast<pid_t>(rec.pid), rec.code}] = std::move(c);
 }
 
@@ -288,17 +288,6 @@ std::shared_ptr<const discover::PythonLayout> PythonFrames::layout_of(pid_t pid)
   std::lock_guard lock(mu_);
   auto it = processes_.find(pid);
   return it == processes_.end() ? nullptr : it->second.binary.layout;
-}
-
-std::optional<std::vector<PythonFrame>> PythonFrames::stack(uint64_t id) {
-  const SentStack* s = sent(id);
-  if (!s) return std::nullopt;
-  std::vector<PythonFrame> named;
-  named.reserve(s->frames.size() + 1);
-  const auto layout = layout_of(s->pid);
-  for (const auto& f : s->frames) named.push_back(name(s->pid, layout.get(), f));
-  if (s->truncated) named.push_back(PythonFrame{"[truncated python stack]", "", 0, true});
-  return named;
 }
 
 bool PythonFrames::is_eval_loop(pid_t pid, const std::string& path, uint64_t file_offset) {

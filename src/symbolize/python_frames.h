@@ -66,11 +66,9 @@ class PythonFrames {
   const SentStack* sent(uint64_t id) const;
   // The interpreter layout of a process found running Python; null if none or not walkable.
   std::shared_ptr<const discover::PythonLayout> layout_of(pid_t pid);
-  // One sent frame of process `pid` named (layout: layout_of(pid)).
+  // One sent frame of process `pid` named (layout: layout_of(pid)). Names are not kept here:
+  // a caller that names often keeps what it made of them.
   PythonFrame name(pid_t pid, const discover::PythonLayout* layout, const gs_py_frame& f);
-  // The frames of a stack id named, innermost first; nullopt if sent() has none. Named anew
-  // at each call: a caller that names often keeps what it made of the frames.
-  std::optional<std::vector<PythonFrame>> stack(uint64_t id);
   // Is the code at this file offset of `path` the interpreter's eval loop, in that process?
   bool is_eval_loop(pid_t pid, const std::string& path, uint64_t file_offset);
   uint64_t unnamed_frames() const { return unnamed_; }

@@ -42,22 +42,35 @@ def nest(d):
         return 0
     x = [1, 2, 3]
     return nest(d - 1)
-nest(int(sys.argv[3]))
+class Nest:
+    # Calling an instance enters the interpreter from C (slot_tp_call), as each nn.Module call
+    # does: 3.12+ puts a shim frame on the C stack between each level's frames.
+    def __call__(self, d):
+        if d == 0:
+            return nest(0)
+        x = [1, 2, 3]
+        return self(d - 1)
+(Nest() if sys.argv[4] == "c" else nest)(int(sys.argv[3]))
 """
 
 
-def bpf_ns(gpuscope, out, python, cudart, depth, calls, with_python):
+def bpf_ns(gpuscope, out, python, cudart, depth, calls, with_python, nest):
     out.unlink(missing_ok=True)
     opts = [] if with_python else ["--no-python"]
     r = subprocess.run([gpuscope, "record", "-q", "--bpf-stats", *opts, "-o", out, "--", python, "-c", PY_NEST,
-                        cudart, str(calls), str(depth)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                        cudart, str(calls), str(depth), nest], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode not in (0, 3):
         sys.exit(f"record failed ({r.returncode}): {r.stderr.strip()}")
     db = sqlite3.connect(out)
-    stats = json.loads(db.execute("SELECT value FROM meta WHERE key='bpf_program_stats'").fetchone()[0])
+    meta = dict(db.execute("SELECT key, value FROM meta"))
     db.close()
+    stats = json.loads(meta["bpf_program_stats"])
     s = stats.get("call_entry_emit", {})
+    walks[(gpuscope, depth)] = meta.get("python_walks", walks.get((gpuscope, depth), ""))
     return s.get("run_time_ns", 0) / s["runs"] if s.get("runs") else float("nan")
+
+
+walks = {}  # (binary, depth): the last run's python_walks meta (builds since it was added)
 
 
 def main():
@@ -70,6 +83,9 @@ def main():
     ap.add_argument("--depths", default="1,5,20,60")
     ap.add_argument("--calls", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--nest", choices=("python", "c"), default="python",
+                    help="recursion from Python to Python, or through C (calling a class instance, as "
+                         "nn.Module calls do)")
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     ns = {}
@@ -80,15 +96,15 @@ def main():
                 for binary in args.gpuscope:
                     for with_python in (False, True):
                         ns.setdefault((binary, depth, with_python), []).append(
-                            bpf_ns(binary, out, args.python, args.cudart, depth, args.calls, with_python))
+                            bpf_ns(binary, out, args.python, args.cudart, depth, args.calls, with_python, args.nest))
     print(f"BPF ns per launch probe run, median of {args.rounds} rounds ({args.calls} launches each); "
-          f"Python frames = recursion depth + 2")
+          f"Python frames = recursion depth + 2; recursion through {args.nest}")
     print(f"{'gpuscope':40} {'depth':>5} {'no Python':>10} {'Python':>8} {'walk':>6}")
     for binary in args.gpuscope:
         for depth in depths:
             off = statistics.median(ns[(binary, depth, False)])
             on = statistics.median(ns[(binary, depth, True)])
-            print(f"{binary[-40:]:40} {depth:>5} {off:>10.0f} {on:>8.0f} {on - off:>6.0f}")
+            print(f"{binary[-40:]:40} {depth:>5} {off:>10.0f} {on:>8.0f} {on - off:>6.0f}  {walks.get((binary, depth), '')}")
 
 
 if __name__ == "__main__":

@@ -343,6 +343,9 @@ enum gs_unwind_stat {
 	GS_UNWIND_STAT_FP_WALKS,       /* frame-pointer walks (--call-stacks fp, --sample-unwind fp) */
 	GS_UNWIND_STAT_FP_FRAMES,
 	GS_UNWIND_STAT_FP_PAGES_READ,
+	GS_UNWIND_STAT_PY_WALKS,       /* Python walks that found frames */
+	GS_UNWIND_STAT_PY_FRAMES,      /* their frames, 3.12+'s shim frames included */
+	GS_UNWIND_STAT_PY_READS,       /* their probe reads of frames: pages, and frames read apart */
 	GS_UNWIND_STAT_NR,
 };
 

@@ -1021,6 +1021,14 @@ struct {
 #define PY_PAGE 4096
 #define PY_CHUNK_MAX (PY_PAGE + PY_FRAME_READ_310)
 #define PY_CHUNK_MASK 8191   /* > PY_CHUNK_MAX: indexes into chunk[] that the verifier can bound */
+/* 3.12+ puts a shim frame on the C stack at each entry into the interpreter from C (a call of a
+ * class instance, e.g. each nn.Module), between two data-stack frames. Read as the data stack's
+ * frames, each shim would replace the data-stack page in chunk[] and its caller read that page
+ * again: two page reads per entry. A frame on the thread's C stack (within PY_C_STACK_SPAN above
+ * its stack pointer) is read on its own, into chunk[] past the page, which stays. An address
+ * there that is not a shim is read the same way: right, only not batched. */
+#define PY_C_STACK_SPAN (2ULL << 20)
+#define PY_APART_AT (PY_CHUNK_MAX + 16)  /* where chunk[] holds a frame read on its own */
 
 struct py_scratch {
 	struct gs_py_stack_record rec;
@@ -1032,6 +1040,9 @@ struct py_scratch {
 	__u64 owner;       /* pid_tgid of the walk using this scratch (see python_stack) */
 	__u64 chunk_base;  /* user address of chunk[0]; chunk[] holds [chunk_base, chunk_end) */
 	__u64 chunk_end;
+	__u64 c_stack_lo;  /* the thread's user stack pointer (see PY_C_STACK_SPAN) */
+	__u32 reads;       /* probe reads of frames in this walk */
+	__u32 shims;       /* 3.12+'s shim frames in this walk */
 	__u8 buf[256 + 8];  /* a code object read, indexed by offsets below 256 */
 	__u8 chunk[PY_CHUNK_MASK + 1 + 8];
 };
@@ -1103,10 +1114,21 @@ static __always_inline long walk_py_frame_step(void *ctx)
 		return 1;
 	__u64 f = s->frame;
 	__u32 frame_len = (s->off.flags & GS_PY_FRAME_PER_EVAL) ? PY_FRAME_READ_310 : PY_FRAME_READ;
-	if (f < s->chunk_base || f + frame_len > s->chunk_end) {
+	__u32 at;
+	if (f >= s->chunk_base && f + frame_len <= s->chunk_end) {
+		at = f - s->chunk_base;
+	} else if (f - s->c_stack_lo < PY_C_STACK_SPAN) {
+		s->reads++;
+		if (bpf_probe_read_user(s->chunk + PY_APART_AT, frame_len, (void *)f)) {
+			s->rec.flags |= GS_PY_STACK_TRUNCATED;
+			return 1;
+		}
+		at = PY_APART_AT;
+	} else {
 		__u64 start = f & ~(__u64)(PY_PAGE - 1);
 		/* Written so that the verifier sees the bound: at most PY_CHUNK_MAX. */
 		__u32 len = (f & (PY_PAGE - 1)) + frame_len;
+		s->reads++;
 		if (bpf_probe_read_user(s->chunk, len, (void *)start)) {
 			/* The page's start unreadable (it cannot be faulted in here): the frame alone. */
 			start = f;
@@ -1118,8 +1140,8 @@ static __always_inline long walk_py_frame_step(void *ctx)
 		}
 		s->chunk_base = start;
 		s->chunk_end = start + len;
+		at = f - start;
 	}
-	__u32 at = f - s->chunk_base;
 	__u64 code = chunk_u64(s, at, s->off.frame_code);
 	__u64 instr = chunk_u64(s, at, s->off.frame_instr);
 	s->frame = chunk_u64(s, at, s->off.frame_previous);
@@ -1129,6 +1151,7 @@ static __always_inline long walk_py_frame_step(void *ctx)
 		/* The shim frame C pushed: the frame above it is where that C call entered. */
 		if (n > 0)
 			s->rec.frames[(n - 1) & (GS_MAX_PY_FRAMES - 1)].code |= GS_PY_FRAME_ENTRY;
+		s->shims++;
 		return 0;
 	}
 	if (n >= GS_MAX_PY_FRAMES) {
@@ -1218,7 +1241,7 @@ static long send_py_code(__u32 i, void *ctx)
 
 /* The current thread's Python stack id, its frames and new code objects sent first; 0 when
  * the process runs no known interpreter or the thread runs no Python. */
-static __always_inline __u64 python_stack(__u64 pid_tgid, __u32 slot)
+static __always_inline __u64 python_stack(__u64 pid_tgid, struct pt_regs *regs, __u32 slot)
 {
 	if (!python_stacks)
 		return 0;
@@ -1280,6 +1303,9 @@ static __always_inline __u64 python_stack(__u64 pid_tgid, __u32 slot)
 	s->frame = frame;
 	s->chunk_base = 0;
 	s->chunk_end = 0;
+	s->c_stack_lo = BPF_CORE_READ(regs, sp);
+	s->reads = 0;
+	s->shims = 0;
 	s->hash = 0xcbf29ce484222325ULL ^ tgid;
 	s->rec.kind = GS_REC_PY_STACK;
 	s->rec.depth = 0;
@@ -1293,6 +1319,12 @@ static __always_inline __u64 python_stack(__u64 pid_tgid, __u32 slot)
 	}
 	if (!s->rec.depth)
 		return 0;
+	struct unwind_stat_counts *st = unwind_stat_counts();
+	if (st) {
+		st->n[GS_UNWIND_STAT_PY_WALKS]++;
+		st->n[GS_UNWIND_STAT_PY_FRAMES] += s->rec.depth + s->shims;
+		st->n[GS_UNWIND_STAT_PY_READS] += s->reads;
+	}
 	__u64 id = s->hash | 1;  /* never 0 */
 	s->rec.id = id;
 	if (bpf_map_lookup_elem(&py_stacks_sent, &id))
@@ -1378,7 +1410,7 @@ int call_entry_emit(struct pt_regs *ctx)
 	/* Before the call's record is reserved, so that a stack copy or a new Python stack comes
 	 * ahead of it. */
 	__u64 native = skip_stack ? 0 : call_user_stack(ctx, cookie, ts_ns, &flags);
-	__u64 py_stack = skip_stack || !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, UNWIND_SLOT_CALL);
+	__u64 py_stack = skip_stack || !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, ctx, UNWIND_SLOT_CALL);
 
 	struct gs_call_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
@@ -1452,7 +1484,7 @@ int call_entry(struct pt_regs *ctx)
 	read_args(ctx, p->args);
 	p->deref_len = read_entry_deref(cookie, p->args, p->deref, &p->flags);
 	p->native_stack = call_user_stack(ctx, cookie, p->ts_ns, &p->flags);
-	p->py_stack = !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, UNWIND_SLOT_CALL);
+	p->py_stack = !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, ctx, UNWIND_SLOT_CALL);
 	return 0;
 }
 
@@ -1637,7 +1669,9 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		return 0;
 	if (sample_only_targets && !bpf_map_lookup_elem(&targets, &tgid))
 		return 0;
-	__u64 py_stack = python_stack(id, UNWIND_SLOT_SAMPLE);
+	/* The user-mode registers, also when the sample interrupted a system call. */
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	__u64 py_stack = python_stack(id, regs, UNWIND_SLOT_SAMPLE);
 	if (sample_stack_copy) {
 		struct gs_sample_stack_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 		if (!r) {
@@ -1645,17 +1679,13 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 			return 0;
 		}
 		fill_sample(&r->s, id, ctx, py_stack, bpf_ktime_get_ns());
-		/* The user-mode registers, also when the sample interrupted a system call. */
-		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 		r->stack_len = copy_user_state(&r->regs, r->data, regs);
 		r->pad = 0;
 		bpf_ringbuf_submit(r, submit_flags());
 		return 0;
 	}
-	/* The user stack first: a new one is sent ahead of the sample. The user-mode registers,
-	 * also when the sample interrupted a system call. */
+	/* The user stack first: a new one is sent ahead of the sample. */
 	__u64 ts_ns = bpf_ktime_get_ns();
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 	__u64 native = 0;
 	if (sample_unwind_tables)
 		native = unwind_user_stack(regs, id, UNWIND_SLOT_SAMPLE);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks Python frames on this machine's interpreter (3.12 on the GPU machine): records
 tests/targets/py_cuda.py calling the real CUDA runtime, and compares each call's Python frames
-with the lines the script marks. Prints one line per call and PASS/FAIL.
+with the lines the script marks; then tests/targets/py_deep.py, 60 levels deep with an entry from
+C every tenth level (3.12's shim frames on the C stack). Prints one line per call and PASS/FAIL.
 
     python3 bench/gpu/python_frames_check.py --gpuscope build-static/gpuscope --cudart .../libcudart.so.13"""
 import argparse
@@ -15,6 +16,36 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "targets" / "py_cuda.py"
+DEEP = ROOT / "tests" / "targets" / "py_deep.py"
+DEEP_NEST = 60
+
+
+def marked(script):
+    return {m.group(1): n for n, text in enumerate(script.read_text().splitlines(), 1)
+            if (m := re.search(r"# line: (\w+)", text))}
+
+
+def check_deep(args, tmp):
+    """py_deep.py's one cudaMalloc: its whole Python stack, frame by frame."""
+    at, script = marked(DEEP), str(DEEP)
+    rec = os.path.join(tmp, "deep.gpuscope")
+    out = subprocess.run([args.gpuscope, "record", "-o", rec, "--", args.python, script, args.cudart, str(DEEP_NEST)],
+                         capture_output=True, text=True, timeout=300)
+    print(out.stderr.strip())
+    db = sqlite3.connect(rec)
+    rows = db.execute(
+        "SELECT c.id, p.function, p.file, p.line FROM calls c JOIN functions f ON f.id = c.func "
+        "JOIN stack_frames sf ON sf.stack_id = c.stack_id JOIN modules m ON m.id = sf.module_id "
+        "AND m.path = '[python]' JOIN python_frames p ON p.id = sf.offset WHERE f.name = 'cudaMalloc' "
+        "ORDER BY c.id, sf.depth").fetchall()
+    want = [("from_generator", script, at["malloc"]), ("nest", script, at["leaf"])]
+    want += [("nest", script, at["through_c" if d % 10 == 5 else "nest"]) for d in range(1, DEEP_NEST + 1)]
+    want.append(("<module>", script, at["module"]))
+    got = [tuple(r[1:]) for r in rows]
+    ok = got == want
+    print(f"{'ok ' if ok else 'BAD'} py_deep.py cudaMalloc: {len(got)} Python frames ({len(want)} expected), "
+          f"{sum(1 for f in got if f[2] == at['through_c'])} entered from C")
+    return ok
 
 
 def main():
@@ -64,7 +95,11 @@ def main():
     print(f"lost: {lost or 'none'}")
     runtime = sum(1 for (_, name, _, _) in calls if name.startswith("cuda"))
     ok &= runtime == 5
-    print("PASS" if ok else f"FAIL ({runtime} runtime calls with Python frames, 5 expected)")
+    if runtime != 5:
+        print(f"{runtime} runtime calls with Python frames, 5 expected")
+    with tempfile.TemporaryDirectory() as tmp:
+        ok &= check_deep(args, tmp)
+    print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
 

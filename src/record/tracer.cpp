@@ -361,6 +361,14 @@ void Tracer::report_stack_walks() {
     sink_.set_meta("fp_walks", walked);
     if (!opts_.quiet) log_info("frame-pointer walks: {}", walked);
   }
+  if (walks[GS_UNWIND_STAT_PY_WALKS]) {
+    const double n = double(walks[GS_UNWIND_STAT_PY_WALKS]);
+    const std::string walked = fmt::format("{} walks, {:.1f} frames a walk (shims included), {:.2f} reads a walk",
+                                           walks[GS_UNWIND_STAT_PY_WALKS], walks[GS_UNWIND_STAT_PY_FRAMES] / n,
+                                           walks[GS_UNWIND_STAT_PY_READS] / n);
+    sink_.set_meta("python_walks", walked);
+    if (!opts_.quiet) log_info("Python walks: {}", walked);
+  }
 }
 
 void Tracer::start_gpu_metrics() {

@@ -304,10 +304,7 @@ struct {
 #define UNWIND_SLOT_CALL 0
 #define UNWIND_SLOT_SAMPLE 1
 struct unwind_chunk {
-	/* A page's copy from the word the walk first needed in it (callers' frames lie above; below
-	 * the stack pointer nothing is live): twice a page, so that the verifier can bound a read
-	 * at any offset into it. */
-	__u8 b[2 * UNWIND_CHUNK];
+	__u8 b[UNWIND_CHUNK];
 };
 
 struct {
@@ -327,8 +324,7 @@ struct unwind_scratch {
 	__u16 unmapped;    /* of which in no mapping of the table */
 	__u32 last_map;    /* the mapping the last frame was in: callers are often in the same file */
 	__u32 at_entry;    /* frame-pointer walk: the first frame is a probed function's first instruction */
-	__u64 chunk;       /* the page whose copy the CPU's unwind_chunks entry holds; 1: none */
-	__u64 chunk_lo;    /* ... from this offset into it to its end */
+	__u64 chunk;       /* the user address the CPU's unwind_chunks entry holds; 1: none */
 	__u64 last_page;   /* the page the last read was in */
 	/* The thread's last walk (struct walk_cache): */
 	__u32 step_flags;  /* WALK_* of the step under way */
@@ -472,7 +468,7 @@ static __always_inline long unwind_read(struct unwind_scratch *s, struct unwind_
 	__u64 base = addr & ~(__u64)(UNWIND_CHUNK - 1), off = addr - base;
 	if (off > UNWIND_CHUNK - sizeof(__u64))  /* straddles the chunk's end: unaligned */
 		return bpf_probe_read_user(out, sizeof(*out), (void *)addr);
-	if (base != s->chunk || off < s->chunk_lo) {
+	if (base != s->chunk) {
 		/* A caller's frame lies in the same page or a few above; an address further off is
 		 * most likely a frame pointer that is not one (code that uses rbp for data), where
 		 * the walk ends soon: a word read costs less than a page's there. */
@@ -483,14 +479,12 @@ static __always_inline long unwind_read(struct unwind_scratch *s, struct unwind_
 		/* A page is readable whole or not at all: a word of one that failed would fail too
 		 * (and a failed read costs a fault here). */
 		s->pages_read++;
-		__u32 lo = off & (UNWIND_CHUNK - 8);
-		long err = bpf_probe_read_user(k->b + lo, UNWIND_CHUNK - lo, (void *)(base + lo));
+		long err = bpf_probe_read_user(k->b, UNWIND_CHUNK, (void *)base);
 		if (err) {
 			s->chunk = 1;
 			return err;
 		}
 		s->chunk = base;
-		s->chunk_lo = lo;
 	}
 	__builtin_memcpy(out, &k->b[off], sizeof(*out));
 	return 0;

@@ -212,58 +212,6 @@ struct {
 	__type(value, __u8);
 } native_stacks_sent SEC(".maps");
 
-/* Ahead of the two LRU maps of stacks sent (native_stacks_sent, py_stacks_sent): the ids this
- * CPU last found or put there, direct-mapped. A hash lookup in a map of 65,536 reads cold memory
- * at every call; a launch loop sends the same few stacks over and over. A slot holds the id mixed
- * with sent_gen, which user space bumps whenever it forgets stacks (deletes them from the LRU
- * maps), so that no slot vouches for a stack forgotten since. */
-#define SENT_CACHE_SLOTS 1024
-struct sent_cache {
-	__u64 tag[SENT_CACHE_SLOTS];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct sent_cache);
-} sent_cache SEC(".maps");
-
-volatile __u64 sent_gen = 0;
-
-static __always_inline __u64 *sent_slot(__u64 id, __u64 *tag)
-{
-	__u32 zero = 0;
-	struct sent_cache *c = bpf_map_lookup_elem(&sent_cache, &zero);
-	*tag = id ^ (sent_gen * 0x9e3779b97f4a7c15ULL);
-	/* Ids are odd: bit 0 says nothing. */
-	return c ? &c->tag[(id >> 1) & (SENT_CACHE_SLOTS - 1)] : NULL;
-}
-
-/* Whether the stack `id` was sent (is in `sent`, one of the maps above). */
-static __always_inline bool stack_sent(void *sent, __u64 id)
-{
-	__u64 tag;
-	__u64 *slot = sent_slot(id, &tag);
-	if (slot && *slot == tag)
-		return true;
-	if (!bpf_map_lookup_elem(sent, &id))
-		return false;
-	if (slot)
-		*slot = tag;
-	return true;
-}
-
-static __always_inline void mark_stack_sent(void *sent, __u64 id)
-{
-	__u8 one = 1;
-	__u64 tag;
-	__u64 *slot = sent_slot(id, &tag);
-	bpf_map_update_elem(sent, &id, &one, BPF_ANY);
-	if (slot)
-		*slot = tag;
-}
-
 struct unwind_stat_counts {
 	__u64 n[GS_UNWIND_STAT_NR];
 };
@@ -879,11 +827,12 @@ static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_t
  * user space. */
 static __always_inline __u64 native_stack_id(struct unwind_scratch *s, __u32 tgid, __u32 flags, __u32 slot)
 {
+	__u8 one = 1;
 	bool once = slot == UNWIND_SLOT_SAMPLE;
 	if (once)
 		flags |= GS_NATIVE_ONCE;
 	__u64 id = ((s->hash ^ flags) * 0x100000001b3ULL) | 1;  /* never 0 */
-	if (!once && stack_sent(&native_stacks_sent, id))
+	if (!once && bpf_map_lookup_elem(&native_stacks_sent, &id))
 		return id;
 	s->rec.kind = GS_REC_NATIVE_STACK;
 	s->rec.pid = tgid;
@@ -900,7 +849,7 @@ static __always_inline __u64 native_stack_id(struct unwind_scratch *s, __u32 tgi
 		return 0;
 	}
 	if (!once)
-		mark_stack_sent(&native_stacks_sent, id);
+		bpf_map_update_elem(&native_stacks_sent, &id, &one, BPF_ANY);
 	return id;
 }
 
@@ -1378,7 +1327,7 @@ static __always_inline __u64 python_stack(__u64 pid_tgid, struct pt_regs *regs, 
 	}
 	__u64 id = s->hash | 1;  /* never 0 */
 	s->rec.id = id;
-	if (stack_sent(&py_stacks_sent, id))
+	if (bpf_map_lookup_elem(&py_stacks_sent, &id))
 		return id;
 
 	/* New: its code objects first, then the stack, each once. */
@@ -1394,7 +1343,8 @@ static __always_inline __u64 python_stack(__u64 pid_tgid, struct pt_regs *regs, 
 		count_lost(GS_LOST_PY_STACK);
 		return 0;
 	}
-	mark_stack_sent(&py_stacks_sent, id);
+	__u8 one = 1;
+	bpf_map_update_elem(&py_stacks_sent, &id, &one, BPF_ANY);
 	return id;
 }
 

@@ -262,12 +262,8 @@ void BpfSession::clear_unwind_wanted(pid_t pid) {
   bpf_map__delete_elem(skel_->maps.unwind_wanted, &key, sizeof(key), 0);
 }
 
-// After the deletes: a CPU's cache of ids sent (bpf: sent_cache) stops vouching for any.
-void BpfSession::forget_sent_cache() { __atomic_fetch_add(&skel_->bss->sent_gen, 1, __ATOMIC_SEQ_CST); }
-
 void BpfSession::forget_native_stacks(const std::vector<uint64_t>& ids) {
   for (uint64_t id : ids) bpf_map__delete_elem(skel_->maps.native_stacks_sent, &id, sizeof(id), 0);
-  forget_sent_cache();
 }
 
 void BpfSession::forget_python_stacks() {
@@ -282,7 +278,6 @@ void BpfSession::forget_python_stacks() {
     prev = &key;
   }
   for (uint64_t k : keys) bpf_map_delete_elem(fd, &k);
-  forget_sent_cache();
 }
 
 void BpfSession::start_cpu_sampling(int hz) {

@@ -168,7 +168,6 @@ class BpfSession {
   bool program_stats_enabled() const { return stats_fd_ >= 0; }
 
  private:
-  void forget_sent_cache();
   struct LinkDeleter {
     void operator()(bpf_link* l) const;
   };

@@ -66,11 +66,8 @@ def bpf_ns(gpuscope, out, python, cudart, depth, calls, with_python, nest):
     db.close()
     stats = json.loads(meta["bpf_program_stats"])
     s = stats.get("call_entry_emit", {})
-    walks[(gpuscope, depth)] = meta.get("python_walks", walks.get((gpuscope, depth), ""))
-    return s.get("run_time_ns", 0) / s["runs"] if s.get("runs") else float("nan")
-
-
-walks = {}  # (binary, depth): the last run's python_walks meta (builds since it was added)
+    # What record says of its Python walks (builds since python_walks was added; none with --no-python).
+    return s.get("run_time_ns", 0) / s["runs"] if s.get("runs") else float("nan"), meta.get("python_walks", "")
 
 
 def main():
@@ -89,14 +86,18 @@ def main():
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     ns = {}
+    walks = {}  # (binary, depth): the last Python run's walks
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp) / "run.gpuscope"
         for _ in range(args.rounds):
             for depth in depths:
                 for binary in args.gpuscope:
                     for with_python in (False, True):
-                        ns.setdefault((binary, depth, with_python), []).append(
-                            bpf_ns(binary, out, args.python, args.cudart, depth, args.calls, with_python, args.nest))
+                        run_ns, walked = bpf_ns(binary, out, args.python, args.cudart, depth, args.calls, with_python,
+                                                args.nest)
+                        ns.setdefault((binary, depth, with_python), []).append(run_ns)
+                        if with_python:
+                            walks[(binary, depth)] = walked
     print(f"BPF ns per launch probe run, median of {args.rounds} rounds ({args.calls} launches each); "
           f"Python frames = recursion depth + 2; recursion through {args.nest}")
     print(f"{'gpuscope':40} {'depth':>5} {'no Python':>10} {'Python':>8} {'walk':>6}")

@@ -25,23 +25,34 @@ def marked(script):
             if (m := re.search(r"# line: (\w+)", text))}
 
 
-def check_deep(args, tmp):
+def record_python_frames(args, script, script_args):
+    """Records the script with gpuscope: each call's Python frames, innermost first, as
+    {(call id, function, pid, returned): [(function, file, line), ...]}, and the losses."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = os.path.join(tmp, "py.gpuscope")
+        out = subprocess.run([args.gpuscope, "record", "-o", rec, "--", args.python, str(script), args.cudart,
+                              *script_args], capture_output=True, text=True, timeout=300)
+        print(out.stderr.strip())
+        db = sqlite3.connect(rec)
+        rows = db.execute(
+            "SELECT c.id, f.name, c.pid, c.ret, p.function, p.file, p.line FROM calls c JOIN functions f ON f.id = c.func "
+            "JOIN stack_frames sf ON sf.stack_id = c.stack_id JOIN modules m ON m.id = sf.module_id "
+            "AND m.path = '[python]' JOIN python_frames p ON p.id = sf.offset ORDER BY c.id, sf.depth").fetchall()
+        lost = dict(db.execute("SELECT cause, count FROM lost WHERE count > 0"))
+    calls = {}
+    for cid, name, pid, ret, fn, file, line in rows:
+        calls.setdefault((cid, name, pid, ret), []).append((fn, file, line))
+    return calls, lost
+
+
+def check_deep(args):
     """py_deep.py's one cudaMalloc: its whole Python stack, frame by frame."""
     at, script = marked(DEEP), str(DEEP)
-    rec = os.path.join(tmp, "deep.gpuscope")
-    out = subprocess.run([args.gpuscope, "record", "-o", rec, "--", args.python, script, args.cudart, str(DEEP_NEST)],
-                         capture_output=True, text=True, timeout=300)
-    print(out.stderr.strip())
-    db = sqlite3.connect(rec)
-    rows = db.execute(
-        "SELECT c.id, p.function, p.file, p.line FROM calls c JOIN functions f ON f.id = c.func "
-        "JOIN stack_frames sf ON sf.stack_id = c.stack_id JOIN modules m ON m.id = sf.module_id "
-        "AND m.path = '[python]' JOIN python_frames p ON p.id = sf.offset WHERE f.name = 'cudaMalloc' "
-        "ORDER BY c.id, sf.depth").fetchall()
+    calls, _ = record_python_frames(args, DEEP, [str(DEEP_NEST)])
     want = [("from_generator", script, at["malloc"]), ("nest", script, at["leaf"])]
     want += [("nest", script, at["through_c" if d % 10 == 5 else "nest"]) for d in range(1, DEEP_NEST + 1)]
     want.append(("<module>", script, at["module"]))
-    got = [tuple(r[1:]) for r in rows]
+    got = [f for (_, name, _, _), frames in calls.items() if name == "cudaMalloc" for f in frames]
     ok = got == want
     print(f"{'ok ' if ok else 'BAD'} py_deep.py cudaMalloc: {len(got)} Python frames ({len(want)} expected), "
           f"{sum(1 for f in got if f[2] == at['through_c'])} entered from C")
@@ -54,12 +65,7 @@ def main():
     ap.add_argument("--cudart", required=True)
     ap.add_argument("--python", default=sys.executable)
     args = ap.parse_args()
-    at = {}
-    for n, text in enumerate(SCRIPT.read_text().splitlines(), 1):
-        m = re.search(r"# line: (\w+)", text)
-        if m:
-            at[m.group(1)] = n
-    script = str(SCRIPT)
+    at, script = marked(SCRIPT), str(SCRIPT)
     # With a GPU, cudaMalloc calls the driver's cuMemAlloc_v2 with the same Python stack.
     expected = {
         "cuMemAlloc_v2": [("allocate", at["malloc"]), ("Model.step", at["step"]), ("main", at["main"]),
@@ -70,20 +76,7 @@ def main():
                                   ("Thread._bootstrap", None)],
         "cudaFree": [("in_child", at["child"]), ("main", at["fork"]), ("<module>", at["module"])],
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        rec = os.path.join(tmp, "py.gpuscope")
-        out = subprocess.run([args.gpuscope, "record", "-o", rec, "--", args.python, script, args.cudart],
-                             capture_output=True, text=True, timeout=300)
-        print(out.stderr.strip())
-        db = sqlite3.connect(rec)
-        rows = db.execute(
-            "SELECT c.id, f.name, c.pid, c.ret, p.function, p.file, p.line FROM calls c JOIN functions f ON f.id = c.func "
-            "JOIN stack_frames sf ON sf.stack_id = c.stack_id JOIN modules m ON m.id = sf.module_id "
-            "AND m.path = '[python]' JOIN python_frames p ON p.id = sf.offset ORDER BY c.id, sf.depth").fetchall()
-        lost = dict(db.execute("SELECT cause, count FROM lost WHERE count > 0"))
-    calls = {}
-    for cid, name, pid, ret, fn, file, line in rows:
-        calls.setdefault((cid, name, pid, ret), []).append((fn, file, line))
+    calls, lost = record_python_frames(args, SCRIPT, [])
     ok = bool(calls)
     for (cid, name, pid, ret), frames in calls.items():
         want = expected.get(name)
@@ -97,8 +90,7 @@ def main():
     ok &= runtime == 5
     if runtime != 5:
         print(f"{runtime} runtime calls with Python frames, 5 expected")
-    with tempfile.TemporaryDirectory() as tmp:
-        ok &= check_deep(args, tmp)
+    ok &= check_deep(args)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

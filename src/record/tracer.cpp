@@ -353,22 +353,20 @@ void Tracer::report_stack_walks() {
     sink_.set_meta("unwind_walks", walked);
     if (!opts_.quiet) log_info("eh-frame walks: {}", walked);
   }
-  if (walks[GS_UNWIND_STAT_FP_WALKS]) {
-    const double n = double(walks[GS_UNWIND_STAT_FP_WALKS]);
-    const std::string walked = fmt::format("{} walks, {:.1f} frames a walk, {:.2f} stack pages read a walk",
-                                           walks[GS_UNWIND_STAT_FP_WALKS], walks[GS_UNWIND_STAT_FP_FRAMES] / n,
-                                           walks[GS_UNWIND_STAT_FP_PAGES_READ] / n);
-    sink_.set_meta("fp_walks", walked);
-    if (!opts_.quiet) log_info("frame-pointer walks: {}", walked);
-  }
-  if (walks[GS_UNWIND_STAT_PY_WALKS]) {
-    const double n = double(walks[GS_UNWIND_STAT_PY_WALKS]);
-    const std::string walked = fmt::format("{} walks, {:.1f} frames a walk (shims included), {:.2f} reads a walk",
-                                           walks[GS_UNWIND_STAT_PY_WALKS], walks[GS_UNWIND_STAT_PY_FRAMES] / n,
-                                           walks[GS_UNWIND_STAT_PY_READS] / n);
-    sink_.set_meta("python_walks", walked);
-    if (!opts_.quiet) log_info("Python walks: {}", walked);
-  }
+  // The frame-pointer and Python walks count walks, frames and reads: each, a walk's average.
+  auto per_walk = [&](int at_walks, int at_frames, int at_reads, std::string_view frames_note,
+                      std::string_view reads, const char* key, const char* label) {
+    if (!walks[at_walks]) return;
+    const double n = double(walks[at_walks]);
+    const std::string walked = fmt::format("{} walks, {:.1f} frames a walk{}, {:.2f} {} a walk", walks[at_walks],
+                                           walks[at_frames] / n, frames_note, walks[at_reads] / n, reads);
+    sink_.set_meta(key, walked);
+    if (!opts_.quiet) log_info("{}: {}", label, walked);
+  };
+  per_walk(GS_UNWIND_STAT_FP_WALKS, GS_UNWIND_STAT_FP_FRAMES, GS_UNWIND_STAT_FP_PAGES_READ, "", "stack pages read",
+           "fp_walks", "frame-pointer walks");
+  per_walk(GS_UNWIND_STAT_PY_WALKS, GS_UNWIND_STAT_PY_FRAMES, GS_UNWIND_STAT_PY_READS, " (shims included)", "reads",
+           "python_walks", "Python walks");
 }
 
 void Tracer::start_gpu_metrics() {

@@ -58,6 +58,7 @@ enum gs_record_kind {
 #define GS_COOKIE_NO_STACK(c) ((__u32)(((c) >> 21) & 0x1))
 #define GS_COOKIE_RT_LAUNCH(c) ((__u32)(((c) >> 22) & 0x1))
 #define GS_COOKIE_DRV_LAUNCH(c) ((__u32)(((c) >> 23) & 0x1))
+#define GS_COOKIE_LAUNCH(c) ((__u32)(((c) >> 22) & 0x3))  /* either */
 #define GS_COOKIE_ENTRY_LEN(c) ((__u32)(((c) >> 24) & 0xff))
 #define GS_COOKIE_RET_ARG(c) ((__u32)(((c) >> 32) & 0xf))
 
@@ -68,6 +69,10 @@ enum gs_call_flags {
 	GS_CALL_UNDER_RUNTIME = 1 << 3, /* a driver launch right after a runtime launch on its thread */
 	GS_CALL_STACK_COPIED = 1 << 4,  /* the user stack came ahead, as a GS_REC_STACK_COPY with
 	                                 * this tid and ts_ns */
+	/* --launch-stack-every N: a launch whose stack was taken, standing for N launches' ... */
+	GS_CALL_STACK_SAMPLED = 1 << 5,
+	/* ... and one whose stack was left out (taken for 1 launch in N, at random) */
+	GS_CALL_STACK_SAMPLED_OUT = 1 << 6,
 };
 
 struct gs_call_record {

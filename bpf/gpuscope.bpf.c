@@ -32,6 +32,10 @@ const volatile bool python_stacks = false;      /* walk Python frames of the pro
  * unwind_rows (see events.h), sent once per process as GS_REC_NATIVE_STACK. */
 const volatile bool call_unwind_tables = false;
 const volatile bool sample_unwind_tables = false;
+/* --launch-stack-every N: stacks of launches (the calls that come by the thousand a second)
+ * are taken for one in N, chosen at random so that no periodic pattern of launches is missed;
+ * user space weighs each taken stack by N. 1: every launch. */
+const volatile __u32 launch_stack_every = 1;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -1405,6 +1409,14 @@ int call_entry_emit(struct pt_regs *ctx)
 			skip_stack = true;
 			flags |= GS_CALL_UNDER_RUNTIME;
 			*since = 0;
+		}
+	}
+	if (launch_stack_every > 1 && !skip_stack && capture_stacks && GS_COOKIE_LAUNCH(cookie)) {
+		if (bpf_get_prandom_u32() % launch_stack_every) {
+			skip_stack = true;
+			flags |= GS_CALL_STACK_SAMPLED_OUT;
+		} else {
+			flags |= GS_CALL_STACK_SAMPLED;
 		}
 	}
 	/* Before the call's record is reserved, so that a stack copy or a new Python stack comes

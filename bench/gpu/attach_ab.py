@@ -57,6 +57,9 @@ GPUSCOPE_CONFIGS = {
     "+stacks eh-frame": ["--call-stacks", "eh-frame"],
     "+stacks no python": ["--no-python"],
     "+stacks +cpu 99Hz": ["--cpu-profile", "99"],
+    "+stacks 1/2": ["--launch-stack-every", "2"],
+    "+stacks 1/4": ["--launch-stack-every", "4"],
+    "+stacks 1/4 +cpu 99Hz": ["--launch-stack-every", "4", "--cpu-profile", "99"],
 }
 PROFILER_CONFIGS = {"torch.profiler": "cuda", "torch.profiler+stack": "cuda+stack"}
 DEFAULT_CONFIGS = "baseline,floor,calls,+stacks,+stacks +cpu 99Hz,torch.profiler+stack"

@@ -5,7 +5,7 @@ rounds interleaved (the GPU machine's noise moves whole runs), medians and sprea
 several builds (--gpuscope A B), every build runs every mode in each round.
 
     python3 bench/gpu/stack_probe_cost.py --gpuscope build-static/gpuscope [B ...] [--rounds 3] [--steps 20]
-        [--modes "no stacks,fp,fp no python,eh-frame"]
+        [--modes "no stacks,fp,fp no python,eh-frame,fp 1/4,eh-frame 1/4"]
 
 The launch probe (call_entry_emit) also runs for the kernel registrations at import, which take
 no stack, so its average mixes both; a stack's own cost per launch is derived as
@@ -23,7 +23,9 @@ import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
 MODES = {"no stacks": ["--no-stacks"], "fp": ["--call-stacks", "fp"],
-         "fp no python": ["--call-stacks", "fp", "--no-python"], "eh-frame": ["--call-stacks", "eh-frame"]}
+         "fp no python": ["--call-stacks", "fp", "--no-python"], "eh-frame": ["--call-stacks", "eh-frame"],
+         "fp 1/4": ["--call-stacks", "fp", "--launch-stack-every", "4"],
+         "eh-frame 1/4": ["--call-stacks", "eh-frame", "--launch-stack-every", "4"]}
 
 
 def run(gpuscope, flags, steps, tmp):
@@ -64,7 +66,7 @@ def main():
         ap.error(f"--modes: 'no stacks' and any of {', '.join(MODES)}")
     runs = [(b, m) for m in modes for b in args.gpuscope]
     with tempfile.TemporaryDirectory() as tmp:
-        if "eh-frame" in modes:
+        if any(m.startswith("eh-frame") for m in modes):
             run(args.gpuscope[0], MODES["eh-frame"], 2, tmp)  # tables into the cache
         res = {k: [] for k in runs}
         for r in range(args.rounds):

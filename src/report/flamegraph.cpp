@@ -159,12 +159,15 @@ FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, cons
       d.unit = "nanoseconds";
       // Each kernel's (and copy's, memset's) time on the GPU, under the stack that launched it;
       // the leaf is the kernel, or the kind of transfer.
+      // A kernel whose launch's stack was left out (--launch-stack-every) is counted in those
+      // that were taken: each stands for N.
       auto q = db.prepare(fmt::format(
           "SELECT coalesce(c.pid, a.pid), coalesce(c.stack_id, 0), CASE a.kind WHEN 'kernel' THEN "
-          "coalesce(a.name, '[unnamed kernel]') ELSE '[' || a.kind || ']' END, a.end_ns - a.start_ns "
-          "FROM gpu_activities a LEFT JOIN calls c ON c.id = a.call_id{}",
-          opt.pid ? fmt::format(" WHERE a.pid = {}", opt.pid) : ""));
-      while (q.step()) add(q.i64(0), q.i64(1), {q.str(2)}, std::max<int64_t>(q.i64(3), 0));
+          "coalesce(a.name, '[unnamed kernel]') ELSE '[' || a.kind || ']' END, a.end_ns - a.start_ns, "
+          "CASE WHEN c.id IS NULL THEN 1 ELSE {} END AS w "
+          "FROM gpu_activities a LEFT JOIN calls c ON c.id = a.call_id WHERE w > 0{}",
+          call_stack_weight_sql(db), opt.pid ? fmt::format(" AND a.pid = {}", opt.pid) : ""));
+      while (q.step()) add(q.i64(0), q.i64(1), {q.str(2)}, std::max<int64_t>(q.i64(3), 0) * q.i64(4));
       break;
     }
     case Metric::Launches: {
@@ -172,9 +175,10 @@ FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, cons
       d.unit = "count";
       auto q = db.prepare(calls_of_kind_sql(
           "c.pid, coalesce(c.stack_id, 0), coalesce((SELECT demangled FROM kernels k WHERE k.id = c.kernel_id), "
-          "'[unnamed kernel]')",
+          "'[unnamed kernel]'), " + call_stack_weight_sql(db),
           "'launch'", opt.pid));
-      while (q.step()) add(q.i64(0), q.i64(1), {q.str(2)}, 1);
+      while (q.step())
+        if (q.i64(3) > 0) add(q.i64(0), q.i64(1), {q.str(2)}, q.i64(3));
       break;
     }
     case Metric::MemcpyBytes: {

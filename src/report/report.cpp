@@ -292,18 +292,23 @@ json kernels(const Record& r, Stacks& stacks, size_t top) {
   };
   std::unordered_map<Key, Kernel, ArrayHash> all;
   int64_t total = 0;
+  // Under --launch-stack-every N a launch's stack was taken for one in N: a call site counts
+  // each taken one N times and skips the others.
   auto q = r.db.prepare(
-      "SELECT kernel_id, kernel_handle, grid_x, grid_y, grid_z, block_x, block_y, block_z, stack_id "
-      "FROM calls NOT INDEXED WHERE parent_id IS NULL AND func IN (" +
+      "SELECT kernel_id, kernel_handle, grid_x, grid_y, grid_z, block_x, block_y, block_z, stack_id, " +
+      call_stack_weight_sql(r.db) + " FROM calls c NOT INDEXED WHERE parent_id IS NULL AND func IN (" +
       ids_of(r.functions, {"launch"}) + ")");
   while (q.step()) {
     const int64_t id = q.i64(0);
     Kernel& k = all[{id, id ? 0 : q.i64(1)}];
     ++k.launches;
     ++k.shapes[{q.i64(2), q.i64(3), q.i64(4), q.i64(5), q.i64(6), q.i64(7)}];
-    ++k.stacks[q.i64(8)];
+    if (const int64_t w = q.i64(9); w > 0) k.stacks[q.i64(8)] += w;
     ++total;
   }
+  int64_t stacks_every = 1;
+  if (auto m = r.db.prepare("SELECT value FROM meta WHERE key = 'launch_stack_every'"); m.step())
+    stacks_every = std::max<int64_t>(std::atoll(m.str(0).c_str()), 1);
 
   std::map<Key, int64_t> launches;
   for (const auto& [key, k] : all) launches[key] = k.launches;
@@ -337,7 +342,9 @@ json kernels(const Record& r, Stacks& stacks, size_t top) {
                    {"shapes", sh},
                    {"call_sites", cs}});
   }
-  return {{"launches", total}, {"distinct", all.size()}, {"top", out}};
+  json result{{"launches", total}, {"distinct", all.size()}, {"top", out}};
+  if (stacks_every > 1) result["stacks_of_one_launch_in"] = stacks_every;
+  return result;
 }
 
 json copies(const Record& r) {
@@ -570,7 +577,8 @@ json gpu_time(const Record& r, Stacks& stacks, size_t top) {
   std::map<std::string, KernelTotal> kernels;
   auto q = r.db.prepare(
       "SELECT coalesce(a.gpu, 0), a.start_ns, a.end_ns, a.kind, coalesce(a.name, ''), coalesce(c.stack_id, 0), "
-      "coalesce(c.tid, 0) FROM gpu_activities a LEFT JOIN calls c ON c.id = a.call_id ORDER BY a.start_ns");
+      "coalesce(c.tid, 0), CASE WHEN c.id IS NULL THEN 1 ELSE " + call_stack_weight_sql(r.db) +
+      " END FROM gpu_activities a LEFT JOIN calls c ON c.id = a.call_id ORDER BY a.start_ns");
   while (q.step()) {
     const int64_t start = q.i64(1), end = std::max(q.i64(2), q.i64(1));
     by_gpu[q.i64(0)].push_back({start, end, q.i64(5), q.i64(6)});
@@ -579,7 +587,7 @@ json gpu_time(const Record& r, Stacks& stacks, size_t top) {
     ++k.count;
     k.ns += end - start;
     k.max_ns = std::max(k.max_ns, end - start);
-    k.ns_by_stack[q.i64(5)] += end - start;
+    if (const int64_t w = q.i64(7); w > 0) k.ns_by_stack[q.i64(5)] += (end - start) * w;
   }
   if (by_gpu.empty()) return nullptr;
 
@@ -912,6 +920,7 @@ void kernels_text(std::string& out, const json& k) {
     out += "  no kernel launches\n";
     return;
   }
+  const bool sampled = k.contains("stacks_of_one_launch_in");
   Table t({">LAUNCHES", "KERNEL"});
   for (const auto& kernel : top) {
     t.add({num(i64(kernel, "launches")), shorten(str(kernel, "name"), 120)});
@@ -919,9 +928,14 @@ void kernels_text(std::string& out, const json& k) {
     for (const auto& sh : shapes) t.add({"", "  " + shape_text(sh)});
     if (i64(kernel, "distinct_shapes") > int64_t(shapes.size()))
       t.add({"", fmt::format("  … {} shapes in all", num(i64(kernel, "distinct_shapes")))});
-    for (const auto& c : kernel.at("call_sites")) t.add({"", "  from " + site_text(c, 110) + " ×" + num(i64(c, "launches"))});
+    for (const auto& c : kernel.at("call_sites"))
+      t.add({"", "  from " + site_text(c, 110) + (sampled ? " ≈×" : " ×") + num(i64(c, "launches"))});
   }
   out += t.render();
+  if (sampled)
+    out += fmt::format("  Call sites from the stacks of 1 launch in {} (record --launch-stack-every): counts are "
+                       "estimates.\n",
+                       i64(k, "stacks_of_one_launch_in"));
 }
 
 void copies_text(std::string& out, const json& copies) {

@@ -26,6 +26,11 @@ bool has_table(store::Db& db, const char* name) {
   return q.step();
 }
 
+std::string call_stack_weight_sql(store::Db& db) {
+  auto q = db.prepare("SELECT 1 FROM pragma_table_info('calls') WHERE name = 'stack_weight'");
+  return q.step() ? "coalesce(c.stack_weight, 1)" : "1";
+}
+
 StoredStacks::StoredStacks(store::Db& db)
     : frames_(db.prepare("SELECT f.module_id, f.offset, f.ip, m.path, m.build_id, f.depth FROM stack_frames f "
                          "LEFT JOIN modules m ON m.id = f.module_id WHERE f.stack_id = ?1 ORDER BY f.depth")) {

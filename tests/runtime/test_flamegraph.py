@@ -148,3 +148,38 @@ def test_call_stacks_unwound_from_stack_copies(record, gpuscope, target):
     # unwound (its mappings were taken while it was stopped at a library load); under load a
     # run has been seen to end truncated at the C library's start code, so only the program's
     # own frames are required here.
+
+
+def test_launch_stacks_taken_for_one_in_n_stand_for_n(record, gpuscope):
+    # --launch-stack-every 4: every launch has its row; one in four, at random, has a stack,
+    # weighed 4 by the flame graph and the report. Copies' stacks are all taken.
+    iterations = 1500
+    rec = record("--launch-stack-every", 4, "--", TARGETS / "cuda_ops", "--iterations", iterations)
+    assert rec.returncode == 3, rec.stderr
+    assert rec.scalar("SELECT value FROM meta WHERE key='launch_stack_every'") == "4"
+    rows = dict(rec.query(
+        "SELECT coalesce(c.stack_weight, 1) || (c.stack_id IS NULL), count(*) FROM calls c "
+        "JOIN functions f ON f.id = c.func WHERE f.kind = 'launch' AND c.parent_id IS NULL "
+        "GROUP BY 1"))
+    launches = 2 * iterations
+    taken = rows.get("40", 0)
+    assert set(rows) <= {"40", "01"} and taken + rows.get("01", 0) == launches, rows
+    # Binomial(3000, 1/4): 750 +- 24 (6 sigma: 605..895).
+    assert 605 <= taken <= 895, rows
+    assert rec.scalar("SELECT count(*) FROM calls c JOIN functions f ON f.id = c.func "
+                      "WHERE f.kind = 'memcpy' AND (c.stack_id IS NULL OR c.stack_weight IS NOT NULL)") == 0
+
+    stacks = folded(gpuscope, rec, "launches")
+    assert sum(stacks.values()) == 4 * taken
+    assert all(v % 4 == 0 for v in stacks.values())
+    assert "[no stack]" not in {f for k in stacks for f in k}
+    vec = sum(v for k, v in stacks.items() if k[-1] == VECADD)
+    assert 0.4 < vec / sum(stacks.values()) < 0.6  # half the launches are vecAdd
+
+    doc = json.loads(gpuscope("report", "--json", rec.path).stdout)["kernels"]
+    assert doc["launches"] == launches and doc["stacks_of_one_launch_in"] == 4
+    for k in doc["top"]:
+        assert k["launches"] == iterations  # counts of launches are exact
+        assert sum(c["launches"] for c in k["call_sites"]) % 4 == 0
+    text = gpuscope("report", rec.path).stdout
+    assert "stacks of 1 launch in 4" in text and "≈×" in text

@@ -51,6 +51,7 @@ enum gs_record_kind {
  *   bit  22      a runtime launch: the driver launch it makes follows on the same thread
  *   bit  23      a driver launch: skips its stack when a runtime launch just came first
  *   bits 32..35  argument index + 1 of an out-pointer read (8 bytes) at return (0: none)
+ *   bit  36      a runtime API function (the driver's calls made inside one skip their stack)
  */
 #define GS_COOKIE_FUNC(c) ((__u32)((c) & 0xffff))
 #define GS_COOKIE_ENTRY_ARG(c) ((__u32)(((c) >> 16) & 0xf))
@@ -61,12 +62,15 @@ enum gs_record_kind {
 #define GS_COOKIE_LAUNCH(c) ((__u32)(((c) >> 22) & 0x3))  /* either */
 #define GS_COOKIE_ENTRY_LEN(c) ((__u32)(((c) >> 24) & 0xff))
 #define GS_COOKIE_RET_ARG(c) ((__u32)(((c) >> 32) & 0xf))
+#define GS_COOKIE_RUNTIME(c) ((__u32)(((c) >> 36) & 0x1))
 
 enum gs_call_flags {
 	GS_CALL_HAS_RETURN = 1 << 0,  /* ret and duration are valid */
 	GS_CALL_DEREF_OK = 1 << 1,    /* deref[] holds entry data */
 	GS_CALL_OUT_OK = 1 << 2,      /* out_value holds the out-pointer's value at return */
-	GS_CALL_UNDER_RUNTIME = 1 << 3, /* a driver launch right after a runtime launch on its thread */
+	/* a driver launch right after a runtime launch on its thread, or a driver call made inside a
+	 * pending runtime call: no stack of its own (user space gives it its parent's) */
+	GS_CALL_UNDER_RUNTIME = 1 << 3,
 	GS_CALL_STACK_COPIED = 1 << 4,  /* the user stack came ahead, as a GS_REC_STACK_COPY with
 	                                 * this tid and ts_ns */
 	/* --launch-stack-every N: a launch whose stack was taken, standing for N launches' ... */

@@ -71,7 +71,7 @@ struct pending_call {
 #define PENDING_SLOTS 8
 struct pending_thread {
 	struct pending_call call[PENDING_SLOTS];
-	__u32 tag[PENDING_SLOTS];  /* function id + 1; 0: free */
+	__u32 tag[PENDING_SLOTS];  /* pending_tag(); 0: free */
 };
 
 struct {
@@ -80,6 +80,14 @@ struct {
 	__type(key, int);
 	__type(value, struct pending_thread);
 } pending SEC(".maps");
+
+/* A pending call's tag: its function id + 1, with this bit for a runtime API function. */
+#define PENDING_RUNTIME (1U << 31)
+
+static __always_inline __u32 pending_tag(__u64 cookie)
+{
+	return (GS_COOKIE_FUNC(cookie) + 1) | (GS_COOKIE_RUNTIME(cookie) ? PENDING_RUNTIME : 0);
+}
 
 /* The slot of a pending call of function `tag` on this thread (0: a free slot), or -1. */
 static __always_inline int pending_slot(struct pending_thread *t, __u32 tag)
@@ -1457,7 +1465,7 @@ int call_entry(struct pt_regs *ctx)
 		return 0;
 
 	__u64 cookie = bpf_get_attach_cookie(ctx);
-	__u32 tag = GS_COOKIE_FUNC(cookie) + 1;
+	__u32 tag = pending_tag(cookie);
 	__u64 now = bpf_ktime_get_ns();
 	struct pending_thread *t = bpf_task_storage_get(&pending, bpf_get_current_task_btf(), 0,
 							 BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -1495,6 +1503,20 @@ int call_entry(struct pt_regs *ctx)
 	p->nested = 0;
 	read_args(ctx, p->args);
 	p->deref_len = read_entry_deref(cookie, p->args, p->deref, &p->flags);
+	/* A driver call made inside a runtime call (cudaMemsetAsync's cuMemsetD8Async): its stack
+	 * would be the runtime call's and a few of the runtime's frames, and user space gives it
+	 * that call's. A runtime entry older than GS_NESTED_CALL_NS is one whose return was missed. */
+	bool in_runtime = false;
+	if (!GS_COOKIE_RUNTIME(cookie))
+		for (int i = 0; i < PENDING_SLOTS; i++)
+			if ((t->tag[i] & PENDING_RUNTIME) && now - t->call[i].ts_ns < GS_NESTED_CALL_NS)
+				in_runtime = true;
+	if (in_runtime) {
+		p->flags |= GS_CALL_UNDER_RUNTIME;
+		p->native_stack = 0;
+		p->py_stack = 0;
+		return 0;
+	}
 	p->native_stack = call_user_stack(ctx, cookie, p->ts_ns, &p->flags);
 	p->py_stack = !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, ctx, UNWIND_SLOT_CALL);
 	return 0;
@@ -1509,7 +1531,7 @@ int call_return(struct pt_regs *ctx)
 
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	struct pending_thread *t = bpf_task_storage_get(&pending, bpf_get_current_task_btf(), 0, 0);
-	int slot = t ? pending_slot(t, GS_COOKIE_FUNC(cookie) + 1) : -1;
+	int slot = t ? pending_slot(t, pending_tag(cookie)) : -1;
 	if (!t || slot < 0) {
 		count_lost(GS_LOST_RETURN_ORPHAN);
 		return 0;

@@ -60,6 +60,9 @@ GPUSCOPE_CONFIGS = {
     "+stacks 1/2": ["--launch-stack-every", "2"],
     "+stacks 1/4": ["--launch-stack-every", "4"],
     "+stacks 1/4 +cpu 99Hz": ["--launch-stack-every", "4", "--cpu-profile", "99"],
+    "+stacks 1/16": ["--launch-stack-every", "16"],
+    "+stacks eh-frame 1/4": ["--call-stacks", "eh-frame", "--launch-stack-every", "4"],
+    "+stacks eh-frame 1/16": ["--call-stacks", "eh-frame", "--launch-stack-every", "16"],
 }
 PROFILER_CONFIGS = {"torch.profiler": "cuda", "torch.profiler+stack": "cuda+stack"}
 DEFAULT_CONFIGS = "baseline,floor,calls,+stacks,+stacks +cpu 99Hz,torch.profiler+stack"
@@ -198,7 +201,7 @@ def run_group(args, configs, tmp, label):
     try:
         work.wait_steps(1, 600)
         time.sleep(args.warmup)
-        if "+stacks eh-frame" in configs:
+        if any(c.startswith("+stacks eh-frame") for c in configs):
             # Compiles the process's unwind tables into gpuscope's cache once, outside the rounds.
             gpuscope_window(args, work, GPUSCOPE_CONFIGS["+stacks eh-frame"], tmp)
         for r in range(args.rounds):

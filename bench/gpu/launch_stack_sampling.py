@@ -4,6 +4,7 @@ loses on the PyTorch training loop: each N's run of train_step.py against runs t
 launch's stack.
 
     python3 bench/gpu/launch_stack_sampling.py --gpuscope build-static/gpuscope [--every 1,1,4] [--steps 200]
+        [--call-stacks fp|eh-frame]
 
 Every run records the same program, whose launches repeat step after step. The launches flame
 graph of each run is compared with the first run's (every stack taken):
@@ -17,12 +18,15 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import sqlite3
 import subprocess
 import sys
 import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from stack_completeness import reaches_entry  # noqa: E402
 
 
 def folded(gpuscope, rec):
@@ -33,7 +37,10 @@ def folded(gpuscope, rec):
     stacks = {}
     for line in out.stdout.splitlines():
         path, value = line.rsplit(" ", 1)
-        stacks[tuple(path.split(";")[1:])] = int(value)  # without the process (its pid differs)
+        # Without the process (its pid differs) and with addresses in no file made alike: they
+        # differ from run to run.
+        key = tuple("[unknown]" if re.fullmatch(r"0x[0-9a-f]+", f) else f for f in path.split(";")[1:])
+        stacks[key] = stacks.get(key, 0) + int(value)
     return stacks
 
 
@@ -57,7 +64,8 @@ def tvd(a, b):
 
 def run(args, every, tmp, i):
     rec, truth = os.path.join(tmp, f"r{i}.gpuscope"), os.path.join(tmp, f"t{i}.json")
-    cmd = [args.gpuscope, "record", "-q", "--bpf-stats", "--launch-stack-every", str(every), "-o", rec, "--",
+    cmd = [args.gpuscope, "record", "-q", "--bpf-stats", "--call-stacks", args.call_stacks,
+           "--launch-stack-every", str(every), "-o", rec, "--",
            sys.executable, str(HERE / "train_step.py"), truth, "--steps", str(args.steps), "--no-profile"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
@@ -79,6 +87,7 @@ def main():
     ap.add_argument("--gpuscope", default="build/gpuscope")
     ap.add_argument("--every", default="1,1,4", help="N of each run; the first must be 1")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--call-stacks", default="fp", help="record's --call-stacks: fp or eh-frame")
     ap.add_argument("--json", type=pathlib.Path, help="write the figures here too")
     args = ap.parse_args()
     everies = [int(x) for x in args.every.split(",")]
@@ -89,19 +98,25 @@ def main():
     ref = runs[0]
     ref_lines = by(ref["stacks"], python_line)
     top = sorted(ref["stacks"].items(), key=lambda kv: -kv[1])[:10]
-    print(f"train_step.py, {args.steps} steps a run; the reference is run 1 (every launch's stack)")
+    print(f"train_step.py, {args.steps} steps a run, --call-stacks {args.call_stacks}; the reference is run 1 "
+          "(every launch's stack)")
     print(f"{'run':>3} {'N':>3} {'launch rows':>11} {'graph total':>11} {'stacks':>7} {'tvd stacks':>10} "
-          f"{'tvd py line':>11} {'BPF ns/launch':>13} {'step ms':>8}")
+          f"{'tvd py line':>11} {'BPF ns/launch':>13} {'step ms':>8} {'entry':>6} {'cut':>6}")
     figures = []
     for i, r in enumerate(runs):
         total = sum(r["stacks"].values())
         f = {"every": r["every"], "launch_rows": r["launches"], "graph_total": total, "distinct_stacks": len(r["stacks"]),
              "tvd_stacks": tvd(ref["stacks"], r["stacks"]), "tvd_python_line": tvd(ref_lines, by(r["stacks"], python_line)),
              "bpf_ns_per_launch": r["bpf_ns_per_launch"], "step_ms": r["step_ms"],
-             "top10_estimate_over_reference": [r["stacks"].get(k, 0) / v for k, v in top]}
+             "top10_estimate_over_reference": [r["stacks"].get(k, 0) / v for k, v in top],
+             # Of the launches the graph counts: those whose stack reaches main or a Python module,
+             # and those the walk marked cut short (the rest end at their thread's start).
+             "reach_entry": sum(v for k, v in r["stacks"].items() if reaches_entry(k)) / max(total, 1),
+             "truncated": sum(v for k, v in r["stacks"].items() if "[truncated stack]" in k) / max(total, 1)}
         figures.append(f)
         print(f"{i + 1:>3} {r['every']:>3} {r['launches']:>11} {total:>11} {len(r['stacks']):>7} "
-              f"{f['tvd_stacks']:>10.4f} {f['tvd_python_line']:>11.4f} {r['bpf_ns_per_launch']:>13.0f} {r['step_ms']:>8.3f}")
+              f"{f['tvd_stacks']:>10.4f} {f['tvd_python_line']:>11.4f} {r['bpf_ns_per_launch']:>13.0f} {r['step_ms']:>8.3f} "
+              f"{100 * f['reach_entry']:>5.1f}% {100 * f['truncated']:>5.1f}%")
     print("\nthe reference's ten largest stacks (launches): each run's count over the reference's")
     for j, (k, v) in enumerate(top):
         line, kernel = python_line(k)

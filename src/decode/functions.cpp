@@ -186,6 +186,7 @@ uint64_t probe_cookie(const FunctionSpec& f) {
   if (f.kind == KernelLookup) c |= uint64_t(1) << 21;
   if (f.kind == Launch) c |= uint64_t(1) << (f.api == Runtime ? 22 : 23);
   if (f.return_out_arg >= 0) c |= uint64_t(f.return_out_arg + 1) << 32;
+  if (f.api == Runtime) c |= uint64_t(1) << 36;
   return c;
 }
 

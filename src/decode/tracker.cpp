@@ -150,7 +150,11 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
       // Driver calls held for this thread either ran inside this call or before it.
       while (!t.held_driver_calls.empty()) {
         CallEvent& d = t.held_driver_calls.front();
-        if (encloses(e, d)) d.parent_id = e.call_id;
+        if (encloses(e, d)) {
+          d.parent_id = e.call_id;
+          // Made inside this call, it took no stack of its own (GS_CALL_UNDER_RUNTIME).
+          if (!d.stack_id) d.stack_id = e.stack_id;
+        }
         emit(d);
         t.held_driver_calls.pop_front();
       }

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import CUDART, GPUSCOPE, TARGETS, Record
+from conftest import CUDART, GPUSCOPE, TARGETS, Record, folded
 
 MiB = 1 << 20
 VECADD = "vecAdd(float const*, float const*, float*, int)"
@@ -118,6 +118,28 @@ def test_a_wrapper_of_the_same_name_is_one_call(record, monkeypatch):
     assert "libsame_name_shim.so (static CUDA runtime)" in rec.scalar("SELECT group_concat(path) FROM libraries")
     assert rec.query("SELECT bytes FROM calls c JOIN functions f ON f.id=c.func WHERE f.name='cudaMalloc'") == [(4242,)] * 3
     assert rec.query("SELECT count FROM lost WHERE cause = 'return_orphan' AND count > 0") == []
+
+
+def test_driver_calls_inside_runtime_calls_take_its_stack(record, gpuscope):
+    """A driver call made inside a runtime call is its child and shows its stack; the BPF side
+    walks only the runtime call's (one walk per pair)."""
+    rec = record("--", "/usr/bin/python3", TARGETS.parent.parent / "tests/targets/load_lib.py",
+                 TARGETS / "libnested_driver.so")
+    assert rec.returncode == 0, rec.stderr
+    rows = rec.query("SELECT f.name, c.id, c.parent_id, c.stack_id FROM calls c JOIN functions f ON f.id = c.func "
+                     "ORDER BY c.ts_ns, c.parent_id IS NOT NULL")
+    outer = [r for r in rows if r[0] in ("cudaMalloc", "cudaMemsetAsync")]
+    inner = [r for r in rows if r[0] in ("cuMemAlloc_v2", "cuMemsetD8Async")]
+    assert [r[0] for r in outer] == ["cudaMalloc"] + ["cudaMemsetAsync"] * 5, rows
+    assert [r[0] for r in inner] == ["cuMemAlloc_v2"] + ["cuMemsetD8Async"] * 5, rows
+    for o, i in zip(outer, inner):
+        assert o[2] is None and o[3], o
+        assert i[2] == o[1] and i[3] == o[3], (o, i)
+    # The stack is the runtime call's, from Python's ctypes call down to the library's caller.
+    (chain, _), = folded(gpuscope, rec, "alloc-bytes").items()
+    assert any(f.startswith("<module> (") for f in chain) and "run_static" in chain, chain
+    walks = rec.scalar("SELECT value FROM meta WHERE key = 'fp_walks'")
+    assert walks.startswith("6 walks"), walks
 
 
 def test_threads_launching_at_once(record):

@@ -241,11 +241,34 @@ TEST_F(TrackerTest, DriverCallsInsideARuntimeCallAreItsChildren) {
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[0].func, function_by_symbol("cuMemAlloc_v2")->id);
   EXPECT_EQ(out[0].parent_id, out[1].call_id);
+  EXPECT_EQ(out[0].stack_id, 0);  // neither had a stack
   // A driver call that no runtime call encloses is handed on by flush, top-level.
   t.process(alloc("cuMemAlloc_v2", 0x700000100000, 64, 500), emit);
   t.flush(emit);
   ASSERT_EQ(out.size(), 3u);
   EXPECT_EQ(out[2].parent_id, 0);
+}
+
+TEST_F(TrackerTest, DriverCallsInsideARuntimeCallTakeItsStack) {
+  // The BPF side takes no stack for a driver call made inside a runtime call: the child row
+  // gets its parent's; one with a stack of its own keeps it.
+  Tracker t(true);
+  auto inner = alloc("cuMemAlloc_v2", 0x700000000000, 64, 120);
+  t.process(inner, emit);
+  auto outer = decoded(raw("cudaMalloc", {0, 64}, 100, 100));
+  outer.stack_id = 42;
+  t.process(outer, emit);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].parent_id, out[1].call_id);
+  EXPECT_EQ(out[0].stack_id, 42);
+  auto own = alloc("cuMemAlloc_v2", 0x700000100000, 64, 320);
+  own.stack_id = 7;
+  t.process(own, emit);
+  auto outer2 = decoded(raw("cudaMalloc", {0, 64}, 300, 100));
+  outer2.stack_id = 43;
+  t.process(outer2, emit);
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_EQ(out[2].stack_id, 7);
 }
 
 TEST_F(TrackerTest, DriverLookupsNameCuFunctions) {

@@ -1,0 +1,40 @@
+// A library that stands in for a CUDA runtime whose calls reach the driver: its cudaMalloc and
+// cudaMemsetAsync call its cuMemAlloc_v2 and cuMemsetD8Async, as libcudart's call libcuda's. It
+// defines CUDA functions (cudaMalloc marks a static runtime), so gpuscope probes all four; the
+// driver calls, made inside the runtime calls, take no stack of their own and get the runtime
+// call's. Loaded late by load_lib.py, which calls run_static().
+#include <stddef.h>
+
+__attribute__((noinline)) int cuMemsetD8Async(unsigned long long dst, unsigned char value, size_t n, void *stream) {
+  __asm__ volatile("" ::: "memory");  // not folded into its caller
+  return dst && n && !stream && value == 7 ? 0 : 1;
+}
+
+__attribute__((noinline)) int cudaMemsetAsync(void *dst, int value, size_t n, void *stream) {
+  return cuMemsetD8Async((unsigned long long)dst, (unsigned char)value, n, stream);
+}
+
+__attribute__((noinline)) int cuMemAlloc_v2(unsigned long long *dptr, size_t size) {
+  static char arena[1 << 16];
+  __asm__ volatile("" ::: "memory");
+  *dptr = (unsigned long long)arena;
+  return size <= sizeof(arena) ? 0 : 2;
+}
+
+__attribute__((noinline)) int cudaMalloc(void **ptr, size_t size) {
+  unsigned long long p = 0;
+  int err = cuMemAlloc_v2(&p, size);
+  *ptr = (void *)p;
+  return err;
+}
+
+__attribute__((noinline)) static int clear_buffers(char *buf) {
+  int failures = 0;
+  for (int i = 0; i < 5; ++i) failures += cudaMemsetAsync(buf, 7, 4096, NULL);
+  return failures;
+}
+
+int run_static(void) {
+  void *buf = 0;
+  return cudaMalloc(&buf, 4096) + clear_buffers(buf);
+}

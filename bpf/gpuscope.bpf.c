@@ -472,6 +472,8 @@ static __always_inline long unwind_stop(struct unwind_scratch *s, __u32 cause)
 	return 1;
 }
 
+#define FP_STACK_SPAN (8ULL << 20)  /* a thread's stack is within this much above its sp */
+
 /* The caller's frame from a frame-pointer chain: code without a table. */
 static __always_inline long unwind_fp_step(struct unwind_scratch *s, struct unwind_chunk *k)
 {
@@ -479,6 +481,11 @@ static __always_inline long unwind_fp_step(struct unwind_scratch *s, struct unwi
 	/* A frame pointer below the stack pointer or unaligned is not one: stop before reading. */
 	if (!unwind_bp(s, k) || !s->bp || s->bp + 16 <= s->sp || (s->bp & 7) ||
 	    unwind_read(s, k, s->bp, &frame[0]) || unwind_read(s, k, s->bp + 8, &frame[1]))
+		return unwind_stop(s, GS_LOST_UNWIND_READ);
+	/* A "return address" just above the stack pointer is a stack address: code that keeps rbp
+	 * pointing at something other than a frame record (libffi's ffi_call_unix64 does), not a
+	 * caller. */
+	if (frame[1] - s->sp < FP_STACK_SPAN)
 		return unwind_stop(s, GS_LOST_UNWIND_READ);
 	s->fp_steps++;
 	s->step_flags |= WALK_FP_STEP;

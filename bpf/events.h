@@ -52,6 +52,8 @@ enum gs_record_kind {
  *   bit  23      a driver launch: skips its stack when a runtime launch just came first
  *   bits 32..35  argument index + 1 of an out-pointer read (8 bytes) at return (0: none)
  *   bit  36      a runtime API function (the driver's calls made inside one skip their stack)
+ *   bit  37      a high-rate call (launches, copies, memsets): its stack is one that
+ *                --stack-every samples
  */
 #define GS_COOKIE_FUNC(c) ((__u32)((c) & 0xffff))
 #define GS_COOKIE_ENTRY_ARG(c) ((__u32)(((c) >> 16) & 0xf))
@@ -59,10 +61,10 @@ enum gs_record_kind {
 #define GS_COOKIE_NO_STACK(c) ((__u32)(((c) >> 21) & 0x1))
 #define GS_COOKIE_RT_LAUNCH(c) ((__u32)(((c) >> 22) & 0x1))
 #define GS_COOKIE_DRV_LAUNCH(c) ((__u32)(((c) >> 23) & 0x1))
-#define GS_COOKIE_LAUNCH(c) ((__u32)(((c) >> 22) & 0x3))  /* either */
 #define GS_COOKIE_ENTRY_LEN(c) ((__u32)(((c) >> 24) & 0xff))
 #define GS_COOKIE_RET_ARG(c) ((__u32)(((c) >> 32) & 0xf))
 #define GS_COOKIE_RUNTIME(c) ((__u32)(((c) >> 36) & 0x1))
+#define GS_COOKIE_SAMPLED_STACK(c) ((__u32)(((c) >> 37) & 0x1))
 
 enum gs_call_flags {
 	GS_CALL_HAS_RETURN = 1 << 0,  /* ret and duration are valid */
@@ -73,9 +75,9 @@ enum gs_call_flags {
 	GS_CALL_UNDER_RUNTIME = 1 << 3,
 	GS_CALL_STACK_COPIED = 1 << 4,  /* the user stack came ahead, as a GS_REC_STACK_COPY with
 	                                 * this tid and ts_ns */
-	/* --launch-stack-every N: a launch whose stack was taken, standing for N launches' ... */
+	/* --stack-every N: a launch, copy or memset whose stack was taken, standing for N calls ... */
 	GS_CALL_STACK_SAMPLED = 1 << 5,
-	/* ... and one whose stack was left out (taken for 1 launch in N, at random) */
+	/* ... and one whose stack was left out (taken for 1 call in N, at random) */
 	GS_CALL_STACK_SAMPLED_OUT = 1 << 6,
 };
 

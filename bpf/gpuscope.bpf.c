@@ -32,10 +32,10 @@ const volatile bool python_stacks = false;      /* walk Python frames of the pro
  * unwind_rows (see events.h), sent once per process as GS_REC_NATIVE_STACK. */
 const volatile bool call_unwind_tables = false;
 const volatile bool sample_unwind_tables = false;
-/* --launch-stack-every N: stacks of launches (the calls that come by the thousand a second)
- * are taken for one in N, chosen at random so that no periodic pattern of launches is missed;
- * user space weighs each taken stack by N. 1: every launch. */
-const volatile __u32 launch_stack_every = 1;
+/* --stack-every N: stacks of launches, copies and memsets (the calls that come by the thousand
+ * a second) are taken for one in N, chosen at random so that no periodic pattern of calls is
+ * missed; user space weighs each taken stack by N. 1: every call. */
+const volatile __u32 stack_every = 1;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -96,6 +96,19 @@ static __always_inline int pending_slot(struct pending_thread *t, __u32 tag)
 		if (t->tag[i] == tag)
 			return i;
 	return -1;
+}
+
+/* --stack-every: whether this call's stack is left out, its record flagged either way. */
+static __always_inline bool stack_sampled_out(__u64 cookie, __u32 *flags)
+{
+	if (stack_every <= 1 || !capture_stacks || !GS_COOKIE_SAMPLED_STACK(cookie))
+		return false;
+	if (bpf_get_prandom_u32() % stack_every) {
+		*flags |= GS_CALL_STACK_SAMPLED_OUT;
+		return true;
+	}
+	*flags |= GS_CALL_STACK_SAMPLED;
+	return false;
 }
 
 /* Threads inside a runtime launch: the driver launch it makes has the same stack plus a
@@ -1426,14 +1439,8 @@ int call_entry_emit(struct pt_regs *ctx)
 			*since = 0;
 		}
 	}
-	if (launch_stack_every > 1 && !skip_stack && capture_stacks && GS_COOKIE_LAUNCH(cookie)) {
-		if (bpf_get_prandom_u32() % launch_stack_every) {
-			skip_stack = true;
-			flags |= GS_CALL_STACK_SAMPLED_OUT;
-		} else {
-			flags |= GS_CALL_STACK_SAMPLED;
-		}
-	}
+	if (!skip_stack)
+		skip_stack = stack_sampled_out(cookie, &flags);
 	/* Before the call's record is reserved, so that a stack copy or a new Python stack comes
 	 * ahead of it. */
 	__u64 native = skip_stack ? 0 : call_user_stack(ctx, cookie, ts_ns, &flags);
@@ -1518,8 +1525,9 @@ int call_entry(struct pt_regs *ctx)
 		for (int i = 0; i < PENDING_SLOTS; i++)
 			if ((t->tag[i] & PENDING_RUNTIME) && now - t->call[i].ts_ns < GS_NESTED_CALL_NS)
 				in_runtime = true;
-	if (in_runtime) {
+	if (in_runtime)
 		p->flags |= GS_CALL_UNDER_RUNTIME;
+	if (in_runtime || stack_sampled_out(cookie, &p->flags)) {
 		p->native_stack = 0;
 		p->py_stack = 0;
 		return 0;

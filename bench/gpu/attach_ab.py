@@ -57,12 +57,12 @@ GPUSCOPE_CONFIGS = {
     "+stacks eh-frame": ["--call-stacks", "eh-frame"],
     "+stacks no python": ["--no-python"],
     "+stacks +cpu 99Hz": ["--cpu-profile", "99"],
-    "+stacks 1/2": ["--launch-stack-every", "2"],
-    "+stacks 1/4": ["--launch-stack-every", "4"],
-    "+stacks 1/4 +cpu 99Hz": ["--launch-stack-every", "4", "--cpu-profile", "99"],
-    "+stacks 1/16": ["--launch-stack-every", "16"],
-    "+stacks eh-frame 1/4": ["--call-stacks", "eh-frame", "--launch-stack-every", "4"],
-    "+stacks eh-frame 1/16": ["--call-stacks", "eh-frame", "--launch-stack-every", "16"],
+    "+stacks 1/2": ["--stack-every", "2"],
+    "+stacks 1/4": ["--stack-every", "4"],
+    "+stacks 1/4 +cpu 99Hz": ["--stack-every", "4", "--cpu-profile", "99"],
+    "+stacks 1/16": ["--stack-every", "16"],
+    "+stacks eh-frame 1/4": ["--call-stacks", "eh-frame", "--stack-every", "4"],
+    "+stacks eh-frame 1/16": ["--call-stacks", "eh-frame", "--stack-every", "16"],
 }
 PROFILER_CONFIGS = {"torch.profiler": "cuda", "torch.profiler+stack": "cuda+stack"}
 DEFAULT_CONFIGS = "baseline,floor,calls,+stacks,+stacks +cpu 99Hz,torch.profiler+stack"

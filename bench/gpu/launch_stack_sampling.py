@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What taking launches' stacks for one launch in N (`record --launch-stack-every N`) costs and
+"""What taking launches' stacks for one launch in N (`record --stack-every N`) costs and
 loses on the PyTorch training loop: each N's run of train_step.py against runs that take every
 launch's stack.
 
@@ -65,7 +65,7 @@ def tvd(a, b):
 def run(args, every, tmp, i):
     rec, truth = os.path.join(tmp, f"r{i}.gpuscope"), os.path.join(tmp, f"t{i}.json")
     cmd = [args.gpuscope, "record", "-q", "--bpf-stats", "--call-stacks", args.call_stacks,
-           "--launch-stack-every", str(every), "-o", rec, "--",
+           "--stack-every", str(every), "-o", rec, "--",
            sys.executable, str(HERE / "train_step.py"), truth, "--steps", str(args.steps), "--no-profile"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:

@@ -24,8 +24,8 @@ import tempfile
 HERE = pathlib.Path(__file__).resolve().parent
 MODES = {"no stacks": ["--no-stacks"], "fp": ["--call-stacks", "fp"],
          "fp no python": ["--call-stacks", "fp", "--no-python"], "eh-frame": ["--call-stacks", "eh-frame"],
-         "fp 1/4": ["--call-stacks", "fp", "--launch-stack-every", "4"],
-         "eh-frame 1/4": ["--call-stacks", "eh-frame", "--launch-stack-every", "4"]}
+         "fp 1/4": ["--call-stacks", "fp", "--stack-every", "4"],
+         "eh-frame 1/4": ["--call-stacks", "eh-frame", "--stack-every", "4"]}
 
 
 def run(gpuscope, flags, steps, tmp):

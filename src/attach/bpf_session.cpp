@@ -73,7 +73,7 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   skel_->rodata->stop_for_shared_objects = cfg.stop_for_shared_objects;
   skel_->rodata->sample_stack_copy = cfg.sample_stack_copy;
   skel_->rodata->call_stack_copy = cfg.call_stack_copy;
-  skel_->rodata->launch_stack_every = std::max<uint32_t>(cfg.launch_stack_every, 1);
+  skel_->rodata->stack_every = std::max<uint32_t>(cfg.stack_every, 1);
   skel_->rodata->python_stacks = cfg.python_stacks;
   skel_->rodata->call_unwind_tables = cfg.call_unwind_tables;
   skel_->rodata->sample_unwind_tables = cfg.sample_unwind_tables;

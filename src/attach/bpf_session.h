@@ -43,8 +43,9 @@ struct SessionConfig {
   // .eh_frame; false: walked in BPF (frame pointers, or the unwind tables).
   bool sample_stack_copy = false;
   bool call_stack_copy = false;  // the same for CUDA calls' stacks
-  // Launches' stacks taken for one launch in N, chosen at random (GS_CALL_STACK_SAMPLED); 1: all.
-  uint32_t launch_stack_every = 1;
+  // Launches', copies' and memsets' stacks taken for one in N, chosen at random
+  // (GS_CALL_STACK_SAMPLED); 1: all.
+  uint32_t stack_every = 1;
   // Walk CUDA calls' (samples') user stacks in BPF with the unwind tables given by
   // set_unwind_process; processes without tables get frame-pointer stacks.
   bool call_unwind_tables = false;

@@ -48,8 +48,8 @@ struct CallEvent {
   int64_t call_id = 0;      // row id in the record file
   int64_t parent_id = 0;    // enclosing runtime call for a driver call made inside it
   int64_t stack_id = 0;     // deduplicated stack in the record file, 0: none
-  // Launches under --launch-stack-every N: how many launches this one's stack stands for (N if
-  // it was taken, 0 if it was left out); 1 for every other call.
+  // Launches, copies and memsets under --stack-every N: how many calls this one's stack stands
+  // for (N if it was taken, 0 if it was left out); 1 for every other call.
   uint32_t stack_weight = 1;
   int64_t kernel_id = 0;    // row in the kernels table, 0: unnamed
 };

@@ -187,6 +187,7 @@ uint64_t probe_cookie(const FunctionSpec& f) {
   if (f.kind == Launch) c |= uint64_t(1) << (f.api == Runtime ? 22 : 23);
   if (f.return_out_arg >= 0) c |= uint64_t(f.return_out_arg + 1) << 32;
   if (f.api == Runtime) c |= uint64_t(1) << 36;
+  if (is_high_rate(f.kind)) c |= uint64_t(1) << 37;
   return c;
 }
 

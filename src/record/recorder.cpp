@@ -321,7 +321,7 @@ int Recorder::run() {
   topts.whole_history = opts_.pids.empty() && !opts_.all;
   topts.stacks = opts_.stacks;
   topts.python_stacks = opts_.python_stacks;
-  topts.launch_stack_every = opts_.launch_stack_every;
+  topts.stack_every = opts_.stack_every;
   topts.dwarf_unwind_samples = opts_.dwarf_unwind_samples;
   topts.dwarf_unwind_calls = opts_.dwarf_unwind_calls;
   topts.table_unwind_calls = opts_.table_unwind_calls;

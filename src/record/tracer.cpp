@@ -104,8 +104,8 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
                                    : opts_.dwarf_unwind_calls ? "dwarf"
                                                               : "frame pointers");
   cfg.capture_stacks = opts_.stacks;
-  cfg.launch_stack_every = opts_.stacks ? std::max<uint32_t>(opts_.launch_stack_every, 1) : 1;
-  if (cfg.launch_stack_every > 1) sink_.set_meta("launch_stack_every", std::to_string(cfg.launch_stack_every));
+  cfg.stack_every = opts_.stacks ? std::max<uint32_t>(opts_.stack_every, 1) : 1;
+  if (cfg.stack_every > 1) sink_.set_meta("stack_every", std::to_string(cfg.stack_every));
   cfg.python_stacks = opts_.stacks && opts_.python_stacks;
   sink_.set_meta("python_stacks", cfg.python_stacks ? "1" : "0");
   cfg.stop_for_shared_objects = !opts_.all;
@@ -127,7 +127,7 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   }
 
   PipelineConfig pcfg = opts_.pipeline;
-  pcfg.launch_stack_every = cfg.launch_stack_every;
+  pcfg.stack_every = cfg.stack_every;
   pcfg.complete_history = opts_.whole_history;
   if (!cfg.stack_generations) pcfg.recycle_stacks_at = 0;
   pipeline_ = std::make_unique<Pipeline>(sink_, *bpf_, maps_, pcfg);

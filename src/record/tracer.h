@@ -40,8 +40,9 @@ struct TracerOptions {
   bool whole_history = false;  // the targets are followed from their start (record -- CMD)
   bool stacks = true;
   bool python_stacks = true;         // Python frames in the stacks of CPython processes
-  // Launches' stacks are taken for one launch in N, at random, each standing for N (1: all).
-  uint32_t launch_stack_every = 1;
+  // Launches', copies' and memsets' stacks are taken for one call in N, at random, each standing
+  // for N (1: all).
+  uint32_t stack_every = 1;
   bool dwarf_unwind_samples = true;  // CPU samples unwound from .eh_frame (false: frame pointers)
   bool dwarf_unwind_calls = false;   // CUDA calls' stacks too (a 16 KiB copy per call)
   // Walked in BPF from .eh_frame tables (record/unwind_tables.h) instead; these win over the two above.

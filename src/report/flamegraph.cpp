@@ -159,7 +159,7 @@ FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, cons
       d.unit = "nanoseconds";
       // Each kernel's (and copy's, memset's) time on the GPU, under the stack that launched it;
       // the leaf is the kernel, or the kind of transfer.
-      // A kernel whose launch's stack was left out (--launch-stack-every) is counted in those
+      // A kernel whose launch's stack was left out (--stack-every) is counted in those
       // that were taken: each stands for N.
       auto q = db.prepare(fmt::format(
           "SELECT coalesce(c.pid, a.pid), coalesce(c.stack_id, 0), CASE a.kind WHEN 'kernel' THEN "
@@ -186,10 +186,13 @@ FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, cons
       d.unit = "bytes";
       // The leaf says what kind of copy it was; the copying function is the frame above it.
       auto q = db.prepare(calls_of_kind_sql(
-          "c.pid, coalesce(c.stack_id, 0), coalesce(c.dir, '?'), coalesce(c.host_mem, ''), c.bytes", "'memcpy'", opt.pid));
+          "c.pid, coalesce(c.stack_id, 0), coalesce(c.dir, '?'), coalesce(c.host_mem, ''), c.bytes, " +
+              call_stack_weight_sql(db),
+          "'memcpy'", opt.pid));
       while (q.step())
-        if (!q.is_null(4))
-          add(q.i64(0), q.i64(1), {q.str(3).empty() ? q.str(2) : fmt::format("{} ({})", q.str(2), q.str(3))}, q.i64(4));
+        if (!q.is_null(4) && q.i64(5) > 0)
+          add(q.i64(0), q.i64(1), {q.str(3).empty() ? q.str(2) : fmt::format("{} ({})", q.str(2), q.str(3))},
+              q.i64(4) * q.i64(5));
       break;
     }
     case Metric::AllocBytes:

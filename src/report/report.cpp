@@ -292,7 +292,7 @@ json kernels(const Record& r, Stacks& stacks, size_t top) {
   };
   std::unordered_map<Key, Kernel, ArrayHash> all;
   int64_t total = 0;
-  // Under --launch-stack-every N a launch's stack was taken for one in N: a call site counts
+  // Under --stack-every N a launch's stack was taken for one in N: a call site counts
   // each taken one N times and skips the others.
   auto q = r.db.prepare(
       "SELECT kernel_id, kernel_handle, grid_x, grid_y, grid_z, block_x, block_y, block_z, stack_id, " +
@@ -307,7 +307,7 @@ json kernels(const Record& r, Stacks& stacks, size_t top) {
     ++total;
   }
   int64_t stacks_every = 1;
-  if (auto m = r.db.prepare("SELECT value FROM meta WHERE key = 'launch_stack_every'"); m.step())
+  if (auto m = r.db.prepare("SELECT value FROM meta WHERE key = 'stack_every'"); m.step())
     stacks_every = std::max<int64_t>(std::atoll(m.str(0).c_str()), 1);
 
   std::map<Key, int64_t> launches;
@@ -343,7 +343,7 @@ json kernels(const Record& r, Stacks& stacks, size_t top) {
                    {"call_sites", cs}});
   }
   json result{{"launches", total}, {"distinct", all.size()}, {"top", out}};
-  if (stacks_every > 1) result["stacks_of_one_launch_in"] = stacks_every;
+  if (stacks_every > 1) result["stacks_of_one_in"] = stacks_every;
   return result;
 }
 
@@ -920,7 +920,7 @@ void kernels_text(std::string& out, const json& k) {
     out += "  no kernel launches\n";
     return;
   }
-  const bool sampled = k.contains("stacks_of_one_launch_in");
+  const bool sampled = k.contains("stacks_of_one_in");
   Table t({">LAUNCHES", "KERNEL"});
   for (const auto& kernel : top) {
     t.add({num(i64(kernel, "launches")), shorten(str(kernel, "name"), 120)});
@@ -933,9 +933,9 @@ void kernels_text(std::string& out, const json& k) {
   }
   out += t.render();
   if (sampled)
-    out += fmt::format("  Call sites from the stacks of 1 launch in {} (record --launch-stack-every): counts are "
+    out += fmt::format("  Call sites from the stacks of 1 launch in {} (record --stack-every): counts are "
                        "estimates.\n",
-                       i64(k, "stacks_of_one_launch_in"));
+                       i64(k, "stacks_of_one_in"));
 }
 
 void copies_text(std::string& out, const json& copies) {

@@ -150,34 +150,40 @@ def test_call_stacks_unwound_from_stack_copies(record, gpuscope, target):
     # own frames are required here.
 
 
-def test_launch_stacks_taken_for_one_in_n_stand_for_n(record, gpuscope):
-    # --launch-stack-every 4: every launch has its row; one in four, at random, has a stack,
-    # weighed 4 by the flame graph and the report. Copies' stacks are all taken.
+def test_stacks_taken_for_one_call_in_n_stand_for_n(record, gpuscope):
+    # --stack-every 4: every call has its row; one launch, copy or memset in four, at random, has
+    # a stack, weighed 4 by the flame graphs and the report. Allocations' stacks are all taken.
     iterations = 1500
-    rec = record("--launch-stack-every", 4, "--", TARGETS / "cuda_ops", "--iterations", iterations)
+    rec = record("--stack-every", 4, "--", TARGETS / "cuda_ops", "--iterations", iterations)
     assert rec.returncode == 3, rec.stderr
-    assert rec.scalar("SELECT value FROM meta WHERE key='launch_stack_every'") == "4"
-    rows = dict(rec.query(
-        "SELECT coalesce(c.stack_weight, 1) || (c.stack_id IS NULL), count(*) FROM calls c "
-        "JOIN functions f ON f.id = c.func WHERE f.kind = 'launch' AND c.parent_id IS NULL "
-        "GROUP BY 1"))
-    launches = 2 * iterations
-    taken = rows.get("40", 0)
-    assert set(rows) <= {"40", "01"} and taken + rows.get("01", 0) == launches, rows
-    # Binomial(3000, 1/4): 750 +- 24 (6 sigma: 605..895).
-    assert 605 <= taken <= 895, rows
-    assert rec.scalar("SELECT count(*) FROM calls c JOIN functions f ON f.id = c.func "
-                      "WHERE f.kind = 'memcpy' AND (c.stack_id IS NULL OR c.stack_weight IS NOT NULL)") == 0
+    assert rec.scalar("SELECT value FROM meta WHERE key='stack_every'") == "4"
+
+    def weights(kind):
+        return dict(rec.query(
+            "SELECT coalesce(c.stack_weight, 1) || (c.stack_id IS NULL), count(*) FROM calls c "
+            "JOIN functions f ON f.id = c.func WHERE f.kind = ? AND c.parent_id IS NULL GROUP BY 1", kind))
+
+    launches, copies = weights("launch"), weights("memcpy")
+    for rows, n in ((launches, 2 * iterations), (copies, 5 * iterations)):
+        # Weight 4 with a stack, or 0 without; Binomial(n, 1/4) within 6 sigma.
+        assert set(rows) <= {"40", "01"} and rows.get("40", 0) + rows.get("01", 0) == n, rows
+        assert abs(rows.get("40", 0) - n / 4) <= 6 * (n * 3 / 16) ** 0.5, rows
+    assert weights("memset").keys() <= {"40", "01"}
+    assert weights("alloc") == {"10": 4}  # cudaMalloc x3, cudaMallocHost: always taken
 
     stacks = folded(gpuscope, rec, "launches")
+    taken = launches["40"]
     assert sum(stacks.values()) == 4 * taken
     assert all(v % 4 == 0 for v in stacks.values())
     assert "[no stack]" not in {f for k in stacks for f in k}
     vec = sum(v for k, v in stacks.items() if k[-1] == VECADD)
     assert 0.4 < vec / sum(stacks.values()) < 0.6  # half the launches are vecAdd
+    copied = rec.scalar("SELECT sum(c.bytes) FROM calls c JOIN functions f ON f.id = c.func "
+                        "WHERE f.kind = 'memcpy' AND c.parent_id IS NULL AND c.stack_weight = 4")
+    assert sum(folded(gpuscope, rec, "memcpy-bytes").values()) == 4 * copied
 
     doc = json.loads(gpuscope("report", "--json", rec.path).stdout)["kernels"]
-    assert doc["launches"] == launches and doc["stacks_of_one_launch_in"] == 4
+    assert doc["launches"] == 2 * iterations and doc["stacks_of_one_in"] == 4
     for k in doc["top"]:
         assert k["launches"] == iterations  # counts of launches are exact
         assert sum(c["launches"] for c in k["call_sites"]) % 4 == 0

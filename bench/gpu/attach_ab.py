@@ -61,6 +61,7 @@ GPUSCOPE_CONFIGS = {
     "+stacks 1/4": ["--stack-every", "4"],
     "+stacks 1/4 +cpu 99Hz": ["--stack-every", "4", "--cpu-profile", "99"],
     "+stacks 1/16": ["--stack-every", "16"],
+    "+stacks 1/16 +cpu 99Hz": ["--stack-every", "16", "--cpu-profile", "99"],
     "+stacks eh-frame 1/4": ["--call-stacks", "eh-frame", "--stack-every", "4"],
     "+stacks eh-frame 1/16": ["--call-stacks", "eh-frame", "--stack-every", "16"],
 }

@@ -25,6 +25,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 MODES = {"no stacks": ["--no-stacks"], "fp": ["--call-stacks", "fp"],
          "fp no python": ["--call-stacks", "fp", "--no-python"], "eh-frame": ["--call-stacks", "eh-frame"],
          "fp 1/4": ["--call-stacks", "fp", "--stack-every", "4"],
+         "fp 1/16": ["--call-stacks", "fp", "--stack-every", "16"],
          "eh-frame 1/4": ["--call-stacks", "eh-frame", "--stack-every", "4"]}
 
 

@@ -470,14 +470,14 @@ void Agent::enforce_memory_limit() {
 auto restart_only(AgentConfig& c) {
   return std::tie(c.listen, c.cpu_profile_hz, c.stacks, c.python_stacks, c.ringbuf_mb, c.gpu_sample_hz, c.host_root,
                   c.max_kernel_names, c.stack_map_entries, c.gpu_process_sample_s, c.stack_walk, c.unwind_table_mb,
-                  c.unwind_cache);
+                  c.unwind_cache, c.stack_every);
 }
 
 void Agent::apply_live(AgentConfig c) {
   if (restart_only(c) != restart_only(cfg_))
     log_warn("reload: listen, cpu_profile_hz, stacks, python_stacks, ringbuf_mb, gpu_sample_hz, host_root, "
-             "max_kernel_names, stack_map_entries, gpu_process_sample_interval, stack_walk, unwind_table_mb and "
-             "unwind_cache take effect at restart; the rest now");
+             "max_kernel_names, stack_map_entries, gpu_process_sample_interval, stack_walk, unwind_table_mb, "
+             "unwind_cache and stack_every take effect at restart; the rest now");
   const std::string token = read_token(c.bearer_token_file);
   std::lock_guard lock(mu_);
   token_ = token;
@@ -523,6 +523,7 @@ int Agent::run() {
   topts.cpu_profile_hz = cfg_.stacks ? cfg_.cpu_profile_hz : 0;
   topts.dwarf_unwind_samples = false;  // frame pointers: no 16 KiB copy per sample in a daemon
   topts.table_unwind_calls = topts.table_unwind_samples = cfg_.stack_walk == "eh-frame";
+  topts.stack_every = cfg_.stack_every;
   topts.unwind_table_mb = cfg_.unwind_table_mb;
   topts.unwind_cache_dir = cfg_.unwind_cache;
   topts.ringbuf_mb = cfg_.ringbuf_mb;

@@ -181,7 +181,8 @@ void Aggregator::add_call(const CallEvent& e) {
         add_capped(p->period.launches, p->period.launches_other, k, 1, limits_.max_kernel_names);
       else
         count_launches(*p, k, w);
-      if (e.stack_id) p->launch_window[e.stack_id] += 1;
+      // Under stack_every N a taken stack stands for N launches (e.stack_weight), a left-out one for none.
+      if (e.stack_id) p->launch_window[e.stack_id] += e.stack_weight;
       break;
     }
     case decode::CallKind::Memcpy: {

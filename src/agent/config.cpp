@@ -75,7 +75,7 @@ AgentConfig load_config(const std::string& path, AgentConfig c) {
              {"listen", "bearer_token_file", "protect_metrics", "budget", "interval", "otlp", "pyroscope",
               "max_kernel_names", "memory_limit_mb", "gpu_sample_hz", "cpu_profile_hz", "stacks", "python_stacks",
               "ringbuf_mb", "host_root", "stack_map_entries", "agent_cpu_budget", "gpu_process_sample_interval",
-              "stack_walk", "unwind_table_mb", "unwind_cache"});
+              "stack_walk", "unwind_table_mb", "unwind_cache", "stack_every"});
   auto get = [&](const char* key, auto& out) {
     if (const auto n = root[key]) out = scalar<std::decay_t<decltype(out)>>(path, key, n);
   };
@@ -101,6 +101,7 @@ AgentConfig load_config(const std::string& path, AgentConfig c) {
   get("stack_walk", c.stack_walk);
   get("unwind_table_mb", c.unwind_table_mb);
   get("unwind_cache", c.unwind_cache);
+  get("stack_every", c.stack_every);
   auto at = [&](const char* key) { return root[key] ? root[key] : root; };
   if (c.budget <= 0 || c.budget > 1) fail(path, at("budget"), "budget must be in (0, 1], e.g. 0.01 for 1%");
   if (c.cpu_profile_hz < 0 || c.cpu_profile_hz > 1000) fail(path, at("cpu_profile_hz"), "cpu_profile_hz must be 0..1000");
@@ -112,6 +113,7 @@ AgentConfig load_config(const std::string& path, AgentConfig c) {
     fail(path, at("agent_cpu_budget"), "agent_cpu_budget must be in (0, 16] cores, e.g. 0.01");
   if (c.stack_walk != "fp" && c.stack_walk != "eh-frame") fail(path, at("stack_walk"), "stack_walk must be fp or eh-frame");
   if (c.unwind_table_mb < 1 || c.unwind_table_mb > 4096) fail(path, at("unwind_table_mb"), "unwind_table_mb must be 1..4096");
+  if (c.stack_every < 1 || c.stack_every > 1'000'000) fail(path, at("stack_every"), "stack_every must be 1..1000000");
   if (c.stack_map_entries < 256 || c.stack_map_entries > (1u << 20))
     fail(path, at("stack_map_entries"), "stack_map_entries must be 256..1048576");
   return c;

@@ -38,6 +38,9 @@ struct AgentConfig {
   // whole stacks; the tables take unwind_table_mb of kernel memory, and compiling a library's
   // takes the agent CPU and memory the first time it is seen, unless unwind_cache has it).
   std::string stack_walk = "fp";
+  // Launches', copies' and memsets' stacks taken for one call in N, at random (record
+  // --stack-every): the cuda_launches profile counts each N times. 1: every call.
+  uint32_t stack_every = 1;
   uint32_t unwind_table_mb = 128;
   std::string unwind_cache = "/var/cache/gpuscope/unwind-tables";
   uint32_t ringbuf_mb = 8;

@@ -166,6 +166,11 @@ TEST(AgentConfig, ReadsEveryKeyAndSaysWhereItIsWrong) {
   EXPECT_EQ(walk.unwind_table_mb, 256u);
   EXPECT_EQ(walk.unwind_cache, "/tmp/t");
   EXPECT_EQ(agent::AgentConfig{}.stack_walk, "fp");
+  EXPECT_EQ(agent::AgentConfig{}.stack_every, 1u);
+  write(dir / "every.yaml", "stack_every: 16\n");
+  EXPECT_EQ(agent::load_config(dir / "every.yaml").stack_every, 16u);
+  write(dir / "badevery.yaml", "stack_every: 0\n");
+  EXPECT_THROW(agent::load_config(dir / "badevery.yaml"), Error);
   write(dir / "badwalk.yaml", "budget: 0.02\nstack_walk: dwarf\n");
   try {
     agent::load_config(dir / "badwalk.yaml");
@@ -291,6 +296,25 @@ TEST(Aggregator, StackTableIsBoundedAndOldIdsStayVoid) {
   const auto later = agg.take_profiles();
   EXPECT_TRUE(later.empty() || later[0].cpu.stacks.empty());
   EXPECT_NE(agg.intern_stack({{m, 0x100, 0}}), ids[0]);  // ids are not reused
+}
+
+TEST(Aggregator, LaunchProfileWeighsSampledStacks) {
+  // Under stack_every 4 a launch whose stack was taken stands for 4 in the cuda_launches
+  // profile; one left out has no stack. Counters count every launch once.
+  agent::Aggregator agg({}, 100);
+  const uint32_t pid = static_cast<uint32_t>(getpid());
+  const int64_t m = agg.intern_module("/nonexistent/libx.so", "");
+  const int64_t stack = agg.intern_stack({{m, 0x100, 0}});
+  for (uint32_t weight : {4u, 0u, 0u, 0u, 4u}) {
+    auto e = call(pid, "cudaLaunchKernel");
+    e.stack_weight = weight;
+    e.stack_id = weight ? stack : 0;
+    agg.add_call(e);
+  }
+  EXPECT_EQ(value(agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), 5);
+  auto profiles = agg.take_profiles();
+  ASSERT_EQ(profiles.size(), 1u);
+  EXPECT_EQ(profiles[0].launches.total(), 8);
 }
 
 TEST(Aggregator, PcieReadingsStandBetweenTheTicksThatReadThem) {

@@ -204,7 +204,7 @@ def part2(args):
         wall, _ = run_workload(cmd)
         results["alone"].append(wall)
         print(json.dumps({"round": rnd, "config": "alone", "figure": wall}), flush=True)
-        agent = Agent(args.build, args.budget, "gpu_sample_hz: 1\n")
+        agent = Agent(args.build, args.budget, "gpu_sample_hz: 1\n" + "".join(f"{kv}\n" for kv in args.agent_config))
         try:
             c0 = cpu_s(agent.proc.pid)
             t0 = time.time()
@@ -237,7 +237,7 @@ def part2(args):
         agent_rows.append(row)
         print(json.dumps(row), flush=True)
     alone, under = statistics.median(results["alone"]), statistics.median(results["agent"])
-    print(f"\nworkload: {args.workload}")
+    print(f"\nworkload: {args.workload}" + (f"; agent config: {', '.join(args.agent_config)}" if args.agent_config else ""))
     unit = "(µs/op, or s where the job prints none)"
     print(f"alone     median {alone:.3f} {unit}  ({min(results['alone']):.3f}..{max(results['alone']):.3f})")
     print(f"agent     median {under:.3f} {unit}  ({min(results['agent']):.3f}..{max(results['agent']):.3f})")
@@ -258,6 +258,8 @@ def main():
     ap.add_argument("--workload", default=f"{sys.executable} {ROOT}/bench/gpu/launch_bound.py --seconds 60",
                     help="command of a job that prints a JSON line with us_per_op (else its wall time counts)")
     ap.add_argument("--budget", type=float, default=0.01)
+    ap.add_argument("--agent-config", action="append", default=[],
+                    help='a line for the agent\'s config file, e.g. "stack_every: 16" (repeatable)')
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     args.build = args.build.resolve()

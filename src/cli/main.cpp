@@ -149,8 +149,8 @@ int main(int argc, char** argv) {
                   "Take the stacks of one in N kernel launches, copies and memsets (the calls that come by the "
                   "thousand a second), chosen at random; flame graphs and the report count each taken one N "
                   "times. Every call is still recorded, and allocations', frees' and synchronisations' stacks "
-                  "are always taken. On a launch-bound PyTorch training step the stacks cost 4% of the step at "
-                  "1 and under 1% at 16 (docs/performance.md)")
+                  "are always taken. On a launch-bound PyTorch training step on the H100 the stacks cost 4-5% of the "
+                  "step at 1, 0.7% at 16 (docs/performance.md)")
       ->capture_default_str();
   rec->add_flag("--bpf-stats", ropts.bpf_stats,
                  "Record each BPF program's run count and run time (costs two clock reads per probe hit)");

@@ -64,6 +64,7 @@ GPUSCOPE_CONFIGS = {
     "+stacks 1/16 +cpu 99Hz": ["--stack-every", "16", "--cpu-profile", "99"],
     "+stacks eh-frame 1/4": ["--call-stacks", "eh-frame", "--stack-every", "4"],
     "+stacks eh-frame 1/16": ["--call-stacks", "eh-frame", "--stack-every", "16"],
+    "+stacks eh-frame 1/64": ["--call-stacks", "eh-frame", "--stack-every", "64"],
 }
 PROFILER_CONFIGS = {"torch.profiler": "cuda", "torch.profiler+stack": "cuda+stack"}
 DEFAULT_CONFIGS = "baseline,floor,calls,+stacks,+stacks +cpu 99Hz,torch.profiler+stack"

@@ -26,27 +26,25 @@ import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from stack_completeness import reaches_entry  # noqa: E402
+from stack_completeness import folded as folded_stacks, is_python, reaches_entry  # noqa: E402
 
 
 def folded(gpuscope, rec):
-    out = subprocess.run([gpuscope, "flamegraph", rec, "--metric", "launches", "-o", "-"],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"flamegraph of {rec}: {out.stderr.strip()}")
+    paths, err = folded_stacks(gpuscope, rec, "launches")
+    if paths is None:
+        raise SystemExit(f"flamegraph of {rec}: {err}")
     stacks = {}
-    for line in out.stdout.splitlines():
-        path, value = line.rsplit(" ", 1)
+    for path, value in paths:
         # Without the process (its pid differs) and with addresses in no file made alike: they
         # differ from run to run.
-        key = tuple("[unknown]" if re.fullmatch(r"0x[0-9a-f]+", f) else f for f in path.split(";")[1:])
-        stacks[key] = stacks.get(key, 0) + int(value)
+        key = tuple("[unknown]" if re.fullmatch(r"0x[0-9a-f]+", f) else f for f in path[1:])
+        stacks[key] = stacks.get(key, 0) + value
     return stacks
 
 
 def python_line(stack):
     """(innermost Python frame, kernel): what the report's call sites show."""
-    py = [f for f in stack[:-1] if f.endswith(")") and ".py:" in f]
+    py = [f for f in stack[:-1] if is_python(f)]
     return (py[-1] if py else "[no Python frame]", stack[-1])
 
 

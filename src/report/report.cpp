@@ -78,6 +78,10 @@ struct Record {
   std::map<int64_t, Process> processes;
   int64_t origin = 0;  // the recording's start: every instant in the report counts from it
   int64_t end = 0;     // its end, or for one cut short the end of the last committed call
+  // record --stack-every: stacks were taken for one launch, copy or memset in this many, and
+  // the SQL over `calls c` of what each row's stack stands for (call_stack_weight_sql).
+  int64_t stack_every = 1;
+  std::string stack_weight;
 
   const Function* function(int64_t id) const {
     auto it = functions.find(id);
@@ -86,7 +90,7 @@ struct Record {
 };
 
 Record read_record(store::RecordReader& rec) {
-  Record r{rec.db(), read_functions(rec.db()), {}, 0, 0};
+  Record r{rec.db(), read_functions(rec.db()), {}, 0, 0, 1, call_stack_weight_sql(rec.db())};
   auto p = r.db.prepare("SELECT pid, comm, cmdline, first_seen_ns, exit_ns, exit_code FROM processes ORDER BY pid");
   auto opt = [&](int col) { return p.is_null(col) ? std::nullopt : std::optional(p.i64(col)); };
   while (p.step()) r.processes[p.i64(0)] = {p.str(1), p.str(2), opt(3), opt(4), opt(5)};
@@ -99,6 +103,7 @@ Record read_record(store::RecordReader& rec) {
   for (const auto& [pid, proc] : r.processes) last_event = std::max(last_event, proc.exit_ns.value_or(0));
   r.origin = to_i64(rec.meta("start_ns")).value_or(first_call);
   r.end = std::max(to_i64(rec.meta("end_ns")).value_or(last_event), r.origin);
+  r.stack_every = std::max<int64_t>(to_i64(rec.meta("stack_every")).value_or(1), 1);
   return r;
 }
 
@@ -296,7 +301,7 @@ json kernels(const Record& r, Stacks& stacks, size_t top) {
   // each taken one N times and skips the others.
   auto q = r.db.prepare(
       "SELECT kernel_id, kernel_handle, grid_x, grid_y, grid_z, block_x, block_y, block_z, stack_id, " +
-      call_stack_weight_sql(r.db) + " FROM calls c NOT INDEXED WHERE parent_id IS NULL AND func IN (" +
+      r.stack_weight + " FROM calls c NOT INDEXED WHERE parent_id IS NULL AND func IN (" +
       ids_of(r.functions, {"launch"}) + ")");
   while (q.step()) {
     const int64_t id = q.i64(0);
@@ -306,9 +311,6 @@ json kernels(const Record& r, Stacks& stacks, size_t top) {
     if (const int64_t w = q.i64(9); w > 0) k.stacks[q.i64(8)] += w;
     ++total;
   }
-  int64_t stacks_every = 1;
-  if (auto m = r.db.prepare("SELECT value FROM meta WHERE key = 'stack_every'"); m.step())
-    stacks_every = std::max<int64_t>(std::atoll(m.str(0).c_str()), 1);
 
   std::map<Key, int64_t> launches;
   for (const auto& [key, k] : all) launches[key] = k.launches;
@@ -343,7 +345,7 @@ json kernels(const Record& r, Stacks& stacks, size_t top) {
                    {"call_sites", cs}});
   }
   json result{{"launches", total}, {"distinct", all.size()}, {"top", out}};
-  if (stacks_every > 1) result["stacks_of_one_in"] = stacks_every;
+  if (r.stack_every > 1) result["stacks_of_one_in"] = r.stack_every;
   return result;
 }
 
@@ -577,7 +579,7 @@ json gpu_time(const Record& r, Stacks& stacks, size_t top) {
   std::map<std::string, KernelTotal> kernels;
   auto q = r.db.prepare(
       "SELECT coalesce(a.gpu, 0), a.start_ns, a.end_ns, a.kind, coalesce(a.name, ''), coalesce(c.stack_id, 0), "
-      "coalesce(c.tid, 0), CASE WHEN c.id IS NULL THEN 1 ELSE " + call_stack_weight_sql(r.db) +
+      "coalesce(c.tid, 0), CASE WHEN c.id IS NULL THEN 1 ELSE " + r.stack_weight +
       " END FROM gpu_activities a LEFT JOIN calls c ON c.id = a.call_id ORDER BY a.start_ns");
   while (q.step()) {
     const int64_t start = q.i64(1), end = std::max(q.i64(2), q.i64(1));

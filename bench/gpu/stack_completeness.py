@@ -3,7 +3,11 @@
 reach the program's entry (main, _start, the C library's start code, Python's Py_RunMain/Py_BytesMain,
 or a Python module's top level, "<module> (...)"). A stack cut short by a frame without a frame
 pointer ends somewhere else. Threads do not start in main: reaching a thread's start (start_thread,
-clone3, Python's Thread._bootstrap) is counted apart.
+clone3, Python's Thread._bootstrap) is counted apart. Stacks of work a thread handed to another
+(PyTorch's autograd engine thread, running loss.backward()'s kernels) go on below the call that
+handed it over (a "[... thread]" frame between the two): those are counted as stitched. A stack
+that reaches the entry through Python frames while its native walk was cut short somewhere
+("[truncated stack]") is counted apart too: "with nothing cut" excludes them.
 
     python3 stack_completeness.py RECORD [--gpuscope build/gpuscope]"""
 import argparse
@@ -15,6 +19,7 @@ ENTRY = {"main", "_start", "__libc_start_main", "__libc_start_call_main", "Py_By
 
 
 THREAD_START = {"start_thread", "clone3", "clone"}
+HANDOFFS = {"[torch autograd engine thread]"}
 
 
 def reaches_entry(path):
@@ -67,6 +72,8 @@ def main():
         with_py = sum(v for p, v in stacks if any(is_python(f) for f in p))
         at_module = sum(v for p, v in stacks if any(f.startswith("<module> (") for f in p))
         no_stack = sum(v for p, v in stacks if "[no stack]" in p)
+        stitched = sum(v for p, v in stacks if HANDOFFS & set(p))
+        uncut = sum(v for p, v in stacks if reaches_entry(p) and "[truncated stack]" not in p)
         # Where incomplete stacks stop: their outermost frame (after the process name).
         stops = {}
         for p, v in stacks:
@@ -78,6 +85,8 @@ def main():
         print(f"{metric:13} {100 * complete / events:6.2f}% of {events} reach the entry "
               f"({100 * no_stack / events:.2f}% without a stack); incomplete stacks stop in: "
               + ", ".join(f"{k[:60]} {100 * v / events:.1f}%" for k, v in worst))
+        print(f"{'':13} {100 * uncut / events:6.2f}% reach the entry with nothing cut; {100 * stitched / events:.2f}% "
+              f"stitched below the call that handed their work over")
         print(f"{'':13} {100 * (complete + thread) / events:6.2f}% reach the entry or their thread's start; "
               f"{100 * with_py / events:.2f}% have Python frames, {100 * at_module / events:.2f}% reach a Python "
               f"module's top level")

@@ -332,6 +332,18 @@ void BpfSession::attach_probe(const std::string& path, uint64_t offset, uint64_t
   into.emplace_back(link);
 }
 
+void BpfSession::attach_entry_probe(const std::string& path, uint64_t offset, uint16_t func) {
+  if (!multi_) {
+    attach_probe(path, offset, func, true, false, links_);
+    return;
+  }
+  // The programs were loaded for multi-uprobe links, which they then need.
+  ProbeSet one;
+  one.offsets.push_back(offset);
+  one.cookies.push_back(func);
+  multi_links_.push_back(attach_multi(emit_program(), path, one, false));
+}
+
 AttachResult BpfSession::attach_file(const std::string& path) {
   AttachResult result;
   struct stat st{};

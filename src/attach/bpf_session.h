@@ -120,6 +120,9 @@ class BpfSession {
   // Attaches a uprobe to every probed CUDA function the ELF file at `path` defines. Files are
   // identified by device and inode, so a library reached through several paths is probed once.
   AttachResult attach_file(const std::string& path);
+  // An entry-only probe at a file offset, in every process mapping the file, that records a
+  // call of function `func` with the caller's stack (decode/handoffs.h). Throws Error.
+  void attach_entry_probe(const std::string& path, uint64_t offset, uint16_t func);
   // Removes the launch probes of every runtime library attached so far, and attaches none to
   // runtimes found later. Once the driver is probed, each launch is recorded by its driver
   // probe alone, one trap instead of two. Returns how many runtime files lost their probes.

@@ -3,6 +3,7 @@
 #include <sys/uio.h>
 #include <sys/utsname.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "decode/decoder.h"
+#include "decode/handoffs.h"
 #include "discover/proc.h"
 #include "symbolize/elf_file.h"
 
@@ -18,7 +20,9 @@ namespace gpuscope::record {
 Pipeline::Pipeline(store::EventSink& sink, attach::BpfSession& bpf, symbolize::ProcessMaps& maps,
                    const PipelineConfig& cfg)
     : sink_(sink), bpf_(bpf), maps_(maps), cfg_(cfg), tracker_(cfg.complete_history), unwinder_(maps),
-      stack_gens_(cfg.recycle_stacks_at, bpf.stack_map_entries()) {
+      stack_gens_(cfg.recycle_stacks_at, bpf.stack_map_entries()),
+      stitcher_([this](const Stitcher::Frames& f) { return f.empty() ? 0 : sink_.intern_stack(f); },
+                [this](uint16_t handoff) { return handoff_separator(handoff); }) {
   filling_.reserve(1 << 20);
 }
 
@@ -66,6 +70,12 @@ void Pipeline::add_library(store::LibraryRow row) {
   cv_.notify_one();
 }
 
+void Pipeline::add_handoff_workers(const std::string& build_id, const std::string& path, std::vector<WorkerRange> ranges) {
+  std::sort(ranges.begin(), ranges.end(), [](const WorkerRange& a, const WorkerRange& b) { return a.start < b.start; });
+  std::lock_guard lock(mu_);
+  new_worker_ranges_.emplace_back(build_id.empty() ? "path:" + path : build_id, std::move(ranges));
+}
+
 void Pipeline::add_gpu_batch(gpu::NvmlSampler::Batch&& b) {
   {
     std::lock_guard lock(mu_);
@@ -92,8 +102,10 @@ void Pipeline::stop() {
 }
 
 PipelineStats Pipeline::stats() const {
-  return PipelineStats{records_.load(), calls_.load(), launches_.load(), samples_.load(), dropped_.load(),
-                       stack_recycles_.load(), stacks_expired_.load(), python_generations_.load()};
+  return PipelineStats{records_.load(),         calls_.load(),           launches_.load(),
+                       samples_.load(),         dropped_.load(),         stack_recycles_.load(),
+                       stacks_expired_.load(),  python_generations_.load(), handoffs_.load(),
+                       stitched_.load()};
 }
 
 void Pipeline::run() {
@@ -149,21 +161,27 @@ void Pipeline::process_batch(const std::vector<uint8_t>& batch) {
   // Marked while the process was stopped at its library load, before its first call: applied
   // before any batch that can hold that call.
   std::vector<uint32_t> marks;
+  std::vector<std::pair<std::string, std::vector<WorkerRange>>> ranges;
   {
     std::lock_guard lock(mu_);
     marks.swap(complete_history_marks_);
+    ranges.swap(new_worker_ranges_);
   }
   for (uint32_t pid : marks) tracker_.mark_complete_history(pid);
+  if (!ranges.empty()) {
+    for (auto& [file, r] : ranges) worker_ranges_[file] = std::move(r);
+    // Frames resolved before did not look for them, nor did the stacks stored from them.
+    frame_cache_.clear();
+    forget_stored_stacks();
+  }
   if (const uint64_t epoch = sink_.stack_epoch(); epoch != stack_epoch_) {
     stack_epoch_ = epoch;
-    stack_ids_.clear();
-    sent_stack_ids_.clear();
+    forget_stored_stacks();
     kernel_stack_ids_.clear();
-    for (auto& [pid, n] : native_stacks_) {
-      n.stored.clear();
-      n.once_stored.clear();
-    }
     py_frame_ids_.clear();
+    stitcher_.forget_stacks();
+    handoff_labels_named_.clear();
+    handoff_module_id_ = 0;
   }
   size_t at = 0;
   while (at + sizeof(uint32_t) <= batch.size()) {
@@ -184,6 +202,10 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       if (size < sizeof(gs_call_record)) return;
       gs_call_record rec;
       std::memcpy(&rec, data, sizeof(rec));
+      if (decode::handoff_by_id(rec.func)) {
+        on_handoff(rec);
+        break;
+      }
       CallEvent e;
       if (!decode::decode_call(rec, e)) return;
       if (rec.flags & GS_CALL_STACK_COPIED) e.stack_id = take_sent_stack(rec.pid, rec.tid, rec.ts_ns, e.py_stack);
@@ -257,6 +279,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       } else {
         user_stack = python_only_stack(rec.pid, rec.py_stack);
       }
+      user_stack = stitcher_.stitch(rec.pid, rec.tid, user_stack);
       sink_.add_sample(rec.ts_ns, rec.pid, rec.tid, rec.cpu, user_stack, resolve_kernel_stack(rec.kstack_id, rec.ts_ns));
       ++samples_;
       ++calls_since_commit_;
@@ -272,6 +295,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
         sink_.set_process_exit(rec.pid, rec.ts_ns, (status & 0x7f) ? -(status & 0x7f) : (status >> 8) & 0xff);
       }
       tracker_.forget_process(rec.pid);
+      stitcher_.forget_process(rec.pid);
       maps_.forget(rec.pid);
       known_processes_.erase(rec.pid);
       stack_ids_.erase(rec.pid);
@@ -319,6 +343,7 @@ void Pipeline::emit(CallEvent& e) {
   note_process(e.pid, e.ts_ns);
   note_thread(e.tid, e.pid, e.comm);
   if (!e.stack_id) e.stack_id = python_only_stack(e.pid, e.py_stack);
+  e.stack_id = stitcher_.stitch(e.pid, e.tid, e.stack_id);
   const auto* f = decode::function_by_id(e.func);
   if (f && f->kind == decode::CallKind::Launch) {
     e.kernel_id = resolve_kernel(e);
@@ -597,6 +622,16 @@ const Pipeline::ResolvedFrame& Pipeline::resolve_frame(uint32_t pid, uint64_t ip
     r.module_id = sink_.intern_module(m->path, build_id_of(pid, *m));
     r.offset = m->file_offset;
     r.eval_loop = python_.is_eval_loop(static_cast<pid_t>(pid), m->path, m->file_offset);
+    if (!worker_ranges_.empty()) {
+      const std::string& build_id = build_id_of(pid, *m);
+      auto file = worker_ranges_.find(build_id.empty() ? "path:" + m->path : build_id);
+      if (file != worker_ranges_.end()) {
+        const auto& ranges = file->second;
+        auto it = std::upper_bound(ranges.begin(), ranges.end(), m->file_offset,
+                                   [](uint64_t off, const WorkerRange& w) { return off < w.start; });
+        if (it != ranges.begin() && m->file_offset < std::prev(it)->end) r.handoff_worker = std::prev(it)->handoff;
+      }
+    }
   }
   // Resolving may have read the maps: what it found holds for the snapshot read.
   if (maps_.reads() != reads) {
@@ -609,14 +644,27 @@ const Pipeline::ResolvedFrame& Pipeline::resolve_frame(uint32_t pid, uint64_t ip
 }
 
 int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated, uint64_t py_stack) {
+  uint16_t handoff = 0;
+  const auto frames = user_stack_frames(pid, ips, truncated, py_stack, handoff);
+  const int64_t id = frames.empty() ? 0 : sink_.intern_stack(frames);
+  // Too many worker stacks held: the Stitcher forgot them, and ids cached here must come
+  // through here again to be known as workers'.
+  if (handoff && !stitcher_.note_worker_stack(id, frames, handoff)) forget_stored_stacks();
+  return id;
+}
+
+std::vector<store::StoredFrame> Pipeline::user_stack_frames(uint32_t pid, const std::vector<uint64_t>& ips,
+                                                            bool truncated, uint64_t py_stack, uint16_t& handoff) {
   std::vector<store::StoredFrame> frames;
   std::vector<bool> eval_loop;
   frames.reserve(ips.size() + 1);
   eval_loop.reserve(ips.size() + 1);
+  handoff = 0;
   for (uint64_t ip : ips) {
     const ResolvedFrame& r = resolve_frame(pid, ip);
     frames.push_back({r.module_id, r.offset, ip});
     eval_loop.push_back(py_stack && r.eval_loop);
+    if (r.handoff_worker) handoff = r.handoff_worker;
   }
   if (truncated) {
     // The outermost frame says the walk was cut short, so that no one mistakes its last
@@ -629,7 +677,43 @@ int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ip
     eval_loop.push_back(false);
   }
   if (py_stack) merge_python(frames, eval_loop, py_stack);
-  return frames.empty() ? 0 : sink_.intern_stack(frames);
+  return frames;
+}
+
+void Pipeline::forget_stored_stacks() {
+  stack_ids_.clear();
+  sent_stack_ids_.clear();
+  for (auto& [pid, n] : native_stacks_) {
+    n.stored.clear();
+    n.once_stored.clear();
+  }
+}
+
+void Pipeline::on_handoff(const gs_call_record& rec) {
+  ++handoffs_;
+  const Unwound* u = nullptr;
+  Unwound copied;
+  if (rec.flags & GS_CALL_STACK_COPIED) {
+    if (auto it = copied_stacks_.find({rec.tid, rec.ts_ns}); it != copied_stacks_.end()) {
+      copied = std::move(it->second);
+      copied_stacks_.erase(it);
+      u = &copied;
+    }
+  } else if (rec.native_stack) {
+    if (auto p = native_stacks_.find(rec.pid); p != native_stacks_.end())
+      if (auto it = p->second.stacks.find(rec.native_stack); it != p->second.stacks.end()) u = &it->second;
+  }
+  static const std::vector<uint64_t> none;
+  uint16_t on_worker = 0;
+  const auto frames = user_stack_frames(rec.pid, u ? u->ips : none, u && u->truncated, rec.py_stack, on_worker);
+  stitcher_.on_handoff(rec.pid, rec.tid, rec.func, frames, on_worker != 0);
+}
+
+store::StoredFrame Pipeline::handoff_separator(uint16_t handoff) {
+  if (!handoff_module_id_) handoff_module_id_ = sink_.intern_module("[handoff]", "");
+  if (handoff_labels_named_.insert(handoff).second)
+    if (const auto* h = decode::handoff_by_id(handoff)) sink_.add_symbol(handoff_module_id_, handoff, std::string(h->label));
+  return {handoff_module_id_, handoff, 0};
 }
 
 int64_t Pipeline::resolve_kernel(const CallEvent& e) {
@@ -672,6 +756,9 @@ void Pipeline::write_lost() {
   sink_.set_lost("name_unreadable", names_unread_);
   sink_.set_lost("python_frame_unnamed", python_.unnamed_frames());
   sink_.set_lost("unwind_stack_unknown", native_stacks_unknown_);
+  // Worker threads' stacks from before any handoff in their process (attached mid-pass).
+  sink_.set_lost("handoff_unstitched", stitcher_.orphans());
+  stitched_ = stitcher_.stitched();
 }
 
 void Pipeline::maybe_commit() {

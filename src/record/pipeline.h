@@ -21,6 +21,7 @@
 #include "attach/bpf_session.h"
 #include "decode/tracker.h"
 #include "record/stack_generations.h"
+#include "record/stitcher.h"
 #include "store/sink.h"
 #include "symbolize/dwarf_unwinder.h"
 #include "symbolize/kallsyms.h"
@@ -64,6 +65,9 @@ struct PipelineStats {
   uint64_t stacks_expired = 0;
   // Times the Python stacks held were started anew (and the BPF side made to send them again).
   uint64_t python_stack_generations = 0;
+  // Handoffs seen (decode/handoffs.h), and calls and samples stored below one.
+  uint64_t handoffs = 0;
+  uint64_t stitched = 0;
 };
 
 class Pipeline {
@@ -84,6 +88,14 @@ class Pipeline {
   void add_python_process(pid_t pid, const discover::PythonProcess& p) { python_.add_process(pid, p); }
   // The process is followed from before its first CUDA call (see decode::Tracker); any thread.
   void mark_complete_history(pid_t pid);
+  // Where handoff `handoff`'s worker functions are (file offsets) in the file with this build id
+  // (or, without one, this path as processes map it): stacks with a frame there ran on a worker
+  // thread and are stored below the handoff's caller (record::Stitcher). Any thread.
+  struct WorkerRange {
+    uint64_t start, end;
+    uint16_t handoff;
+  };
+  void add_handoff_workers(const std::string& build_id, const std::string& path, std::vector<WorkerRange> ranges);
 
   void start();
   // Processes everything queued, flushes held calls, writes the lost counters, and joins.
@@ -110,6 +122,14 @@ class Pipeline {
   // Stores a native stack (innermost first) merged with the thread's Python stack, if any; a
   // native walk cut short gets its truncation marker.
   int64_t store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated, uint64_t py_stack);
+  // The frames store_user_stack stores; `handoff`: the handoff whose worker thread ran it, 0: none.
+  std::vector<store::StoredFrame> user_stack_frames(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated,
+                                                    uint64_t py_stack, uint16_t& handoff);
+  // A handoff's entry (decode/handoffs.h): its stack, for the Stitcher; no call is stored.
+  void on_handoff(const gs_call_record& rec);
+  store::StoredFrame handoff_separator(uint16_t handoff);
+  // Every stack id cached here is forgotten (the sink's are void, or the Stitcher's were dropped).
+  void forget_stored_stacks();
   // A stack sent as registers and a copy of its top (samples, --call-stacks dwarf), unwound.
   struct Unwound {
     std::vector<uint64_t> ips;
@@ -159,6 +179,7 @@ class Pipeline {
   std::vector<store::LibraryRow> libraries_;
   std::vector<gpu::NvmlSampler::Batch> gpu_batches_;
   std::vector<uint32_t> complete_history_marks_;
+  std::vector<std::pair<std::string, std::vector<WorkerRange>>> new_worker_ranges_;
   size_t queued_bytes_ = 0;
   bool stopping_ = false;
   std::thread thread_;
@@ -182,6 +203,7 @@ class Pipeline {
     int64_t module_id = 0;  // 0: in no file; asked again after kUnmappedRetryNs
     uint64_t offset = 0;
     bool eval_loop = false;
+    uint16_t handoff_worker = 0;  // in a worker function of this handoff (add_handoff_workers)
     uint64_t asked_ns = 0;
   };
   struct FrameCache {
@@ -248,6 +270,12 @@ class Pipeline {
   uint64_t names_unread_ = 0;
   uint64_t last_commit_ns_ = 0;
   StackGenerations stack_gens_;
+  // Worker functions' ranges by file (build id, or "path:" and the path), sorted by start.
+  std::unordered_map<std::string, std::vector<WorkerRange>> worker_ranges_;
+  Stitcher stitcher_;
+  int64_t handoff_module_id_ = 0;
+  std::unordered_set<uint16_t> handoff_labels_named_;
+  std::atomic<uint64_t> handoffs_{0}, stitched_{0};
 
   std::atomic<uint64_t> records_{0}, calls_{0}, launches_{0}, samples_{0}, dropped_{0}, stack_recycles_{0},
       stacks_expired_{0};

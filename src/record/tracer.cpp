@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "decode/handoffs.h"
 #include "discover/proc.h"
 #include "symbolize/elf_file.h"
 
@@ -232,6 +233,40 @@ bool Tracer::check_static_runtime(pid_t pid, const std::string& exe_path, const 
   return true;
 }
 
+void Tracer::attach_handoffs(pid_t pid, const std::string& open_path, const std::string& shown) {
+  if (!opts_.stacks || !decode::may_define_handoffs(shown)) return;
+  struct stat st{};
+  if (stat(open_path.c_str(), &st) != 0 || !handoff_files_.insert({st.st_dev, st.st_ino}).second) return;
+  for (const auto& h : decode::all_handoffs()) {
+    if (!decode::may_define(h, shown)) continue;
+    std::vector<std::string> prefixes{std::string(h.caller)};
+    for (auto w : h.workers) prefixes.emplace_back(w);
+    std::vector<Pipeline::WorkerRange> workers;
+    std::vector<uint64_t> callers;
+    try {
+      for (const auto& f : symbolize::functions_with_prefixes(open_path, prefixes)) {
+        if (f.name.starts_with(h.caller))
+          callers.push_back(f.start);
+        else
+          workers.push_back({f.start, f.end, h.id});
+      }
+      if (callers.empty() || workers.empty()) {
+        log_debug("{} lacks the functions of {}: its threads' stacks stay unstitched", shown, h.label);
+        continue;
+      }
+      for (uint64_t off : callers) bpf_->attach_entry_probe(open_path, off, h.id);
+    } catch (const std::exception& e) {
+      log_warn("cannot probe {} in {} (PID {}): {}; its threads' stacks stay unstitched", h.label, shown, pid, e.what());
+      continue;
+    }
+    pipeline_->add_handoff_workers(symbolize::read_build_id(open_path), shown, std::move(workers));
+    sink_.set_meta("handoffs_probed", std::string(h.label));
+    if (!opts_.quiet)
+      log_info("probing {} in {}: stacks of its threads are shown under the call that started their work", h.label,
+               shown);
+  }
+}
+
 void Tracer::find_python(pid_t pid) {
   if (!opts_.python_stacks || !opts_.stacks) return;
   auto inspect = [&](const discover::Mapping& m) {
@@ -274,6 +309,7 @@ void Tracer::attach_mapped_libraries(pid_t pid) {
       has_cuda = true;
       attach_library(pid, discover::path_in_target(pid, m.path), m.path, monotonic_ns());
     }
+    attach_handoffs(pid, discover::path_in_target(pid, m.path), m.path);
   }
   if (has_cuda || !opts_.all) check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid));
   if (!has_cuda && !opts_.all && !opts_.quiet)
@@ -303,6 +339,7 @@ void Tracer::handle_control() {
     // stopped here is snapshotted in any case: the C library, mapped after the CUDA runtime,
     // is often in only this snapshot of a short-lived process.
     if (probed || l.stopped) maps_.refresh(pid);
+    attach_handoffs(pid, open_path, path);
     // A libpython is found at its load, before its first Python frame runs.
     if (discover::looks_like_python(path) && !opts_.only_cuda_processes) find_python(pid);
     if (probed && opts_.only_cuda_processes) find_python(pid);

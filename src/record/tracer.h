@@ -127,6 +127,9 @@ class Tracer {
  private:
   class ControlQueue;
   void attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns);
+  // Probes the calls that hand work to other threads (decode/handoffs.h) if the file defines
+  // them, once per file, so that the workers' stacks are stored below their callers'.
+  void attach_handoffs(pid_t pid, const std::string& open_path, const std::string& shown_path);
   // Gives the BPF side the process's interpreter, if it runs one gpuscope can walk.
   void find_python(pid_t pid);
 
@@ -140,6 +143,7 @@ class Tracer {
   StoppedProcesses stopped_;
   std::unique_ptr<gpu::NvmlSampler> nvml_;
   std::set<std::pair<uint64_t, uint64_t>> checked_executables_;
+  std::set<std::pair<uint64_t, uint64_t>> handoff_files_;
   std::map<std::pair<uint64_t, uint64_t>, std::optional<discover::PythonBinary>> python_binaries_;
   std::set<std::string> python_versions_said_;
   std::set<pid_t> cuda_processes_;

@@ -209,12 +209,13 @@ void release_pages(const void* from, const void* to) {
 }
 
 // Where in a string table each of `names` begins as a whole symbol name (followed by its end or
-// a version, "@"; possibly the tail of a longer string, as linkers share tails), found by
+// a version, "@"; possibly the tail of a longer string, as linkers share tails) or, with
+// `prefixes`, where each begins at all (a symbol whose name starts there starts with it), found by
 // reading the table once in order and giving its pages back as the scan goes: a symbol pass
 // that looks for a few names then touches no name it does not want. (.dynsym is ordered by
 // hash, so reading its names symbol by symbol touches the whole string table at random.)
 std::unordered_set<size_t> name_offsets_in_strtab(const char* strtab, size_t size, const std::vector<std::string>& names,
-                                                  bool mapped) {
+                                                  bool mapped, bool prefixes) {
   std::unordered_set<size_t> out;
   const std::string_view table(strtab, size);
   constexpr size_t kChunk = 4 << 20;
@@ -228,7 +229,7 @@ std::unordered_set<size_t> name_offsets_in_strtab(const char* strtab, size_t siz
       if (n.empty()) continue;
       for (size_t at = window.find(n); at != std::string_view::npos && chunk + at < end; at = window.find(n, at + 1)) {
         const size_t after = chunk + at + n.size();
-        if (after < size && (strtab[after] == '\0' || strtab[after] == '@')) out.insert(chunk + at);
+        if (prefixes || (after < size && (strtab[after] == '\0' || strtab[after] == '@'))) out.insert(chunk + at);
       }
     }
     if (mapped) release_pages(strtab + chunk, strtab + end);
@@ -238,9 +239,11 @@ std::unordered_set<size_t> name_offsets_in_strtab(const char* strtab, size_t siz
 
 // Calls f for each defined function symbol (or, with `objects`, data object symbol) of .symtab
 // and .dynsym, until f returns false. Symbols whose name f asks for and finds empty are f's to
-// skip. With `only_names`, f sees only symbols that may have one of those names.
+// skip. With `only_names`, f sees only symbols that may have one of those names (or, with
+// `prefixes`, whose names may start with one of them).
 template <class F>
-void for_each_symbol(Elf* elf, bool objects, F&& f, const std::vector<std::string>* only_names = nullptr) {
+void for_each_symbol(Elf* elf, bool objects, F&& f, const std::vector<std::string>* only_names = nullptr,
+                     bool prefixes = false) {
   size_t file_size = 0;
   const char* file = elf_rawfile(elf, &file_size);  // the mapping libelf reads (ELF_C_READ_MMAP)
   for (Elf_Scn* scn = nullptr; (scn = elf_nextscn(elf, scn)) != nullptr;) {
@@ -260,7 +263,7 @@ void for_each_symbol(Elf* elf, bool objects, F&& f, const std::vector<std::strin
     const bool strtab_mapped = file && strtab >= file && strtab + strtab_size <= file + file_size;
     std::unordered_set<size_t> wanted_names;
     if (only_names) {
-      wanted_names = name_offsets_in_strtab(strtab, strtab_size, *only_names, strtab_mapped);
+      wanted_names = name_offsets_in_strtab(strtab, strtab_size, *only_names, strtab_mapped, prefixes);
       if (wanted_names.empty()) continue;
     }
     // Every so many symbols the table's pages read so far, and the whole string table's, are
@@ -288,8 +291,8 @@ void for_each_symbol(Elf* elf, bool objects, F&& f, const std::vector<std::strin
 }
 
 template <class F>
-void for_each_function(Elf* elf, F&& f, const std::vector<std::string>* only_names = nullptr) {
-  for_each_symbol(elf, false, std::forward<F>(f), only_names);
+void for_each_function(Elf* elf, F&& f, const std::vector<std::string>* only_names = nullptr, bool prefixes = false) {
+  for_each_symbol(elf, false, std::forward<F>(f), only_names, prefixes);
 }
 
 }  // namespace
@@ -466,6 +469,46 @@ bool defines_any_function(const std::string& path, const std::vector<std::string
   } catch (const std::exception&) {
     return false;
   }
+}
+
+std::vector<FunctionRange> functions_with_prefixes(const std::string& path, const std::vector<std::string>& prefixes) {
+  ElfHandle h(path);
+  Elf* elf = h.get();
+  struct Load {
+    uint64_t vaddr, offset, filesz;
+  };
+  std::vector<Load> loads;
+  size_t nphdr = 0;
+  elf_getphdrnum(elf, &nphdr);
+  for (size_t i = 0; i < nphdr; ++i) {
+    GElf_Phdr ph;
+    if (gelf_getphdr(elf, static_cast<int>(i), &ph) && ph.p_type == PT_LOAD)
+      loads.push_back({ph.p_vaddr, ph.p_offset, ph.p_filesz});
+  }
+  std::vector<FunctionRange> out;
+  for_each_function(
+      elf,
+      [&](const FunctionSymbol& s) {
+        const std::string_view name = s.name();
+        // Split-off parts (".cold", ".part.0") are not the function's entry.
+        if (s.size == 0 || name.find('.') != std::string_view::npos) return true;
+        for (const auto& p : prefixes) {
+          if (!name.starts_with(p)) continue;
+          for (const auto& l : loads) {
+            if (s.value < l.vaddr || s.value >= l.vaddr + l.filesz) continue;
+            const uint64_t start = s.value - l.vaddr + l.offset;
+            // .symtab and .dynsym both name an exported function.
+            const bool known = std::any_of(out.begin(), out.end(), [&](const FunctionRange& r) { return r.start == start; });
+            if (!known) out.push_back({std::string(name), start, start + s.size});
+            break;
+          }
+          break;
+        }
+        return true;
+      },
+      &prefixes, true);
+  std::sort(out.begin(), out.end(), [](const FunctionRange& a, const FunctionRange& b) { return a.start < b.start; });
+  return out;
 }
 
 std::unordered_map<std::string, ElfObject> object_symbols(const std::string& path,

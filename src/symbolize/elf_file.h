@@ -68,6 +68,14 @@ std::string demangle(const std::string& name);
 // without indexing them: the cheap question asked of every shared object a target loads.
 // False for anything unreadable.
 bool defines_any_function(const std::string& path, const std::vector<std::string>& names);
+// The defined functions whose (mangled) names start with one of `prefixes`, with their file
+// offsets, sorted by start; read in one pass that touches only those names (libtorch's tables
+// are tens of megabytes). Throws std::runtime_error for an unreadable file.
+struct FunctionRange {
+  std::string name;
+  uint64_t start = 0, end = 0;  // file offsets: [start, end)
+};
+std::vector<FunctionRange> functions_with_prefixes(const std::string& path, const std::vector<std::string>& prefixes);
 // A data object the file defines, at a virtual address of the file (ElfFile::vaddr_to_offset
 // finds its bytes when it has initial contents).
 struct ElfObject {

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import CUDART, ROOT
+from conftest import CUDART, ROOT, TARGETS, folded
 
 SCRIPTS = ROOT / "tests" / "targets"
 # Debian's own interpreter (3.11 on Debian 12) where there is one: the one users run.
@@ -108,6 +108,43 @@ def test_cuda_calls_show_python_functions_and_lines(record, gpuscope, python):
     assert kernel["call_sites"][0]["python"] == f"{launch} ({script}:{at['launch']})"
     text = gpuscope("report", rec.path).stdout
     assert f"from {launch} ({script}:{at['launch']}) via " in text
+
+
+@pytest.mark.parametrize("walk", ["fp", "eh-frame"])
+def test_work_handed_to_an_engine_thread_shows_the_python_line_that_asked(record, gpuscope, walk):
+    """As PyTorch's autograd engine runs loss.backward()'s kernels on a thread of its own, a
+    stand-in engine (a library named libtorch_cpu.so whose Engine::execute waits for a thread it
+    starts) launches from its worker thread. Those launches' stacks go on, past the worker's start
+    and a frame naming the handoff, into the stack of the Engine::execute call: the Python lines."""
+    script = str(SCRIPTS / "py_backward.py")
+    standin = TARGETS / "torch-standin" / "libtorch_cpu.so"
+    rec = record("--call-stacks", walk, "--", PYTHON, script, CUDART, standin)
+    assert rec.returncode == 0, rec.stderr
+    assert "probing [torch autograd engine thread]" in rec.stderr
+    at = marked_lines("py_backward.py")
+
+    # The caller's own call is its own; the worker's three launches are under its lines.
+    assert python_stacks(rec, "cudaMalloc") == [[("train_step", script, at["own_call"]),
+                                                 ("<module>", script, at["module"])]]
+    launches = python_stacks(rec, "cudaLaunchKernel")
+    assert len(launches) == 3, launches
+    assert all(s == [("backward", script, at["backward"]), ("train_step", script, at["step"]),
+                     ("<module>", script, at["module"])] for s in launches), launches
+    tids = rec.query("SELECT DISTINCT c.tid FROM calls c JOIN functions f ON f.id = c.func ORDER BY f.name")
+    assert len(tids) == 2, tids
+
+    # Root first: the caller's Python and native frames down to Engine::execute, the handoff,
+    # then the worker's own stack from its thread's start to the call.
+    [worker] = folded(gpuscope, rec, "launches")
+    names = [f.split("(")[0] if "::" in f else f for f in worker]
+    execute = names.index("torch::autograd::Engine::execute")
+    handoff = worker.index("[torch autograd engine thread]")
+    thread_main = names.index("torch::autograd::Engine::thread_main")
+    assert execute < handoff < thread_main < names.index("cudaLaunchKernel"), worker
+    assert any(f.startswith("<module> (") for f in worker[:execute]), worker
+    if walk == "eh-frame":
+        assert "[truncated stack]" not in worker, worker
+    assert rec.scalar("SELECT count FROM lost WHERE cause = 'handoff_unstitched'") == 0
 
 
 def test_python_frames_take_the_place_of_the_eval_loop(record):

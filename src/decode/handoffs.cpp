@@ -13,7 +13,9 @@ constexpr std::array kHandoffs{
                 "libtorch_cpu.so",
                 "_ZN5torch8autograd6Engine7executeE",
                 {"_ZN5torch8autograd6Engine11thread_mainE", "_ZN5torch8autograd6Engine11thread_initE"},
-                "[torch autograd engine thread]"},
+                "[torch autograd engine thread]",
+                // Engine::thread_init names them so (PyTorch 2.2 on): "pt_autograd_0" for GPU 0.
+                "pt_autograd_"},
 };
 
 std::string_view base_name(std::string_view path) {

@@ -21,6 +21,9 @@ struct HandoffSpec {
   // a stack with a frame in one of them ran on a worker.
   std::array<std::string_view, 2> workers;
   std::string_view label;        // the frame shown between a worker's stack and the caller's
+  // Prefix of the name the workers give their threads: their stacks are the workers' even when
+  // the walk did not reach a worker function (frame pointers stop in code built without them).
+  std::string_view thread_name;
 };
 
 std::span<const HandoffSpec> all_handoffs();

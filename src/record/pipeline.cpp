@@ -169,7 +169,12 @@ void Pipeline::process_batch(const std::vector<uint8_t>& batch) {
   }
   for (uint32_t pid : marks) tracker_.mark_complete_history(pid);
   if (!ranges.empty()) {
-    for (auto& [file, r] : ranges) worker_ranges_[file] = std::move(r);
+    for (auto& [file, r] : ranges) {
+      for (const auto& w : r)
+        if (std::find(handoffs_probed_.begin(), handoffs_probed_.end(), w.handoff) == handoffs_probed_.end())
+          handoffs_probed_.push_back(w.handoff);
+      worker_ranges_[file] = std::move(r);
+    }
     // Frames resolved before did not look for them, nor did the stacks stored from them.
     frame_cache_.clear();
     forget_stored_stacks();
@@ -208,8 +213,10 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       }
       CallEvent e;
       if (!decode::decode_call(rec, e)) return;
-      if (rec.flags & GS_CALL_STACK_COPIED) e.stack_id = take_sent_stack(rec.pid, rec.tid, rec.ts_ns, e.py_stack);
-      if (rec.native_stack) e.stack_id = native_stack(rec.pid, rec.native_stack, e.py_stack);
+      const uint16_t thread_handoff = handoff_thread(rec.comm, sizeof(rec.comm));
+      if (rec.flags & GS_CALL_STACK_COPIED)
+        e.stack_id = take_sent_stack(rec.pid, rec.tid, rec.ts_ns, e.py_stack, thread_handoff);
+      if (rec.native_stack) e.stack_id = native_stack(rec.pid, rec.native_stack, e.py_stack, thread_handoff);
       if (rec.flags & GS_CALL_STACK_SAMPLED_OUT) e.stack_weight = 0;
       else if (rec.flags & GS_CALL_STACK_SAMPLED) e.stack_weight = cfg_.stack_every;
       if (e.name_addr && cfg_.lazy_registration_names && is_registration(e)) {
@@ -273,9 +280,9 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
         uint32_t len;
         std::memcpy(&len, &full->stack_len, sizeof(len));
         const auto u = unwind_stack_copy(rec.pid, rec.tid, &full->regs, full->data, len);
-        user_stack = store_user_stack(rec.pid, u.ips, u.truncated, rec.py_stack);
+        user_stack = store_user_stack(rec.pid, u.ips, u.truncated, rec.py_stack, handoff_thread(rec.comm, sizeof(rec.comm)));
       } else if (rec.native_stack) {
-        user_stack = native_stack(rec.pid, rec.native_stack, rec.py_stack);
+        user_stack = native_stack(rec.pid, rec.native_stack, rec.py_stack, handoff_thread(rec.comm, sizeof(rec.comm)));
       } else {
         user_stack = python_only_stack(rec.pid, rec.py_stack);
       }
@@ -422,7 +429,8 @@ int64_t Pipeline::python_only_stack(uint32_t pid, uint64_t py_stack) {
   return id;
 }
 
-int64_t Pipeline::take_sent_stack(uint32_t pid, uint32_t tid, uint64_t ts_ns, uint64_t py_stack) {
+int64_t Pipeline::take_sent_stack(uint32_t pid, uint32_t tid, uint64_t ts_ns, uint64_t py_stack,
+                                  uint16_t thread_handoff) {
   auto it = copied_stacks_.find({tid, ts_ns});
   if (it == copied_stacks_.end()) return 0;
   const Unwound& u = it->second;
@@ -437,7 +445,7 @@ int64_t Pipeline::take_sent_stack(uint32_t pid, uint32_t tid, uint64_t ts_ns, ui
     id = known->second;
   } else {
     if (ids.size() >= kMaxSentStacksPerProcess) ids.clear();
-    id = store_user_stack(pid, u.ips, u.truncated, py_stack);
+    id = store_user_stack(pid, u.ips, u.truncated, py_stack, thread_handoff);
     ids.emplace(std::move(key), id);
   }
   copied_stacks_.erase(it);
@@ -464,14 +472,14 @@ void Pipeline::on_native_stack(const uint8_t* data, size_t size) {
   native_stacks_[rec.pid].stacks[rec.id] = std::move(u);
 }
 
-int64_t Pipeline::native_stack(uint32_t pid, uint64_t id, uint64_t py_stack) {
+int64_t Pipeline::native_stack(uint32_t pid, uint64_t id, uint64_t py_stack, uint16_t thread_handoff) {
   if (auto once = once_stacks_.find(id); once != once_stacks_.end()) {
     auto& cache = native_stacks_[pid].once_stored;
     int64_t stored;
     if (auto it = cache.find({id, py_stack}); it != cache.end()) {
       stored = it->second;
     } else {
-      stored = store_user_stack(pid, once->second.ips, once->second.truncated, py_stack);
+      stored = store_user_stack(pid, once->second.ips, once->second.truncated, py_stack, thread_handoff);
       if (cache.size() >= kMaxOnceStoredPerProcess) cache.clear();
       cache.emplace(std::pair{id, py_stack}, stored);
     }
@@ -490,7 +498,7 @@ int64_t Pipeline::native_stack(uint32_t pid, uint64_t id, uint64_t py_stack) {
     ++native_stacks_unknown_;
     return 0;
   }
-  const int64_t stored = store_user_stack(pid, it->second.ips, it->second.truncated, py_stack);
+  const int64_t stored = store_user_stack(pid, it->second.ips, it->second.truncated, py_stack, thread_handoff);
   n.stored.emplace(std::pair{id, py_stack}, stored);
   return stored;
 }
@@ -643,9 +651,11 @@ const Pipeline::ResolvedFrame& Pipeline::resolve_frame(uint32_t pid, uint64_t ip
   return r;
 }
 
-int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated, uint64_t py_stack) {
+int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated, uint64_t py_stack,
+                                   uint16_t thread_handoff) {
   uint16_t handoff = 0;
   const auto frames = user_stack_frames(pid, ips, truncated, py_stack, handoff);
+  if (!handoff && !ips.empty()) handoff = thread_handoff;
   const int64_t id = frames.empty() ? 0 : sink_.intern_stack(frames);
   // Too many worker stacks held: the Stitcher forgot them, and ids cached here must come
   // through here again to be known as workers'.
@@ -707,6 +717,16 @@ void Pipeline::on_handoff(const gs_call_record& rec) {
   uint16_t on_worker = 0;
   const auto frames = user_stack_frames(rec.pid, u ? u->ips : none, u && u->truncated, rec.py_stack, on_worker);
   stitcher_.on_handoff(rec.pid, rec.tid, rec.func, frames, on_worker != 0);
+}
+
+uint16_t Pipeline::handoff_thread(const char* comm, size_t len) const {
+  if (handoffs_probed_.empty()) return 0;
+  const std::string_view name(comm, strnlen(comm, len));
+  for (uint16_t id : handoffs_probed_) {
+    const auto* h = decode::handoff_by_id(id);
+    if (h && !h->thread_name.empty() && name.starts_with(h->thread_name)) return id;
+  }
+  return 0;
 }
 
 store::StoredFrame Pipeline::handoff_separator(uint16_t handoff) {

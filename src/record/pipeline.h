@@ -113,15 +113,19 @@ class Pipeline {
   // A stack of Python frames alone (a call or sample whose native stack was not taken).
   int64_t python_only_stack(uint32_t pid, uint64_t py_stack);
   static bool is_registration(const CallEvent& e);
-  int64_t take_sent_stack(uint32_t pid, uint32_t tid, uint64_t ts_ns, uint64_t py_stack);
+  // thread_handoff (here and below): the handoff whose worker the thread is by its name (handoff_thread), 0: none.
+  int64_t take_sent_stack(uint32_t pid, uint32_t tid, uint64_t ts_ns, uint64_t py_stack, uint16_t thread_handoff);
   // A stack walked from the unwind tables in BPF, by the id its GS_REC_NATIVE_STACK came with.
-  int64_t native_stack(uint32_t pid, uint64_t id, uint64_t py_stack);
+  int64_t native_stack(uint32_t pid, uint64_t id, uint64_t py_stack, uint16_t thread_handoff);
   void on_native_stack(const uint8_t* data, size_t size);
   // Forgets a process's native stacks here and in BPF's sent map, which then sends them again.
   void forget_native_stacks(uint32_t pid);
   // Stores a native stack (innermost first) merged with the thread's Python stack, if any; a
   // native walk cut short gets its truncation marker.
-  int64_t store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated, uint64_t py_stack);
+  int64_t store_user_stack(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated, uint64_t py_stack,
+                           uint16_t thread_handoff = 0);
+  // The handoff whose worker a thread of this name is (HandoffSpec::thread_name), 0: none.
+  uint16_t handoff_thread(const char* comm, size_t len) const;
   // The frames store_user_stack stores; `handoff`: the handoff whose worker thread ran it, 0: none.
   std::vector<store::StoredFrame> user_stack_frames(uint32_t pid, const std::vector<uint64_t>& ips, bool truncated,
                                                     uint64_t py_stack, uint16_t& handoff);
@@ -275,6 +279,7 @@ class Pipeline {
   Stitcher stitcher_;
   int64_t handoff_module_id_ = 0;
   std::unordered_set<uint16_t> handoff_labels_named_;
+  std::vector<uint16_t> handoffs_probed_;  // those add_handoff_workers was given
   std::atomic<uint64_t> handoffs_{0}, stitched_{0};
 
   std::atomic<uint64_t> records_{0}, calls_{0}, launches_{0}, samples_{0}, dropped_{0}, stack_recycles_{0},

@@ -110,15 +110,17 @@ def test_cuda_calls_show_python_functions_and_lines(record, gpuscope, python):
     assert f"from {launch} ({script}:{at['launch']}) via " in text
 
 
-@pytest.mark.parametrize("walk", ["fp", "eh-frame"])
-def test_work_handed_to_an_engine_thread_shows_the_python_line_that_asked(record, gpuscope, walk):
+@pytest.mark.parametrize("walk, by_name", [("fp", False), ("eh-frame", False), ("fp", True)])
+def test_work_handed_to_an_engine_thread_shows_the_python_line_that_asked(record, gpuscope, walk, by_name):
     """As PyTorch's autograd engine runs loss.backward()'s kernels on a thread of its own, a
     stand-in engine (a library named libtorch_cpu.so whose Engine::execute waits for a thread it
     starts) launches from its worker thread. Those launches' stacks go on, past the worker's start
-    and a frame naming the handoff, into the stack of the Engine::execute call: the Python lines."""
+    and a frame naming the handoff, into the stack of the Engine::execute call: the Python lines.
+    by_name: the worker launches outside Engine::thread_main, as a frame-pointer walk cut short in
+    libtorch would see it; its thread's name ("pt_autograd_0") says it is the engine's."""
     script = str(SCRIPTS / "py_backward.py")
     standin = TARGETS / "torch-standin" / "libtorch_cpu.so"
-    rec = record("--call-stacks", walk, "--", PYTHON, script, CUDART, standin)
+    rec = record("--call-stacks", walk, "--", PYTHON, script, CUDART, standin, *(["--by-name"] if by_name else []))
     assert rec.returncode == 0, rec.stderr
     assert "probing [torch autograd engine thread]" in rec.stderr
     at = marked_lines("py_backward.py")
@@ -139,8 +141,9 @@ def test_work_handed_to_an_engine_thread_shows_the_python_line_that_asked(record
     names = [f.split("(")[0] if "::" in f else f for f in worker]
     execute = names.index("torch::autograd::Engine::execute")
     handoff = worker.index("[torch autograd engine thread]")
-    thread_main = names.index("torch::autograd::Engine::thread_main")
-    assert execute < handoff < thread_main < names.index("cudaLaunchKernel"), worker
+    inner = names.index("launch_kernels" if by_name else "torch::autograd::Engine::thread_main")
+    assert execute < handoff < inner < names.index("cudaLaunchKernel"), worker
+    assert ("torch::autograd::Engine::thread_main" in names) != by_name, worker
     assert any(f.startswith("<module> (") for f in worker[:execute]), worker
     if walk == "eh-frame":
         assert "[truncated stack]" not in worker, worker

@@ -3,7 +3,8 @@ libtorch_cpu.so) as loss.backward() calls PyTorch's: its worker thread launches 
 this thread waits. Their stacks must end, through the engine's call, in the Python lines marked
 "# line: NAME".
 
-usage: py_backward.py LIBCUDART LIBTORCH_CPU"""
+usage: py_backward.py LIBCUDART LIBTORCH_CPU [--by-name]   (--by-name: the worker's work runs
+outside Engine::thread_main: only its thread's name says whose it is)"""
 import ctypes
 import sys
 
@@ -12,7 +13,7 @@ engine = ctypes.CDLL(sys.argv[2])
 
 
 def backward():
-    return engine.run_backward(sys.argv[1].encode(), 3)  # line: backward
+    return engine.run_backward(sys.argv[1].encode(), 3, "--by-name" in sys.argv)  # line: backward
 
 
 def train_step():

@@ -96,10 +96,13 @@ if [[ " $STAGES " == *" stacks "* ]]; then
     $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print("step time: %.2f ms over %d steps" % ((d["t1"] - d["t0"]) / d["steps"] / 1e6, d["steps"]))' \
         "$OUT/truth-stacks-$calls.json"
   done
-  echo "== the Python lines the report gives the top kernels and the biggest allocations (--call-stacks fp)"
-  $BUILD/gpuscope report --top 5 "$OUT/stacks-fp.gpuscope" > "$OUT/stacks-report.txt"
+  first=${CALL_MODES:-fp}; first=${first%% *}
+  echo "== the Python lines the report gives the top kernels and the biggest allocations (--call-stacks $first)"
+  $BUILD/gpuscope report --top 5 "$OUT/stacks-$first.gpuscope" > "$OUT/stacks-report.txt"
   sed -n '/== Kernels/,/== Copies/p;/== Biggest allocation/,/== Failed/p' "$OUT/stacks-report.txt"
-  ln -sf "$OUT/stacks-dwarf.gpuscope" "$OUT/stacks.gpuscope"
+  for calls in dwarf ${CALL_MODES:-fp dwarf eh-frame}; do
+    [ -f "$OUT/stacks-$calls.gpuscope" ] && { ln -sf "$OUT/stacks-$calls.gpuscope" "$OUT/stacks.gpuscope"; break; }
+  done
   for m in launches cpu inuse-bytes; do $BUILD/gpuscope flamegraph "$OUT/stacks.gpuscope" -m $m -o "$OUT/train-$m.html"; done
   $BUILD/gpuscope flamegraph "$OUT/stacks.gpuscope" -m cpu -o "$OUT/train-cpu.folded"
 } 2>&1 | tee "$OUT/stacks.txt"

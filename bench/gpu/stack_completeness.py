@@ -85,12 +85,16 @@ def main():
         print(f"{metric:13} {100 * complete / events:6.2f}% of {events} reach the entry "
               f"({100 * no_stack / events:.2f}% without a stack); incomplete stacks stop in: "
               + ", ".join(f"{k[:60]} {100 * v / events:.1f}%" for k, v in worst))
-        print(f"{'':13} {100 * uncut / events:6.2f}% reach the entry with nothing cut; {100 * stitched / events:.2f}% "
-              f"stitched below the call that handed their work over")
+        dwarf = meta.get("sample_unwinding" if metric == "cpu" else "call_unwinding") in ("dwarf", "eh-frame")
+        # A frame-pointer walk that stops at a frame without one looks like one that reached the
+        # end: only walks from .eh_frame mark their cuts.
+        cut = (f"{100 * uncut / events:.2f}% with nothing cut" if dwarf
+               else "frame-pointer walks do not mark where they stop short")
+        print(f"{'':13} {100 * stitched / events:6.2f}% stitched below the call that handed their work over; "
+              f"reaching the entry: {cut}")
         print(f"{'':13} {100 * (complete + thread) / events:6.2f}% reach the entry or their thread's start; "
               f"{100 * with_py / events:.2f}% have Python frames, {100 * at_module / events:.2f}% reach a Python "
               f"module's top level")
-        dwarf = meta.get("sample_unwinding" if metric == "cpu" else "call_unwinding") in ("dwarf", "eh-frame")
         if dwarf:
             # Unwound from .eh_frame, a stack is whole when the unwinder reached the outermost
             # frame (a thread's entry counts: threads do not start in main); cut ones are marked.

@@ -407,6 +407,8 @@ int Recorder::run() {
   const uint64_t end_ns = monotonic_ns();
   writer_->set_meta("end_ns", std::to_string(end_ns));
   writer_->set_meta("python_stack_generations", std::to_string(tracer_->stats().python_stack_generations));
+  if (const auto st = tracer_->stats(); st.handoffs)
+    writer_->set_meta("handoffs", fmt::format("{} calls; {} calls and samples stored below one", st.handoffs, st.stitched));
   record_own_cost();
   writer_->finish();
   close(sfd);

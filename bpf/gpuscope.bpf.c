@@ -306,6 +306,7 @@ struct unwind_scratch {
 	__u16 rows_cached, rows_searched, pages_read;  /* GS_UNWIND_STAT_*, summed at the walk's end */
 	__u16 pad;
 	__u64 step_bp_val; /* the saved rbp the step under way read (WALK_BP_READ) */
+	__u64 stack_end;   /* the end of the mapping the walk's stack is in (thread_stack); 0: unknown */
 };
 
 struct {
@@ -485,7 +486,44 @@ static __always_inline long unwind_stop(struct unwind_scratch *s, __u32 cause)
 	return 1;
 }
 
-#define FP_STACK_SPAN (8ULL << 20)  /* a thread's stack is within this much above its sp */
+/* The mapping a thread's stack pointer is in, kept per thread: a "return address" inside it is
+ * a stack address. Threads' stacks are mappings like libraries, often just below one, so no
+ * fixed span above the stack pointer tells stack from code. */
+struct stack_span {
+	__u64 start, end;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct stack_span);
+} thread_stacks SEC(".maps");
+
+static long stack_vma(struct task_struct *task, struct vm_area_struct *vma, struct stack_span *span)
+{
+	span->start = BPF_CORE_READ(vma, vm_start);
+	span->end = BPF_CORE_READ(vma, vm_end);
+	return 0;
+}
+
+/* The end of the mapping holding sp (one lookup per thread while sp stays in it; the main
+ * thread's grows down and is looked up again then); 0 if unknown. */
+static __always_inline __u64 thread_stack_end(__u64 sp)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct stack_span *span = bpf_task_storage_get(&thread_stacks, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!span)
+		return 0;
+	if (sp >= span->start && sp < span->end)
+		return span->end;
+	struct stack_span found = {};
+	/* Fails when the mm's lock is held (another thread maps memory): no check this walk. */
+	if (bpf_find_vma(task, sp, stack_vma, &found, 0) || sp < found.start || sp >= found.end)
+		return 0;
+	*span = found;
+	return found.end;
+}
 
 /* The caller's frame from a frame-pointer chain: code without a table. */
 static __always_inline long unwind_fp_step(struct unwind_scratch *s, struct unwind_chunk *k)
@@ -495,10 +533,9 @@ static __always_inline long unwind_fp_step(struct unwind_scratch *s, struct unwi
 	if (!unwind_bp(s, k) || !s->bp || s->bp + 16 <= s->sp || (s->bp & 7) ||
 	    unwind_read(s, k, s->bp, &frame[0]) || unwind_read(s, k, s->bp + 8, &frame[1]))
 		return unwind_stop(s, GS_LOST_UNWIND_READ);
-	/* A "return address" just above the stack pointer is a stack address: code that keeps rbp
-	 * pointing at something other than a frame record (libffi's ffi_call_unix64 does), not a
-	 * caller. */
-	if (frame[1] - s->sp < FP_STACK_SPAN)
+	/* A "return address" on the stack itself is a stack address: code that keeps rbp pointing
+	 * at something other than a frame record (libffi's ffi_call_unix64 does), not a caller. */
+	if (frame[1] >= s->sp && frame[1] < s->stack_end)
 		return unwind_stop(s, GS_LOST_UNWIND_READ);
 	s->fp_steps++;
 	s->step_flags |= WALK_FP_STEP;
@@ -785,6 +822,7 @@ static __always_inline bool unwind_start(struct unwind_ctx *c, struct pt_regs *r
 	s->rows_cached = 0;
 	s->rows_searched = 0;
 	s->pages_read = 0;
+	s->stack_end = thread_stack_end(s->sp);
 	s->hash = 0xcbf29ce484222325ULL ^ tgid;
 	s->rec.nr = 0;
 	c->s = s;

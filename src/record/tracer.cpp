@@ -243,6 +243,7 @@ void Tracer::attach_handoffs(pid_t pid, const std::string& open_path, const std:
     for (auto w : h.workers) prefixes.emplace_back(w);
     std::vector<Pipeline::WorkerRange> workers;
     std::vector<uint64_t> callers;
+    const uint64_t t0 = monotonic_ns();
     try {
       for (const auto& f : symbolize::functions_with_prefixes(open_path, prefixes)) {
         if (f.name.starts_with(h.caller))
@@ -254,16 +255,17 @@ void Tracer::attach_handoffs(pid_t pid, const std::string& open_path, const std:
         log_debug("{} lacks the functions of {}: its threads' stacks stay unstitched", shown, h.label);
         continue;
       }
+      // The workers first: the pipeline knows them before any handoff comes.
+      pipeline_->add_handoff_workers(symbolize::read_build_id(open_path), shown, std::move(workers));
       for (uint64_t off : callers) bpf_->attach_entry_probe(open_path, off, h.id);
     } catch (const std::exception& e) {
       log_warn("cannot probe {} in {} (PID {}): {}; its threads' stacks stay unstitched", h.label, shown, pid, e.what());
       continue;
     }
-    pipeline_->add_handoff_workers(symbolize::read_build_id(open_path), shown, std::move(workers));
     sink_.set_meta("handoffs_probed", std::string(h.label));
     if (!opts_.quiet)
-      log_info("probing {} in {}: stacks of its threads are shown under the call that started their work", h.label,
-               shown);
+      log_info("probing {} in {} (its symbols read in {} ms): stacks of its threads are shown under the call that "
+               "started their work", h.label, shown, (monotonic_ns() - t0) / 1'000'000);
   }
 }
 
@@ -302,6 +304,7 @@ void Tracer::find_python(pid_t pid) {
 
 void Tracer::attach_mapped_libraries(pid_t pid) {
   std::set<std::string> seen;
+  std::vector<std::string> handoff_files;
   bool has_cuda = false;
   for (const auto& m : discover::read_maps(pid)) {
     if (m.path.empty() || !seen.insert(m.path).second) continue;
@@ -309,7 +312,7 @@ void Tracer::attach_mapped_libraries(pid_t pid) {
       has_cuda = true;
       attach_library(pid, discover::path_in_target(pid, m.path), m.path, monotonic_ns());
     }
-    attach_handoffs(pid, discover::path_in_target(pid, m.path), m.path);
+    if (decode::may_define_handoffs(m.path)) handoff_files.push_back(m.path);
   }
   if (has_cuda || !opts_.all) check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid));
   if (!has_cuda && !opts_.all && !opts_.quiet)
@@ -318,6 +321,8 @@ void Tracer::attach_mapped_libraries(pid_t pid) {
   maps_.refresh(pid);
   if (unwind_) unwind_->update(pid);
   find_python(pid);
+  // Last: reading libtorch's symbols takes a while, and the CUDA probes matter more.
+  for (const auto& path : handoff_files) attach_handoffs(pid, discover::path_in_target(pid, path), path);
 }
 
 void Tracer::handle_control() {
@@ -339,6 +344,7 @@ void Tracer::handle_control() {
     // stopped here is snapshotted in any case: the C library, mapped after the CUDA runtime,
     // is often in only this snapshot of a short-lived process.
     if (probed || l.stopped) maps_.refresh(pid);
+    // Before the process goes on: its first backward pass must find the probe in place.
     attach_handoffs(pid, open_path, path);
     // A libpython is found at its load, before its first Python frame runs.
     if (discover::looks_like_python(path) && !opts_.only_cuda_processes) find_python(pid);

@@ -102,10 +102,10 @@ void Pipeline::stop() {
 }
 
 PipelineStats Pipeline::stats() const {
-  return PipelineStats{records_.load(),         calls_.load(),           launches_.load(),
-                       samples_.load(),         dropped_.load(),         stack_recycles_.load(),
-                       stacks_expired_.load(),  python_generations_.load(), handoffs_.load(),
-                       stitched_.load()};
+  return PipelineStats{records_.load(),        calls_.load(),   launches_.load(),
+                       samples_.load(),        dropped_.load(), stack_recycles_.load(),
+                       stacks_expired_.load(), python_generations_.load(),
+                       handoffs_.load(),       stitched_.load()};
 }
 
 void Pipeline::run() {
@@ -287,7 +287,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
         user_stack = python_only_stack(rec.pid, rec.py_stack);
       }
       user_stack = stitcher_.stitch(rec.pid, rec.tid, user_stack);
-          sink_.add_sample(rec.ts_ns, rec.pid, rec.tid, rec.cpu, user_stack, resolve_kernel_stack(rec.kstack_id, rec.ts_ns));
+      sink_.add_sample(rec.ts_ns, rec.pid, rec.tid, rec.cpu, user_stack, resolve_kernel_stack(rec.kstack_id, rec.ts_ns));
       ++samples_;
       ++calls_since_commit_;
       break;

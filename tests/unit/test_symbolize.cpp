@@ -6,10 +6,12 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <sstream>
 
 #include "symbolize/elf_file.h"
@@ -139,6 +141,27 @@ TEST(ElfFile, VersionedDynamicSymbolsOfTheRealCudart) {
   EXPECT_EQ(inside->first.name, "cudaLaunchKernel");
   EXPECT_EQ(inside->second, 0x10u);
   EXPECT_TRUE(defines_any_function(kCudart, {"cudaMalloc"}));
+}
+
+TEST(ElfFile, FunctionsFoundByThePrefixOfTheirNames) {
+  // This binary's own function is in .symtab alone: looked for there when .dynsym lacks it.
+  const auto exe = functions_with_prefixes("/proc/self/exe", {"gpuscope_test_mark", "no_such_prefix_"});
+  ASSERT_EQ(exe.size(), 1u);
+  EXPECT_EQ(exe[0].name, "gpuscope_test_marker");
+  EXPECT_EQ(exe[0].start, runtime_file_offset(reinterpret_cast<const void*>(&gpuscope_test_marker)));
+  EXPECT_GT(exe[0].end, exe[0].start);
+  EXPECT_TRUE(functions_with_prefixes("/proc/self/exe", {"no_such_prefix_"}).empty());
+
+  if (!std::filesystem::exists(kCudart)) GTEST_SKIP() << kCudart << " is absent";
+  // Every launch function of the runtime, versioned names included, each once, by offset.
+  const auto launches = functions_with_prefixes(kCudart, {"cudaLaunchKernel"});
+  std::map<std::string, uint64_t> found;
+  for (const auto& f : launches) found[f.name] = f.start;
+  EXPECT_EQ(found.size(), launches.size());
+  EXPECT_EQ(found["cudaLaunchKernel"], 0x74370u);
+  EXPECT_EQ(found["cudaLaunchKernel_ptsz"], 0x4e6b0u);
+  EXPECT_TRUE(std::is_sorted(launches.begin(), launches.end(),
+                             [](const FunctionRange& a, const FunctionRange& b) { return a.start < b.start; }));
 }
 
 TEST(ElfFile, BadFilesGiveAClearError) {

@@ -20,6 +20,9 @@ Configurations:
   +stacks no python      gpuscope record --no-python (native frames only)
   +stacks +cpu 99Hz      gpuscope record --cpu-profile 99 (NVML at its default 10 Hz: every
                          gpuscope configuration has it, as in overhead.py)
+  agent                  `gpuscope agent` (its default configuration: a 1% budget) started for the
+                         window and stopped after it; it finds the running workload itself
+  agent 1/16             the agent with `stack_every: 16`
   torch.profiler         CPU and CUDA activities
   torch.profiler+stack   the same with Python stacks
   X [b]                  gpuscope configuration X run with the build given by --gpuscope-b
@@ -31,6 +34,10 @@ the driver is probed; on a machine without a GPU, where launches fail before the
 --launch-probes both). Each window waits --settle seconds after the tool starts, then keeps the
 steps that begin and end in the next --window seconds.
 
+The agent duty-cycles its high-rate probes (on for a share of every 10 s), so its windows last
+--agent-window seconds and are compared by their mean step, with the baseline windows' means:
+a line per agent configuration after the table.
+
 Prints, per configuration, the median step time (median over rounds of each window's median),
 the added time (median and range of the per-round differences from that round's baseline), the
 traps per step for gpuscope's configurations (probed calls and returns in its record over the
@@ -38,6 +45,8 @@ steps of its window), and then the figures the issues aim at; writes attach_ab.j
 import argparse
 import json
 import os
+import re
+import socket
 import pathlib
 import signal
 import sqlite3
@@ -47,6 +56,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -66,6 +76,7 @@ GPUSCOPE_CONFIGS = {
     "+stacks eh-frame 1/16": ["--call-stacks", "eh-frame", "--stack-every", "16"],
     "+stacks eh-frame 1/64": ["--call-stacks", "eh-frame", "--stack-every", "64"],
 }
+AGENT_CONFIGS = {"agent": "", "agent 1/16": "stack_every: 16\n"}
 PROFILER_CONFIGS = {"torch.profiler": "cuda", "torch.profiler+stack": "cuda+stack"}
 DEFAULT_CONFIGS = "baseline,floor,calls,+stacks,+stacks +cpu 99Hz,torch.profiler+stack"
 
@@ -188,6 +199,52 @@ def profiler_window(args, work, mode):
     return work.durations(t0, t1, mode), {}
 
 
+def agent_window(args, work, extra, tmp):
+    """Starts the agent, measures a window once it serves metrics and has settled, stops it;
+    returns (durations, figures: its own estimate of what it costs the workload)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp / "agent.yaml"
+    cfg.write_text(f"listen: 127.0.0.1:{port}\ngpu_sample_hz: 0\n{extra}")
+    log = open(tmp / "agent.log", "w+")
+    proc = subprocess.Popen([args.gpuscope, "agent", "--config", str(cfg)], stderr=log)
+
+    def metrics():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        pid = f'pid="{work.proc.pid}"'
+        out = {}
+        for line in text.splitlines():
+            m = re.match(r'(gpuscope_observed_ratio|gpuscope_probe_overhead_ratio)\{(.*)\} (\S+)$', line)
+            if m and pid in m.group(2):
+                out[m.group(1)[len("gpuscope_"):]] = float(m.group(3))
+        return out
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                metrics()
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    log.seek(0)
+                    raise SystemExit(f"attach_ab: the agent did not start: {log.read()[-2000:]}")
+                time.sleep(0.2)
+        time.sleep(args.settle)
+        t0 = time.monotonic_ns()
+        time.sleep(args.agent_window)
+        t1 = time.monotonic_ns()
+        fig = metrics()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return work.durations(t0, t1), fig
+
+
 def baseline_window(args, work):
     time.sleep(min(args.settle, 1.0))
     t0 = time.monotonic_ns()
@@ -212,6 +269,8 @@ def run_group(args, configs, tmp, label):
             for c in order:
                 if c == "baseline":
                     durs, fig = baseline_window(args, work)
+                elif c in AGENT_CONFIGS:
+                    durs, fig = agent_window(args, work, AGENT_CONFIGS[c], tmp)
                 elif gpuscope_config(args, c)[1] is not None:
                     binary, flags = gpuscope_config(args, c)
                     durs, fig = gpuscope_window(args, work, flags, tmp, binary)
@@ -220,7 +279,7 @@ def run_group(args, configs, tmp, label):
                 if not durs:
                     raise SystemExit(f"attach_ab: no whole step in {c}'s window; make --window longer")
                 windows[c].append(statistics.median(durs))
-                figures[c].append({**fig, "window_steps": len(durs)})
+                figures[c].append({**fig, "window_steps": len(durs), "mean_ns": statistics.mean(durs)})
                 print(f"{label}, round {r + 1}: {c:22} {statistics.median(durs) / 1e6:9.3f} ms/step over "
                       f"{len(durs)} steps" + (f", {fig['traps_per_step']:.1f} traps/step" if fig.get("traps_per_step") else ""),
                       flush=True)
@@ -240,6 +299,8 @@ def main():
     ap.add_argument("--profiler-window", type=float, default=3,
                     help="seconds of steps kept under torch.profiler (it post-processes every event when it stops)")
     ap.add_argument("--settle", type=float, default=3, help="seconds between a tool's start and its window")
+    ap.add_argument("--agent-window", type=float, default=20,
+                    help="seconds of steps kept per agent window (whole cycles of its budget: 10 s each)")
     ap.add_argument("--warmup", type=float, default=5, help="seconds of steps before the first window")
     ap.add_argument("--launch-probes", default="driver",
                     help="gpuscope's --launch-probes (both: where launches never reach the driver, as without a GPU)")
@@ -250,7 +311,8 @@ def main():
     args = ap.parse_args()
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     for c in configs:
-        if c != "baseline" and gpuscope_config(args, c)[1] is None and c not in PROFILER_CONFIGS:
+        if (c != "baseline" and gpuscope_config(args, c)[1] is None and c not in PROFILER_CONFIGS
+                and c not in AGENT_CONFIGS):
             raise SystemExit(f"attach_ab: unknown configuration {c!r}")
     if "baseline" not in configs:
         configs.insert(0, "baseline")
@@ -316,6 +378,20 @@ def main():
     for c in configs:
         if c.endswith(" [b]") and added(c[:-4]) is not None:
             print(f"{c} against {c[:-4]}: {added(c) - added(c[:-4]):+.3f} ms a step")
+    for c in configs:
+        if c not in AGENT_CONFIGS:
+            continue
+        means = [f["mean_ns"] for f in figures[c]]
+        base_means = [f["mean_ns"] for f in figures["baseline"]]
+        pct = [100 * (m - b) / b for m, b in zip(means, base_means)]
+        own = [f.get("probe_overhead_ratio") for f in figures[c] if f.get("probe_overhead_ratio") is not None]
+        seen = [f.get("observed_ratio") for f in figures[c] if f.get("observed_ratio") is not None]
+        summary[c]["mean_added_pct"] = statistics.median(pct)
+        print(f"{c}: mean step {statistics.median(means) / 1e6:.3f} ms against the baseline's "
+              f"{statistics.median(base_means) / 1e6:.3f}: {statistics.median(pct):+.2f}% in the median round "
+              f"({min(pct):+.2f}..{max(pct):+.2f}; the aim: at most +1%)"
+              + (f"; its own estimate of its probes' cost {100 * statistics.median(own):.2f}% of the job's CPU, "
+                 f"observing {100 * statistics.median(seen):.1f}% of launches" if own and seen else ""))
     if added("torch.profiler+stack") is not None and added("+stacks"):
         print(f"torch.profiler+stack adds {added('torch.profiler+stack') / added('+stacks'):.1f}x what gpuscope "
               f"+stacks adds ({added('torch.profiler+stack'):+.3f} against {added('+stacks'):+.3f} ms a step)")

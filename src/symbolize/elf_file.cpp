@@ -291,6 +291,22 @@ void for_each_symbol(Elf* elf, bool objects, F&& f, const std::vector<std::strin
   }
 }
 
+// The PT_LOAD segments: where a symbol's address (st_value) lies in the file.
+struct LoadSegment {
+  uint64_t vaddr, offset, filesz;
+};
+std::vector<LoadSegment> load_segments(Elf* elf) {
+  std::vector<LoadSegment> loads;
+  size_t nphdr = 0;
+  elf_getphdrnum(elf, &nphdr);
+  for (size_t i = 0; i < nphdr; ++i) {
+    GElf_Phdr ph;
+    if (gelf_getphdr(elf, static_cast<int>(i), &ph) && ph.p_type == PT_LOAD)
+      loads.push_back({ph.p_vaddr, ph.p_offset, ph.p_filesz});
+  }
+  return loads;
+}
+
 template <class F>
 void for_each_function(Elf* elf, F&& f, const std::vector<std::string>* only_names = nullptr, bool prefixes = false,
                        unsigned table = 0) {
@@ -406,17 +422,7 @@ std::vector<OffsetName> name_offsets(const std::string& path, const std::string&
   Elf* elf = h.get();
   if (!expected_build_id.empty() && build_id_of(elf) != expected_build_id)
     throw std::runtime_error(path + ": another build than the one that ran");
-  struct Load {
-    uint64_t vaddr, offset, filesz;
-  };
-  std::vector<Load> loads;
-  size_t nphdr = 0;
-  elf_getphdrnum(elf, &nphdr);
-  for (size_t i = 0; i < nphdr; ++i) {
-    GElf_Phdr ph;
-    if (gelf_getphdr(elf, static_cast<int>(i), &ph) && ph.p_type == PT_LOAD)
-      loads.push_back({ph.p_vaddr, ph.p_offset, ph.p_filesz});
-  }
+  const std::vector<LoadSegment> loads = load_segments(elf);
   // The offsets sorted (with where each came from), and per offset the best symbol so far: the
   // one starting closest below it, the better-ranked of names at one address.
   std::vector<std::pair<uint64_t, size_t>> sorted;
@@ -476,17 +482,7 @@ bool defines_any_function(const std::string& path, const std::vector<std::string
 std::vector<FunctionRange> functions_with_prefixes(const std::string& path, const std::vector<std::string>& prefixes) {
   ElfHandle h(path);
   Elf* elf = h.get();
-  struct Load {
-    uint64_t vaddr, offset, filesz;
-  };
-  std::vector<Load> loads;
-  size_t nphdr = 0;
-  elf_getphdrnum(elf, &nphdr);
-  for (size_t i = 0; i < nphdr; ++i) {
-    GElf_Phdr ph;
-    if (gelf_getphdr(elf, static_cast<int>(i), &ph) && ph.p_type == PT_LOAD)
-      loads.push_back({ph.p_vaddr, ph.p_offset, ph.p_filesz});
-  }
+  const std::vector<LoadSegment> loads = load_segments(elf);
   std::vector<FunctionRange> out;
   auto visit = [&](const FunctionSymbol& s) {
     const std::string_view name = s.name();

@@ -22,7 +22,8 @@ Pipeline::Pipeline(store::EventSink& sink, attach::BpfSession& bpf, symbolize::P
     : sink_(sink), bpf_(bpf), maps_(maps), cfg_(cfg), tracker_(cfg.complete_history), unwinder_(maps),
       stack_gens_(cfg.recycle_stacks_at, bpf.stack_map_entries()),
       stitcher_([this](const Stitcher::Frames& f) { return f.empty() ? 0 : sink_.intern_stack(f); },
-                [this](uint16_t handoff) { return handoff_separator(handoff); }) {
+                [this](uint16_t handoff) { return handoff_separator(handoff); },
+                [this] { return truncated_frame(); }) {
   filling_.reserve(1 << 20);
 }
 
@@ -655,11 +656,13 @@ int64_t Pipeline::store_user_stack(uint32_t pid, const std::vector<uint64_t>& ip
                                    uint16_t thread_handoff) {
   uint16_t handoff = 0;
   const auto frames = user_stack_frames(pid, ips, truncated, py_stack, handoff);
-  if (!handoff && !ips.empty()) handoff = thread_handoff;
+  // Known by its thread's name alone: the walk stopped before the worker's functions.
+  const bool cut = !handoff && thread_handoff && !ips.empty();
+  if (cut) handoff = thread_handoff;
   const int64_t id = frames.empty() ? 0 : sink_.intern_stack(frames);
   // Too many worker stacks held: the Stitcher forgot them, and ids cached here must come
   // through here again to be known as workers'.
-  if (handoff && !stitcher_.note_worker_stack(id, frames, handoff)) forget_stored_stacks();
+  if (handoff && !stitcher_.note_worker_stack(id, frames, handoff, cut)) forget_stored_stacks();
   return id;
 }
 
@@ -679,11 +682,7 @@ std::vector<store::StoredFrame> Pipeline::user_stack_frames(uint32_t pid, const 
   if (truncated) {
     // The outermost frame says the walk was cut short, so that no one mistakes its last
     // frame for where the thread began.
-    if (!truncated_module_id_) {
-      truncated_module_id_ = sink_.intern_module("[truncated]", "");
-      sink_.add_symbol(truncated_module_id_, 0, "[truncated stack]");
-    }
-    frames.push_back({truncated_module_id_, 0, 0});
+    frames.push_back(truncated_frame());
     eval_loop.push_back(false);
   }
   if (py_stack) merge_python(frames, eval_loop, py_stack);
@@ -727,6 +726,14 @@ uint16_t Pipeline::handoff_thread(const char* comm, size_t len) const {
     if (h && !h->thread_name.empty() && name.starts_with(h->thread_name)) return id;
   }
   return 0;
+}
+
+store::StoredFrame Pipeline::truncated_frame() {
+  if (!truncated_module_id_) {
+    truncated_module_id_ = sink_.intern_module("[truncated]", "");
+    sink_.add_symbol(truncated_module_id_, 0, "[truncated stack]");
+  }
+  return {truncated_module_id_, 0, 0};
 }
 
 store::StoredFrame Pipeline::handoff_separator(uint16_t handoff) {

@@ -132,6 +132,8 @@ class Pipeline {
   // A handoff's entry (decode/handoffs.h): its stack, for the Stitcher; no call is stored.
   void on_handoff(const gs_call_record& rec);
   store::StoredFrame handoff_separator(uint16_t handoff);
+  // The outermost frame of a walk cut short: "[truncated stack]".
+  store::StoredFrame truncated_frame();
   // Every stack id cached here is forgotten (the sink's are void, or the Stitcher's were dropped).
   void forget_stored_stacks();
   // A stack sent as registers and a copy of its top (samples, --call-stacks dwarf), unwound.

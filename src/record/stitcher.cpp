@@ -2,7 +2,7 @@
 
 namespace gpuscope::record {
 
-bool Stitcher::note_worker_stack(int64_t stack_id, const Frames& frames, uint16_t handoff) {
+bool Stitcher::note_worker_stack(int64_t stack_id, const Frames& frames, uint16_t handoff, bool cut) {
   if (!stack_id) return true;
   bool kept = true;
   if (workers_.size() >= kMaxWorkerStacks && !workers_.contains(stack_id)) {
@@ -10,7 +10,7 @@ bool Stitcher::note_worker_stack(int64_t stack_id, const Frames& frames, uint16_
     stitched_ids_.clear();
     kept = false;
   }
-  workers_.insert_or_assign(stack_id, WorkerStack{frames, handoff});
+  workers_.insert_or_assign(stack_id, WorkerStack{frames, handoff, cut});
   return kept;
 }
 
@@ -46,8 +46,10 @@ int64_t Stitcher::stitch(uint32_t pid, uint32_t tid, int64_t stack_id) {
       it = stitched_ids_.try_emplace({stack_id, root.stack_id}, 0).first;
     }
     Frames frames;
-    frames.reserve(w->second.frames.size() + 1 + root.frames.size());
+    frames.reserve(w->second.frames.size() + 2 + root.frames.size());
     frames.insert(frames.end(), w->second.frames.begin(), w->second.frames.end());
+    // A walk marked cut short already ends in the marker.
+    if (w->second.cut && (frames.empty() || frames.back() != cut_())) frames.push_back(cut_());
     frames.push_back(separator_(root.handoff));
     frames.insert(frames.end(), root.frames.begin(), root.frames.end());
     it->second = intern_(frames);

@@ -24,14 +24,17 @@ class Stitcher {
  public:
   using Frames = std::vector<store::StoredFrame>;
   // intern: frames -> the sink's stack id (0: refused). separator: the frame shown between a
-  // worker's stack and its caller's, for handoff `id`.
-  Stitcher(std::function<int64_t(const Frames&)> intern, std::function<store::StoredFrame(uint16_t)> separator)
-      : intern_(std::move(intern)), separator_(std::move(separator)) {}
+  // worker's stack and its caller's, for handoff `id`. cut: the frame that marks a walk cut short.
+  Stitcher(std::function<int64_t(const Frames&)> intern, std::function<store::StoredFrame(uint16_t)> separator,
+           std::function<store::StoredFrame()> cut)
+      : intern_(std::move(intern)), separator_(std::move(separator)), cut_(std::move(cut)) {}
 
-  // A stack just stored whose frames show it ran on handoff `handoff`'s worker thread. Returns
-  // false when too many are held: they were all forgotten, and stack ids cached elsewhere must
-  // be forgotten too, so that their stacks come through note_worker_stack again.
-  bool note_worker_stack(int64_t stack_id, const Frames& frames, uint16_t handoff);
+  // A stack just stored that ran on handoff `handoff`'s worker thread. `cut`: the walk did not
+  // reach the worker's own functions (the thread was known by its name; frame-pointer walks stop
+  // in code built without them), so frames are missing before the separator, and marked so.
+  // Returns false when too many are held: they were all forgotten, and stack ids cached elsewhere
+  // must be forgotten too, so that their stacks come through note_worker_stack again.
+  bool note_worker_stack(int64_t stack_id, const Frames& frames, uint16_t handoff, bool cut = false);
   // Thread `tid` entered handoff `handoff` with this stack. `on_worker`: the stack itself ran on
   // a worker thread of it (a nested call), which changes nothing.
   void on_handoff(uint32_t pid, uint32_t tid, uint16_t handoff, const Frames& frames, bool on_worker);
@@ -53,6 +56,7 @@ class Stitcher {
   struct WorkerStack {
     Frames frames;
     uint16_t handoff;
+    bool cut;
   };
   struct Root {
     uint32_t tid = 0;
@@ -62,6 +66,7 @@ class Stitcher {
   };
   std::function<int64_t(const Frames&)> intern_;
   std::function<store::StoredFrame(uint16_t)> separator_;
+  std::function<store::StoredFrame()> cut_;
   std::unordered_map<int64_t, WorkerStack> workers_;
   std::unordered_map<uint32_t, Root> roots_;                  // per process: the latest root handoff
   std::map<std::pair<int64_t, int64_t>, int64_t> stitched_ids_;  // (worker stack, caller stack) -> stored

@@ -12,7 +12,7 @@ using Frames = Stitcher::Frames;
 namespace {
 
 constexpr uint16_t kAutograd = 1000;
-constexpr int64_t kModule = 7, kSeparatorModule = 9;
+constexpr int64_t kModule = 7, kSeparatorModule = 9, kCutModule = 11;
 
 Frames frames(std::initializer_list<uint64_t> offsets) {
   Frames f;
@@ -41,7 +41,8 @@ struct Interner {
 struct StitcherTest : testing::Test {
   Interner sink;
   Stitcher stitcher{[this](const Frames& f) { return sink(f); },
-                    [](uint16_t h) { return StoredFrame{kSeparatorModule, h, 0}; }};
+                    [](uint16_t h) { return StoredFrame{kSeparatorModule, h, 0}; },
+                    [] { return StoredFrame{kCutModule, 0, 0}; }};
   int64_t worker_stack(std::initializer_list<uint64_t> offsets) {
     const Frames f = frames(offsets);
     const int64_t id = sink(f);
@@ -70,6 +71,17 @@ TEST_F(StitcherTest, AWorkersStackGoesBelowTheLatestCallersStack) {
   EXPECT_NE(later, stitched);
   EXPECT_EQ(sink.by_id[later].back(), (StoredFrame{kModule, 51, 51}));
   EXPECT_EQ(stitcher.stitched(), 3u);
+}
+
+TEST_F(StitcherTest, AWorkerKnownByItsThreadsNameAloneIsMarkedCut) {
+  const Frames own = frames({1, 2});
+  const int64_t worker = sink(own);
+  stitcher.note_worker_stack(worker, own, kAutograd, true);
+  stitcher.on_handoff(100, 100, kAutograd, frames({50}), false);
+  const Frames& stitched = sink.by_id[stitcher.stitch(100, 101, worker)];
+  ASSERT_EQ(stitched.size(), 5u);
+  EXPECT_EQ(stitched[2], (StoredFrame{kCutModule, 0, 0}));
+  EXPECT_EQ(stitched[3], (StoredFrame{kSeparatorModule, kAutograd, 0}));
 }
 
 TEST_F(StitcherTest, OtherStacksAndOtherProcessesAreLeftAlone) {

@@ -74,7 +74,11 @@ void Pipeline::add_library(store::LibraryRow row) {
 void Pipeline::add_handoff_workers(const std::string& build_id, const std::string& path, std::vector<WorkerRange> ranges) {
   std::sort(ranges.begin(), ranges.end(), [](const WorkerRange& a, const WorkerRange& b) { return a.start < b.start; });
   std::lock_guard lock(mu_);
-  new_worker_ranges_.emplace_back(build_id.empty() ? "path:" + path : build_id, std::move(ranges));
+  new_worker_ranges_.emplace_back(worker_file_key(build_id, path), std::move(ranges));
+}
+
+std::string Pipeline::worker_file_key(const std::string& build_id, const std::string& path) {
+  return build_id.empty() ? "path:" + path : build_id;
 }
 
 void Pipeline::add_gpu_batch(gpu::NvmlSampler::Batch&& b) {
@@ -186,8 +190,6 @@ void Pipeline::process_batch(const std::vector<uint8_t>& batch) {
     kernel_stack_ids_.clear();
     py_frame_ids_.clear();
     stitcher_.forget_stacks();
-    handoff_labels_named_.clear();
-    handoff_module_id_ = 0;
   }
   size_t at = 0;
   while (at + sizeof(uint32_t) <= batch.size()) {
@@ -275,15 +277,16 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       note_process(rec.pid, rec.ts_ns);
       note_thread(rec.tid, rec.pid, std::string(rec.comm, strnlen(rec.comm, sizeof(rec.comm))));
       int64_t user_stack = 0;
+      const uint16_t thread_handoff = handoff_thread(rec.comm, sizeof(rec.comm));
       if (size >= sizeof(gs_sample_stack_record)) {
         // The stack copy is read in place: it is most of the record.
         const auto* full = reinterpret_cast<const gs_sample_stack_record*>(data);
         uint32_t len;
         std::memcpy(&len, &full->stack_len, sizeof(len));
         const auto u = unwind_stack_copy(rec.pid, rec.tid, &full->regs, full->data, len);
-        user_stack = store_user_stack(rec.pid, u.ips, u.truncated, rec.py_stack, handoff_thread(rec.comm, sizeof(rec.comm)));
+        user_stack = store_user_stack(rec.pid, u.ips, u.truncated, rec.py_stack, thread_handoff);
       } else if (rec.native_stack) {
-        user_stack = native_stack(rec.pid, rec.native_stack, rec.py_stack, handoff_thread(rec.comm, sizeof(rec.comm)));
+        user_stack = native_stack(rec.pid, rec.native_stack, rec.py_stack, thread_handoff);
       } else {
         user_stack = python_only_stack(rec.pid, rec.py_stack);
       }
@@ -628,12 +631,12 @@ const Pipeline::ResolvedFrame& Pipeline::resolve_frame(uint32_t pid, uint64_t ip
   r = ResolvedFrame{};
   r.asked_ns = now;
   if (auto m = maps_.resolve(pid, ip)) {
-    r.module_id = sink_.intern_module(m->path, build_id_of(pid, *m));
+    const std::string& build_id = build_id_of(pid, *m);
+    r.module_id = sink_.intern_module(m->path, build_id);
     r.offset = m->file_offset;
     r.eval_loop = python_.is_eval_loop(static_cast<pid_t>(pid), m->path, m->file_offset);
     if (!worker_ranges_.empty()) {
-      const std::string& build_id = build_id_of(pid, *m);
-      auto file = worker_ranges_.find(build_id.empty() ? "path:" + m->path : build_id);
+      auto file = worker_ranges_.find(worker_file_key(build_id, m->path));
       if (file != worker_ranges_.end()) {
         const auto& ranges = file->second;
         auto it = std::upper_bound(ranges.begin(), ranges.end(), m->file_offset,

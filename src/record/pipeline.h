@@ -96,6 +96,8 @@ class Pipeline {
     uint16_t handoff;
   };
   void add_handoff_workers(const std::string& build_id, const std::string& path, std::vector<WorkerRange> ranges);
+  // The key of worker_ranges_: the build id, or without one the path.
+  static std::string worker_file_key(const std::string& build_id, const std::string& path);
 
   void start();
   // Processes everything queued, flushes held calls, writes the lost counters, and joins.

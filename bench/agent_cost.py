@@ -30,6 +30,7 @@ import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
+DEFAULT_BUDGET = 0.01  # the agent's own default (src/agent/config.h)
 
 
 def free_port():
@@ -148,7 +149,7 @@ def top_mappings(pid, n=8):
 
 def part1(args):
     rows = []
-    for budget in (1, 0.01):
+    for budget in (1, DEFAULT_BUDGET):
         agent = Agent(args.build, budget, "gpu_sample_hz: 1\n")
         try:
             if budget == 1:
@@ -257,7 +258,7 @@ def main():
     ap.add_argument("--budget-check", action="store_true")
     ap.add_argument("--workload", default=f"{sys.executable} {ROOT}/bench/gpu/launch_bound.py --seconds 60",
                     help="command of a job that prints a JSON line with us_per_op (else its wall time counts)")
-    ap.add_argument("--budget", type=float, default=0.01)
+    ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET)
     ap.add_argument("--agent-config", action="append", default=[],
                     help='a line for the agent\'s config file, e.g. "stack_every: 16" (repeatable)')
     ap.add_argument("--rounds", type=int, default=3)

@@ -45,8 +45,6 @@ steps of its window), and then the figures the issues aim at; writes attach_ab.j
 import argparse
 import json
 import os
-import re
-import socket
 import pathlib
 import signal
 import sqlite3
@@ -56,9 +54,10 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+import agent_cost  # noqa: E402  (bench/agent_cost.py: starting and reading the agent)
 
 GPUSCOPE_CONFIGS = {
     "floor": ["--floor-probes", "--no-stacks", "--gpu-sample-hz", "0"],
@@ -199,49 +198,21 @@ def profiler_window(args, work, mode):
     return work.durations(t0, t1, mode), {}
 
 
-def agent_window(args, work, extra, tmp):
-    """Starts the agent, measures a window once it serves metrics and has settled, stops it;
-    returns (durations, figures: its own estimate of what it costs the workload)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = tmp / "agent.yaml"
-    cfg.write_text(f"listen: 127.0.0.1:{port}\ngpu_sample_hz: 0\n{extra}")
-    log = open(tmp / "agent.log", "w+")
-    proc = subprocess.Popen([args.gpuscope, "agent", "--config", str(cfg)], stderr=log)
-
-    def metrics():
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        pid = f'pid="{work.proc.pid}"'
-        out = {}
-        for line in text.splitlines():
-            m = re.match(r'(gpuscope_observed_ratio|gpuscope_probe_overhead_ratio)\{(.*)\} (\S+)$', line)
-            if m and pid in m.group(2):
-                out[m.group(1)[len("gpuscope_"):]] = float(m.group(3))
-        return out
+def agent_window(args, work, extra):
+    """Starts the agent (bench/agent_cost.py's), measures a window once it serves metrics and has
+    settled, stops it; returns (durations, figures: its own estimate of what it costs the workload)."""
+    agent = agent_cost.Agent(pathlib.Path(args.gpuscope).parent, agent_cost.DEFAULT_BUDGET, f"gpu_sample_hz: 0\n{extra}")
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                metrics()
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    log.seek(0)
-                    raise SystemExit(f"attach_ab: the agent did not start: {log.read()[-2000:]}")
-                time.sleep(0.2)
         time.sleep(args.settle)
         t0 = time.monotonic_ns()
         time.sleep(args.agent_window)
         t1 = time.monotonic_ns()
-        fig = metrics()
+        m = agent_cost.metrics(agent.url)
+        pid = f'pid="{work.proc.pid}"'
+        fig = {key: agent_cost.total(m, f"gpuscope_{key}", pid) for key in ("observed_ratio", "probe_overhead_ratio")
+               if any(pid in labels for labels, _ in m.get(f"gpuscope_{key}", []))}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        agent.stop()
     return work.durations(t0, t1), fig
 
 
@@ -270,7 +241,7 @@ def run_group(args, configs, tmp, label):
                 if c == "baseline":
                     durs, fig = baseline_window(args, work)
                 elif c in AGENT_CONFIGS:
-                    durs, fig = agent_window(args, work, AGENT_CONFIGS[c], tmp)
+                    durs, fig = agent_window(args, work, AGENT_CONFIGS[c])
                 elif gpuscope_config(args, c)[1] is not None:
                     binary, flags = gpuscope_config(args, c)
                     durs, fig = gpuscope_window(args, work, flags, tmp, binary)

@@ -1055,15 +1055,15 @@ struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
-	__type(value, __u64);  /* PyThreadState address; 0: not known; PY_NO_TSTATE | time: none until then */
+	__type(value, __u64);  /* PyThreadState address; 0: not known; PY_NO_TSTATE | list head: none */
 } py_thread_states SEC(".maps");
 
 /* A thread that has no thread state (a C++ worker launching in a Python process) is not looked
- * for again in the interpreter's thread list for this long: searching at every call made such a
- * thread's launch probe 1,153 ns on the dev VM, against 891 ns so and 775 with --no-python. A
- * thread that starts running Python later shows its frames this much later at most. */
+ * for again in the interpreter's thread list while the list's head is the one its search saw:
+ * CPython puts every new thread state at the head, so none of them is this thread's. Searching
+ * at every call made such a thread's launch probe 1,153 ns on the dev VM, against 775 with
+ * --no-python. */
 #define PY_NO_TSTATE (1ULL << 63)
-#define PY_NO_TSTATE_NS 100000000ULL
 
 /* Stacks and code objects user space has been sent: a stack costs a record once. */
 struct {
@@ -1343,12 +1343,7 @@ static __always_inline __u64 python_stack(__u64 pid_tgid, struct pt_regs *regs, 
 	__u64 tstate = 0;
 	__u64 *known = bpf_task_storage_get(&py_thread_states, bpf_get_current_task_btf(), 0,
 					    BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (known && (*known & PY_NO_TSTATE)) {
-		if (bpf_ktime_get_ns() < (*known & ~PY_NO_TSTATE))
-			return 0;
-		*known = 0;
-	}
-	if (known && *known) {
+	if (known && *known && !(*known & PY_NO_TSTATE)) {
 		tstate = *known;
 		if (bpf_probe_read_user(s->buf, PY_TSTATE_READ, (void *)tstate) ||
 		    tstate_u64(s, tstate, s->off.tstate_native_thread_id) != s->thread_key)
@@ -1361,12 +1356,15 @@ static __always_inline __u64 python_stack(__u64 pid_tgid, struct pt_regs *regs, 
 		    !interp ||
 		    bpf_probe_read_user(&s->tstate, sizeof(s->tstate), (void *)(interp + s->off.interp_threads_head)))
 			return 0;
+		const __u64 head = s->tstate;
+		if (known && *known == (PY_NO_TSTATE | head))
+			return 0;  /* no thread state made since this thread's last search */
 		bpf_loop(PY_THREADS_MAX, find_thread_state, &walk, 0);
 		tstate = s->tstate;
 		if (!tstate) {
-			/* A thread that never ran Python. */
+			/* A thread that has not run Python (yet). */
 			if (known)
-				*known = PY_NO_TSTATE | (bpf_ktime_get_ns() + PY_NO_TSTATE_NS);
+				*known = PY_NO_TSTATE | head;
 			return 0;
 		}
 		if (known)

@@ -75,7 +75,8 @@ enum gs_call_flags {
 	GS_CALL_UNDER_RUNTIME = 1 << 3,
 	GS_CALL_STACK_COPIED = 1 << 4,  /* the user stack came ahead, as a GS_REC_STACK_COPY with
 	                                 * this tid and ts_ns */
-	/* --stack-every N: a launch, copy or memset whose stack was taken, standing for N calls ... */
+	/* --stack-every N or --stack-budget: a launch, copy or memset whose stack was taken, standing
+	 * for N calls (stack_weight) ... */
 	GS_CALL_STACK_SAMPLED = 1 << 5,
 	/* ... and one whose stack was left out (taken for 1 call in N, at random) */
 	GS_CALL_STACK_SAMPLED_OUT = 1 << 6,
@@ -91,7 +92,7 @@ struct gs_call_record {
 	__u32 tid;
 	__s64 ret;           /* the function's return value (rax) */
 	__u32 deref_len;
-	__u32 pad;
+	__u32 stack_weight;  /* GS_CALL_STACK_SAMPLED: the N of one in N the stack was taken for */
 	__u64 py_stack;      /* id of the thread's Python stack (a GS_REC_PY_STACK), 0: none */
 	__u64 native_stack;  /* id of its user stack (a GS_REC_NATIVE_STACK), 0: none */
 	__u64 out_value;
@@ -338,6 +339,14 @@ struct gs_native_stack_record {
 	__u32 flags;         /* gs_native_stack_flags */
 	__u32 pad;
 	__u64 ips[GS_MAX_NATIVE_DEPTH];
+};
+
+/* --stack-budget: what a process's walks of sampled calls' stacks (launches', copies',
+ * memsets') cost, per CPU (bpf: stack_costs, by tgid); user space sets the process's one in N in
+ * stack_rates from it (record/stack_budget.h). */
+struct gs_stack_cost {
+	__u64 walk_ns;  /* from the probe's entry to the walks' end */
+	__u64 walks;
 };
 
 /* Causes of lost information, counted per CPU in the `lost` map. */

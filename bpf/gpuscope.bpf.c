@@ -36,6 +36,23 @@ const volatile bool sample_unwind_tables = false;
  * a second) are taken for one in N, chosen at random so that no periodic pattern of calls is
  * missed; user space weighs each taken stack by N. 1: every call. */
 const volatile __u32 stack_every = 1;
+/* --stack-budget: instead, N is each process's entry in stack_rates (none: 1), which user space
+ * sets from what the process's walks cost (stack_costs) to keep them within a share of its time. */
+const volatile bool stack_budget = false;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);    /* tgid */
+	__type(value, __u32);  /* N */
+} stack_rates SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);  /* tgid */
+	__type(value, struct gs_stack_cost);
+} stack_costs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -56,6 +73,7 @@ struct pending_call {
 	__u32 deref_len;
 	__u32 flags;
 	__u32 nested;  /* entries of the same function inside this call (see call_entry) */
+	__u32 stack_weight;  /* see gs_call_record */
 	__u64 args[GS_NUM_ARGS];
 	__u8 deref[GS_DEREF_LEN];
 };
@@ -98,17 +116,46 @@ static __always_inline int pending_slot(struct pending_thread *t, __u32 tag)
 	return -1;
 }
 
-/* --stack-every: whether this call's stack is left out, its record flagged either way. */
-static __always_inline bool stack_sampled_out(__u64 cookie, __u32 *flags)
+/* --stack-every or --stack-budget: whether this call's stack is left out, its record flagged
+ * either way, and a taken one's weight set. */
+static __always_inline bool stack_sampled_out(__u64 cookie, __u32 tgid, __u32 *flags, __u32 *weight)
 {
-	if (stack_every <= 1 || !capture_stacks || !GS_COOKIE_SAMPLED_STACK(cookie))
+	if (!capture_stacks || !GS_COOKIE_SAMPLED_STACK(cookie))
 		return false;
-	if (bpf_get_prandom_u32() % stack_every) {
+	__u32 every = stack_every;
+	if (stack_budget) {
+		__u32 *rate = bpf_map_lookup_elem(&stack_rates, &tgid);
+		every = rate ? *rate : 1;
+	}
+	if (every <= 1)
+		return false;
+	if (bpf_get_prandom_u32() % every) {
 		*flags |= GS_CALL_STACK_SAMPLED_OUT;
 		return true;
 	}
 	*flags |= GS_CALL_STACK_SAMPLED;
+	*weight = every;
 	return false;
+}
+
+/* --stack-budget: charges a sampled call's walks, from the probe's entry at t0, to its process.
+ * A global function, verified apart: inlined after the walks, it multiplied the states the
+ * verifier explores past its limit. */
+__noinline int charge_stack_walks(__u64 cookie, __u32 tgid, __u64 t0)
+{
+	if (!stack_budget || !capture_stacks || !GS_COOKIE_SAMPLED_STACK(cookie))
+		return 0;
+	struct gs_stack_cost *c = bpf_map_lookup_elem(&stack_costs, &tgid);
+	if (!c) {
+		struct gs_stack_cost zero = {};
+		bpf_map_update_elem(&stack_costs, &tgid, &zero, BPF_NOEXIST);
+		c = bpf_map_lookup_elem(&stack_costs, &tgid);
+		if (!c)
+			return 0;  /* full: the process's stacks stay at its last N */
+	}
+	c->walk_ns += bpf_ktime_get_ns() - t0;
+	c->walks++;
+	return 0;
 }
 
 /* Threads inside a runtime launch: the driver launch it makes has the same stack plus a
@@ -1491,12 +1538,17 @@ int call_entry_emit(struct pt_regs *ctx)
 			*since = 0;
 		}
 	}
+	__u32 stack_weight = 0;
 	if (!skip_stack)
-		skip_stack = stack_sampled_out(cookie, &flags);
+		skip_stack = stack_sampled_out(cookie, id >> 32, &flags, &stack_weight);
 	/* Before the call's record is reserved, so that a stack copy or a new Python stack comes
 	 * ahead of it. */
-	__u64 native = skip_stack ? 0 : call_user_stack(ctx, cookie, ts_ns, &flags);
-	__u64 py_stack = skip_stack || !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, ctx, UNWIND_SLOT_CALL);
+	__u64 native = 0, py_stack = 0;
+	if (!skip_stack) {
+		native = call_user_stack(ctx, cookie, ts_ns, &flags);
+		py_stack = !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, ctx, UNWIND_SLOT_CALL);
+		charge_stack_walks(cookie, id >> 32, ts_ns);
+	}
 
 	struct gs_call_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
@@ -1514,7 +1566,7 @@ int call_entry_emit(struct pt_regs *ctx)
 	r->out_value = 0;
 	read_args(ctx, r->args);
 	r->deref_len = read_entry_deref(cookie, r->args, r->deref, &r->flags);
-	r->pad = 0;
+	r->stack_weight = stack_weight;
 	r->py_stack = py_stack;
 	r->native_stack = native;
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
@@ -1579,13 +1631,15 @@ int call_entry(struct pt_regs *ctx)
 				in_runtime = true;
 	if (in_runtime)
 		p->flags |= GS_CALL_UNDER_RUNTIME;
-	if (in_runtime || stack_sampled_out(cookie, &p->flags)) {
+	p->stack_weight = 0;
+	if (in_runtime || stack_sampled_out(cookie, id >> 32, &p->flags, &p->stack_weight)) {
 		p->native_stack = 0;
 		p->py_stack = 0;
 		return 0;
 	}
 	p->native_stack = call_user_stack(ctx, cookie, p->ts_ns, &p->flags);
 	p->py_stack = !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, ctx, UNWIND_SLOT_CALL);
+	charge_stack_walks(cookie, id >> 32, now);
 	return 0;
 }
 
@@ -1625,7 +1679,7 @@ int call_return(struct pt_regs *ctx)
 	r->pid = id >> 32;
 	r->tid = (__u32)id;
 	r->ret = ctx->ax;
-	r->pad = 0;
+	r->stack_weight = p->stack_weight;
 	r->py_stack = p->py_stack;
 	r->native_stack = p->native_stack;
 	r->deref_len = p->deref_len;

@@ -15,11 +15,16 @@ Configurations:
                          does nothing (`record --floor-probes`): the traps alone, i.e. the floor
                          times the traps, the least any uprobe-based tool adds (issue 3)
   calls                  gpuscope record --no-stacks
-  +stacks                gpuscope record (frame-pointer stacks, Python frames)
-  +stacks eh-frame       gpuscope record --call-stacks eh-frame
-  +stacks no python      gpuscope record --no-python (native frames only)
-  +stacks +cpu 99Hz      gpuscope record --cpu-profile 99 (NVML at its default 10 Hz: every
-                         gpuscope configuration has it, as in overhead.py)
+  +stacks                gpuscope record --stack-every 1 (every call's frame-pointer and Python stack)
+  +stacks budget         gpuscope record (its default: launches', copies' and memsets' stacks
+                         taken for one call in N, N set so that their walks take at most 1% of
+                         the process's time; every stack while they take less)
+  +stacks eh-frame       gpuscope record --call-stacks eh-frame --stack-every 1 ("... budget": by budget)
+  +stacks no python      gpuscope record --no-python --stack-every 1 (native frames only)
+  +stacks +cpu 99Hz      gpuscope record --cpu-profile 99 --stack-every 1 (NVML at its default 10 Hz:
+                         every gpuscope configuration has it, as in overhead.py)
+  +stacks budget +cpu 99Hz  the same by budget
+  +stacks 1/N            gpuscope record --stack-every N
   agent                  `gpuscope agent` (its default configuration: a 1% budget) started for the
                          window and stopped after it; it finds the running workload itself
   agent 1/16             the agent with `stack_every: 16`
@@ -59,13 +64,19 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 import agent_cost  # noqa: E402  (bench/agent_cost.py: starting and reading the agent)
 
+# "+stacks ..." take every call's stack (--stack-every 1); "+stacks budget ..." are record's
+# default, the stacks of launches, copies and memsets within 1% of the process's time.
+EVERY = ["--stack-every", "1"]
 GPUSCOPE_CONFIGS = {
     "floor": ["--floor-probes", "--no-stacks", "--gpu-sample-hz", "0"],
     "calls": ["--no-stacks"],
-    "+stacks": [],
-    "+stacks eh-frame": ["--call-stacks", "eh-frame"],
-    "+stacks no python": ["--no-python"],
-    "+stacks +cpu 99Hz": ["--cpu-profile", "99"],
+    "+stacks": EVERY,
+    "+stacks budget": [],
+    "+stacks budget +cpu 99Hz": ["--cpu-profile", "99"],
+    "+stacks eh-frame": ["--call-stacks", "eh-frame", *EVERY],
+    "+stacks eh-frame budget": ["--call-stacks", "eh-frame"],
+    "+stacks no python": ["--no-python", *EVERY],
+    "+stacks +cpu 99Hz": ["--cpu-profile", "99", *EVERY],
     "+stacks 1/2": ["--stack-every", "2"],
     "+stacks 1/4": ["--stack-every", "4"],
     "+stacks 1/4 +cpu 99Hz": ["--stack-every", "4", "--cpu-profile", "99"],
@@ -77,7 +88,7 @@ GPUSCOPE_CONFIGS = {
 }
 AGENT_CONFIGS = {"agent": "", "agent 1/16": "stack_every: 16\n"}
 PROFILER_CONFIGS = {"torch.profiler": "cuda", "torch.profiler+stack": "cuda+stack"}
-DEFAULT_CONFIGS = "baseline,floor,calls,+stacks,+stacks +cpu 99Hz,torch.profiler+stack"
+DEFAULT_CONFIGS = "baseline,floor,calls,+stacks,+stacks budget,+stacks budget +cpu 99Hz,torch.profiler+stack"
 
 
 class Workload:
@@ -149,7 +160,9 @@ def record_figures(path, pid):
     return {"calls": calls, "returns": returns, "lost": lost, "start_ns": int(meta["start_ns"]),
             "end_ns": int(meta.get("end_ns", 0)), "recorder_cpu_s": int(meta.get("recorder_cpu_ns", 0)) / 1e9,
             "uprobe_runs": sum(stats.get(p, {}).get("runs", 0) for p in uprobes),
-            "bpf_ns": sum(v.get("run_time_ns", 0) for v in stats.values())}
+            "bpf_ns": sum(v.get("run_time_ns", 0) for v in stats.values()),
+            "stack_every_max": int(meta.get("stack_every_max", 0)) or None,
+            "stack_budget_result": meta.get("stack_budget_result")}
 
 
 def gpuscope_config(args, c):
@@ -337,15 +350,21 @@ def main():
         return summary[c]["added_ms"] if c in summary else None
     print()
     if added("floor"):
-        for c in ("calls", "+stacks", "+stacks +cpu 99Hz", "+stacks eh-frame"):
+        for c in ("calls", "+stacks", "+stacks +cpu 99Hz", "+stacks eh-frame", "+stacks budget",
+                  "+stacks budget +cpu 99Hz"):
             if added(c) is not None:
                 print(f"{c} adds {added(c) / added('floor'):.2f}x what the traps alone add "
                       f"({added(c):+.3f} against {added('floor'):+.3f} ms a step)")
     if added("calls") is not None:
-        for c in ("+stacks", "+stacks eh-frame"):
+        for c in ("+stacks", "+stacks eh-frame", "+stacks budget", "+stacks eh-frame budget"):
             if added(c) is not None:
                 extra = added(c) - added("calls")
                 print(f"{c} over calls: {extra:+.3f} ms a step, {100 * extra / base_ms:+.2f}% of the baseline step")
+    for c in configs:
+        ns = [f["stack_every_max"] for f in figures.get(c, []) if f.get("stack_every_max")]
+        if ns:
+            print(f"{c}: stacks of 1 call in at most {min(ns)}..{max(ns)} (by round); "
+                  f"last round: {figures[c][-1].get('stack_budget_result')}")
     for c in configs:
         if c.endswith(" [b]") and added(c[:-4]) is not None:
             print(f"{c} against {c[:-4]}: {added(c) - added(c[:-4]):+.3f} ms a step")

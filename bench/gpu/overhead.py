@@ -50,30 +50,36 @@ def find_nsys():
 def configurations(gpuscope, nsys, nsys_backtraces):
     """name -> how to run it: ("gpuscope", [record flags]) / ("profiler", mode) / ("nsys", flags)."""
     helptext = subprocess.run([gpuscope, "record", "--help"], capture_output=True, text=True).stdout
+    # "+stacks" rows take every call's stack, as torch.profiler+stack does (the same fidelity);
+    # "+stacks budget" is record's default once it has one: launches', copies' and memsets'
+    # stacks for one call in N, their walks within 1% of the process's time.
+    every = ["--stack-every", "1"] if "--stack-budget" in helptext else []
     c = {"baseline": ("plain", None),
          "gpuscope calls": ("gpuscope", ["--no-stacks"]),
-         "gpuscope +stacks": ("gpuscope", []),
-         "gpuscope +stacks, 2 traps/launch": ("gpuscope", ["--launch-probes", "both"])}
+         "gpuscope +stacks": ("gpuscope", every),
+         "gpuscope +stacks, 2 traps/launch": ("gpuscope", ["--launch-probes", "both", *every])}
+    if every:
+        c["gpuscope +stacks budget"] = ("gpuscope", [])
     # Later capabilities join the suite as soon as the binary offers them.
     if "--no-python" in helptext:
         # "+stacks" walks Python frames too; this one shows what that walk costs.
-        c["gpuscope +stacks native only"] = ("gpuscope", ["--no-python"])
+        c["gpuscope +stacks native only"] = ("gpuscope", ["--no-python", *every])
     if "--call-stacks" in helptext:
-        c["gpuscope +stacks dwarf"] = ("gpuscope", ["--call-stacks", "dwarf"])
+        c["gpuscope +stacks dwarf"] = ("gpuscope", ["--call-stacks", "dwarf", *every])
     if "eh-frame" in helptext:
         # Stacks walked in BPF from .eh_frame: complete through libtorch (issue 4's 99%).
-        c["gpuscope +stacks eh-frame"] = ("gpuscope", ["--call-stacks", "eh-frame"])
+        c["gpuscope +stacks eh-frame"] = ("gpuscope", ["--call-stacks", "eh-frame", *every])
     full = []
     if "--cpu-profile" in helptext:
-        c["gpuscope +stacks +cpu 99Hz"] = ("gpuscope", ["--cpu-profile", "99"])
+        c["gpuscope +stacks +cpu 99Hz"] = ("gpuscope", ["--cpu-profile", "99", *every])
         full += ["--cpu-profile", "99"]
     if "--gpu-sample-hz" in helptext:
         # NVML sampling is on by default (10 Hz): every gpuscope row above includes it; this one
         # shows what it costs.
-        c["gpuscope +stacks no NVML"] = ("gpuscope", ["--gpu-sample-hz", "0"])
+        c["gpuscope +stacks no NVML"] = ("gpuscope", ["--gpu-sample-hz", "0", *every])
         full += ["--gpu-sample-hz", "10"]
     if "--gpu-times" in helptext:
-        c["gpuscope +stacks +gpu times"] = ("gpuscope", ["--gpu-times"])
+        c["gpuscope +stacks +gpu times"] = ("gpuscope", ["--gpu-times", *every])
         full += ["--gpu-times"]
     if len(full) > 2:
         c["gpuscope everything"] = ("gpuscope", full)

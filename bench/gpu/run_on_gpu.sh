@@ -12,6 +12,8 @@
 # agent:    the agent's own CPU and memory idle and at 10k and 100k launches/s (bench/agent_cost.py).
 # budget:   a launch-bound PyTorch job alone and under the agent (bench/agent_cost.py --budget-check).
 # soak:     the agent beside a PyTorch training job for SOAK_SECONDS: its CPU and memory over time.
+# stacks:   stack completeness on the training loop for each of CALL_MODES (STACK_EXTRA: more
+#           record flags, e.g. --stack-every 1; the default takes stacks by budget).
 # cupti:    what --gpu-times costs the training step, by CUPTI activity (bench/gpu/cupti_api_cost.py).
 # ab:       each configuration's added time inside one process of each AB_WORKLOADS workload
 #           (bench/gpu/attach_ab.py: gpuscope attached and detached, torch.profiler switched on
@@ -87,9 +89,9 @@ if [[ " $STAGES " == *" stacks "* ]]; then
   for calls in ${CALL_MODES:-fp dwarf eh-frame}; do
     # eh-frame: samples walked in BPF from the same tables as the calls.
     samples=""; [ "$calls" = eh-frame ] && samples="--sample-unwind eh-frame --unwind-table-mb ${UNWIND_MB:-128}"
-    echo "== stacks: PyTorch training loop with CPU sampling at 99 Hz, --call-stacks $calls $samples"
+    echo "== stacks: PyTorch training loop with CPU sampling at 99 Hz, --call-stacks $calls $samples ${STACK_EXTRA:-}"
     /usr/bin/time -f "gpuscope record: %e s wall" $BUILD/gpuscope record --bpf-stats --cpu-profile 99 \
-        --call-stacks $calls $samples -o "$OUT/stacks-$calls.gpuscope" -- \
+        --call-stacks $calls $samples ${STACK_EXTRA:-} -o "$OUT/stacks-$calls.gpuscope" -- \
         $PY bench/gpu/train_step.py "$OUT/truth-stacks-$calls.json" --steps ${STACK_STEPS:-20} --no-profile
     $PY bench/gpu/stack_completeness.py "$OUT/stacks-$calls.gpuscope" --gpuscope $BUILD/gpuscope
     traps_per_launch "$OUT/stacks-$calls.gpuscope"

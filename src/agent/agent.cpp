@@ -594,6 +594,7 @@ int Agent::run() {
     ::poll(fds, 2, 100);
     if (fds[1].revents & POLLIN) tracer_->handle_control();
     tracer_->update_unwind_tables();
+    tracer_->adjust_stack_rates();
     signalfd_siginfo si{};
     while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
       if (si.ssi_signo == SIGHUP) {

@@ -74,6 +74,7 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   skel_->rodata->sample_stack_copy = cfg.sample_stack_copy;
   skel_->rodata->call_stack_copy = cfg.call_stack_copy;
   skel_->rodata->stack_every = std::max<uint32_t>(cfg.stack_every, 1);
+  skel_->rodata->stack_budget = cfg.stack_budget;
   skel_->rodata->python_stacks = cfg.python_stacks;
   skel_->rodata->call_unwind_tables = cfg.call_unwind_tables;
   skel_->rodata->sample_unwind_tables = cfg.sample_unwind_tables;
@@ -573,6 +574,43 @@ std::array<uint64_t, GS_UNWIND_STAT_NR> BpfSession::unwind_stats() const {
   for (const auto& cpu : per_cpu)
     for (size_t stat = 0; stat < total.size(); ++stat) total[stat] += cpu[stat];
   return total;
+}
+
+std::vector<BpfSession::StackCost> BpfSession::stack_costs() const {
+  std::vector<StackCost> out;
+  const int ncpu = std::max(libbpf_num_possible_cpus(), 1);
+  std::vector<gs_stack_cost> per_cpu(static_cast<size_t>(ncpu));
+  const bpf_map* map = skel_->maps.stack_costs;
+  uint32_t key = 0, next = 0;
+  const void* prev = nullptr;
+  while (bpf_map__get_next_key(map, prev, &next, sizeof(next)) == 0) {
+    key = next;
+    prev = &key;
+    if (bpf_map__lookup_elem(map, &key, sizeof(key), per_cpu.data(), per_cpu.size() * sizeof(per_cpu[0]), 0) != 0)
+      continue;  // deleted meanwhile
+    StackCost c{static_cast<pid_t>(key)};
+    for (const auto& cpu : per_cpu) {
+      c.walk_ns += cpu.walk_ns;
+      c.walks += cpu.walks;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+bool BpfSession::set_stack_rate(pid_t pid, uint32_t every) {
+  const uint32_t key = static_cast<uint32_t>(pid);
+  if (every <= 1) {
+    bpf_map__delete_elem(skel_->maps.stack_rates, &key, sizeof(key), 0);
+    return true;
+  }
+  return bpf_map__update_elem(skel_->maps.stack_rates, &key, sizeof(key), &every, sizeof(every), BPF_ANY) == 0;
+}
+
+void BpfSession::forget_stack_budget(pid_t pid) {
+  const uint32_t key = static_cast<uint32_t>(pid);
+  bpf_map__delete_elem(skel_->maps.stack_rates, &key, sizeof(key), 0);
+  bpf_map__delete_elem(skel_->maps.stack_costs, &key, sizeof(key), 0);
 }
 
 }  // namespace gpuscope::attach

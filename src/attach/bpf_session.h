@@ -46,6 +46,9 @@ struct SessionConfig {
   // Launches', copies' and memsets' stacks taken for one in N, chosen at random
   // (GS_CALL_STACK_SAMPLED); 1: all.
   uint32_t stack_every = 1;
+  // Instead, N is set per process with set_stack_rate (none set: 1), and the walks of those
+  // calls' stacks are timed per process (stack_costs): record/stack_budget.h.
+  bool stack_budget = false;
   // Walk CUDA calls' (samples') user stacks in BPF with the unwind tables given by
   // set_unwind_process; processes without tables get frame-pointer stacks.
   bool call_unwind_tables = false;
@@ -155,6 +158,17 @@ class BpfSession {
   LostCounts lost() const;
   // The eh-frame walks' counters (gs_unwind_stat), summed over CPUs.
   std::array<uint64_t, GS_UNWIND_STAT_NR> unwind_stats() const;
+
+  // With stack_budget: what each process's walks of sampled calls' stacks cost so far, summed
+  // over CPUs; the N of one in N for its stacks (1: every one); and, for a process that exited,
+  // letting go of both.
+  struct StackCost {
+    pid_t pid = 0;
+    uint64_t walk_ns = 0, walks = 0;
+  };
+  std::vector<StackCost> stack_costs() const;
+  bool set_stack_rate(pid_t pid, uint32_t every);  // false: stack_rates is full
+  void forget_stack_budget(pid_t pid);
 
   // What one probe hit costs on this machine, measured on a function of our own: calls of
   // `target` timed without a probe, with an entry probe, and with a return probe on it.

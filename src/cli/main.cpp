@@ -145,13 +145,19 @@ int main(int argc, char** argv) {
   rec->add_flag("--no-python", no_python,
                 "Do not walk Python frames (by default stacks of CPython 3.10 to 3.13 processes show the Python "
                 "functions and lines that made each call)");
-  rec->add_option("--stack-every", ropts.stack_every,
-                  "Take the stacks of one in N kernel launches, copies and memsets (the calls that come by the "
-                  "thousand a second), chosen at random; flame graphs and the report count each taken one N "
-                  "times. Every call is still recorded, and allocations', frees' and synchronisations' stacks "
-                  "are always taken. On a launch-bound PyTorch training step on the H100 the stacks cost 4-5% of the "
-                  "step at 1, 0.7% at 16 (docs/performance.md)")
-      ->capture_default_str();
+  auto* every_opt = rec->add_option(
+      "--stack-every", ropts.stack_every,
+      "Take the stacks of one in N kernel launches, copies and memsets (the calls that come by the thousand a "
+      "second), chosen at random; flame graphs and the report count each taken one N times. 1: every call's "
+      "stack. Every call is still recorded, and allocations', frees' and synchronisations' stacks are always "
+      "taken. On a launch-bound PyTorch training step on the H100 the stacks cost 4-5% of the step at 1, 0.7% "
+      "at 16 (docs/performance.md). Default: N chosen by --stack-budget");
+  rec->add_option("--stack-budget", ropts.stack_budget,
+                  "Without --stack-every: the share of each process's elapsed time its launches', copies' and "
+                  "memsets' stack walks may take; every call's stack is taken while they stay within it, one "
+                  "in N (N per process, adjusted 4 times a second) once they would not")
+      ->capture_default_str()
+      ->excludes(every_opt);
   rec->add_flag("--bpf-stats", ropts.bpf_stats,
                  "Record each BPF program's run count and run time (costs two clock reads per probe hit)");
   rec->add_option("--ringbuf-mb", ropts.ringbuf_mb, "Kernel ring buffer size in MiB")->capture_default_str();
@@ -251,8 +257,10 @@ int main(int argc, char** argv) {
       if (ropts.unwind_table_mb < 1 || ropts.unwind_table_mb > 4096)
         throw Error("--unwind-table-mb must be between 1 and 4096");
       ropts.python_stacks = !no_python;
-      if (ropts.stack_every < 1 || ropts.stack_every > 1'000'000)
+      if (every_opt->count() && (ropts.stack_every < 1 || ropts.stack_every > 1'000'000))
         throw Error("--stack-every must be between 1 (every call) and 1000000");
+      if (!(ropts.stack_budget > 0 && ropts.stack_budget <= 1))
+        throw Error("--stack-budget must be in (0, 1], e.g. 0.01 for 1% (--stack-every 1 takes every stack)");
       if (ropts.gpu_sample_hz > 1000) throw Error("--gpu-sample-hz must be at most 1000");
       return record::run_record(ropts);
     }

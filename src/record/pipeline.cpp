@@ -221,7 +221,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
         e.stack_id = take_sent_stack(rec.pid, rec.tid, rec.ts_ns, e.py_stack, thread_handoff);
       if (rec.native_stack) e.stack_id = native_stack(rec.pid, rec.native_stack, e.py_stack, thread_handoff);
       if (rec.flags & GS_CALL_STACK_SAMPLED_OUT) e.stack_weight = 0;
-      else if (rec.flags & GS_CALL_STACK_SAMPLED) e.stack_weight = cfg_.stack_every;
+      else if (rec.flags & GS_CALL_STACK_SAMPLED) e.stack_weight = std::max<uint32_t>(rec.stack_weight, 1);
       if (e.name_addr && cfg_.lazy_registration_names && is_registration(e)) {
         e.name.clear();  // the Tracker keeps name_addr, read at the kernel's first launch
       } else if (e.name_addr) {

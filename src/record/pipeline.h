@@ -49,9 +49,6 @@ struct PipelineConfig {
   // Recycle the BPF stack maps once the current generation's is this full (0: never; needs
   // the session's stack_generations). See recycle_stacks.
   double recycle_stacks_at = 0;
-  // Launches', copies' and memsets' stacks are taken for one in this many (SessionConfig::stack_every):
-  // each taken one is stored with this weight, the others with 0.
-  uint32_t stack_every = 1;
 };
 
 struct PipelineStats {

@@ -321,7 +321,8 @@ int Recorder::run() {
   topts.whole_history = opts_.pids.empty() && !opts_.all;
   topts.stacks = opts_.stacks;
   topts.python_stacks = opts_.python_stacks;
-  topts.stack_every = opts_.stack_every;
+  topts.stack_every = std::max<uint32_t>(opts_.stack_every, 1);
+  topts.stack_budget = opts_.stack_every ? 0 : opts_.stack_budget;
   topts.dwarf_unwind_samples = opts_.dwarf_unwind_samples;
   topts.dwarf_unwind_calls = opts_.dwarf_unwind_calls;
   topts.table_unwind_calls = opts_.table_unwind_calls;
@@ -369,6 +370,7 @@ int Recorder::run() {
       ::poll(fds, 2, 100);
       if (fds[1].revents & POLLIN) tracer_->handle_control();
       tracer_->update_unwind_tables();
+    tracer_->adjust_stack_rates();
       signalfd_siginfo si{};
       while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
         if (si.ssi_signo == SIGCHLD) continue;

@@ -105,8 +105,13 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
                                    : opts_.dwarf_unwind_calls ? "dwarf"
                                                               : "frame pointers");
   cfg.capture_stacks = opts_.stacks;
-  cfg.stack_every = opts_.stacks ? std::max<uint32_t>(opts_.stack_every, 1) : 1;
+  cfg.stack_budget = opts_.stacks && opts_.stack_budget > 0;
+  cfg.stack_every = opts_.stacks && !cfg.stack_budget ? std::max<uint32_t>(opts_.stack_every, 1) : 1;
   if (cfg.stack_every > 1) sink_.set_meta("stack_every", std::to_string(cfg.stack_every));
+  if (cfg.stack_budget) {
+    stack_budget_ = std::make_unique<StackBudget>(opts_.stack_budget);
+    sink_.set_meta("stack_budget", fmt::format("{}", opts_.stack_budget));
+  }
   cfg.python_stacks = opts_.stacks && opts_.python_stacks;
   sink_.set_meta("python_stacks", cfg.python_stacks ? "1" : "0");
   cfg.stop_for_shared_objects = !opts_.all;
@@ -128,7 +133,6 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   }
 
   PipelineConfig pcfg = opts_.pipeline;
-  pcfg.stack_every = cfg.stack_every;
   pcfg.complete_history = opts_.whole_history;
   if (!cfg.stack_generations) pcfg.recycle_stacks_at = 0;
   pipeline_ = std::make_unique<Pipeline>(sink_, *bpf_, maps_, pcfg);
@@ -370,6 +374,25 @@ void Tracer::update_unwind_tables() {
   unwind_->update_wanted();
 }
 
+void Tracer::adjust_stack_rates() {
+  if (!stack_budget_) return;
+  // Read at most every 50 ms (a few system calls a process); each process's N is decided at
+  // its own intervals.
+  const uint64_t now = monotonic_ns();
+  if (now < stack_budget_checked_ns_ + 50'000'000) return;
+  stack_budget_checked_ns_ = now;
+  for (const auto& c : bpf_->stack_costs()) {
+    if (kill(c.pid, 0) != 0 && errno == ESRCH) {
+      bpf_->forget_stack_budget(c.pid);
+      continue;  // its figures stay in the budget's table for the summary
+    }
+    if (auto every = stack_budget_->observe(c.pid, now, c.walk_ns, c.walks)) {
+      if (!bpf_->set_stack_rate(c.pid, *every)) ++stack_rates_refused_;
+      log_debug("stack budget: PID {} takes the stacks of 1 call in {}", c.pid, *every);
+    }
+  }
+}
+
 void Tracer::report_unwind_tables() {
   if (!unwind_) return;
   const auto st = unwind_->stats();
@@ -413,6 +436,34 @@ void Tracer::report_stack_walks() {
            "fp_walks", "frame-pointer walks");
   per_walk(GS_UNWIND_STAT_PY_WALKS, GS_UNWIND_STAT_PY_FRAMES, GS_UNWIND_STAT_PY_READS, " (shims included)", "reads",
            "python_walks", "Python walks");
+  report_stack_budget();
+}
+
+void Tracer::report_stack_budget() {
+  if (!stack_budget_) return;
+  const uint64_t now = monotonic_ns();
+  for (const auto& c : bpf_->stack_costs()) stack_budget_->observe(c.pid, now, c.walk_ns, c.walks);
+  std::vector<std::pair<pid_t, StackBudget::Process>> procs(stack_budget_->processes().begin(),
+                                                             stack_budget_->processes().end());
+  std::ranges::sort(procs, [](const auto& a, const auto& b) { return a.second.max_every > b.second.max_every; });
+  uint32_t max_every = 1;
+  std::string per;
+  for (size_t i = 0; i < procs.size(); ++i) {
+    const auto& [pid, p] = procs[i];
+    max_every = std::max(max_every, p.max_every);
+    if (i < 8)
+      per += fmt::format("; PID {}: 1 in {} at the end, at most {}, {} changes, walks {:.2f}% of its time", pid,
+                         p.every, p.max_every, p.changes, 100 * p.share());
+  }
+  if (procs.size() > 8) per += fmt::format("; {} more processes", procs.size() - 8);
+  const std::string text =
+      fmt::format("launches', copies' and memsets' stack walks within {:g}% of each process's time: their stacks "
+                  "taken for 1 call in N, N at most {}{}",
+                  100 * stack_budget_->budget(), max_every, per);
+  sink_.set_meta("stack_budget_result", text);
+  sink_.set_meta("stack_every_max", std::to_string(max_every));
+  sink_.set_lost("stack_rate_unset", stack_rates_refused_);
+  if (!opts_.quiet && max_every > 1) log_info("stack budget: {}", text);
 }
 
 void Tracer::start_gpu_metrics() {

@@ -20,6 +20,7 @@
 #include "discover/python.h"
 #include "gpu/nvml.h"
 #include "record/pipeline.h"
+#include "record/stack_budget.h"
 #include "record/unwind_tables.h"
 #include "store/sink.h"
 #include "symbolize/process_maps.h"
@@ -43,6 +44,9 @@ struct TracerOptions {
   // Launches', copies' and memsets' stacks are taken for one call in N, at random, each standing
   // for N (1: all).
   uint32_t stack_every = 1;
+  // > 0: instead, N is chosen per process so that those stacks' walks take at most this share
+  // of its elapsed time (record/stack_budget.h).
+  double stack_budget = 0;
   bool dwarf_unwind_samples = true;  // CPU samples unwound from .eh_frame (false: frame pointers)
   bool dwarf_unwind_calls = false;   // CUDA calls' stacks too (a 16 KiB copy per call)
   // Walked in BPF from .eh_frame tables (record/unwind_tables.h) instead; these win over the two above.
@@ -105,6 +109,9 @@ class Tracer {
   // lack, such as a library mapped after they were made) and lets go of exited processes'
   // tables: the control loop calls it at each poll, after handle_control.
   void update_unwind_tables();
+  // With a stack budget: sets each process's N from what its walks cost (record/stack_budget.h)
+  // and lets go of exited processes'; the control loop calls it at each poll.
+  void adjust_stack_rates();
   // Stops the threads: everything already in the ring buffer is decoded and handed to the sink.
   void stop();
 
@@ -113,6 +120,9 @@ class Tracer {
   // Writes what the unwind tables hold and cost into the sink's meta (and says it unless quiet).
   void report_unwind_tables();
   void report_stack_walks();
+  // With a stack budget: the N each process ended with, and what its walks cost (meta
+  // stack_budget_result, stack_every_max).
+  void report_stack_budget();
   int libraries_attached() const { return libraries_attached_; }
   // Processes that exited since the last call (when tracing every process; from exit records).
   std::vector<pid_t> take_exited();
@@ -138,6 +148,9 @@ class Tracer {
   std::unique_ptr<attach::BpfSession> bpf_;
   symbolize::ProcessMaps maps_;
   std::unique_ptr<Pipeline> pipeline_;
+  std::unique_ptr<StackBudget> stack_budget_;
+  uint64_t stack_budget_checked_ns_ = 0;
+  uint64_t stack_rates_refused_ = 0;  // N not set: the BPF map of them was full
   std::unique_ptr<UnwindTables> unwind_;  // with table_unwind_*
   std::unique_ptr<ControlQueue> control_;
   StoppedProcesses stopped_;

@@ -81,6 +81,7 @@ struct Record {
   // record --stack-every: stacks were taken for one launch, copy or memset in this many, and
   // the SQL over `calls c` of what each row's stack stands for (call_stack_weight_sql).
   int64_t stack_every = 1;
+  double stack_budget = 0;  // record --stack-budget: N was chosen per process, stack_every the largest
   std::string stack_weight;
 
   const Function* function(int64_t id) const {
@@ -90,7 +91,7 @@ struct Record {
 };
 
 Record read_record(store::RecordReader& rec) {
-  Record r{rec.db(), read_functions(rec.db()), {}, 0, 0, 1, call_stack_weight_sql(rec.db())};
+  Record r{rec.db(), read_functions(rec.db()), {}, 0, 0, 1, 0, call_stack_weight_sql(rec.db())};
   auto p = r.db.prepare("SELECT pid, comm, cmdline, first_seen_ns, exit_ns, exit_code FROM processes ORDER BY pid");
   auto opt = [&](int col) { return p.is_null(col) ? std::nullopt : std::optional(p.i64(col)); };
   while (p.step()) r.processes[p.i64(0)] = {p.str(1), p.str(2), opt(3), opt(4), opt(5)};
@@ -103,7 +104,9 @@ Record read_record(store::RecordReader& rec) {
   for (const auto& [pid, proc] : r.processes) last_event = std::max(last_event, proc.exit_ns.value_or(0));
   r.origin = to_i64(rec.meta("start_ns")).value_or(first_call);
   r.end = std::max(to_i64(rec.meta("end_ns")).value_or(last_event), r.origin);
-  r.stack_every = std::max<int64_t>(to_i64(rec.meta("stack_every")).value_or(1), 1);
+  r.stack_every = std::max<int64_t>(
+      to_i64(rec.meta("stack_every")).value_or(to_i64(rec.meta("stack_every_max")).value_or(1)), 1);
+  r.stack_budget = std::strtod(rec.meta("stack_budget", "0").c_str(), nullptr);
   return r;
 }
 
@@ -345,7 +348,10 @@ json kernels(const Record& r, Stacks& stacks, size_t top) {
                    {"call_sites", cs}});
   }
   json result{{"launches", total}, {"distinct", all.size()}, {"top", out}};
-  if (r.stack_every > 1) result["stacks_of_one_in"] = r.stack_every;
+  if (r.stack_every > 1) {
+    result["stacks_of_one_in"] = r.stack_every;
+    if (r.stack_budget > 0) result["stack_budget"] = r.stack_budget;
+  }
   return result;
 }
 
@@ -934,7 +940,12 @@ void kernels_text(std::string& out, const json& k) {
       t.add({"", "  from " + site_text(c, 110) + (sampled ? " ≈×" : " ×") + num(i64(c, "launches"))});
   }
   out += t.render();
-  if (sampled)
+  if (sampled && k.contains("stack_budget"))
+    out += fmt::format("  Call sites from the stacks of 1 launch in up to {} (record --stack-budget {:g}: their walks "
+                       "kept within {:g}% of the process's time): counts are estimates.\n",
+                       i64(k, "stacks_of_one_in"), k.at("stack_budget").get<double>(),
+                       100 * k.at("stack_budget").get<double>());
+  else if (sampled)
     out += fmt::format("  Call sites from the stacks of 1 launch in {} (record --stack-every): counts are "
                        "estimates.\n",
                        i64(k, "stacks_of_one_in"));

@@ -189,3 +189,45 @@ def test_stacks_taken_for_one_call_in_n_stand_for_n(record, gpuscope):
         assert sum(c["launches"] for c in k["call_sites"]) % 4 == 0
     text = gpuscope("report", rec.path).stdout
     assert "stacks of 1 launch in 4" in text and "≈×" in text
+
+
+def test_stacks_by_budget_are_taken_for_one_call_in_n_set_from_their_cost(record, gpuscope):
+    # record's default: launches', copies' and memsets' stacks are taken while their walks take
+    # at most --stack-budget of the process's time, one call in N past that. A launch loop's
+    # walks cost several percent of its time here, so N rises above 1 within the first 100 ms;
+    # each taken stack carries the N it was taken at.
+    iterations = 60000
+    rec = record("--stack-budget", "0.005", "--", TARGETS / "cuda_ops", "--iterations", iterations)
+    assert rec.returncode == 3, rec.stderr
+    assert rec.scalar("SELECT value FROM meta WHERE key='stack_budget'") == "0.005"
+    most = int(rec.scalar("SELECT value FROM meta WHERE key='stack_every_max'"))
+    assert most > 1, rec.scalar("SELECT value FROM meta WHERE key='stack_budget_result'")
+    assert "PID" in rec.scalar("SELECT value FROM meta WHERE key='stack_budget_result'")
+
+    rows = rec.query("SELECT coalesce(c.stack_weight, 1), c.stack_id IS NULL, count(*) FROM calls c "
+                     "JOIN functions f ON f.id = c.func WHERE f.kind = 'launch' AND c.parent_id IS NULL GROUP BY 1, 2")
+    assert sum(n for _, _, n in rows) == 2 * iterations
+    # A stack or weight 0, never both or neither; weights between 1 and the largest N.
+    assert all((w == 0) == bool(missing) and w <= most for w, missing, _ in rows), rows
+    assert any(w > 1 for w, _, _ in rows)
+    estimated = sum(w * n for w, _, n in rows)
+    assert abs(estimated - 2 * iterations) < 0.1 * 2 * iterations, rows  # unbiased: within 10%
+    assert rec.scalar("SELECT count(*) FROM calls c JOIN functions f ON f.id = c.func "
+                      "WHERE f.kind = 'alloc' AND (c.stack_id IS NULL OR coalesce(c.stack_weight, 1) != 1)") == 0
+
+    stacks = folded(gpuscope, rec, "launches")
+    assert sum(stacks.values()) == estimated
+    for chain in stacks:
+        assert chain.index("main") < chain.index("cudaLaunchKernel")
+    doc = json.loads(gpuscope("report", "--json", rec.path).stdout)["kernels"]
+    assert doc["stacks_of_one_in"] == most and doc["stack_budget"] == 0.005
+    assert "record --stack-budget 0.005" in gpuscope("report", rec.path).stdout
+
+
+def test_every_stack_when_asked(record):
+    rec = record("--stack-every", 1, "--stack-budget", "0.01", "--", TARGETS / "cuda_ops")
+    assert rec.returncode != 0 and "excludes" in rec.stderr, rec.stderr
+    rec = record("--stack-every", 1, "--", TARGETS / "cuda_ops", "--iterations", 20000)
+    assert rec.returncode == 3, rec.stderr
+    assert rec.scalar("SELECT count(*) FROM meta WHERE key LIKE 'stack_budget%'") == 0
+    assert rec.scalar("SELECT count(*) FROM calls WHERE stack_weight IS NOT NULL") == 0

@@ -1,0 +1,101 @@
+#include "record/stack_budget.h"
+
+#include <gtest/gtest.h>
+
+using gpuscope::record::StackBudget;
+
+namespace {
+
+constexpr uint64_t kMs = 1'000'000;
+
+// A process whose every stack would cost `full_share` of its time, observed every `step_ms`
+// for `steps` intervals while the budget picks N: each interval's walks cost full_share / N.
+struct Simulated {
+  StackBudget budget;
+  uint64_t now = 0, walk_ns = 0;
+  uint32_t every = 1;
+
+  explicit Simulated(double b) : budget(b) { budget.observe(1, now, walk_ns, 0); }
+  void run(double full_share, int steps, uint64_t step_ms = 250) {
+    for (int i = 0; i < steps; ++i) {
+      now += step_ms * kMs;
+      walk_ns += uint64_t(full_share / every * double(step_ms * kMs));
+      if (auto n = budget.observe(1, now, walk_ns, 0)) every = *n;
+    }
+  }
+  double share() const { return 1.0 / every; }
+};
+
+}  // namespace
+
+TEST(StackBudget, EveryStackWhileTheWalksCostLessThanTheBudget) {
+  Simulated p(0.01);
+  p.run(0.005, 20);
+  EXPECT_EQ(p.every, 1u);
+  EXPECT_EQ(p.budget.processes().at(1).changes, 0u);
+}
+
+TEST(StackBudget, OneInNOnceEveryStackWouldCostMore) {
+  Simulated p(0.01);
+  p.run(0.05, 1);
+  // 5% at every stack against 1%: one in 5 meets it; the headroom takes it to 7.
+  EXPECT_EQ(p.every, 7u);
+  p.run(0.05, 20);
+  EXPECT_EQ(p.every, 7u) << "a steady cost keeps its N";
+  EXPECT_LE(0.05 / p.every, 0.01);
+  EXPECT_EQ(p.budget.processes().at(1).max_every, 7u);
+}
+
+TEST(StackBudget, LowersNByHalvesOnceTheWalksGetCheap) {
+  Simulated p(0.01);
+  p.run(0.40, 1);
+  EXPECT_EQ(p.every, 50u);
+  p.run(0.0, 1);
+  EXPECT_EQ(p.every, 25u) << "at most by half an interval";
+  p.run(0.0, 10);
+  EXPECT_EQ(p.every, 1u);
+}
+
+TEST(StackBudget, KeepsNBetweenTheBounds) {
+  Simulated p(0.01);
+  p.run(0.05, 1);
+  ASSERT_EQ(p.every, 7u);
+  // The walks now cost 0.8% at N = 7 (a walk costs more when walks are further apart): under
+  // the budget and above budget / 1.5, so N stays.
+  p.run(0.056, 10);
+  EXPECT_EQ(p.every, 7u);
+}
+
+TEST(StackBudget, DecidesAtMostOnceAnInterval) {
+  StackBudget b(0.01);
+  b.observe(7, 0, 0, 0);
+  EXPECT_FALSE(b.observe(7, 50 * kMs, 10 * kMs, 10)) << "too soon";
+  // The first decision comes sooner than the next ones: a process starting a launch loop pays
+  // for every stack for a short time only.
+  auto n = b.observe(7, StackBudget::kFirstIntervalNs, 20 * kMs, 10);
+  ASSERT_TRUE(n);
+  EXPECT_EQ(*n, 25u);  // 20% of 100 ms
+  const uint64_t at = StackBudget::kFirstIntervalNs;
+  EXPECT_FALSE(b.observe(7, at + StackBudget::kIntervalNs - 1, 30 * kMs, 20));
+  n = b.observe(7, at + StackBudget::kIntervalNs, 220 * kMs, 20);
+  ASSERT_TRUE(n);
+  EXPECT_EQ(*n, 25u * 100);  // 80% at 1 in 25
+}
+
+TEST(StackBudget, ProcessesAreApartAndForgotten) {
+  StackBudget b(0.01);
+  b.observe(1, 0, 0, 0);
+  b.observe(2, 0, 0, 0);
+  EXPECT_TRUE(b.observe(1, 250 * kMs, 25 * kMs, 100));
+  EXPECT_FALSE(b.observe(2, 250 * kMs, 0, 0));
+  EXPECT_EQ(b.processes().at(2).every, 1u);
+  EXPECT_NEAR(b.processes().at(1).share(), 0.1, 1e-9);
+  b.forget(1);
+  EXPECT_FALSE(b.processes().contains(1));
+}
+
+TEST(StackBudget, NeverAboveItsCap) {
+  Simulated p(0.000001);
+  p.run(1.0, 1);
+  EXPECT_EQ(p.every, StackBudget::kMaxEvery);
+}

@@ -344,6 +344,10 @@ struct gs_native_stack_record {
 /* --stack-budget: what a process's walks of sampled calls' stacks (launches', copies',
  * memsets') cost, per CPU (bpf: stack_costs, by tgid); user space sets the process's one in N in
  * stack_rates from it (record/stack_budget.h). */
+#define GS_STACK_RATE_SLOTS 4096  /* a power of two */
+#define GS_STACK_RATE(tgid, every) (((__u64)(every) << 32) | (__u32)(tgid))
+#define GS_STACK_RATE_TGID(rate) ((__u32)(rate))
+#define GS_STACK_RATE_EVERY(rate) ((__u32)((rate) >> 32))
 struct gs_stack_cost {
 	__u64 walk_ns;  /* from the probe's entry to the walks' end */
 	__u64 walks;

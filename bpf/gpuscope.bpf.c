@@ -40,12 +40,10 @@ const volatile __u32 stack_every = 1;
  * sets from what the process's walks cost (stack_costs) to keep them within a share of its time. */
 const volatile bool stack_budget = false;
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32);    /* tgid */
-	__type(value, __u32);  /* N */
-} stack_rates SEC(".maps");
+/* By tgid % GS_STACK_RATE_SLOTS, written whole by user space through the skeleton's mapping of
+ * .bss: a plain load here, where a hash lookup at every launch cost more than the walks it saved
+ * at large N. A slot holding another process's tgid means N = 1. */
+volatile __u64 stack_rates[GS_STACK_RATE_SLOTS];
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
@@ -124,8 +122,8 @@ static __always_inline bool stack_sampled_out(__u64 cookie, __u32 tgid, __u32 *f
 		return false;
 	__u32 every = stack_every;
 	if (stack_budget) {
-		__u32 *rate = bpf_map_lookup_elem(&stack_rates, &tgid);
-		every = rate ? *rate : 1;
+		__u64 rate = stack_rates[tgid & (GS_STACK_RATE_SLOTS - 1)];
+		every = GS_STACK_RATE_TGID(rate) == tgid ? GS_STACK_RATE_EVERY(rate) : 1;
 	}
 	if (every <= 1)
 		return false;

@@ -599,17 +599,17 @@ std::vector<BpfSession::StackCost> BpfSession::stack_costs() const {
 }
 
 bool BpfSession::set_stack_rate(pid_t pid, uint32_t every) {
-  const uint32_t key = static_cast<uint32_t>(pid);
-  if (every <= 1) {
-    bpf_map__delete_elem(skel_->maps.stack_rates, &key, sizeof(key), 0);
-    return true;
-  }
-  return bpf_map__update_elem(skel_->maps.stack_rates, &key, sizeof(key), &every, sizeof(every), BPF_ANY) == 0;
+  const uint32_t tgid = static_cast<uint32_t>(pid);
+  __u64* slot = const_cast<__u64*>(&skel_->bss->stack_rates[tgid & (GS_STACK_RATE_SLOTS - 1)]);
+  const uint64_t held = __atomic_load_n(slot, __ATOMIC_RELAXED);
+  if (held && GS_STACK_RATE_TGID(held) != tgid) return false;  // another process's (tgids 4,096 apart)
+  __atomic_store_n(slot, every > 1 ? GS_STACK_RATE(tgid, every) : 0, __ATOMIC_RELAXED);
+  return true;
 }
 
 void BpfSession::forget_stack_budget(pid_t pid) {
   const uint32_t key = static_cast<uint32_t>(pid);
-  bpf_map__delete_elem(skel_->maps.stack_rates, &key, sizeof(key), 0);
+  set_stack_rate(pid, 1);
   bpf_map__delete_elem(skel_->maps.stack_costs, &key, sizeof(key), 0);
 }
 

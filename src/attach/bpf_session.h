@@ -167,7 +167,8 @@ class BpfSession {
     uint64_t walk_ns = 0, walks = 0;
   };
   std::vector<StackCost> stack_costs() const;
-  bool set_stack_rate(pid_t pid, uint32_t every);  // false: stack_rates is full
+  // false: the process's slot in stack_rates is another's (tgids GS_STACK_RATE_SLOTS apart).
+  bool set_stack_rate(pid_t pid, uint32_t every);
   void forget_stack_budget(pid_t pid);
 
   // What one probe hit costs on this machine, measured on a function of our own: calls of

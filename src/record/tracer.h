@@ -150,7 +150,7 @@ class Tracer {
   std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<StackBudget> stack_budget_;
   uint64_t stack_budget_checked_ns_ = 0;
-  uint64_t stack_rates_refused_ = 0;  // N not set: the BPF map of them was full
+  uint64_t stack_rates_refused_ = 0;  // N not set: the process's slot was another's
   std::unique_ptr<UnwindTables> unwind_;  // with table_unwind_*
   std::unique_ptr<ControlQueue> control_;
   StoppedProcesses stopped_;

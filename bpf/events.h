@@ -349,8 +349,9 @@ struct gs_native_stack_record {
 #define GS_STACK_RATE_TGID(rate) ((__u32)(rate))
 #define GS_STACK_RATE_EVERY(rate) ((__u32)((rate) >> 32))
 struct gs_stack_cost {
-	__u64 walk_ns;  /* from the probe's entry to the walks' end */
+	__u64 walk_ns;   /* from the probe's entry to the walks' end */
 	__u64 walks;
+	__u64 first_ns;  /* the process's first charged walk (on the CPU that made the entry; 0 on others) */
 };
 
 /* Causes of lost information, counted per CPU in the `lost` map. */

@@ -145,8 +145,8 @@ __noinline int charge_stack_walks(__u64 cookie, __u32 tgid, __u64 t0)
 		return 0;
 	struct gs_stack_cost *c = bpf_map_lookup_elem(&stack_costs, &tgid);
 	if (!c) {
-		struct gs_stack_cost zero = {};
-		bpf_map_update_elem(&stack_costs, &tgid, &zero, BPF_NOEXIST);
+		struct gs_stack_cost first = {.first_ns = t0};
+		bpf_map_update_elem(&stack_costs, &tgid, &first, BPF_NOEXIST);
 		c = bpf_map_lookup_elem(&stack_costs, &tgid);
 		if (!c)
 			return 0;  /* full: the process's stacks stay at its last N */
@@ -1511,6 +1511,29 @@ static __always_inline __u64 call_user_stack(struct pt_regs *ctx, __u64 cookie, 
 	return fp_user_stack(ctx, id, UNWIND_SLOT_CALL, true);
 }
 
+/* A call's stacks, both walks and the budget's charge. A global function, verified and compiled
+ * apart: inlined, the walks' code sat in the middle of every call probe, which cost calls whose
+ * stack is not taken (most, under --stack-every or --stack-budget) time as well. */
+struct call_stacks {
+	__u64 native;
+	__u64 py;
+	__u32 flags;
+	__u32 pad;
+};
+
+__noinline int take_call_stacks(struct pt_regs *ctx, __u64 cookie, __u64 ts_ns, struct call_stacks *out)
+{
+	if (!out)
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 flags = 0;
+	out->native = call_user_stack(ctx, cookie, ts_ns, &flags);
+	out->py = !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, ctx, UNWIND_SLOT_CALL);
+	out->flags = flags;
+	charge_stack_walks(cookie, id >> 32, ts_ns);
+	return 0;
+}
+
 /* Launches: entry only, so that a launch costs one trap. */
 SEC("uprobe")
 int call_entry_emit(struct pt_regs *ctx)
@@ -1541,11 +1564,10 @@ int call_entry_emit(struct pt_regs *ctx)
 		skip_stack = stack_sampled_out(cookie, id >> 32, &flags, &stack_weight);
 	/* Before the call's record is reserved, so that a stack copy or a new Python stack comes
 	 * ahead of it. */
-	__u64 native = 0, py_stack = 0;
+	struct call_stacks st = {};
 	if (!skip_stack) {
-		native = call_user_stack(ctx, cookie, ts_ns, &flags);
-		py_stack = !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, ctx, UNWIND_SLOT_CALL);
-		charge_stack_walks(cookie, id >> 32, ts_ns);
+		take_call_stacks(ctx, cookie, ts_ns, &st);
+		flags |= st.flags;
 	}
 
 	struct gs_call_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
@@ -1565,8 +1587,8 @@ int call_entry_emit(struct pt_regs *ctx)
 	read_args(ctx, r->args);
 	r->deref_len = read_entry_deref(cookie, r->args, r->deref, &r->flags);
 	r->stack_weight = stack_weight;
-	r->py_stack = py_stack;
-	r->native_stack = native;
+	r->py_stack = st.py;
+	r->native_stack = st.native;
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
 	bpf_ringbuf_submit(r, submit_flags());
 	return 0;
@@ -1635,9 +1657,11 @@ int call_entry(struct pt_regs *ctx)
 		p->py_stack = 0;
 		return 0;
 	}
-	p->native_stack = call_user_stack(ctx, cookie, p->ts_ns, &p->flags);
-	p->py_stack = !capture_stacks || GS_COOKIE_NO_STACK(cookie) ? 0 : python_stack(id, ctx, UNWIND_SLOT_CALL);
-	charge_stack_walks(cookie, id >> 32, now);
+	struct call_stacks st = {};
+	take_call_stacks(ctx, cookie, now, &st);
+	p->native_stack = st.native;
+	p->py_stack = st.py;
+	p->flags |= st.flags;
 	return 0;
 }
 

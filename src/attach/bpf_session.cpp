@@ -592,6 +592,7 @@ std::vector<BpfSession::StackCost> BpfSession::stack_costs() const {
     for (const auto& cpu : per_cpu) {
       c.walk_ns += cpu.walk_ns;
       c.walks += cpu.walks;
+      if (cpu.first_ns && (!c.first_ns || cpu.first_ns < c.first_ns)) c.first_ns = cpu.first_ns;
     }
     out.push_back(c);
   }

@@ -165,6 +165,7 @@ class BpfSession {
   struct StackCost {
     pid_t pid = 0;
     uint64_t walk_ns = 0, walks = 0;
+    uint64_t first_ns = 0;  // its first walk (CLOCK_MONOTONIC)
   };
   std::vector<StackCost> stack_costs() const;
   // false: the process's slot in stack_rates is another's (tgids GS_STACK_RATE_SLOTS apart).

@@ -5,15 +5,11 @@
 
 namespace gpuscope::record {
 
-std::optional<uint32_t> StackBudget::observe(pid_t pid, uint64_t now_ns, uint64_t walk_ns, uint64_t walks) {
+std::optional<uint32_t> StackBudget::observe(pid_t pid, uint64_t now_ns, uint64_t walk_ns, uint64_t walks,
+                                             uint64_t first_walk_ns) {
   auto [it, added] = processes_.try_emplace(pid);
   Process& p = it->second;
-  if (added) {
-    p.first_ns = p.last_ns = now_ns;
-    p.first_walk_ns = p.last_walk_ns = walk_ns;
-    p.first_walks = p.last_walks = walks;
-    return std::nullopt;
-  }
+  if (added) p.first_ns = p.last_ns = first_walk_ns && first_walk_ns <= now_ns ? first_walk_ns : now_ns;
   if (now_ns < p.last_ns + (p.decisions ? kIntervalNs : kFirstIntervalNs) || walk_ns < p.last_walk_ns)
     return std::nullopt;
   ++p.decisions;

@@ -25,7 +25,7 @@ namespace gpuscope::record {
 
 class StackBudget {
  public:
-  static constexpr uint64_t kIntervalNs = 250'000'000;  // N is decided anew this often at most ...
+  static constexpr uint64_t kIntervalNs = 100'000'000;  // N is decided anew this often at most ...
   static constexpr uint64_t kFirstIntervalNs = 100'000'000;  // ... and first this soon after the first walk
   static constexpr uint32_t kMaxEvery = 1u << 16;
   // Aim below the budget by this factor, so that the noise of one interval does not cross it.
@@ -36,23 +36,23 @@ class StackBudget {
   explicit StackBudget(double budget) : budget_(budget) {}
   double budget() const { return budget_; }
 
-  // A process's walks' cost so far (the BPF counters: nanoseconds and walks), read at now_ns
-  // (as often as wanted: decisions are spaced by the intervals above). Returns the process's new
-  // N when it changes.
-  std::optional<uint32_t> observe(pid_t pid, uint64_t now_ns, uint64_t walk_ns, uint64_t walks);
+  // A process's walks' cost so far (the BPF counters: nanoseconds and walks, since its first walk
+  // at first_walk_ns), read at now_ns, as often as wanted: decisions are spaced by the intervals
+  // above, the first counted from the first walk. Returns the process's new N when it changes.
+  std::optional<uint32_t> observe(pid_t pid, uint64_t now_ns, uint64_t walk_ns, uint64_t walks,
+                                  uint64_t first_walk_ns);
   void forget(pid_t pid) { processes_.erase(pid); }
 
   struct Process {
     uint32_t every = 1;      // N now
     uint32_t max_every = 1;  // the largest N it had
-    uint64_t first_ns = 0, last_ns = 0;
-    uint64_t first_walk_ns = 0, last_walk_ns = 0;  // the counters at first sight and lately
-    uint64_t first_walks = 0, last_walks = 0;
+    uint64_t first_ns = 0, last_ns = 0;  // its first walk; the last decision
+    uint64_t last_walk_ns = 0, last_walks = 0;  // the counters at the last decision
     uint64_t changes = 0;  // times N changed
     uint64_t decisions = 0;
     // The walks' share of the process's elapsed time since first seen.
     double share() const {
-      return last_ns > first_ns ? double(last_walk_ns - first_walk_ns) / double(last_ns - first_ns) : 0;
+      return last_ns > first_ns ? double(last_walk_ns) / double(last_ns - first_ns) : 0;
     }
   };
   const std::map<pid_t, Process>& processes() const { return processes_; }

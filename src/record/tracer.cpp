@@ -386,7 +386,7 @@ void Tracer::adjust_stack_rates() {
       bpf_->forget_stack_budget(c.pid);
       continue;  // its figures stay in the budget's table for the summary
     }
-    if (auto every = stack_budget_->observe(c.pid, now, c.walk_ns, c.walks)) {
+    if (auto every = stack_budget_->observe(c.pid, now, c.walk_ns, c.walks, c.first_ns)) {
       if (!bpf_->set_stack_rate(c.pid, *every)) ++stack_rates_refused_;
       log_debug("stack budget: PID {} takes the stacks of 1 call in {}", c.pid, *every);
     }
@@ -442,7 +442,7 @@ void Tracer::report_stack_walks() {
 void Tracer::report_stack_budget() {
   if (!stack_budget_) return;
   const uint64_t now = monotonic_ns();
-  for (const auto& c : bpf_->stack_costs()) stack_budget_->observe(c.pid, now, c.walk_ns, c.walks);
+  for (const auto& c : bpf_->stack_costs()) stack_budget_->observe(c.pid, now, c.walk_ns, c.walks, c.first_ns);
   std::vector<std::pair<pid_t, StackBudget::Process>> procs(stack_budget_->processes().begin(),
                                                              stack_budget_->processes().end());
   std::ranges::sort(procs, [](const auto& a, const auto& b) { return a.second.max_every > b.second.max_every; });

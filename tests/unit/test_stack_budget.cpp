@@ -15,12 +15,12 @@ struct Simulated {
   uint64_t now = 0, walk_ns = 0;
   uint32_t every = 1;
 
-  explicit Simulated(double b) : budget(b) { budget.observe(1, now, walk_ns, 0); }
+  explicit Simulated(double b) : budget(b) { budget.observe(1, now, walk_ns, 0, 0); }
   void run(double full_share, int steps, uint64_t step_ms = 250) {
     for (int i = 0; i < steps; ++i) {
       now += step_ms * kMs;
       walk_ns += uint64_t(full_share / every * double(step_ms * kMs));
-      if (auto n = budget.observe(1, now, walk_ns, 0)) every = *n;
+      if (auto n = budget.observe(1, now, walk_ns, 0, 0)) every = *n;
     }
   }
   double share() const { return 1.0 / every; }
@@ -68,26 +68,37 @@ TEST(StackBudget, KeepsNBetweenTheBounds) {
 
 TEST(StackBudget, DecidesAtMostOnceAnInterval) {
   StackBudget b(0.01);
-  b.observe(7, 0, 0, 0);
-  EXPECT_FALSE(b.observe(7, 50 * kMs, 10 * kMs, 10)) << "too soon";
+  b.observe(7, 0, 0, 0, 0);
+  EXPECT_FALSE(b.observe(7, 50 * kMs, 10 * kMs, 10, 0)) << "too soon";
   // The first decision comes sooner than the next ones: a process starting a launch loop pays
   // for every stack for a short time only.
-  auto n = b.observe(7, StackBudget::kFirstIntervalNs, 20 * kMs, 10);
+  auto n = b.observe(7, StackBudget::kFirstIntervalNs, 20 * kMs, 10, 0);
   ASSERT_TRUE(n);
   EXPECT_EQ(*n, 25u);  // 20% of 100 ms
   const uint64_t at = StackBudget::kFirstIntervalNs;
-  EXPECT_FALSE(b.observe(7, at + StackBudget::kIntervalNs - 1, 30 * kMs, 20));
-  n = b.observe(7, at + StackBudget::kIntervalNs, 220 * kMs, 20);
+  EXPECT_FALSE(b.observe(7, at + StackBudget::kIntervalNs - 1, 30 * kMs, 20, 0));
+  n = b.observe(7, at + StackBudget::kIntervalNs, 20 * kMs + StackBudget::kIntervalNs * 8 / 10, 20, 0);
   ASSERT_TRUE(n);
   EXPECT_EQ(*n, 25u * 100);  // 80% at 1 in 25
 }
 
+TEST(StackBudget, TheFirstDecisionCountsFromTheFirstWalk) {
+  // First seen 300 ms after its first walk, its walks having taken 60 ms: decided at once.
+  StackBudget b(0.01);
+  const auto n = b.observe(3, 1000 * kMs, 60 * kMs, 100, 700 * kMs);
+  ASSERT_TRUE(n);
+  EXPECT_EQ(*n, 25u);  // 20%
+  EXPECT_NEAR(b.processes().at(3).share(), 0.2, 1e-9);
+  // Without the first walk's time it waits an interval from first sight.
+  EXPECT_FALSE(b.observe(4, 1000 * kMs, 60 * kMs, 100, 0));
+}
+
 TEST(StackBudget, ProcessesAreApartAndForgotten) {
   StackBudget b(0.01);
-  b.observe(1, 0, 0, 0);
-  b.observe(2, 0, 0, 0);
-  EXPECT_TRUE(b.observe(1, 250 * kMs, 25 * kMs, 100));
-  EXPECT_FALSE(b.observe(2, 250 * kMs, 0, 0));
+  b.observe(1, 0, 0, 0, 0);
+  b.observe(2, 0, 0, 0, 0);
+  EXPECT_TRUE(b.observe(1, 250 * kMs, 25 * kMs, 100, 0));
+  EXPECT_FALSE(b.observe(2, 250 * kMs, 0, 0, 0));
   EXPECT_EQ(b.processes().at(2).every, 1u);
   EXPECT_NEAR(b.processes().at(1).share(), 0.1, 1e-9);
   b.forget(1);

@@ -591,7 +591,7 @@ int Agent::run() {
   bool running = true;
   while (running) {
     pollfd fds[2] = {{sfd, POLLIN, 0}, {tracer_->control_fd(), POLLIN, 0}};
-    ::poll(fds, 2, 100);
+    ::poll(fds, 2, tracer_->control_poll_ms());
     if (fds[1].revents & POLLIN) tracer_->handle_control();
     tracer_->update_unwind_tables();
     tracer_->adjust_stack_rates();

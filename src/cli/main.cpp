@@ -155,7 +155,9 @@ int main(int argc, char** argv) {
   rec->add_option("--stack-budget", ropts.stack_budget,
                   "Without --stack-every: the share of each process's elapsed time its launches', copies' and "
                   "memsets' stack walks may take; every call's stack is taken while they stay within it, one "
-                  "in N (N per process, adjusted 4 times a second) once they would not")
+                  "in N (N per process, adjusted up to 10 times a second) once they would not. Deciding which "
+                  "to walk costs a little more: at 0.005, stacks cost 1% of a launch-bound training step on the "
+                  "H100 at most (docs/performance.md)")
       ->capture_default_str()
       ->excludes(every_opt);
   rec->add_flag("--bpf-stats", ropts.bpf_stats,
@@ -260,7 +262,7 @@ int main(int argc, char** argv) {
       if (every_opt->count() && (ropts.stack_every < 1 || ropts.stack_every > 1'000'000))
         throw Error("--stack-every must be between 1 (every call) and 1000000");
       if (!(ropts.stack_budget > 0 && ropts.stack_budget <= 1))
-        throw Error("--stack-budget must be in (0, 1], e.g. 0.01 for 1% (--stack-every 1 takes every stack)");
+        throw Error("--stack-budget must be in (0, 1], e.g. 0.005 for 0.5% (--stack-every 1 takes every stack)");
       if (ropts.gpu_sample_hz > 1000) throw Error("--gpu-sample-hz must be at most 1000");
       return record::run_record(ropts);
     }

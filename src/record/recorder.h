@@ -33,7 +33,7 @@ struct RecordOptions {
   std::string unwind_cache_dir = "/var/cache/gpuscope/unwind-tables";  // "": compile every time
   bool python_stacks = true;         // Python frames in the stacks of CPython processes
   uint32_t stack_every = 0;          // launches', copies', memsets' stacks: one in N, at random; 0: by budget
-  double stack_budget = 0.01;        // with stack_every 0: their walks' share of each process's time
+  double stack_budget = 0.005;       // with stack_every 0: their walks' share of each process's time
   double gpu_sample_hz = -1;         // NVML samples per second; 0: off; < 0: the default
   bool gpu_times = false;            // CUPTI activity records through the injection library
   // --pid/--all: where services started with the injection library write their GPU times

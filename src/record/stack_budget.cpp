@@ -27,7 +27,9 @@ std::optional<uint32_t> StackBudget::observe(pid_t pid, uint64_t now_ns, uint64_
   if (aim > p.every) {
     every = uint32_t(std::min<double>(std::ceil(aim), kMaxEvery));
   } else if (needed * kLowerBelow < p.every) {
-    every = std::max(uint32_t(std::max(std::ceil(aim), 1.0)), std::max(p.every / 2, 1u));
+    // Down by a quarter at most: a training step's phases make one interval cheap and the next
+    // dear, and halving N after a cheap one overshot the budget in the next.
+    every = std::max(uint32_t(std::max(std::ceil(aim), 1.0)), p.every - std::max(p.every / 4, 1u));
   }
   if (every == p.every) return std::nullopt;
   p.every = every;

@@ -11,8 +11,12 @@
 // the threads of a training step wait on each other, so what all of a process's walks cost,
 // summed, bounds what they add to its step. A process's walks cost about share * N of its time
 // when every stack is taken while one in N is; N is raised at once when that is over the budget,
-// lowered at most by half an interval when it is well under, and kept in between (a walk
+// lowered by at most a quarter an interval when it is well under, and kept in between (a walk
 // costs more when walks are further apart, so estimates taken at a large N are high).
+//
+// The budget counts the walks only: deciding whether to walk, and the caches the walks leave
+// cold for the calls after them, cost the process too (about a quarter of the walks' time on
+// the H100's training step), which is why record's default budget is 0.5% (docs/performance.md).
 #pragma once
 
 #include <sys/types.h>
@@ -26,7 +30,10 @@ namespace gpuscope::record {
 class StackBudget {
  public:
   static constexpr uint64_t kIntervalNs = 100'000'000;  // N is decided anew this often at most ...
-  static constexpr uint64_t kFirstIntervalNs = 100'000'000;  // ... and first this soon after the first walk
+  // ... and first this soon after the first walk: a launch loop pays for every stack until then.
+  static constexpr uint64_t kFirstIntervalNs = 20'000'000;
+  // How often the owner should read the walks' cost (Tracer::poll_ms).
+  static constexpr int kPollMs = 20;
   static constexpr uint32_t kMaxEvery = 1u << 16;
   // Aim below the budget by this factor, so that the noise of one interval does not cross it.
   static constexpr double kHeadroom = 1.25;

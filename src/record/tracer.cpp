@@ -376,10 +376,10 @@ void Tracer::update_unwind_tables() {
 
 void Tracer::adjust_stack_rates() {
   if (!stack_budget_) return;
-  // Read at most every 50 ms (a few system calls a process); each process's N is decided at
+  // Read at most every kPollMs (a few system calls a process); each process's N is decided at
   // its own intervals.
   const uint64_t now = monotonic_ns();
-  if (now < stack_budget_checked_ns_ + 50'000'000) return;
+  if (now < stack_budget_checked_ns_ + uint64_t(StackBudget::kPollMs) * 1'000'000) return;
   stack_budget_checked_ns_ = now;
   for (const auto& c : bpf_->stack_costs()) {
     if (kill(c.pid, 0) != 0 && errno == ESRCH) {

@@ -112,6 +112,8 @@ class Tracer {
   // With a stack budget: sets each process's N from what its walks cost (record/stack_budget.h)
   // and lets go of exited processes'; the control loop calls it at each poll.
   void adjust_stack_rates();
+  // How long the control loop may wait for control_fd() between those calls.
+  int control_poll_ms() const { return stack_budget_ ? StackBudget::kPollMs : 100; }
   // Stops the threads: everything already in the ring buffer is decoded and handed to the sink.
   void stop();
 

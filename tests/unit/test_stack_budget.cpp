@@ -46,13 +46,13 @@ TEST(StackBudget, OneInNOnceEveryStackWouldCostMore) {
   EXPECT_EQ(p.budget.processes().at(1).max_every, 7u);
 }
 
-TEST(StackBudget, LowersNByHalvesOnceTheWalksGetCheap) {
+TEST(StackBudget, LowersNByQuartersOnceTheWalksGetCheap) {
   Simulated p(0.01);
   p.run(0.40, 1);
   EXPECT_EQ(p.every, 50u);
   p.run(0.0, 1);
-  EXPECT_EQ(p.every, 25u) << "at most by half an interval";
-  p.run(0.0, 10);
+  EXPECT_EQ(p.every, 38u) << "at most by a quarter an interval";
+  p.run(0.0, 20);
   EXPECT_EQ(p.every, 1u);
 }
 
@@ -68,16 +68,16 @@ TEST(StackBudget, KeepsNBetweenTheBounds) {
 
 TEST(StackBudget, DecidesAtMostOnceAnInterval) {
   StackBudget b(0.01);
+  constexpr uint64_t first = StackBudget::kFirstIntervalNs, next = StackBudget::kIntervalNs;
   b.observe(7, 0, 0, 0, 0);
-  EXPECT_FALSE(b.observe(7, 50 * kMs, 10 * kMs, 10, 0)) << "too soon";
+  EXPECT_FALSE(b.observe(7, first - 1, first / 10, 10, 0)) << "too soon";
   // The first decision comes sooner than the next ones: a process starting a launch loop pays
   // for every stack for a short time only.
-  auto n = b.observe(7, StackBudget::kFirstIntervalNs, 20 * kMs, 10, 0);
+  auto n = b.observe(7, first, first / 5, 10, 0);
   ASSERT_TRUE(n);
-  EXPECT_EQ(*n, 25u);  // 20% of 100 ms
-  const uint64_t at = StackBudget::kFirstIntervalNs;
-  EXPECT_FALSE(b.observe(7, at + StackBudget::kIntervalNs - 1, 30 * kMs, 20, 0));
-  n = b.observe(7, at + StackBudget::kIntervalNs, 20 * kMs + StackBudget::kIntervalNs * 8 / 10, 20, 0);
+  EXPECT_EQ(*n, 25u);  // 20%
+  EXPECT_FALSE(b.observe(7, first + next - 1, first, 20, 0));
+  n = b.observe(7, first + next, first / 5 + next * 8 / 10, 20, 0);
   ASSERT_TRUE(n);
   EXPECT_EQ(*n, 25u * 100);  // 80% at 1 in 25
 }

@@ -15,8 +15,9 @@
 // costs more when walks are further apart, so estimates taken at a large N are high).
 //
 // The budget counts the walks only: deciding whether to walk, and the caches the walks leave
-// cold for the calls after them, cost the process too (about a quarter of the walks' time on
-// the H100's training step), which is why record's default budget is 0.5% (docs/performance.md).
+// cold for the calls after them, cost the process too (a third to a half again of the walks'
+// time on the H100's training step), which is why record's default budget is 0.5%
+// (docs/performance.md).
 #pragma once
 
 #include <sys/types.h>

@@ -57,7 +57,13 @@ class Record:
 def record(tmp_path):
     def run(*args, timeout=120, **kw):
         out = tmp_path / "run.gpuscope"
-        proc = subprocess.run([str(GPUSCOPE), "record", "-o", str(out), *map(str, args)],
+        args = [str(a) for a in args]
+        # Tests check each call's stack: every one is taken unless a test asks for sampling
+        # (record's default takes them within a budget of the process's time, which a loaded
+        # CI machine can make it sample).
+        if not {"--stack-every", "--stack-budget"} & set(args):
+            args = ["--stack-every", "1", *args]
+        proc = subprocess.run([str(GPUSCOPE), "record", "-o", str(out), *args],
                               capture_output=True, text=True, timeout=timeout, **kw)
         return Record(out, proc)
     return run

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""What taking launches' stacks for one launch in N (`record --stack-every N`) costs and
+"""What taking launches' stacks for one launch in N (`record --stack-every N`, or N set by record's
+default stack budget: `--every ...,b`) costs and
 loses on the PyTorch training loop: each N's run of train_step.py against runs that take every
 launch's stack.
 
@@ -62,8 +63,10 @@ def tvd(a, b):
 
 def run(args, every, tmp, i):
     rec, truth = os.path.join(tmp, f"r{i}.gpuscope"), os.path.join(tmp, f"t{i}.json")
+    # "b": record's default, the stacks within a budget of the process's time (N varies).
+    sampling = [] if every == "b" else ["--stack-every", str(every)]
     cmd = [args.gpuscope, "record", "-q", "--bpf-stats", "--call-stacks", args.call_stacks,
-           "--stack-every", str(every), "-o", rec, "--",
+           *sampling, "-o", rec, "--",
            sys.executable, str(HERE / "train_step.py"), truth, "--steps", str(args.steps), "--no-profile"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
@@ -75,6 +78,8 @@ def run(args, every, tmp, i):
     db.close()
     emit = json.loads(meta["bpf_program_stats"]).get("call_entry_emit", {"run_time_ns": 0})
     t = json.load(open(truth))
+    if every == "b":  # the largest N the budget set
+        every = f"b{meta.get('stack_every_max', '?')}"
     return {"every": every, "rec": rec, "launches": launches, "stacks": folded(args.gpuscope, rec),
             "bpf_ns_per_launch": emit["run_time_ns"] / max(launches, 1),
             "step_ms": (t["t1"] - t["t0"]) / t["steps"] / 1e6}
@@ -83,12 +88,14 @@ def run(args, every, tmp, i):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpuscope", default="build/gpuscope")
-    ap.add_argument("--every", default="1,1,4", help="N of each run; the first must be 1")
+    ap.add_argument("--every", default="1,1,4",
+                    help="N of each run, or b for record's default stack budget (shown as b and its largest N); "
+                         "the first must be 1")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--call-stacks", default="fp", help="record's --call-stacks: fp or eh-frame")
     ap.add_argument("--json", type=pathlib.Path, help="write the figures here too")
     args = ap.parse_args()
-    everies = [int(x) for x in args.every.split(",")]
+    everies = [x if x == "b" else int(x) for x in args.every.split(",")]
     if everies[0] != 1:
         ap.error("--every: the first run is the reference and takes every stack (1)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,7 +119,7 @@ def main():
              "reach_entry": sum(v for k, v in r["stacks"].items() if reaches_entry(k)) / max(total, 1),
              "truncated": sum(v for k, v in r["stacks"].items() if "[truncated stack]" in k) / max(total, 1)}
         figures.append(f)
-        print(f"{i + 1:>3} {r['every']:>3} {r['launches']:>11} {total:>11} {len(r['stacks']):>7} "
+        print(f"{i + 1:>3} {r['every']!s:>3} {r['launches']:>11} {total:>11} {len(r['stacks']):>7} "
               f"{f['tvd_stacks']:>10.4f} {f['tvd_python_line']:>11.4f} {r['bpf_ns_per_launch']:>13.0f} {r['step_ms']:>8.3f} "
               f"{100 * f['reach_entry']:>5.1f}% {100 * f['truncated']:>5.1f}%")
     print("\nthe reference's ten largest stacks (launches): each run's count over the reference's")

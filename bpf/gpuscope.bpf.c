@@ -41,8 +41,8 @@ const volatile __u32 stack_every = 1;
 const volatile bool stack_budget = false;
 
 /* By tgid % GS_STACK_RATE_SLOTS, written whole by user space through the skeleton's mapping of
- * .bss: a plain load here, where a hash lookup at every launch cost more than the walks it saved
- * at large N. A slot holding another process's tgid means N = 1. */
+ * .bss: read at every launch, copy and memset, with a plain load instead of a hash lookup. A slot
+ * holding another process's tgid means N = 1. */
 volatile __u64 stack_rates[GS_STACK_RATE_SLOTS];
 
 struct {

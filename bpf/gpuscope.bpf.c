@@ -44,6 +44,9 @@ const volatile bool stack_budget = false;
  * .bss: read at every launch, copy and memset, with a plain load instead of a hash lookup. A slot
  * holding another process's tgid means N = 1. */
 volatile __u64 stack_rates[GS_STACK_RATE_SLOTS];
+/* Functions whose probes user space is removing (BpfSession::detach_runtime_functions), a bit
+ * per id: the entry's link goes first, so a return may still come without its entry. */
+volatile __u64 retiring_funcs[4];
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
@@ -1676,7 +1679,9 @@ int call_return(struct pt_regs *ctx)
 	struct pending_thread *t = bpf_task_storage_get(&pending, bpf_get_current_task_btf(), 0, 0);
 	int slot = t ? pending_slot(t, pending_tag(cookie)) : -1;
 	if (!t || slot < 0) {
-		count_lost(GS_LOST_RETURN_ORPHAN);
+		__u32 fn = GS_COOKIE_FUNC(cookie);
+		if (!(retiring_funcs[(fn >> 6) & 3] & (1ULL << (fn & 63))))
+			count_lost(GS_LOST_RETURN_ORPHAN);
 		return 0;
 	}
 	slot &= PENDING_SLOTS - 1;

@@ -17,8 +17,8 @@ Configurations:
   calls                  gpuscope record --no-stacks
   +stacks                gpuscope record --stack-every 1 (every call's frame-pointer and Python stack)
   +stacks budget         gpuscope record (its default: launches', copies' and memsets' stacks
-                         taken for one call in N, N set so that their walks take at most 1% of
-                         the process's time; every stack while they take less)
+                         taken for one call in N, N set so that their walks take at most 0.5%
+                         of the process's time; every stack while they take less)
   +stacks eh-frame       gpuscope record --call-stacks eh-frame --stack-every 1 ("... budget": by budget)
   +stacks no python      gpuscope record --no-python --stack-every 1 (native frames only)
   +stacks +cpu 99Hz      gpuscope record --cpu-profile 99 --stack-every 1 (NVML at its default 10 Hz:
@@ -36,7 +36,9 @@ Every gpuscope configuration records with --bpf-stats (two clock reads a program
 per step are its uprobe programs' runs, and "BPF ms/step" their run time.
 gpuscope attaches with --launch-probes driver (one trap per launch, what `record -- CMD` does once
 the driver is probed; on a machine without a GPU, where launches fail before the driver, give
---launch-probes both). Each window waits --settle seconds after the tool starts, then keeps the
+--launch-probes both). Like `record -- CMD`, it also removes the runtime's copy, memset and
+sync probes once their calls were all seen to make a probed driver call (meta
+runtime_probes_removed); the floor's traps are the probes' before that. Each window waits --settle seconds after the tool starts, then keeps the
 steps that begin and end in the next --window seconds.
 
 The agent duty-cycles its high-rate probes (on for a share of every 10 s), so its windows last
@@ -156,13 +158,49 @@ def record_figures(path, pid):
     stats = json.loads(meta.get("bpf_program_stats", "{}"))
     uprobes = ("call_entry", "call_entry_emit", "call_return", "calibration_hit")
     lost = db.execute("SELECT coalesce(sum(count), 0) FROM lost WHERE cause NOT LIKE 'unwind_%'").fetchone()[0]
+    # Where the traps go: calls by function, with the driver call a runtime call made inside it
+    # (its own entry and return traps) and how many had a return probe.
+    functions = [list(r) for r in db.execute(
+        "SELECT f.name, coalesce(d.name, ''), count(*), count(c.duration_ns) FROM calls c "
+        "JOIN functions f ON f.id = c.func LEFT JOIN functions d ON d.id = c.driver_func "
+        "WHERE c.pid = ? GROUP BY 1, 2 ORDER BY 3 DESC", (pid,))]
     db.close()
     return {"calls": calls, "returns": returns, "lost": lost, "start_ns": int(meta["start_ns"]),
             "end_ns": int(meta.get("end_ns", 0)), "recorder_cpu_s": int(meta.get("recorder_cpu_ns", 0)) / 1e9,
             "uprobe_runs": sum(stats.get(p, {}).get("runs", 0) for p in uprobes),
             "bpf_ns": sum(v.get("run_time_ns", 0) for v in stats.values()),
             "stack_every_max": int(meta.get("stack_every_max", 0)) or None,
-            "stack_budget_result": meta.get("stack_budget_result")}
+            "stack_budget_result": meta.get("stack_budget_result"),
+            "programs": {p: [v.get("runs", 0), v.get("run_time_ns", 0)] for p, v in stats.items()},
+            "functions": functions}
+
+
+def print_trap_breakdown(configs, figures):
+    """Per step, summed over rounds: each BPF program's runs and mean run time, and the calls by
+    function (a runtime call's driver call, made inside it, after the arrow)."""
+    for c in configs:
+        figs = [f for f in figures.get(c, []) if f.get("programs") and f.get("steps")]
+        if not figs:
+            continue
+        steps = sum(f["steps"] for f in figs)
+        progs, funcs = {}, {}
+        for f in figs:
+            for p, (runs, ns) in f["programs"].items():
+                progs.setdefault(p, [0, 0])
+                progs[p][0] += runs
+                progs[p][1] += ns
+            for name, drv, n, returned in f["functions"]:
+                k = name + (f" -> {drv}" if drv else "")
+                funcs.setdefault(k, [0, 0])
+                funcs[k][0] += n
+                funcs[k][1] += returned
+        print(f"{c}: BPF programs a step (runs, ns a run): " + ", ".join(
+            f"{p} {runs / steps:.1f} x {ns / runs:.0f}" for p, (runs, ns) in
+            sorted(progs.items(), key=lambda kv: -kv[1][1]) if runs and runs / steps >= 0.05))
+        if funcs:
+            print(f"{c}: calls a step (with a return): " + ", ".join(
+                f"{k} {n / steps:.1f} ({r / steps:.1f})" for k, (n, r) in
+                sorted(funcs.items(), key=lambda kv: -kv[1][0]) if n / steps >= 0.05))
 
 
 def gpuscope_config(args, c):
@@ -350,11 +388,29 @@ def main():
         return summary[c]["added_ms"] if c in summary else None
     print()
     if added("floor"):
+        # The floor's traps are the probes' before gpuscope removes any (its empty programs
+        # record nothing that could show a runtime call only wraps a driver call): compare each
+        # configuration with the floor for its own traps too.
+        floor_traps = summary["floor"]["traps_per_step"]
         for c in ("calls", "+stacks", "+stacks +cpu 99Hz", "+stacks eh-frame", "+stacks budget",
                   "+stacks budget +cpu 99Hz"):
-            if added(c) is not None:
-                print(f"{c} adds {added(c) / added('floor'):.2f}x what the traps alone add "
-                      f"({added(c):+.3f} against {added('floor'):+.3f} ms a step)")
+            if added(c) is None:
+                continue
+            traps = summary[c]["traps_per_step"]
+            own = f"; {added(c) / (added('floor') * traps / floor_traps):.2f}x the floor for its own {traps:.1f} " \
+                  f"traps, against {floor_traps:.1f}" if traps and floor_traps and abs(traps - floor_traps) > 1 else ""
+            print(f"{c} adds {added(c) / added('floor'):.2f}x what the traps alone add "
+                  f"({added(c):+.3f} against {added('floor'):+.3f} ms a step{own})")
+        # The same from BPF run time, which step times this noisy cannot show: the programs' time
+        # above the empty program's, per trap, over the floor's added time per trap.
+        floor_bpf = summary["floor"]["bpf_ms_per_step"]
+        for c in ("calls", "+stacks budget", "+stacks budget +cpu 99Hz"):
+            if c in summary and summary[c]["bpf_ms_per_step"] and floor_bpf and floor_traps:
+                traps = summary[c]["traps_per_step"]
+                per_trap_floor = added("floor") / floor_traps
+                extra = summary[c]["bpf_ms_per_step"] - floor_bpf * traps / floor_traps
+                print(f"{c}: by BPF time, {1 + extra / (per_trap_floor * traps):.3f}x the floor for its "
+                      f"{traps:.1f} traps ({extra * 1000:.1f} us of BPF a step above the empty program's)")
     if added("calls") is not None:
         for c in ("+stacks", "+stacks eh-frame", "+stacks budget", "+stacks eh-frame budget"):
             if added(c) is not None:
@@ -382,9 +438,11 @@ def main():
               f"({min(pct):+.2f}..{max(pct):+.2f}; the aim: at most +1%)"
               + (f"; its own estimate of its probes' cost {100 * statistics.median(own):.2f}% of the job's CPU, "
                  f"observing {100 * statistics.median(seen):.1f}% of launches" if own and seen else ""))
-    if added("torch.profiler+stack") is not None and added("+stacks"):
-        print(f"torch.profiler+stack adds {added('torch.profiler+stack') / added('+stacks'):.1f}x what gpuscope "
-              f"+stacks adds ({added('torch.profiler+stack'):+.3f} against {added('+stacks'):+.3f} ms a step)")
+    for c in ("+stacks", "+stacks budget", "+stacks budget +cpu 99Hz"):
+        if added("torch.profiler+stack") is not None and added(c):
+            print(f"torch.profiler+stack adds {added('torch.profiler+stack') / added(c):.1f}x what gpuscope "
+                  f"{c} adds ({added('torch.profiler+stack'):+.3f} against {added(c):+.3f} ms a step)")
+    print_trap_breakdown(configs, figures)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"attach_ab-{args.workload}.json").write_text(json.dumps(

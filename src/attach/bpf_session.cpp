@@ -190,6 +190,12 @@ BpfSession::~BpfSession() {
   for (int fd : multi_links_) close(fd);
   for (int fd : runtime_launch_multi_links_) close(fd);
   runtime_launch_links_.clear();
+  for (auto& t : link_closers_) t.join();
+  std::vector<int> function_fds;  // closed with links_ below: a link apiece, each waits
+  for (auto& [id, fds] : runtime_function_multi_links_) function_fds.insert(function_fds.end(), fds.begin(), fds.end());
+  for (auto& [id, links] : runtime_function_links_)
+    for (auto& l : links) links_.push_back(std::move(l));
+  runtime_function_links_.clear();
   if (stats_fd_ >= 0) close(stats_fd_);
   // Probes go before the maps they write to. Each uprobe's removal waits for an RCU grace
   // period (~100 ms in a VM); removing them from many threads lets those waits overlap, so
@@ -202,6 +208,11 @@ BpfSession::~BpfSession() {
       for (size_t i = start; i < end; ++i) links_[i].reset();
     });
   }
+  const size_t fds_per_thread = (function_fds.size() + kDetachThreads - 1) / kDetachThreads;
+  for (size_t start = 0; start < function_fds.size(); start += fds_per_thread)
+    pool.emplace_back([&function_fds, start, end = std::min(function_fds.size(), start + fds_per_thread)] {
+      for (size_t i = start; i < end; ++i) close(function_fds[i]);
+    });
   for (auto& t : pool) t.join();
   links_.clear();
 }
@@ -363,23 +374,30 @@ AttachResult BpfSession::attach_file(const std::string& path) {
     for (const auto& f : decode::all_functions()) names.emplace_back(f.symbol);
     auto offsets = elf->function_offsets(names);
     ProbeSet emit, entry, rt_launch;  // entry-only probes, entries of calls with a return probe
+    std::map<uint16_t, ProbeSet> by_driver;  // runtime functions the driver may record instead
     HighRateSet high_rate;
     for (const auto& f : decode::all_functions()) {
       auto it = offsets.find(std::string(f.symbol));
       if (it == offsets.end()) continue;
       const bool is_rt_launch = f.api == decode::Api::Runtime && f.kind == decode::CallKind::Launch;
       if (is_rt_launch && !runtime_launch_probes_) continue;
+      if (detached_runtime_functions_.contains(f.id)) continue;
       if (high_rate_per_process_ && decode::is_high_rate(f)) {
         ProbeSet& set = f.has_return ? high_rate.entry : high_rate.emit;
         set.offsets.push_back(it->second);
         set.cookies.push_back(decode::probe_cookie(f));
       } else if (multi_) {
-        ProbeSet& set = is_rt_launch ? rt_launch : f.has_return ? entry : emit;
+        ProbeSet& set = is_rt_launch                          ? rt_launch
+                        : decode::may_be_recorded_by_driver(f) ? by_driver[f.id]
+                        : f.has_return                         ? entry
+                                                               : emit;
         set.offsets.push_back(it->second);
         set.cookies.push_back(decode::probe_cookie(f));
       } else {
         attach_probe(path, it->second, decode::probe_cookie(f), !f.has_return, f.has_return,
-                     is_rt_launch ? runtime_launch_links_ : links_);
+                     is_rt_launch                           ? runtime_launch_links_
+                     : decode::may_be_recorded_by_driver(f) ? runtime_function_links_[f.id]
+                                                            : links_);
       }
       (f.api == decode::Api::Runtime ? result.runtime_probes : result.driver_probes)++;
     }
@@ -390,6 +408,9 @@ AttachResult BpfSession::attach_file(const std::string& path) {
         if (fd >= 0) multi_links_.push_back(fd);
       if (int fd = attach_multi(emit_program(), path, rt_launch, false); fd >= 0)
         runtime_launch_multi_links_.push_back(fd);
+      for (const auto& [id, set] : by_driver)
+        for (int fd : {attach_multi(entry_program(), path, set, false), attach_multi(return_program(), path, set, true)})
+          if (fd >= 0) runtime_function_multi_links_[id].push_back(fd);
     }
     if (!high_rate.emit.offsets.empty() || !high_rate.entry.offsets.empty()) {
       const int fd = open(path.c_str(), O_PATH | O_CLOEXEC);
@@ -506,6 +527,29 @@ int BpfSession::detach_runtime_launch_probes() {
   for (int fd : runtime_launch_multi_links_) close(fd);
   runtime_launch_multi_links_.clear();
   runtime_launch_links_.clear();
+  return n;
+}
+
+int BpfSession::detach_runtime_functions(const std::vector<uint16_t>& funcs) {
+  std::vector<int> fds;
+  auto links = std::make_shared<std::vector<std::unique_ptr<bpf_link, LinkDeleter>>>();
+  for (uint16_t id : funcs) {
+    detached_runtime_functions_.insert(id);
+    if (id < 256) skel_->bss->retiring_funcs[id >> 6] |= 1ull << (id & 63);
+    if (auto it = runtime_function_multi_links_.find(id); it != runtime_function_multi_links_.end()) {
+      fds.insert(fds.end(), it->second.begin(), it->second.end());
+      runtime_function_multi_links_.erase(it);
+    }
+    if (auto it = runtime_function_links_.find(id); it != runtime_function_links_.end()) {
+      for (auto& l : it->second) links->push_back(std::move(l));
+      runtime_function_links_.erase(it);
+    }
+  }
+  const int n = static_cast<int>(fds.size() + links->size());
+  if (n) link_closers_.emplace_back([fds = std::move(fds), links] {
+      for (int fd : fds) close(fd);
+      links->clear();
+    });
   return n;
 }
 

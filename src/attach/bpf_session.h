@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -131,6 +132,11 @@ class BpfSession {
   // probe alone, one trap instead of two. Returns how many runtime files lost their probes.
   int detach_runtime_launch_probes();
   bool runtime_launch_probes() const { return runtime_launch_probes_; }
+  // Removes the probes of these runtime functions (decode::may_be_recorded_by_driver) from every
+  // file attached so far, and attaches none to files found later: the driver calls they make
+  // record them. The links close on a thread of their own, since each removal waits for an RCU
+  // grace period and the caller drains the ring buffer. Returns how many links go.
+  int detach_runtime_functions(const std::vector<uint16_t>& funcs);
   // With high_rate_per_process: attaches (on) or removes (off) the process's high-rate probes
   // in every file attached so far and, while on, in files attached later. Returns the number
   // of links made or removed; throws Error if the kernel refuses.
@@ -229,6 +235,11 @@ class BpfSession {
   bool runtime_launch_probes_ = true;
   std::vector<int> runtime_launch_multi_links_;
   std::vector<std::unique_ptr<bpf_link, LinkDeleter>> runtime_launch_links_;
+  // Probes of runtime functions that the driver may record instead, by function id, likewise.
+  std::map<uint16_t, std::vector<int>> runtime_function_multi_links_;
+  std::map<uint16_t, std::vector<std::unique_ptr<bpf_link, LinkDeleter>>> runtime_function_links_;
+  std::set<uint16_t> detached_runtime_functions_;
+  std::vector<std::thread> link_closers_;
   RecordHandler handler_;
   int stats_fd_ = -1;
   gs_unwind_row* unwind_rows_ = nullptr;  // mmapped unwind_rows, unwind_rows_cap_ rows

@@ -84,6 +84,15 @@ constexpr bool is_high_rate(CallKind k) {
 constexpr bool is_high_rate(const FunctionSpec& f) {
   return is_high_rate(f.kind) || f.sig == Signature::KernelGetFunction;
 }
+// Runtime calls whose row a driver call made inside them carries whole (bytes, pointers,
+// stream, direction, duration, result): once a recording has seen that a runtime function's
+// calls all make one, its probes may go (decode::Tracker::take_redundant_runtime_functions).
+// Launches are not among them: the runtime names kernels that were loaded before gpuscope came.
+constexpr bool may_be_recorded_by_driver(const FunctionSpec& f) {
+  return f.api == Api::Runtime && f.has_return &&
+         (f.kind == CallKind::Memcpy || f.kind == CallKind::Memset || f.kind == CallKind::Sync ||
+          f.kind == CallKind::Alloc || f.kind == CallKind::Free);
+}
 std::string_view to_string(Api);
 std::string_view to_string(CallKind);
 std::string_view to_string(CopyDir);

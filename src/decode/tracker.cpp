@@ -148,16 +148,20 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
   if (f->api == Api::Runtime) {
     if (e.has_return) {
       // Driver calls held for this thread either ran inside this call or before it.
+      bool through_driver = false;
       while (!t.held_driver_calls.empty()) {
         CallEvent& d = t.held_driver_calls.front();
         if (encloses(e, d)) {
           d.parent_id = e.call_id;
           // Made inside this call, it took no stack of its own (GS_CALL_UNDER_RUNTIME).
           if (!d.stack_id) d.stack_id = e.stack_id;
+          const FunctionSpec* df = function_by_id(d.func);
+          through_driver |= df && df->kind == f->kind;
         }
         emit(d);
         t.held_driver_calls.pop_front();
       }
+      weigh_runtime_call(*f, through_driver);
     }
     if (f->kind == CallKind::Launch)
       t.held_runtime_launch = std::move(e);
@@ -175,6 +179,26 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
     emit(t.held_driver_calls.front());
     t.held_driver_calls.pop_front();
   }
+}
+
+void Tracker::weigh_runtime_call(const FunctionSpec& f, bool through_driver) {
+  if (!may_be_recorded_by_driver(f)) return;
+  RuntimeEvidence& ev = runtime_evidence_[f.id];
+  if (ev.reported || ev.alone) return;
+  if (!through_driver) {
+    ev.alone = true;
+    return;
+  }
+  if (++ev.through_driver >= kRedundantAfter) {
+    ev.reported = true;
+    redundant_runtime_.push_back(f.id);
+  }
+}
+
+std::vector<uint16_t> Tracker::take_redundant_runtime_functions() {
+  std::vector<uint16_t> out;
+  out.swap(redundant_runtime_);
+  return out;
 }
 
 void Tracker::flush(const std::function<void(CallEvent&)>& emit) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/model.h"
+#include "decode/functions.h"
 
 namespace gpuscope::decode {
 
@@ -43,6 +44,15 @@ class Tracker {
   // This process was followed from before its first CUDA call (caught at its CUDA library's
   // load): memory no tracked allocation contains is pageable, as with complete_history.
   void mark_complete_history(uint32_t pid) { processes_[pid].complete_history = true; }
+
+  // Runtime functions found to record nothing that the driver call they make does not: every
+  // call of theirs seen (at least kRedundantAfter, failed ones included) enclosed a probed driver
+  // call of the same kind (cudaMemsetAsync -> cuMemsetD8Async). Their probes only add traps, so
+  // the tracer may remove them; the driver's probe records those calls from then on. Each
+  // function is returned once. A runtime call seen without such a driver call inside it (a
+  // refusal before the driver, a runtime without one) keeps its function's probe for good.
+  static constexpr uint64_t kRedundantAfter = 32;
+  std::vector<uint16_t> take_redundant_runtime_functions();
 
   // Kernel name for a launch, from registrations and lookups seen so far; "" if unknown.
   std::string kernel_name(const CallEvent& launch) const;
@@ -78,7 +88,16 @@ class Tracker {
   void update_state(ProcessState& p, const CallEvent& e);
   HostMem host_kind(const ProcessState& p, uint64_t addr) const;
 
+  struct RuntimeEvidence {
+    uint64_t through_driver = 0;  // calls that enclosed a driver call of their kind
+    bool alone = false;           // a call that did not: never redundant
+    bool reported = false;
+  };
+  void weigh_runtime_call(const FunctionSpec& f, bool through_driver);
+
   bool complete_history_;
+  std::unordered_map<uint16_t, RuntimeEvidence> runtime_evidence_;
+  std::vector<uint16_t> redundant_runtime_;
   int64_t next_call_id_ = 1;
   std::unordered_map<uint32_t, ProcessState> processes_;
   std::unordered_map<uint32_t, ThreadState> threads_;

@@ -199,6 +199,17 @@ void Pipeline::process_batch(const std::vector<uint8_t>& batch) {
     process_record(batch.data() + at, len);
     at += len;
   }
+  if (auto redundant = tracker_.take_redundant_runtime_functions(); !redundant.empty()) {
+    std::lock_guard lock(mu_);
+    redundant_runtime_.insert(redundant_runtime_.end(), redundant.begin(), redundant.end());
+  }
+}
+
+std::vector<uint16_t> Pipeline::take_redundant_runtime_functions() {
+  std::lock_guard lock(mu_);
+  std::vector<uint16_t> out;
+  out.swap(redundant_runtime_);
+  return out;
 }
 
 void Pipeline::process_record(const uint8_t* data, size_t size) {

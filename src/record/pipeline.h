@@ -96,6 +96,10 @@ class Pipeline {
   // The key of worker_ranges_: the build id, or without one the path.
   static std::string worker_file_key(const std::string& build_id, const std::string& path);
 
+  // Runtime functions whose probes only add traps (decode::Tracker::take_redundant_runtime_functions),
+  // each returned once; any thread.
+  std::vector<uint16_t> take_redundant_runtime_functions();
+
   void start();
   // Processes everything queued, flushes held calls, writes the lost counters, and joins.
   void stop();
@@ -184,6 +188,7 @@ class Pipeline {
   std::vector<store::LibraryRow> libraries_;
   std::vector<gpu::NvmlSampler::Batch> gpu_batches_;
   std::vector<uint32_t> complete_history_marks_;
+  std::vector<uint16_t> redundant_runtime_;
   std::vector<std::pair<std::string, std::vector<WorkerRange>>> new_worker_ranges_;
   size_t queued_bytes_ = 0;
   bool stopping_ = false;

@@ -370,7 +370,8 @@ int Recorder::run() {
       ::poll(fds, 2, tracer_->control_poll_ms());
       if (fds[1].revents & POLLIN) tracer_->handle_control();
       tracer_->update_unwind_tables();
-    tracer_->adjust_stack_rates();
+      tracer_->adjust_stack_rates();
+      tracer_->drop_redundant_runtime_probes();
       signalfd_siginfo si{};
       while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
         if (si.ssi_signo == SIGCHLD) continue;

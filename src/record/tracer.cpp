@@ -7,9 +7,12 @@
 
 #include <cstring>
 
+#include <fmt/ranges.h>
+
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "decode/functions.h"
 #include "decode/handoffs.h"
 #include "discover/proc.h"
 #include "symbolize/elf_file.h"
@@ -88,6 +91,7 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   attach::SessionConfig cfg;
   cfg.runtime_launch_probes = opts_.launch_probes != LaunchProbes::Driver;
   detach_runtime_launches_with_driver_ = opts_.launch_probes == LaunchProbes::Auto && opts_.whole_history;
+  drop_redundant_runtime_ = opts_.launch_probes != LaunchProbes::Both;
   sink_.set_meta("launch_probes", opts_.launch_probes == LaunchProbes::Driver ? "driver"
                                   : detach_runtime_launches_with_driver_     ? "driver once probed"
                                                                               : "runtime and driver");
@@ -391,6 +395,20 @@ void Tracer::adjust_stack_rates() {
       log_debug("stack budget: PID {} takes the stacks of 1 call in {}", c.pid, *every);
     }
   }
+}
+
+void Tracer::drop_redundant_runtime_probes() {
+  if (!pipeline_) return;
+  auto funcs = pipeline_->take_redundant_runtime_functions();
+  if (funcs.empty() || !drop_redundant_runtime_) return;
+  const int links = bpf_->detach_runtime_functions(funcs);
+  const uint64_t now = monotonic_ns();
+  for (uint16_t id : funcs)
+    if (const auto* f = decode::function_by_id(id))
+      runtime_probes_removed_.push_back(fmt::format("{} at {}", f->symbol, now));
+  sink_.set_meta("runtime_probes_removed", fmt::format("{}", fmt::join(runtime_probes_removed_, ", ")));
+  log_debug("{} runtime function(s) recorded by the driver's probes from now on ({} links removed)", funcs.size(),
+            links);
 }
 
 void Tracer::report_unwind_tables() {

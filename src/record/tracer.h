@@ -112,6 +112,10 @@ class Tracer {
   // With a stack budget: sets each process's N from what its walks cost (record/stack_budget.h)
   // and lets go of exited processes'; the control loop calls it at each poll.
   void adjust_stack_rates();
+  // Removes the probes of runtime functions whose calls the driver's probes were seen to record
+  // (decode::Tracker::take_redundant_runtime_functions), unless --launch-probes both; meta
+  // runtime_probes_removed names them. The control loop calls it at each poll.
+  void drop_redundant_runtime_probes();
   // How long the control loop may wait for control_fd() between those calls.
   int control_poll_ms() const { return stack_budget_ ? StackBudget::kPollMs : 100; }
   // Stops the threads: everything already in the ring buffer is decoded and handed to the sink.
@@ -164,6 +168,8 @@ class Tracer {
   std::set<pid_t> cuda_processes_;
   int libraries_attached_ = 0;
   bool detach_runtime_launches_with_driver_ = false;
+  bool drop_redundant_runtime_ = false;
+  std::vector<std::string> runtime_probes_removed_;
   std::atomic<bool> consuming_{false};
   std::thread consumer_;
   bool stopped_threads_ = false;

@@ -142,6 +142,48 @@ def test_driver_calls_inside_runtime_calls_take_its_stack(record, gpuscope):
     assert walks.startswith("6 walks"), walks
 
 
+def memset_rows(rec):
+    return rec.query("SELECT f.name, c.parent_id, c.stack_id, c.bytes FROM calls c JOIN functions f ON f.id = c.func "
+                     "WHERE f.kind = 'memset' ORDER BY c.ts_ns, c.parent_id IS NOT NULL")
+
+
+def test_runtime_calls_the_driver_records_lose_their_probes(record, gpuscope):
+    """Once every cudaMemsetAsync seen (32 of them) made a cuMemsetD8Async, the runtime's probes
+    go: the driver's probe records the later calls, each once, with its own stack, two traps a
+    call instead of four."""
+    batches = 60
+    rec = record("--", "/usr/bin/python3", TARGETS.parent.parent / "tests/targets/load_lib.py",
+                 TARGETS / "libnested_driver.so", "run_memsets", batches)
+    assert rec.returncode == 0, rec.stderr
+    assert "run_memsets returned 0" in rec.stdout, rec.stdout
+    rows = memset_rows(rec)
+    outer = [r for r in rows if r[1] is None]
+    assert len(outer) == batches * 10 and all(r[3] == 4096 for r in outer), rows[:40]
+    wrapped = [r for r in outer if r[0] == "cudaMemsetAsync"]
+    alone = [r for r in outer if r[0] == "cuMemsetD8Async"]
+    assert len(wrapped) >= 32 and len(alone) >= batches * 10 // 2, (len(wrapped), len(alone))
+    # Runtime rows come first, then the driver's alone.
+    assert [r[0] for r in outer] == ["cudaMemsetAsync"] * len(wrapped) + ["cuMemsetD8Async"] * len(alone)
+    assert rec.scalar("SELECT value FROM meta WHERE key = 'runtime_probes_removed'").startswith("cudaMemsetAsync at ")
+    # The driver's probe walks its own stack now: through the stand-in's frames up to the
+    # Python line that called it.
+    for stack in {r[2] for r in alone}:
+        frames = rec.query("SELECT m.path, p.function FROM stack_frames sf LEFT JOIN modules m ON m.id = sf.module_id "
+                           "LEFT JOIN python_frames p ON m.path = '[python]' AND p.id = sf.offset "
+                           "WHERE sf.stack_id = ? ORDER BY sf.depth", stack)
+        assert any((path or "").endswith("libnested_driver.so") for path, _ in frames), frames
+        assert "<module>" in [fn for _, fn in frames], frames
+
+
+def test_both_keeps_the_runtime_probes(record):
+    rec = record("--launch-probes", "both", "--", "/usr/bin/python3", TARGETS.parent.parent / "tests/targets/load_lib.py",
+                 TARGETS / "libnested_driver.so", "run_memsets", 10)
+    assert rec.returncode == 0, rec.stderr
+    outer = [r for r in memset_rows(rec) if r[1] is None]
+    assert [r[0] for r in outer] == ["cudaMemsetAsync"] * 100
+    assert rec.scalar("SELECT count(*) FROM meta WHERE key = 'runtime_probes_removed'") == 0
+
+
 def test_threads_launching_at_once(record):
     rec = record("--", TARGETS / "cuda_ops", "--threads", 4, "--iterations", 50)
     assert rec.returncode == 3, rec.stderr

@@ -2,8 +2,9 @@
 // cudaMemsetAsync call its cuMemAlloc_v2 and cuMemsetD8Async, as libcudart's call libcuda's. It
 // defines CUDA functions (cudaMalloc marks a static runtime), so gpuscope probes all four; the
 // driver calls, made inside the runtime calls, take no stack of their own and get the runtime
-// call's. Loaded late by load_lib.py, which calls run_static().
+// call's. Loaded late by load_lib.py, which calls run_static() or run_memsets(batches).
 #include <stddef.h>
+#include <unistd.h>
 
 __attribute__((noinline)) int cuMemsetD8Async(unsigned long long dst, unsigned char value, size_t n, void *stream) {
   __asm__ volatile("" ::: "memory");  // not folded into its caller
@@ -37,4 +38,22 @@ __attribute__((noinline)) static int clear_buffers(char *buf) {
 int run_static(void) {
   void *buf = 0;
   return cudaMalloc(&buf, 4096) + clear_buffers(buf);
+}
+
+__attribute__((noinline)) static int memset_batch(char *buf) {
+  int failures = 0;
+  for (int i = 0; i < 10; ++i) failures += cudaMemsetAsync(buf, 7, 4096, NULL);
+  return failures;
+}
+
+// Batches of ten memsets 10 ms apart: they go on after gpuscope has seen enough of them to
+// find that cudaMemsetAsync adds nothing to its cuMemsetD8Async, and removed its probes.
+int run_memsets(int batches) {
+  static char buf[4096];
+  int failures = 0;
+  for (int b = 0; b < batches; ++b) {
+    failures += memset_batch(buf);
+    usleep(10000);
+  }
+  return failures;
 }

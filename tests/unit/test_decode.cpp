@@ -271,6 +271,36 @@ TEST_F(TrackerTest, DriverCallsInsideARuntimeCallTakeItsStack) {
   EXPECT_EQ(out[2].stack_id, 7);
 }
 
+TEST_F(TrackerTest, RuntimeFunctionsThatOnlyWrapTheDriverAreFoundOnce) {
+  Tracker t(true);
+  const uint16_t memset_id = function_by_symbol("cudaMemsetAsync")->id;
+  auto memset_pair = [&](uint64_t ts, bool with_driver) {
+    if (with_driver) t.process(decoded(raw("cuMemsetD8Async", {0x7000, 7, 4096, 0}, ts + 2, 5)), emit);
+    t.process(decoded(raw("cudaMemsetAsync", {0x7000, 7, 4096, 0}, ts, 10)), emit);
+  };
+  for (uint64_t i = 0; i + 1 < Tracker::kRedundantAfter; ++i) memset_pair(100 * i, true);
+  EXPECT_TRUE(t.take_redundant_runtime_functions().empty());
+  memset_pair(100 * Tracker::kRedundantAfter, true);
+  EXPECT_EQ(t.take_redundant_runtime_functions(), std::vector<uint16_t>{memset_id});
+  memset_pair(100 * (Tracker::kRedundantAfter + 1), true);
+  EXPECT_TRUE(t.take_redundant_runtime_functions().empty());  // said once
+
+  // One call without its driver call (refused by the runtime, or a driver call not probed) and
+  // the function keeps its probes, whatever follows; a driver call of another kind is not one.
+  Tracker u(true);
+  u.process(decoded(raw("cuMemAlloc_v2", {0, 64}, 3, 5)), emit);
+  u.process(decoded(raw("cudaMemsetAsync", {0x7000, 7, 4096, 0}, 1, 10)), emit);
+  for (uint64_t i = 1; i < 4 * Tracker::kRedundantAfter; ++i) {
+    u.process(decoded(raw("cuMemsetD8Async", {0x7000, 7, 4096, 0}, 100 * i + 2, 5)), emit);
+    u.process(decoded(raw("cudaMemsetAsync", {0x7000, 7, 4096, 0}, 100 * i, 10)), emit);
+  }
+  EXPECT_TRUE(u.take_redundant_runtime_functions().empty());
+  // Launches are never among them (the runtime names kernels loaded before gpuscope came).
+  EXPECT_FALSE(may_be_recorded_by_driver(*function_by_symbol("cudaLaunchKernel")));
+  EXPECT_TRUE(may_be_recorded_by_driver(*function_by_symbol("cudaMemcpyAsync")));
+  EXPECT_FALSE(may_be_recorded_by_driver(*function_by_symbol("cuMemcpyAsync")));
+}
+
 TEST_F(TrackerTest, DriverLookupsNameCuFunctions) {
   Tracker t(true);
   auto lib = raw("cuLibraryGetKernel", {0x100, 0x200, 0x300}, 1);

@@ -54,6 +54,8 @@ enum gs_record_kind {
  *   bit  36      a runtime API function (the driver's calls made inside one skip their stack)
  *   bit  37      a high-rate call (launches, copies, memsets): its stack is one that
  *                --stack-every samples
+ *   bit  38      entry only, its out-pointer (bits 32..35) read at the thread's next launch or
+ *                lookup (struct thread_marks in gpuscope.bpf.c)
  */
 #define GS_COOKIE_FUNC(c) ((__u32)((c) & 0xffff))
 #define GS_COOKIE_ENTRY_ARG(c) ((__u32)(((c) >> 16) & 0xf))
@@ -65,6 +67,7 @@ enum gs_record_kind {
 #define GS_COOKIE_RET_ARG(c) ((__u32)(((c) >> 32) & 0xf))
 #define GS_COOKIE_RUNTIME(c) ((__u32)(((c) >> 36) & 0x1))
 #define GS_COOKIE_SAMPLED_STACK(c) ((__u32)(((c) >> 37) & 0x1))
+#define GS_COOKIE_OUT_LATER(c) ((__u32)(((c) >> 38) & 0x1))
 
 enum gs_call_flags {
 	GS_CALL_HAS_RETURN = 1 << 0,  /* ret and duration are valid */
@@ -80,6 +83,9 @@ enum gs_call_flags {
 	GS_CALL_STACK_SAMPLED = 1 << 5,
 	/* ... and one whose stack was left out (taken for 1 call in N, at random) */
 	GS_CALL_STACK_SAMPLED_OUT = 1 << 6,
+	/* an entry-only lookup sent at the thread's next launch or lookup, out_value read then
+	 * (GS_COOKIE_OUT_LATER): no return value, and a handle not checked by one */
+	GS_CALL_OUT_LATER = 1 << 7,
 };
 
 struct gs_call_record {

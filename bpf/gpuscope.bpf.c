@@ -159,17 +159,30 @@ __noinline int charge_stack_walks(__u64 cookie, __u32 tgid, __u64 t0)
 	return 0;
 }
 
-/* Threads inside a runtime launch: the driver launch it makes has the same stack plus a
- * few runtime frames, so it skips the walk (the costliest part of a probe) and user space
- * gives it its parent's stack. Task storage, not a hash: an LRU hash update was 200-350 ns of
- * a runtime launch's probe on the dev VM (519-698 ns without stacks, 327-334 ns now). */
+/* What a thread's next launch needs to know. Task storage, not a hash: an LRU hash update was
+ * 200-350 ns of a runtime launch's probe on the dev VM (519-698 ns without stacks, 327-334 ns
+ * with task storage). */
+struct thread_marks {
+	/* Entry time of a runtime launch, until the driver launch it makes clears it (0: none).
+	 * That driver launch has the same stack plus a few runtime frames, so it skips the walk (the
+	 * costliest part of a probe) and user space gives it its parent's stack. */
+	__u64 rt_launch_ns;
+	/* A kernel lookup whose result is read at the thread's next launch or lookup
+	 * (GS_COOKIE_OUT_LATER: cuKernelGetFunction, which cuBLASLt calls before each of its
+	 * launches): its record is sent then, with the handle found at its out-pointer, instead of
+	 * at a return probe, one trap fewer a lookup. 0: none waiting. */
+	__u64 later_ts;
+	__u64 later_out;      /* the out-pointer */
+	__u64 later_args[2];  /* its first two arguments (the out-pointer, the handle looked up) */
+	__u64 later_cookie;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
-	__type(value, __u64);  /* entry time of the runtime launch, until the driver's launch in it
-	                        * clears it; 0: none pending */
-} in_runtime_launch SEC(".maps");
+	__type(value, struct thread_marks);
+} thread_marks SEC(".maps");
 
 /* A runtime launch reaches the driver within microseconds; older marks are stale (the
  * launch failed before reaching it). */
@@ -1537,6 +1550,39 @@ __noinline int take_call_stacks(struct pt_regs *ctx, __u64 cookie, __u64 ts_ns, 
 	return 0;
 }
 
+/* The record of a lookup whose out-pointer was left for later (struct thread_marks), as its
+ * return probe would have sent it, less the result and duration. */
+static __always_inline void send_later_lookup(struct thread_marks *m, __u64 id)
+{
+	struct gs_call_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+	if (!r) {
+		count_lost(GS_LOST_RINGBUF_FULL);
+		m->later_ts = 0;
+		return;
+	}
+	r->kind = GS_REC_CALL;
+	r->func = GS_COOKIE_FUNC(m->later_cookie);
+	r->flags = GS_CALL_OUT_LATER;
+	r->ts_ns = m->later_ts;
+	r->duration_ns = 0;
+	r->pid = id >> 32;
+	r->tid = (__u32)id;
+	r->ret = 0;
+	__builtin_memset(r->args, 0, sizeof(r->args));
+	r->args[0] = m->later_args[0];
+	r->args[1] = m->later_args[1];
+	r->deref_len = 0;
+	r->stack_weight = 0;
+	r->py_stack = 0;
+	r->native_stack = 0;
+	r->out_value = 0;
+	if (bpf_probe_read_user(&r->out_value, sizeof(r->out_value), (void *)m->later_out) == 0)
+		r->flags |= GS_CALL_OUT_OK;
+	bpf_get_current_comm(r->comm, sizeof(r->comm));
+	m->later_ts = 0;
+	bpf_ringbuf_submit(r, submit_flags());
+}
+
 /* Launches: entry only, so that a launch costs one trap. */
 SEC("uprobe")
 int call_entry_emit(struct pt_regs *ctx)
@@ -1550,16 +1596,38 @@ int call_entry_emit(struct pt_regs *ctx)
 	__u32 flags = 0;
 	bool skip_stack = false;
 	if (GS_COOKIE_RT_LAUNCH(cookie)) {
-		__u64 *mark = bpf_task_storage_get(&in_runtime_launch, bpf_get_current_task_btf(), 0,
-						   BPF_LOCAL_STORAGE_GET_F_CREATE);
-		if (mark)
-			*mark = ts_ns;
+		struct thread_marks *m = bpf_task_storage_get(&thread_marks, bpf_get_current_task_btf(), 0,
+							      BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (m)
+			m->rt_launch_ns = ts_ns;
 	} else if (GS_COOKIE_DRV_LAUNCH(cookie)) {
-		__u64 *since = bpf_task_storage_get(&in_runtime_launch, bpf_get_current_task_btf(), 0, 0);
-		if (since && *since && ts_ns - *since < RUNTIME_TO_DRIVER_NS) {
-			skip_stack = true;
-			flags |= GS_CALL_UNDER_RUNTIME;
-			*since = 0;
+		struct thread_marks *m = bpf_task_storage_get(&thread_marks, bpf_get_current_task_btf(), 0, 0);
+		if (m) {
+			if (m->later_ts)
+				send_later_lookup(m, id);
+			if (m->rt_launch_ns && ts_ns - m->rt_launch_ns < RUNTIME_TO_DRIVER_NS) {
+				skip_stack = true;
+				flags |= GS_CALL_UNDER_RUNTIME;
+				m->rt_launch_ns = 0;
+			}
+		}
+	} else if (GS_COOKIE_OUT_LATER(cookie)) {
+		struct thread_marks *m = bpf_task_storage_get(&thread_marks, bpf_get_current_task_btf(), 0,
+							      BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (m) {
+			if (m->later_ts)  /* a lookup with no launch after it: its handle is written by now */
+				send_later_lookup(m, id);
+			__u32 out_idx = GS_COOKIE_RET_ARG(cookie) - 1;
+			if (out_idx < 2) {  /* lookups' out-pointers come first or second */
+				m->later_args[0] = ctx->di;
+				m->later_args[1] = ctx->si;
+				/* From the copies: a choice between ctx fields compiles to a ctx pointer
+				 * moved by a variable offset, which the verifier refuses. */
+				m->later_out = m->later_args[out_idx & 1];
+				m->later_cookie = cookie;
+				m->later_ts = ts_ns;
+				return 0;
+			}
 		}
 	}
 	__u32 stack_weight = 0;

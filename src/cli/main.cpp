@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   rec->add_option("--launch-probes", ropts.launch_probes,
                   "Probes that record runtime launches: driver (one trap per launch), both (runtime and driver: "
                   "two), auto (driver once it is probed, when recording a command; both with --pid/--all). "
-                  "Except with both, a runtime copy, memset, sync, allocation or free function is left to the "
+                  "Except with both, a runtime copy, memset or sync function is left to the "
                   "driver's probes once its calls were all seen to make one")
       ->transform(CLI::CheckedTransformer(launch_modes, CLI::ignore_case))
       ->capture_default_str();

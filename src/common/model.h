@@ -38,6 +38,7 @@ struct CallEvent {
   uint64_t name_addr = 0;      // where that name is in the process, when it could not be copied
   uint64_t out_handle = 0;     // handle a lookup returned
   bool out_valid = false;
+  bool out_unchecked = false;  // read at the thread's next launch, not at a return that said it succeeded
 
   // A runtime launch that reached the driver: the driver launch, folded into this one row
   // (one launch, one row; the driver's own row would only repeat it).

@@ -50,6 +50,7 @@ bool decode_call(const gs_call_record& r, CallEvent& e) {
   e.comm.assign(r.comm, strnlen(r.comm, sizeof(r.comm)));
   e.out_valid = (r.flags & GS_CALL_OUT_OK) && e.ret == 0;
   if (e.out_valid) e.out_handle = r.out_value;
+  e.out_unchecked = r.flags & GS_CALL_OUT_LATER;
 
   switch (f->sig) {
     case Signature::RtLaunch:

@@ -153,7 +153,9 @@ constexpr auto kFunctions = std::to_array<FunctionSpec>({
     sync(163, "cuEventSynchronize", Driver, StreamArg),
     named_lookup(170, "cuModuleGetFunction"),
     named_lookup(171, "cuLibraryGetKernel"),
-    {172, "cuKernelGetFunction", Driver, KernelLookup, KernelGetFunction, true, -1, 0, false, 0},
+    // No return probe: the function handle it writes is read at the thread's next launch (which
+    // uses it) or lookup, one trap fewer for each of cuBLASLt's launches (bpf/events.h, bit 38).
+    {172, "cuKernelGetFunction", Driver, KernelLookup, KernelGetFunction, false, -1, 0, false, 0},
 });
 
 }  // namespace
@@ -186,6 +188,7 @@ uint64_t probe_cookie(const FunctionSpec& f) {
   if (f.kind == KernelLookup) c |= uint64_t(1) << 21;
   if (f.kind == Launch) c |= uint64_t(1) << (f.api == Runtime ? 22 : 23);
   if (f.return_out_arg >= 0) c |= uint64_t(f.return_out_arg + 1) << 32;
+  if (f.return_out_arg >= 0 && !f.has_return) c |= uint64_t(1) << 38;  // read at the next launch
   if (f.api == Runtime) c |= uint64_t(1) << 36;
   if (is_high_rate(f.kind)) c |= uint64_t(1) << 37;
   return c;

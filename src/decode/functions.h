@@ -87,11 +87,13 @@ constexpr bool is_high_rate(const FunctionSpec& f) {
 // Runtime calls whose row a driver call made inside them carries whole (bytes, pointers,
 // stream, direction, duration, result): once a recording has seen that a runtime function's
 // calls all make one, its probes may go (decode::Tracker::take_redundant_runtime_functions).
-// Launches are not among them: the runtime names kernels that were loaded before gpuscope came.
+// Not launches: the runtime names kernels that were loaded before gpuscope came. Nor
+// allocations and frees: a few a step at most, and a stack walked by frame pointers from the
+// driver's entry stops in the runtime (no frame pointers there), before the library that
+// allocated, which says whose the memory in use is.
 constexpr bool may_be_recorded_by_driver(const FunctionSpec& f) {
   return f.api == Api::Runtime && f.has_return &&
-         (f.kind == CallKind::Memcpy || f.kind == CallKind::Memset || f.kind == CallKind::Sync ||
-          f.kind == CallKind::Alloc || f.kind == CallKind::Free);
+         (f.kind == CallKind::Memcpy || f.kind == CallKind::Memset || f.kind == CallKind::Sync);
 }
 std::string_view to_string(Api);
 std::string_view to_string(CallKind);

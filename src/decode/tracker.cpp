@@ -80,7 +80,14 @@ void Tracker::update_state(ProcessState& p, const CallEvent& e) {
         if (e.out_valid && !e.name.empty()) p.handle_names[e.out_handle] = {e.name, 0};
       } else if (e.out_valid) {  // cuKernelGetFunction: the function is named as its kernel
         auto it = p.handle_names.find(e.kernel_handle);
-        if (it != p.handle_names.end()) p.handle_names[e.out_handle] = it->second;
+        // A handle read after the call without its result (GS_CALL_OUT_LATER) is what a failed
+        // lookup left there, if it failed: it names only a function not named yet.
+        if (it != p.handle_names.end()) {
+          if (e.out_unchecked)
+            p.handle_names.try_emplace(e.out_handle, it->second);
+          else
+            p.handle_names[e.out_handle] = it->second;
+        }
       }
       break;
     default:

@@ -45,12 +45,13 @@ class Tracker {
   // load): memory no tracked allocation contains is pageable, as with complete_history.
   void mark_complete_history(uint32_t pid) { processes_[pid].complete_history = true; }
 
-  // Runtime functions found to record nothing that the driver call they make does not: every
-  // call of theirs seen (at least kRedundantAfter, failed ones included) enclosed a probed driver
-  // call of the same kind (cudaMemsetAsync -> cuMemsetD8Async). Their probes only add traps, so
-  // the tracer may remove them; the driver's probe records those calls from then on. Each
-  // function is returned once. A runtime call seen without such a driver call inside it (a
-  // refusal before the driver, a runtime without one) keeps its function's probe for good.
+  // Runtime functions (decode::may_be_recorded_by_driver) found to record nothing that the
+  // driver call they make does not: every call of theirs seen (at least kRedundantAfter, failed
+  // ones included) enclosed a probed driver call of the same kind (cudaMemsetAsync ->
+  // cuMemsetD8Async). Their probes only add traps, so the tracer may remove them; the driver's
+  // probe records those calls from then on. Each function is returned once. A runtime call seen
+  // without such a driver call inside it (a refusal before the driver, a runtime without one)
+  // keeps its function's probes for good.
   static constexpr uint64_t kRedundantAfter = 32;
   std::vector<uint16_t> take_redundant_runtime_functions();
 

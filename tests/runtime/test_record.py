@@ -184,6 +184,21 @@ def test_both_keeps_the_runtime_probes(record):
     assert rec.scalar("SELECT count(*) FROM meta WHERE key = 'runtime_probes_removed'") == 0
 
 
+def test_looked_up_functions_are_named_without_a_return_probe(record):
+    """cuKernelGetFunction has no return probe: the function it wrote is read at the thread's
+    next launch, and names that launch's kernel."""
+    rec = record("--", "/usr/bin/python3", TARGETS.parent.parent / "tests/targets/load_lib.py",
+                 TARGETS / "libnested_driver.so", "run_lookups", 100)
+    assert rec.returncode == 0, rec.stderr
+    assert "run_lookups returned 0" in rec.stdout, rec.stdout
+    assert kernel_launches(rec) == {"kernel_a": 60, "kernel_b": 40}
+    lookups = rec.query("SELECT c.duration_ns, c.ts_ns < l.ts_ns FROM calls c JOIN functions f ON f.id = c.func "
+                        "JOIN calls l ON l.id = (SELECT min(id) FROM calls WHERE id > c.id AND func = "
+                        "(SELECT id FROM functions WHERE name = 'cuLaunchKernel')) "
+                        "WHERE f.name = 'cuKernelGetFunction'")
+    assert len(lookups) == 100 and all(d is None and before for d, before in lookups), lookups[:5]
+
+
 def test_threads_launching_at_once(record):
     rec = record("--", TARGETS / "cuda_ops", "--threads", 4, "--iterations", 50)
     assert rec.returncode == 3, rec.stderr

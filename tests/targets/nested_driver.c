@@ -57,3 +57,50 @@ int run_memsets(int batches) {
   }
   return failures;
 }
+
+// The driver's kernel lookups and launches as cuBLASLt makes them: a kernel is found in a library
+// once (cuLibraryGetKernel), then before each launch its function is asked for
+// (cuKernelGetFunction) and launched (cuLaunchKernel). The handles are made up but distinct.
+__attribute__((noinline)) int cuLibraryGetKernel(void **kernel, void *library, const char *name) {
+  __asm__ volatile("" ::: "memory");
+  *kernel = (void *)(0x10000ul + (unsigned long)(unsigned char)name[7]);  // "kernel_a" -> 0x10061
+  return library ? 0 : 1;
+}
+
+__attribute__((noinline)) int cuKernelGetFunction(void **function, void *kernel) {
+  __asm__ volatile("" ::: "memory");
+  *function = (void *)((unsigned long)kernel + 0x1000);
+  return 0;
+}
+
+__attribute__((noinline)) int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                             unsigned bz, unsigned shmem, void *stream, void **params, void **extra) {
+  __asm__ volatile("" ::: "memory");
+  return f && gx && gy && gz && bx && by && bz && !shmem && !stream && !params && !extra ? 0 : 1;
+}
+
+__attribute__((noinline)) static int launch(void *kernel) {
+  void *f = 0;
+  int err = cuKernelGetFunction(&f, kernel);
+  return err + cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, 0, 0, 0);
+}
+
+// `launches` launches, of kernel_a and kernel_b in turn, except that every tenth is kernel_a's
+// with a memset between its lookup and its launch.
+int run_lookups(int launches) {
+  void *a = 0, *b = 0;
+  static char lib;
+  int failures = cuLibraryGetKernel(&a, &lib, "kernel_a") + cuLibraryGetKernel(&b, &lib, "kernel_b");
+  static char buf[64];
+  for (int i = 0; i < launches; ++i) {
+    if (i % 10 == 9) {
+      void *f = 0;
+      failures += cuKernelGetFunction(&f, a);
+      failures += cudaMemsetAsync(buf, 7, sizeof(buf), NULL);
+      failures += cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, 0, 0, 0);
+    } else {
+      failures += launch(i % 2 ? b : a);
+    }
+  }
+  return failures;
+}

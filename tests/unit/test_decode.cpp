@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <set>
+#include <tuple>
 
 #include "decode/decoder.h"
 #include "decode/tracker.h"
@@ -299,6 +300,7 @@ TEST_F(TrackerTest, RuntimeFunctionsThatOnlyWrapTheDriverAreFoundOnce) {
   EXPECT_FALSE(may_be_recorded_by_driver(*function_by_symbol("cudaLaunchKernel")));
   EXPECT_TRUE(may_be_recorded_by_driver(*function_by_symbol("cudaMemcpyAsync")));
   EXPECT_FALSE(may_be_recorded_by_driver(*function_by_symbol("cuMemcpyAsync")));
+  EXPECT_FALSE(may_be_recorded_by_driver(*function_by_symbol("cudaMalloc")));  // its caller says whose
 }
 
 TEST_F(TrackerTest, DriverLookupsNameCuFunctions) {
@@ -312,8 +314,40 @@ TEST_F(TrackerTest, DriverLookupsNameCuFunctions) {
   get.flags |= GS_CALL_OUT_OK;
   get.out_value = 0xbeef;  // CUfunction
   t.process(decoded(get), emit);
-  t.process(decoded(raw("cuLaunchKernel", {0xbeef, 1, 1, 1, 1, 1, 1, 0, 0}, 3)), emit);
+  const auto launch = decoded(raw("cuLaunchKernel", {0xbeef, 1, 1, 1, 1, 1, 1, 0, 0}, 3));
+  t.process(launch, emit);
   t.flush(emit);
-  EXPECT_EQ(t.kernel_name(out.back()), "triton_kernel");
+  EXPECT_EQ(t.kernel_name(launch), "triton_kernel");
+}
+
+TEST_F(TrackerTest, LookupsReadAtTheNextLaunchNameOnlyFunctionsNotNamedYet) {
+  // cuKernelGetFunction has no return probe: its handle is read at the thread's next launch,
+  // without knowing whether it succeeded. A failed lookup leaves what the variable held, maybe
+  // another kernel's function: such a handle must not rename it.
+  const auto* get_function = function_by_symbol("cuKernelGetFunction");
+  EXPECT_FALSE(get_function->has_return);
+  EXPECT_EQ(GS_COOKIE_OUT_LATER(probe_cookie(*get_function)), 1u);
+  EXPECT_EQ(GS_COOKIE_RET_ARG(probe_cookie(*get_function)), 1u);
+  EXPECT_EQ(GS_COOKIE_OUT_LATER(probe_cookie(*function_by_symbol("cuModuleGetFunction"))), 0u);
+
+  Tracker t(true);
+  for (auto [kernel, name, ts] : {std::tuple{0xca0ull, "kernel_a", 1ull}, {0xcb0ull, "kernel_b", 2ull}}) {
+    auto lib = raw("cuLibraryGetKernel", {0x100, 0x200, 0x300}, ts);
+    std::strcpy(reinterpret_cast<char*>(lib.deref), name);
+    lib.flags |= GS_CALL_DEREF_OK | GS_CALL_OUT_OK;
+    lib.out_value = kernel;
+    t.process(decoded(lib), emit);
+  }
+  auto later = [&](uint64_t kernel, uint64_t function, uint64_t ts) {
+    auto get = raw("cuKernelGetFunction", {0x7fff0000, kernel}, ts);
+    get.flags |= GS_CALL_OUT_LATER | GS_CALL_OUT_OK;
+    get.out_value = function;
+    t.process(decoded(get), emit);
+    t.process(decoded(raw("cuLaunchKernel", {function, 1, 1, 1, 1, 1, 1, 0, 0}, ts + 1)), emit);
+    return t.kernel_name(out.back());
+  };
+  EXPECT_EQ(later(0xca0, 0xf0a, 10), "kernel_a");
+  EXPECT_EQ(later(0xcb0, 0xf0a, 20), "kernel_a");  // kernel_b's lookup failed: 0xf0a stays kernel_a
+  EXPECT_EQ(later(0xcb0, 0xf0b, 30), "kernel_b");
 }
 

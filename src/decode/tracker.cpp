@@ -168,7 +168,7 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
         emit(d);
         t.held_driver_calls.pop_front();
       }
-      weigh_runtime_call(*f, through_driver);
+      weigh_runtime_call(p, *f, e, through_driver);
     }
     if (f->kind == CallKind::Launch)
       t.held_runtime_launch = std::move(e);
@@ -177,6 +177,7 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
     return;
   }
 
+  p.first_driver_call_ns.try_emplace(f->kind, e.ts_ns);
   if (!e.has_return) {
     emit(e);
     return;
@@ -188,12 +189,14 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
   }
 }
 
-void Tracker::weigh_runtime_call(const FunctionSpec& f, bool through_driver) {
+void Tracker::weigh_runtime_call(const ProcessState& p, const FunctionSpec& f, const CallEvent& e,
+                                 bool through_driver) {
   if (!may_be_recorded_by_driver(f)) return;
   RuntimeEvidence& ev = runtime_evidence_[f.id];
   if (ev.reported || ev.alone) return;
   if (!through_driver) {
-    ev.alone = true;
+    auto first = p.first_driver_call_ns.find(f.kind);
+    if (first != p.first_driver_call_ns.end() && first->second <= e.ts_ns) ev.alone = true;
     return;
   }
   if (++ev.through_driver >= kRedundantAfter) {

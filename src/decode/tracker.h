@@ -79,6 +79,9 @@ class Tracker {
   };
   struct ProcessState {
     bool complete_history = false;
+    // When the process's first driver call of each kind was seen: a runtime call before it ran
+    // while the driver was not probed yet (gpuscope attaching), and shows nothing either way.
+    std::map<CallKind, uint64_t> first_driver_call_ns;
     AllocationMap allocations;
     std::unordered_map<uint64_t, KernelName> stub_names;     // host stub -> device function
     std::unordered_map<uint64_t, KernelName> handle_names;   // CUfunction / CUkernel -> name
@@ -94,7 +97,7 @@ class Tracker {
     bool alone = false;           // a call that did not: never redundant
     bool reported = false;
   };
-  void weigh_runtime_call(const FunctionSpec& f, bool through_driver);
+  void weigh_runtime_call(const ProcessState& p, const FunctionSpec& f, const CallEvent& e, bool through_driver);
 
   bool complete_history_;
   std::unordered_map<uint16_t, RuntimeEvidence> runtime_evidence_;

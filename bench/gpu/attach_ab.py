@@ -410,7 +410,9 @@ def main():
                 per_trap_floor = added("floor") / floor_traps
                 extra = summary[c]["bpf_ms_per_step"] - floor_bpf * traps / floor_traps
                 print(f"{c}: by BPF time, {1 + extra / (per_trap_floor * traps):.3f}x the floor for its "
-                      f"{traps:.1f} traps ({extra * 1000:.1f} us of BPF a step above the empty program's)")
+                      f"{traps:.1f} traps ({extra * 1000:.1f} us of BPF a step above the empty program's; "
+                      f"the floor's added step time gives {per_trap_floor * 1000:.2f} us a trap, as noisy as "
+                      f"the steps: {1 + extra / (0.00355 * traps):.3f}x with PLATFORM.md's 3.55 us)")
     if added("calls") is not None:
         for c in ("+stacks", "+stacks eh-frame", "+stacks budget", "+stacks eh-frame budget"):
             if added(c) is not None:

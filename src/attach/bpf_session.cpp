@@ -202,17 +202,18 @@ BpfSession::~BpfSession() {
   // detaching a hundred probes takes a fraction of a second, not ten.
   constexpr size_t kDetachThreads = 32;
   std::vector<std::thread> pool;
-  const size_t per_thread = (links_.size() + kDetachThreads - 1) / kDetachThreads;
-  for (size_t start = 0; start < links_.size(); start += per_thread) {
-    pool.emplace_back([this, start, end = std::min(links_.size(), start + per_thread)] {
-      for (size_t i = start; i < end; ++i) links_[i].reset();
-    });
-  }
-  const size_t fds_per_thread = (function_fds.size() + kDetachThreads - 1) / kDetachThreads;
-  for (size_t start = 0; start < function_fds.size(); start += fds_per_thread)
-    pool.emplace_back([&function_fds, start, end = std::min(function_fds.size(), start + fds_per_thread)] {
-      for (size_t i = start; i < end; ++i) close(function_fds[i]);
-    });
+  // Runs remove(0..n-1) over up to kDetachThreads threads of the pool.
+  auto spread = [&pool](size_t n, const auto& remove) {
+    const size_t per_thread = (n + kDetachThreads - 1) / kDetachThreads;
+    for (size_t start = 0; start < n; start += per_thread)
+      pool.emplace_back([&remove, start, end = std::min(n, start + per_thread)] {
+        for (size_t i = start; i < end; ++i) remove(i);
+      });
+  };
+  const auto reset_link = [this](size_t i) { links_[i].reset(); };
+  const auto close_fd = [&function_fds](size_t i) { close(function_fds[i]); };
+  spread(links_.size(), reset_link);
+  spread(function_fds.size(), close_fd);
   for (auto& t : pool) t.join();
   links_.clear();
 }

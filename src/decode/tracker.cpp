@@ -177,7 +177,8 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
     return;
   }
 
-  p.first_driver_call_ns.try_emplace(f->kind, e.ts_ns);
+  if (uint64_t& first = p.first_driver_call_ns[static_cast<size_t>(f->kind)]; first == ProcessState::kNotYet)
+    first = e.ts_ns;
   if (!e.has_return) {
     emit(e);
     return;
@@ -193,16 +194,12 @@ void Tracker::weigh_runtime_call(const ProcessState& p, const FunctionSpec& f, c
                                  bool through_driver) {
   if (!may_be_recorded_by_driver(f)) return;
   RuntimeEvidence& ev = runtime_evidence_[f.id];
-  if (ev.reported || ev.alone) return;
+  if (ev.alone || ev.through_driver >= kRedundantAfter) return;  // decided
   if (!through_driver) {
-    auto first = p.first_driver_call_ns.find(f.kind);
-    if (first != p.first_driver_call_ns.end() && first->second <= e.ts_ns) ev.alone = true;
+    if (p.first_driver_call_ns[static_cast<size_t>(f.kind)] <= e.ts_ns) ev.alone = true;
     return;
   }
-  if (++ev.through_driver >= kRedundantAfter) {
-    ev.reported = true;
-    redundant_runtime_.push_back(f.id);
-  }
+  if (++ev.through_driver == kRedundantAfter) redundant_runtime_.push_back(f.id);
 }
 
 std::vector<uint16_t> Tracker::take_redundant_runtime_functions() {

@@ -3,6 +3,7 @@
 // lookups, and which driver calls ran inside which runtime call.
 #pragma once
 
+#include <array>
 #include <deque>
 #include <functional>
 #include <map>
@@ -79,9 +80,15 @@ class Tracker {
   };
   struct ProcessState {
     bool complete_history = false;
-    // When the process's first driver call of each kind was seen: a runtime call before it ran
-    // while the driver was not probed yet (gpuscope attaching), and shows nothing either way.
-    std::map<CallKind, uint64_t> first_driver_call_ns;
+    // When the process's first driver call of each kind was seen, by CallKind (kNotYet: none): a
+    // runtime call before it ran while the driver was not probed yet (gpuscope attaching), and
+    // shows nothing either way. Looked at for every driver call: an array, not a map.
+    static constexpr uint64_t kNotYet = UINT64_MAX;
+    std::array<uint64_t, kCallKinds> first_driver_call_ns = [] {
+      std::array<uint64_t, kCallKinds> a;
+      a.fill(kNotYet);
+      return a;
+    }();
     AllocationMap allocations;
     std::unordered_map<uint64_t, KernelName> stub_names;     // host stub -> device function
     std::unordered_map<uint64_t, KernelName> handle_names;   // CUfunction / CUkernel -> name
@@ -93,9 +100,8 @@ class Tracker {
   HostMem host_kind(const ProcessState& p, uint64_t addr) const;
 
   struct RuntimeEvidence {
-    uint64_t through_driver = 0;  // calls that enclosed a driver call of their kind
+    uint64_t through_driver = 0;  // calls that enclosed a driver call of their kind, up to kRedundantAfter
     bool alone = false;           // a call that did not: never redundant
-    bool reported = false;
   };
   void weigh_runtime_call(const ProcessState& p, const FunctionSpec& f, const CallEvent& e, bool through_driver);
 

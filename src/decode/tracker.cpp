@@ -150,7 +150,9 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
     settle_runtime_launch(t, &e, emit);
     return;  // folded into the runtime launch's row
   }
-  settle_runtime_launch(t, nullptr, emit);
+  // Driver calls before the driver launch are the runtime launch's own (its kernel's function
+  // looked up, its module loaded on first use): they leave it waiting for its driver launch.
+  if (f->api != Api::Driver) settle_runtime_launch(t, nullptr, emit);
 
   if (f->api == Api::Runtime) {
     if (e.has_return) {

@@ -199,6 +199,21 @@ def test_looked_up_functions_are_named_without_a_return_probe(record):
     assert len(lookups) == 100 and all(d is None and before for d, before in lookups), lookups[:5]
 
 
+def test_runtime_launch_keeps_its_driver_launch_across_a_lookup(record):
+    """With both levels probed, a runtime launch that asks the driver for its kernel's function
+    (cuKernelGetFunction, recorded at the launch after it) still folds its driver launch into
+    its row: one launch each, named through the driver."""
+    rec = record("--launch-probes", "both", "--", "/usr/bin/python3",
+                 TARGETS.parent.parent / "tests/targets/load_lib.py", TARGETS / "libnested_driver.so",
+                 "run_runtime_launches", 50)
+    assert rec.returncode == 0, rec.stderr
+    assert "run_runtime_launches returned 0" in rec.stdout, rec.stdout
+    assert kernel_launches(rec) == {"kernel_c": 50}
+    rows = rec.query("SELECT f.name, d.name FROM calls c JOIN functions f ON f.id = c.func "
+                     "LEFT JOIN functions d ON d.id = c.driver_func WHERE f.kind = 'launch'")
+    assert rows == [("cudaLaunchKernel", "cuLaunchKernel")] * 50, rows[:5]
+
+
 def test_threads_launching_at_once(record):
     rec = record("--", TARGETS / "cuda_ops", "--threads", 4, "--iterations", 50)
     assert rec.returncode == 3, rec.stderr

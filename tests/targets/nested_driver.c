@@ -2,7 +2,8 @@
 // cudaMemsetAsync call its cuMemAlloc_v2 and cuMemsetD8Async, as libcudart's call libcuda's. It
 // defines CUDA functions (cudaMalloc marks a static runtime), so gpuscope probes all four; the
 // driver calls, made inside the runtime calls, take no stack of their own and get the runtime
-// call's. Loaded late by load_lib.py, which calls run_static() or run_memsets(batches).
+// call's. Loaded late by load_lib.py, which calls run_static(), run_memsets(batches),
+// run_lookups(launches) or run_runtime_launches(launches).
 #include <stddef.h>
 #include <unistd.h>
 
@@ -102,5 +103,34 @@ int run_lookups(int launches) {
       failures += launch(i % 2 ? b : a);
     }
   }
+  return failures;
+}
+
+// A runtime launch as libcudart makes one for a kernel of a library it loaded through the driver:
+// the host stub's kernel is asked for its function (cuKernelGetFunction), which is launched.
+struct dim3 {
+  unsigned x, y, z;
+};
+
+// The host stub, named as the kernel (a real stub is named otherwise, or not at all).
+__attribute__((noinline)) void kernel_c(void) { __asm__ volatile("" ::: "memory"); }
+
+__attribute__((noinline)) int cudaLaunchKernel(const void *func, struct dim3 grid, struct dim3 block, void **args,
+                                               size_t shmem, void *stream) {
+  static void *kernel;
+  static char lib;
+  int err = 0;
+  if (!kernel) err += cuLibraryGetKernel(&kernel, &lib, "kernel_c");
+  void *f = 0;
+  err += cuKernelGetFunction(&f, kernel);
+  return err + (func ? cuLaunchKernel(f, grid.x, grid.y, grid.z, block.x, block.y, block.z, (unsigned)shmem, stream,
+                                      args, 0)
+                     : 1);
+}
+
+int run_runtime_launches(int launches) {
+  int failures = 0;
+  struct dim3 grid = {2, 1, 1}, block = {64, 1, 1};
+  for (int i = 0; i < launches; ++i) failures += cudaLaunchKernel((const void *)kernel_c, grid, block, 0, 0, 0);
   return failures;
 }

@@ -1,6 +1,7 @@
 // Decoding raw call records and the tracker's cross-call state.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 #include <tuple>
@@ -203,6 +204,30 @@ TEST_F(TrackerTest, DriverLaunchNestsUnderRuntimeLaunchAndInheritsItsName) {
   EXPECT_EQ(out[1].stack_id, 5);
   EXPECT_EQ(out[2].parent_id, 0);
   EXPECT_EQ(t.kernel_name(out[2]), "_Z6kernelv");  // learnt from the runtime launch
+}
+
+TEST_F(TrackerTest, DriverCallsInsideARuntimeLaunchLeaveItWaitingForItsDriverLaunch) {
+  // libcudart asks the driver for the function of a kernel it loaded through a library
+  // (cuKernelGetFunction, whose record comes at the launch after it) before launching it.
+  Tracker t(true);
+  auto lib = raw("cuLibraryGetKernel", {0x100, 0x200, 0x300}, 1);
+  std::strcpy(reinterpret_cast<char*>(lib.deref), "kernel_c");
+  lib.flags |= GS_CALL_DEREF_OK | GS_CALL_OUT_OK;
+  lib.out_value = 0xc00;
+  t.process(decoded(lib), emit);
+  t.process(decoded(raw("cudaLaunchKernel", {0x401000, pack(1, 1), 1, pack(1, 1), 1, 0, 0, 0}, 10)), emit);
+  auto get = raw("cuKernelGetFunction", {0x7fff0000, 0xc00}, 11);
+  get.flags |= GS_CALL_OUT_LATER | GS_CALL_OUT_OK;
+  get.out_value = 0xf0c;
+  t.process(decoded(get), emit);
+  t.process(decoded(raw("cuLaunchKernel", {0xf0c, 1, 1, 1, 1, 1, 1, 0, 0}, 12)), emit);
+  t.flush(emit);
+  ASSERT_EQ(out.size(), 3u);  // the library lookup, the function lookup, one launch
+  auto launch = std::find_if(out.begin(), out.end(), [](const CallEvent& e) { return e.driver_func != 0; });
+  ASSERT_NE(launch, out.end());
+  EXPECT_EQ(launch->func, function_by_symbol("cudaLaunchKernel")->id);
+  EXPECT_EQ(launch->driver_func, function_by_symbol("cuLaunchKernel")->id);
+  EXPECT_EQ(t.kernel_name(*launch), "kernel_c");  // taught by the driver's handle
 }
 
 TEST_F(TrackerTest, UnreadRegistrationNamesAreKeptAsAddressesAndTaughtToTheDriver) {

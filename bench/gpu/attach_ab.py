@@ -32,6 +32,7 @@ Configurations:
   torch.profiler+stack   the same with Python stacks
   X [b]                  gpuscope configuration X run with the build given by --gpuscope-b
   X [apart]              X with gpuscope on --apart-cpus, the workload on --workload-cpus
+  X --flag V ...         gpuscope configuration X with more record flags, e.g. "calls --ringbuf-mb 4"
 Every gpuscope configuration records with --bpf-stats (two clock reads a program run): its traps
 per step are its uprobe programs' runs, and "BPF ms/step" their run time.
 gpuscope attaches with --launch-probes driver (one trap per launch, what `record -- CMD` does once
@@ -206,6 +207,10 @@ def print_trap_breakdown(configs, figures):
 def gpuscope_config(args, c):
     """(command, flags) of a gpuscope configuration; "X [b]" is X run with --gpuscope-b, "X [apart]"
     X with gpuscope kept off the workload's CPUs (--apart-cpus)."""
+    if " --" in c:
+        base, extra = c.split(" --", 1)
+        binary, flags = gpuscope_config(args, base)
+        return binary, None if flags is None else [*flags, *("--" + extra).split()]
     if c.endswith(" [b]") and args.gpuscope_b:
         return [args.gpuscope_b], GPUSCOPE_CONFIGS.get(c[:-4])
     if c.endswith(" [apart]") and args.apart_cpus:
@@ -404,8 +409,10 @@ def main():
         # The same from BPF run time, which step times this noisy cannot show: the programs' time
         # above the empty program's, per trap, over the floor's added time per trap.
         floor_bpf = summary["floor"]["bpf_ms_per_step"]
-        for c in ("calls", "+stacks budget", "+stacks budget +cpu 99Hz"):
-            if c in summary and summary[c]["bpf_ms_per_step"] and floor_bpf and floor_traps:
+        for c in configs:
+            if c == "floor" or c not in summary or not summary[c].get("traps_per_step"):
+                continue
+            if summary[c]["bpf_ms_per_step"] and floor_bpf and floor_traps:
                 traps = summary[c]["traps_per_step"]
                 per_trap_floor = added("floor") / floor_traps
                 extra = summary[c]["bpf_ms_per_step"] - floor_bpf * traps / floor_traps

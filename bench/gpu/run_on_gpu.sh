@@ -24,6 +24,8 @@
 #           launch waits for its kernel (CUDA_LAUNCH_BLOCKING), so kernels run alone in both;
 #           with GPUTIMES_PACING=profiler gpuscope's runs launch at the profiler's pace (--pacing);
 #           with GPUTIMES_NSYS=1 Nsight Systems measures the same steps as a third reference.
+# parts:    what each part of the launch probe costs inside the training step (bench/gpu/probe_parts.py:
+#           stages of the probe attached in turn to the driver's launch functions; gpuscope's own beside).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-static}
@@ -39,7 +41,7 @@ AGENT_LIBS="$(pwd)/$BUILD/lib"
 export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$AGENT_LIBS"
 
 {
-  echo "== machine"; date -u; uname -r; nvidia-smi -L; echo "commit: ${GPUSCOPE_COMMIT:-unknown (set GPUSCOPE_COMMIT)}"
+  echo "== machine"; date -u; uname -r; nvidia-smi -L; lscpu | grep -E "Model name|^CPU\(s\)|L2|L3"; echo "commit: ${GPUSCOPE_COMMIT:-unknown (set GPUSCOPE_COMMIT)}"
   echo "nsys: $($PY -c 'import sys; sys.path.insert(0, "bench/gpu"); from overhead import find_nsys; print(find_nsys() or "not installed")' 2>/dev/null)"
 } 2>&1 | tee "$OUT/machine.txt"
 
@@ -150,6 +152,11 @@ if [[ " $STAGES " == *" ab "* ]]; then
         ${AB_CONFIGS:+--configs "$AB_CONFIGS"} ${AB_GPUSCOPE_B:+--gpuscope-b "$AB_GPUSCOPE_B"} \
         ${AB_EXTRA:-} 2>&1 | tee "$OUT/ab-$w.txt"
   done
+fi
+if [[ " $STAGES " == *" parts "* ]]; then
+  $PY bench/gpu/probe_parts.py --build "$BUILD" --workload ${PARTS_WORKLOAD:-train_step} --rounds ${ROUNDS:-3} \
+      --ring-mb ${PARTS_RING_MB:-64} --window ${PARTS_WINDOW:-3} ${PARTS_EXTRA:-} \
+      2>&1 | tee "$OUT/parts.txt"
 fi
 if [[ " $STAGES " == *" gputimes "* ]]; then
   # The library's benchmark knobs, when set, name the output too (the device tool takes back

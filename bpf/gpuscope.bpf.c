@@ -1044,19 +1044,36 @@ static __always_inline __u64 fp_user_stack(struct pt_regs *regs, __u64 pid_tgid,
 	return native_stack_id(s, tgid, flags, slot);
 }
 
+/* Target processes by tgid % GS_TARGET_SLOTS, so that a probe finds its own with one load
+ * instead of a hash lookup (a hash lookup was ~58 ns of a launch probe on the H100). A slot
+ * holds one tgid, set by user space (BpfSession::add_target) and cleared where the process leaves
+ * (on_exit, remove_target); a target that shares a slot, or a child followed by on_fork, is
+ * found in `targets`. A slot never holds a process that is not a target. */
+volatile __u32 target_slots[GS_TARGET_SLOTS];
+
 static __always_inline bool is_target(__u32 tgid)
 {
 	if (tgid == self_tgid)
 		return false;
 	if (!filter_targets)
 		return true;
+	if (target_slots[tgid & (GS_TARGET_SLOTS - 1)] == tgid)
+		return true;
 	return bpf_map_lookup_elem(&targets, &tgid) != NULL;
 }
 
+/* Records are submitted without waking the consumer, which collects them every few ms, except
+ * once the data waiting passes wakeup_bytes: that record wakes it, and no other until user space
+ * has consumed the ring again and cleared wakeup_sent. A wake-up queues an irq_work; forcing one
+ * at every record while the consumer caught up cost ~110 ns a record on the dev VM at 400k a second. */
+volatile __u32 wakeup_sent = 0;
+
 static __always_inline __u64 submit_flags(void)
 {
-	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP
-									      : BPF_RB_NO_WAKEUP;
+	if (wakeup_sent || bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) < wakeup_bytes)
+		return BPF_RB_NO_WAKEUP;
+	wakeup_sent = 1;
+	return BPF_RB_FORCE_WAKEUP;
 }
 
 static __always_inline void read_args(struct pt_regs *ctx, __u64 *args)
@@ -1074,8 +1091,10 @@ static __always_inline void read_args(struct pt_regs *ctx, __u64 *args)
 			    (void *)(ctx->sp + 8));
 }
 
-/* Copy what an argument points at (a launch config, a copy descriptor, a kernel name). */
-static __always_inline __u32 read_entry_deref(__u64 cookie, const __u64 *args, __u8 *dst, __u32 *flags)
+/* Copy what an argument points at (a launch config, a copy descriptor, a kernel name). Not
+ * inlined (nor the other rare paths of the call probes: send_later_lookup, hold_later_lookup):
+ * code that most calls skip still filled the cache lines that the launch probe runs through. */
+static __noinline __u32 read_entry_deref(__u64 cookie, const __u64 *args, __u8 *dst, __u32 *flags)
 {
 	__u32 arg = GS_COOKIE_ENTRY_ARG(cookie);
 	if (!arg || arg > GS_NUM_ARGS)
@@ -1552,7 +1571,7 @@ __noinline int take_call_stacks(struct pt_regs *ctx, __u64 cookie, __u64 ts_ns, 
 
 /* The record of a lookup whose out-pointer was left for later (struct thread_marks), as its
  * return probe would have sent it, less the result and duration. */
-static __always_inline void send_later_lookup(struct thread_marks *m, __u64 id)
+static __noinline void send_later_lookup(struct thread_marks *m, __u64 id)
 {
 	struct gs_call_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
@@ -1583,6 +1602,29 @@ static __always_inline void send_later_lookup(struct thread_marks *m, __u64 id)
 	bpf_ringbuf_submit(r, submit_flags());
 }
 
+/* A lookup whose out-pointer is read later (GS_COOKIE_OUT_LATER): kept in the thread's marks
+ * until its next launch or lookup. 1 when kept, 0 when it is to be sent now. */
+static __noinline int hold_later_lookup(struct pt_regs *ctx, __u64 id, __u64 cookie, __u64 ts_ns)
+{
+	struct thread_marks *m = bpf_task_storage_get(&thread_marks, bpf_get_current_task_btf(), 0,
+						      BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!m)
+		return 0;
+	if (m->later_ts)  /* a lookup with no launch after it: its handle is written by now */
+		send_later_lookup(m, id);
+	__u32 out_idx = GS_COOKIE_RET_ARG(cookie) - 1;
+	if (out_idx >= 2)  /* lookups' out-pointers come first or second */
+		return 0;
+	m->later_args[0] = ctx->di;
+	m->later_args[1] = ctx->si;
+	/* From the copies: a choice between ctx fields compiles to a ctx pointer moved by a
+	 * variable offset, which the verifier refuses. */
+	m->later_out = m->later_args[out_idx & 1];
+	m->later_cookie = cookie;
+	m->later_ts = ts_ns;
+	return 1;
+}
+
 /* Launches: entry only, so that a launch costs one trap. */
 SEC("uprobe")
 int call_entry_emit(struct pt_regs *ctx)
@@ -1611,24 +1653,8 @@ int call_entry_emit(struct pt_regs *ctx)
 				m->rt_launch_ns = 0;
 			}
 		}
-	} else if (GS_COOKIE_OUT_LATER(cookie)) {
-		struct thread_marks *m = bpf_task_storage_get(&thread_marks, bpf_get_current_task_btf(), 0,
-							      BPF_LOCAL_STORAGE_GET_F_CREATE);
-		if (m) {
-			if (m->later_ts)  /* a lookup with no launch after it: its handle is written by now */
-				send_later_lookup(m, id);
-			__u32 out_idx = GS_COOKIE_RET_ARG(cookie) - 1;
-			if (out_idx < 2) {  /* lookups' out-pointers come first or second */
-				m->later_args[0] = ctx->di;
-				m->later_args[1] = ctx->si;
-				/* From the copies: a choice between ctx fields compiles to a ctx pointer
-				 * moved by a variable offset, which the verifier refuses. */
-				m->later_out = m->later_args[out_idx & 1];
-				m->later_cookie = cookie;
-				m->later_ts = ts_ns;
-				return 0;
-			}
-		}
+	} else if (GS_COOKIE_OUT_LATER(cookie) && hold_later_lookup(ctx, id, cookie, ts_ns)) {
+		return 0;
 	}
 	__u32 stack_weight = 0;
 	if (!skip_stack)
@@ -1636,7 +1662,7 @@ int call_entry_emit(struct pt_regs *ctx)
 	/* Before the call's record is reserved, so that a stack copy or a new Python stack comes
 	 * ahead of it. */
 	struct call_stacks st = {};
-	if (!skip_stack) {
+	if (!skip_stack && capture_stacks) {
 		take_call_stacks(ctx, cookie, ts_ns, &st);
 		flags |= st.flags;
 	}
@@ -1656,7 +1682,7 @@ int call_entry_emit(struct pt_regs *ctx)
 	r->ret = 0;
 	r->out_value = 0;
 	read_args(ctx, r->args);
-	r->deref_len = read_entry_deref(cookie, r->args, r->deref, &r->flags);
+	r->deref_len = GS_COOKIE_ENTRY_ARG(cookie) ? read_entry_deref(cookie, r->args, r->deref, &r->flags) : 0;
 	r->stack_weight = stack_weight;
 	r->py_stack = st.py;
 	r->native_stack = st.native;
@@ -1844,6 +1870,11 @@ int on_exit(void *ctx)
 			bpf_map_delete_elem(&targets, &tid);
 		return 0;
 	}
+	/* Before its pid can be reused (user space removes it from `targets` when it reads the exit).
+	 * Should user space give the slot to another target in between, that one is found in the
+	 * hash: a slot is only ever emptied wrongly, never filled. */
+	if (target_slots[tgid & (GS_TARGET_SLOTS - 1)] == tgid)
+		target_slots[tgid & (GS_TARGET_SLOTS - 1)] = 0;
 	struct gs_proc_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
 		count_lost(GS_LOST_RINGBUF_FULL);

@@ -229,6 +229,9 @@ int BpfSession::poll(int timeout_ms) {
   // is when we collect them.
   int n = ring_buffer__poll(ring_.get(), timeout_ms);
   if (n < 0 && n != -EINTR) return n;
+  // The next record past the wake-up threshold may wake us again (submit_flags in the BPF code);
+  // cleared before the ring is drained, so that data passing it meanwhile is not left waiting.
+  __atomic_store_n(&skel_->bss->wakeup_sent, 0, __ATOMIC_SEQ_CST);
   int m = ring_buffer__consume(ring_.get());
   return m < 0 ? m : std::max(n, 0) + m;
 }
@@ -237,10 +240,16 @@ void BpfSession::add_target(pid_t pid) {
   uint32_t key = static_cast<uint32_t>(pid);
   uint8_t one = 1;
   bpf_map__update_elem(skel_->maps.targets, &key, sizeof(key), &one, sizeof(one), BPF_ANY);
+  // After the hash: a slot may only name a target. It takes the slot from any other target
+  // there, which is then found in the hash.
+  __atomic_store_n(&skel_->bss->target_slots[key & (GS_TARGET_SLOTS - 1)], key, __ATOMIC_SEQ_CST);
 }
 
 void BpfSession::remove_target(pid_t pid) {
   uint32_t key = static_cast<uint32_t>(pid);
+  uint32_t expected = key;
+  __atomic_compare_exchange_n(&skel_->bss->target_slots[key & (GS_TARGET_SLOTS - 1)], &expected, 0u, false,
+                              __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   bpf_map__delete_elem(skel_->maps.targets, &key, sizeof(key), 0);
 }
 

@@ -15,7 +15,7 @@ the thread's marks and the stack-sampling choice, all that the launch probe does
 s4 p4 into a 96-byte record. A stage named twice runs again once the ring has wrapped.
 
 Prints each program's ns a run by round, then their medians, and gpuscope's call_entry_emit's
-(with --gpuscope-b, each build's in every round)."""
+(with --gpuscope-b, each build's in every round, named by its file)."""
 import argparse
 import json
 import pathlib
@@ -73,7 +73,7 @@ def main():
     ap.add_argument("--launch-probes", default="driver", help="gpuscope's (both where launches fail before the driver)")
     ap.add_argument("--workload-cpus", help="pin the workload to these CPUs (taskset -c)")
     ap.add_argument("--apart-cpus", help="also run gpuscope pinned to these CPUs, apart from the workload's")
-    ap.add_argument("--gpuscope-b", help="a second gpuscope build, run beside the first in every round")
+    ap.add_argument("--gpuscope-b", help="other gpuscope builds (comma-separated), run beside the first in every round")
     ap.add_argument("--programs", help="probe_parts' programs (default: all of its stages)")
     args = ap.parse_args()
     build = pathlib.Path(args.build)
@@ -102,7 +102,8 @@ def main():
                         f = line.split()
                         parts_ns.setdefault(f[2] + at, []).append(float(f[5]))
                         print(f"round {r + 1} {f[2] + at} {' '.join(f[3:])}", flush=True)
-                    builds = [("", str(build / "gpuscope"))] + ([(" [b]", args.gpuscope_b)] if args.gpuscope_b else [])
+                    others = args.gpuscope_b.split(",") if args.gpuscope_b else []
+                    builds = [("", str(build / "gpuscope"))] + [(f" [{pathlib.Path(o).name}]", o) for o in others]
                     for (b, binary), apart in [(bb, a) for bb in builds for a in ([False, True] if args.apart_cpus
                                                                                  else [False])]:
                         pin = ["taskset", "-c", args.apart_cpus] if apart else []

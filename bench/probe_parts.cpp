@@ -2,7 +2,7 @@
 // probe_parts.bpf.c attached one at a time to FILE's SYMBOLs in process PID, round after round,
 // their run time per run read from bpf_prog_info (kernel BPF statistics on while this runs).
 // A thread drains the ring buffer every 20 ms and reads every record whole, as gpuscope's does.
-//   probe_parts --pid PID [--rounds 3] [--window 3] [--settle 1] [--ring-mb 64] [--consumer-ns 0]
+//   probe_parts --pid PID [--rounds 3] [--window 3] [--settle 1] [--ring-mb 64] [--consumer-ns 0] [--multi]
 //               [--programs p0_empty,p3_fill,...] FILE SYMBOL...
 // A program named twice runs twice a round: the ring buffer's memory is fresh (never written
 // since it was allocated) for the first programs that write to it, and not for later ones.
@@ -11,6 +11,7 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -71,12 +72,34 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+constexpr uint32_t kAttachUprobeMulti = 48;  // BPF_TRACE_UPROBE_MULTI, newer than libbpf 1.1's headers
+
+// One uprobe-multi link for all offsets, as gpuscope attaches (BpfSession::attach_multi).
+int attach_multi(bpf_program* prog, const std::string& path, const std::vector<uint64_t>& offsets,
+                 const std::vector<uint64_t>& cookies, int pid) {
+  struct {
+    uint32_t prog_fd, target_fd, attach_type, flags;
+    uint64_t path, offsets, ref_ctr_offsets, cookies;
+    uint32_t cnt, multi_flags, pid;
+    uint8_t pad[64];
+  } attr{};
+  attr.prog_fd = static_cast<uint32_t>(bpf_program__fd(prog));
+  attr.attach_type = kAttachUprobeMulti;
+  attr.path = reinterpret_cast<uint64_t>(path.c_str());
+  attr.offsets = reinterpret_cast<uint64_t>(offsets.data());
+  attr.cookies = reinterpret_cast<uint64_t>(cookies.data());
+  attr.cnt = static_cast<uint32_t>(offsets.size());
+  attr.pid = static_cast<uint32_t>(pid);
+  return static_cast<int>(syscall(__NR_bpf, BPF_LINK_CREATE, &attr, sizeof(attr)));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int pid = 0, rounds = 3;
   double window = 3, settle = 1;
   uint32_t ring_mb = 64;
+  bool multi = false;  // --multi: one uprobe-multi link per program, as gpuscope attaches
   std::string programs = "p0_empty,p1a_filter,p1b_clock,p1c_cookie,p1_filter_clock,p2_reserve_submit,p3_fill,"
                          "p4_stack_args,p5_comm,p6_query,p7_marks_sampling,s4_small_stack_args,p2_reserve_submit";
   std::string file;
@@ -96,6 +119,7 @@ int main(int argc, char** argv) {
     else if (a == "--settle") settle = atof(value().c_str());
     else if (a == "--programs") programs = value();
     else if (a == "--consumer-ns") consumer_ns = atol(value().c_str());
+    else if (a == "--multi") multi = true;
     else if (a == "--ring-mb") ring_mb = static_cast<uint32_t>(atoi(value().c_str()));
     else if (file.empty()) file = a;
     else symbols.push_back(a);
@@ -110,6 +134,10 @@ int main(int argc, char** argv) {
   }
   auto* skel = probe_parts_bpf__open();
   if (skel) bpf_map__set_max_entries(skel->maps.events, ring_mb << 20);
+  if (skel && multi) {
+    bpf_program* p;
+    bpf_object__for_each_program(p, skel->obj) bpf_program__set_expected_attach_type(p, static_cast<bpf_attach_type>(kAttachUprobeMulti));
+  }
   if (skel && probe_parts_bpf__load(skel) != 0) {
     probe_parts_bpf__destroy(skel);
     skel = nullptr;
@@ -160,8 +188,22 @@ int main(int argc, char** argv) {
         return 2;
       }
       std::vector<bpf_link*> links;
+      std::vector<int> multi_links;
       uint64_t cookie = 1;
-      for (const auto& [sym, off] : offsets) {
+      if (multi) {
+        std::vector<uint64_t> offs, cookies;
+        for (const auto& [sym, off] : offsets) {
+          offs.push_back(off);
+          cookies.push_back(cookie++);
+        }
+        int fd = attach_multi(prog, file, offs, cookies, pid);
+        if (fd < 0) {
+          fprintf(stderr, "probe_parts: cannot attach %s as uprobe-multi: %s\n", name.c_str(), strerror(errno));
+          return 1;
+        }
+        multi_links.push_back(fd);
+      }
+      for (const auto& [sym, off] : multi ? decltype(offsets){} : offsets) {
         LIBBPF_OPTS(bpf_uprobe_opts, opts, .bpf_cookie = cookie++);
         bpf_link* l = bpf_program__attach_uprobe_opts(prog, pid, file.c_str(), off, &opts);
         if (!l) {
@@ -177,6 +219,7 @@ int main(int argc, char** argv) {
       Stats b = stats(prog);
       double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       for (auto* l : links) bpf_link__destroy(l);
+      for (int fd : multi_links) close(fd);
       const uint64_t runs = b.runs - a.runs;
       const double ns = runs ? double(b.ns - a.ns) / runs : 0;
       results[labels[i]].push_back({ns, runs / secs});

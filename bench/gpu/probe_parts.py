@@ -42,11 +42,11 @@ def find_libcuda(pid):
     return None
 
 
-def gpuscope_emit_ns(gpuscope, pid, seconds, tmp, ring_mb, launch_probes, pin=()):
+def gpuscope_emit_ns(gpuscope, pid, seconds, tmp, ring_mb, launch_probes, pin=(), flags=()):
     rec = pathlib.Path(tmp) / "parts.gpuscope"
     rec.unlink(missing_ok=True)
     proc = subprocess.Popen([*pin, gpuscope, "record", "-q", "--pid", str(pid), "--bpf-stats", "--no-stacks",
-                             "--launch-probes", launch_probes, "--ringbuf-mb", str(ring_mb), "-o", str(rec)],
+                             "--launch-probes", launch_probes, "--ringbuf-mb", str(ring_mb), *flags, "-o", str(rec)],
                             stderr=subprocess.PIPE, text=True)
     time.sleep(1 + seconds)
     proc.send_signal(signal.SIGINT)
@@ -75,6 +75,8 @@ def main():
     ap.add_argument("--apart-cpus", help="also run gpuscope pinned to these CPUs, apart from the workload's")
     ap.add_argument("--gpuscope-b", help="other gpuscope builds (comma-separated), run beside the first in every round")
     ap.add_argument("--programs", help="probe_parts' programs (default: all of its stages)")
+    ap.add_argument("--flag-variants", help="more record flags, each set (';'-separated) run with the first build "
+                                            "in every round, e.g. '--gpu-sample-hz 0'")
     args = ap.parse_args()
     build = pathlib.Path(args.build)
     parts = build / "bench" / "probe_parts"
@@ -103,12 +105,15 @@ def main():
                         parts_ns.setdefault(f[2] + at, []).append(float(f[5]))
                         print(f"round {r + 1} {f[2] + at} {' '.join(f[3:])}", flush=True)
                     others = args.gpuscope_b.split(",") if args.gpuscope_b else []
-                    builds = [("", str(build / "gpuscope"))] + [(f" [{pathlib.Path(o).name}]", o) for o in others]
-                    for (b, binary), apart in [(bb, a) for bb in builds for a in ([False, True] if args.apart_cpus
+                    builds = [("", str(build / "gpuscope"), [])]
+                    builds += [(f" [{f}]", str(build / "gpuscope"), f.split())
+                               for f in (args.flag_variants.split(";") if args.flag_variants else [])]
+                    builds += [(f" [{pathlib.Path(o).name}]", o, []) for o in others]
+                    for (b, binary, flags), apart in [(bb, a) for bb in builds for a in ([False, True] if args.apart_cpus
                                                                                  else [False])]:
                         pin = ["taskset", "-c", args.apart_cpus] if apart else []
                         ns, runs = gpuscope_emit_ns(binary, work.proc.pid, args.window, tmp, ring,
-                                                    args.launch_probes, pin)
+                                                    args.launch_probes, pin, flags)
                         label = f"--ringbuf-mb {ring}" + (f", on CPUs {args.apart_cpus}" if apart else "") + b
                         emit.setdefault(label, []).append(ns)
                         print(f"round {r + 1} gpuscope call_entry_emit ({label}) {runs} runs {ns:.0f} ns a run",

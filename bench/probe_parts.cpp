@@ -11,7 +11,6 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "attach/bpf_session.h"
 #include "probe_parts.skel.h"
 #include "symbolize/elf_file.h"
 
@@ -72,27 +72,6 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-constexpr uint32_t kAttachUprobeMulti = 48;  // BPF_TRACE_UPROBE_MULTI, newer than libbpf 1.1's headers
-
-// One uprobe-multi link for all offsets, as gpuscope attaches (BpfSession::attach_multi).
-int attach_multi(bpf_program* prog, const std::string& path, const std::vector<uint64_t>& offsets,
-                 const std::vector<uint64_t>& cookies, int pid) {
-  struct {
-    uint32_t prog_fd, target_fd, attach_type, flags;
-    uint64_t path, offsets, ref_ctr_offsets, cookies;
-    uint32_t cnt, multi_flags, pid;
-    uint8_t pad[64];
-  } attr{};
-  attr.prog_fd = static_cast<uint32_t>(bpf_program__fd(prog));
-  attr.attach_type = kAttachUprobeMulti;
-  attr.path = reinterpret_cast<uint64_t>(path.c_str());
-  attr.offsets = reinterpret_cast<uint64_t>(offsets.data());
-  attr.cookies = reinterpret_cast<uint64_t>(cookies.data());
-  attr.cnt = static_cast<uint32_t>(offsets.size());
-  attr.pid = static_cast<uint32_t>(pid);
-  return static_cast<int>(syscall(__NR_bpf, BPF_LINK_CREATE, &attr, sizeof(attr)));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,7 +115,8 @@ int main(int argc, char** argv) {
   if (skel) bpf_map__set_max_entries(skel->maps.events, ring_mb << 20);
   if (skel && multi) {
     bpf_program* p;
-    bpf_object__for_each_program(p, skel->obj) bpf_program__set_expected_attach_type(p, static_cast<bpf_attach_type>(kAttachUprobeMulti));
+    const auto multi_type = static_cast<bpf_attach_type>(gpuscope::attach::kAttachUprobeMulti);
+    bpf_object__for_each_program(p, skel->obj) bpf_program__set_expected_attach_type(p, multi_type);
   }
   if (skel && probe_parts_bpf__load(skel) != 0) {
     probe_parts_bpf__destroy(skel);
@@ -196,7 +176,7 @@ int main(int argc, char** argv) {
           offs.push_back(off);
           cookies.push_back(cookie++);
         }
-        int fd = attach_multi(prog, file, offs, cookies, pid);
+        int fd = gpuscope::attach::attach_uprobe_multi(bpf_program__fd(prog), file, offs, cookies, false, pid);
         if (fd < 0) {
           fprintf(stderr, "probe_parts: cannot attach %s as uprobe-multi: %s\n", name.c_str(), strerror(errno));
           return 1;

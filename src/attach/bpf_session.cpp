@@ -47,7 +47,6 @@ void BpfSession::RingDeleter::operator()(ring_buffer* r) const { ring_buffer__fr
 
 namespace {
 
-constexpr uint32_t kAttachUprobeMulti = 48;  // BPF_TRACE_UPROBE_MULTI, newer than libbpf 1.1's headers
 
 // libbpf prints through this; keep warnings, drop its debug chatter.
 int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
@@ -159,8 +158,8 @@ bpf_program* BpfSession::return_program() const {
   return floor_probes_ ? skel_->progs.calibration_hit : skel_->progs.call_return;
 }
 
-int BpfSession::attach_multi(bpf_program* prog, const std::string& path, const ProbeSet& set, bool retprobe, pid_t pid) {
-  if (set.offsets.empty()) return -1;
+int attach_uprobe_multi(int prog_fd, const std::string& path, const std::vector<uint64_t>& offsets,
+                        const std::vector<uint64_t>& cookies, bool retprobe, pid_t pid) {
   // libbpf 1.1 predates uprobe-multi links: build the BPF_LINK_CREATE attribute by hand
   // (layout of union bpf_attr's link_create.uprobe_multi, include/uapi/linux/bpf.h).
   struct {
@@ -169,16 +168,21 @@ int BpfSession::attach_multi(bpf_program* prog, const std::string& path, const P
     uint32_t cnt, multi_flags, pid;
     uint8_t pad[64];
   } attr{};
-  attr.prog_fd = static_cast<uint32_t>(bpf_program__fd(prog));
+  attr.prog_fd = static_cast<uint32_t>(prog_fd);
   attr.attach_type = kAttachUprobeMulti;
   attr.path = reinterpret_cast<uint64_t>(path.c_str());
-  attr.offsets = reinterpret_cast<uint64_t>(set.offsets.data());
-  attr.cookies = reinterpret_cast<uint64_t>(set.cookies.data());
-  attr.cnt = static_cast<uint32_t>(set.offsets.size());
+  attr.offsets = reinterpret_cast<uint64_t>(offsets.data());
+  attr.cookies = reinterpret_cast<uint64_t>(cookies.data());
+  attr.cnt = static_cast<uint32_t>(offsets.size());
   attr.multi_flags = retprobe ? 1 /* BPF_F_UPROBE_MULTI_RETURN */ : 0;
-  // With a pid the kernel plants the breakpoints in that process alone: others pay no trap.
   attr.pid = static_cast<uint32_t>(pid);
-  const int fd = static_cast<int>(syscall(__NR_bpf, BPF_LINK_CREATE, &attr, sizeof(attr)));
+  return static_cast<int>(syscall(__NR_bpf, BPF_LINK_CREATE, &attr, sizeof(attr)));
+}
+
+int BpfSession::attach_multi(bpf_program* prog, const std::string& path, const ProbeSet& set, bool retprobe, pid_t pid) {
+  if (set.offsets.empty()) return -1;
+  // With a pid the kernel plants the breakpoints in that process alone: others pay no trap.
+  const int fd = attach_uprobe_multi(bpf_program__fd(prog), path, set.offsets, set.cookies, retprobe, pid);
   if (fd < 0) throw Error("uprobe-multi link on {}: {}", path, strerror(errno));
   return fd;
 }

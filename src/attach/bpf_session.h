@@ -85,6 +85,15 @@ struct AttachResult {
 using LostCounts = std::array<uint64_t, GS_LOST_NR>;
 std::string_view lost_cause_name(int cause);
 
+// BPF_TRACE_UPROBE_MULTI, newer than libbpf 1.1's headers.
+constexpr uint32_t kAttachUprobeMulti = 48;
+
+// One uprobe-multi link of program `prog_fd` on `offsets` of the file at `path` (a return probe
+// with `retprobe`), each with its cookie; with a pid, planted in that process alone. Returns the
+// link's fd, or -1 with errno set.
+int attach_uprobe_multi(int prog_fd, const std::string& path, const std::vector<uint64_t>& offsets,
+                        const std::vector<uint64_t>& cookies, bool retprobe, pid_t pid = 0);
+
 class BpfSession {
  public:
   // Loads the programs and attaches the tracepoints. Throws Error with what to do.

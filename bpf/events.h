@@ -351,9 +351,6 @@ struct gs_native_stack_record {
  * memsets') cost, per CPU (bpf: stack_costs, by tgid); user space sets the process's one in N in
  * stack_rates from it (record/stack_budget.h). */
 #define GS_STACK_RATE_SLOTS 4096  /* a power of two */
-/* Targets' tgids in a .bss array indexed by tgid % GS_TARGET_SLOTS, ahead of the targets hash:
- * see is_target in gpuscope.bpf.c. */
-#define GS_TARGET_SLOTS 1024  /* a power of two */
 #define GS_STACK_RATE(tgid, every) (((__u64)(every) << 32) | (__u32)(tgid))
 #define GS_STACK_RATE_TGID(rate) ((__u32)(rate))
 #define GS_STACK_RATE_EVERY(rate) ((__u32)((rate) >> 32))
@@ -362,6 +359,10 @@ struct gs_stack_cost {
 	__u64 walks;
 	__u64 first_ns;  /* the process's first charged walk (on the CPU that made the entry; 0 on others) */
 };
+
+/* Targets' tgids in a .bss array indexed by tgid % GS_TARGET_SLOTS, ahead of the targets hash:
+ * see is_target in gpuscope.bpf.c. */
+#define GS_TARGET_SLOTS 1024  /* a power of two */
 
 /* Causes of lost information, counted per CPU in the `lost` map. */
 /* What the BPF stack walks did, summed over CPUs (bpf: unwind_stats, one array of these per CPU):

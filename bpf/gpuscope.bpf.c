@@ -1569,6 +1569,19 @@ __noinline int take_call_stacks(struct pt_regs *ctx, __u64 cookie, __u64 ts_ns, 
 	return 0;
 }
 
+/* What every call record starts with; `duration_ns` 0 for an entry-only record. */
+static __always_inline void call_record_head(struct gs_call_record *r, __u64 id, __u64 cookie, __u32 flags,
+					     __u64 ts_ns, __u64 duration_ns)
+{
+	r->kind = GS_REC_CALL;
+	r->func = GS_COOKIE_FUNC(cookie);
+	r->flags = flags;
+	r->ts_ns = ts_ns;
+	r->duration_ns = duration_ns;
+	r->pid = id >> 32;
+	r->tid = (__u32)id;
+}
+
 /* The record of a lookup whose out-pointer was left for later (struct thread_marks), as its
  * return probe would have sent it, less the result and duration. */
 static __noinline void send_later_lookup(struct thread_marks *m, __u64 id)
@@ -1579,13 +1592,7 @@ static __noinline void send_later_lookup(struct thread_marks *m, __u64 id)
 		m->later_ts = 0;
 		return;
 	}
-	r->kind = GS_REC_CALL;
-	r->func = GS_COOKIE_FUNC(m->later_cookie);
-	r->flags = GS_CALL_OUT_LATER;
-	r->ts_ns = m->later_ts;
-	r->duration_ns = 0;
-	r->pid = id >> 32;
-	r->tid = (__u32)id;
+	call_record_head(r, id, m->later_cookie, GS_CALL_OUT_LATER, m->later_ts, 0);
 	r->ret = 0;
 	__builtin_memset(r->args, 0, sizeof(r->args));
 	r->args[0] = m->later_args[0];
@@ -1672,13 +1679,7 @@ int call_entry_emit(struct pt_regs *ctx)
 		count_lost(GS_LOST_RINGBUF_FULL);
 		return 0;
 	}
-	r->kind = GS_REC_CALL;
-	r->func = GS_COOKIE_FUNC(cookie);
-	r->flags = flags;
-	r->ts_ns = ts_ns;
-	r->duration_ns = 0;
-	r->pid = id >> 32;
-	r->tid = (__u32)id;
+	call_record_head(r, id, cookie, flags, ts_ns, 0);
 	r->ret = 0;
 	r->out_value = 0;
 	read_args(ctx, r->args);
@@ -1749,7 +1750,7 @@ int call_entry(struct pt_regs *ctx)
 	if (in_runtime)
 		p->flags |= GS_CALL_UNDER_RUNTIME;
 	p->stack_weight = 0;
-	if (in_runtime || stack_sampled_out(cookie, id >> 32, &p->flags, &p->stack_weight)) {
+	if (in_runtime || !capture_stacks || stack_sampled_out(cookie, id >> 32, &p->flags, &p->stack_weight)) {
 		p->native_stack = 0;
 		p->py_stack = 0;
 		return 0;
@@ -1792,13 +1793,7 @@ int call_return(struct pt_regs *ctx)
 		t->tag[slot] = 0;
 		return 0;
 	}
-	r->kind = GS_REC_CALL;
-	r->func = GS_COOKIE_FUNC(cookie);
-	r->flags = p->flags | GS_CALL_HAS_RETURN;
-	r->ts_ns = p->ts_ns;
-	r->duration_ns = now - p->ts_ns;
-	r->pid = id >> 32;
-	r->tid = (__u32)id;
+	call_record_head(r, id, cookie, p->flags | GS_CALL_HAS_RETURN, p->ts_ns, now - p->ts_ns);
 	r->ret = ctx->ax;
 	r->stack_weight = p->stack_weight;
 	r->py_stack = p->py_stack;

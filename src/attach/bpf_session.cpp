@@ -47,7 +47,6 @@ void BpfSession::RingDeleter::operator()(ring_buffer* r) const { ring_buffer__fr
 
 namespace {
 
-
 // libbpf prints through this; keep warnings, drop its debug chatter.
 int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
   if (level == LIBBPF_DEBUG) return 0;
@@ -229,8 +228,8 @@ int BpfSession::on_record(void* ctx, void* data, size_t size) {
 }
 
 int BpfSession::poll(int timeout_ms) {
-  // Calls are submitted without waking us (a wake-up costs more than the probe); the timeout
-  // is when we collect them.
+  // Calls are submitted without waking us (a wake-up costs more than the probe), except the one
+  // that passes the wake-up threshold; otherwise the timeout is when we collect them.
   int n = ring_buffer__poll(ring_.get(), timeout_ms);
   if (n < 0 && n != -EINTR) return n;
   // The next record past the wake-up threshold may wake us again (submit_flags in the BPF code);

@@ -10,8 +10,8 @@
 #include <map>
 #include <memory>
 #include <set>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "events.h"

@@ -376,8 +376,10 @@ AttachResult BpfSession::attach_file(const std::string& path) {
     result.error = fmt::format("cannot stat {}: {}", path, strerror(errno));
     return result;
   }
-  if (!attached_files_.insert({st.st_dev, st.st_ino}).second) {
+  auto [file, added] = attached_files_.try_emplace({st.st_dev, st.st_ino}, 0);
+  if (!added) {
     result.already_attached = true;
+    result.driver_probed_ns = file->second;
     return result;
   }
   try {
@@ -439,6 +441,7 @@ AttachResult BpfSession::attach_file(const std::string& path) {
   } catch (const std::exception& e) {
     result.error = e.what();
   }
+  if (result.error.empty() && result.driver_probes > 0) file->second = result.driver_probed_ns = monotonic_ns();
   return result;
 }
 

@@ -77,6 +77,9 @@ struct AttachResult {
   int runtime_probes = 0;
   int driver_probes = 0;
   bool already_attached = false;
+  // When the file's last probe was in place, if it has driver probes (0 if not, or failed); for a
+  // file attached before, that attach's.
+  uint64_t driver_probed_ns = 0;
   std::string build_id;
   std::string error;
 };
@@ -239,7 +242,7 @@ class BpfSession {
   bpf_program* entry_program() const;
   bpf_program* return_program() const;
   std::vector<int> multi_links_;
-  std::set<std::pair<uint64_t, uint64_t>> attached_files_;  // (st_dev, st_ino)
+  std::map<std::pair<uint64_t, uint64_t>, uint64_t> attached_files_;  // (st_dev, st_ino) -> driver_probed_ns
   // Runtime launch probes, kept apart so that they can be removed on their own.
   bool runtime_launch_probes_ = true;
   std::vector<int> runtime_launch_multi_links_;

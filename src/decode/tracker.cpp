@@ -1,5 +1,7 @@
 #include "decode/tracker.h"
 
+#include <algorithm>
+
 namespace gpuscope::decode {
 namespace {
 
@@ -179,8 +181,6 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
     return;
   }
 
-  if (uint64_t& first = p.first_driver_call_ns[static_cast<size_t>(f->kind)]; first == ProcessState::kNotYet)
-    first = e.ts_ns;
   if (!e.has_return) {
     emit(e);
     return;
@@ -198,10 +198,15 @@ void Tracker::weigh_runtime_call(const ProcessState& p, const FunctionSpec& f, c
   RuntimeEvidence& ev = runtime_evidence_[f.id];
   if (ev.alone || ev.through_driver >= kRedundantAfter) return;  // decided
   if (!through_driver) {
-    if (p.first_driver_call_ns[static_cast<size_t>(f.kind)] <= e.ts_ns) ev.alone = true;
+    if (p.driver_probed_ns <= e.ts_ns) ev.alone = true;
     return;
   }
   if (++ev.through_driver == kRedundantAfter) redundant_runtime_.push_back(f.id);
+}
+
+void Tracker::note_driver_probed(uint32_t pid, uint64_t ts_ns) {
+  uint64_t& probed = processes_[pid].driver_probed_ns;
+  probed = std::min(probed, ts_ns);
 }
 
 std::vector<uint16_t> Tracker::take_redundant_runtime_functions() {

@@ -45,6 +45,10 @@ class Tracker {
   // This process was followed from before its first CUDA call (caught at its CUDA library's
   // load): memory no tracked allocation contains is pageable, as with complete_history.
   void mark_complete_history(uint32_t pid) { processes_[pid].complete_history = true; }
+  // Every probe of a driver library this process maps was in place from `ts_ns` on (the end of
+  // attaching them; the earliest, if several). Before it, and until it is known, a runtime call
+  // without a driver call inside it may have made one that was not probed yet, and shows nothing.
+  void note_driver_probed(uint32_t pid, uint64_t ts_ns);
 
   // Runtime functions (decode::may_be_recorded_by_driver) found to record nothing that the
   // driver call they make does not: every call of theirs seen (at least kRedundantAfter, failed
@@ -52,7 +56,9 @@ class Tracker {
   // cuMemsetD8Async). Their probes only add traps, so the tracer may remove them; the driver's
   // probe records those calls from then on. Each function is returned once. A runtime call seen
   // without such a driver call inside it (a refusal before the driver, a runtime without one)
-  // keeps its function's probes for good.
+  // keeps its function's probes for good, once the driver's probes were all in place when it began
+  // (note_driver_probed): attaching a multi-probe link to a running process takes long enough for
+  // calls to run with some of a library's functions probed and others not.
   static constexpr uint64_t kRedundantAfter = 32;
   std::vector<uint16_t> take_redundant_runtime_functions();
 
@@ -80,15 +86,8 @@ class Tracker {
   };
   struct ProcessState {
     bool complete_history = false;
-    // When the process's first driver call of each kind was seen, by CallKind (kNotYet: none): a
-    // runtime call before it ran while the driver was not probed yet (gpuscope attaching), and
-    // shows nothing either way. Looked at for every driver call: an array, not a map.
     static constexpr uint64_t kNotYet = UINT64_MAX;
-    std::array<uint64_t, kCallKinds> first_driver_call_ns = [] {
-      std::array<uint64_t, kCallKinds> a;
-      a.fill(kNotYet);
-      return a;
-    }();
+    uint64_t driver_probed_ns = kNotYet;  // note_driver_probed
     AllocationMap allocations;
     std::unordered_map<uint64_t, KernelName> stub_names;     // host stub -> device function
     std::unordered_map<uint64_t, KernelName> handle_names;   // CUfunction / CUkernel -> name

@@ -162,17 +162,26 @@ void Pipeline::mark_complete_history(pid_t pid) {
   complete_history_marks_.push_back(static_cast<uint32_t>(pid));
 }
 
+void Pipeline::note_driver_probed(pid_t pid, uint64_t ts_ns) {
+  std::lock_guard lock(mu_);
+  driver_probed_marks_.emplace_back(static_cast<uint32_t>(pid), ts_ns);
+}
+
 void Pipeline::process_batch(const std::vector<uint8_t>& batch) {
   // Marked while the process was stopped at its library load, before its first call: applied
-  // before any batch that can hold that call.
+  // before any batch that can hold that call. A driver-probed mark may come a batch late: until
+  // then the tracker takes no runtime call for one the driver does not see.
   std::vector<uint32_t> marks;
+  std::vector<std::pair<uint32_t, uint64_t>> probed;
   std::vector<std::pair<std::string, std::vector<WorkerRange>>> ranges;
   {
     std::lock_guard lock(mu_);
     marks.swap(complete_history_marks_);
+    probed.swap(driver_probed_marks_);
     ranges.swap(new_worker_ranges_);
   }
   for (uint32_t pid : marks) tracker_.mark_complete_history(pid);
+  for (auto [pid, ts_ns] : probed) tracker_.note_driver_probed(pid, ts_ns);
   if (!ranges.empty()) {
     for (auto& [file, r] : ranges) {
       for (const auto& w : r)

@@ -85,6 +85,8 @@ class Pipeline {
   void add_python_process(pid_t pid, const discover::PythonProcess& p) { python_.add_process(pid, p); }
   // The process is followed from before its first CUDA call (see decode::Tracker); any thread.
   void mark_complete_history(pid_t pid);
+  // The process's driver probes were all in place from ts_ns on (decode::Tracker); any thread.
+  void note_driver_probed(pid_t pid, uint64_t ts_ns);
   // Where handoff `handoff`'s worker functions are (file offsets) in the file with this build id
   // (or, without one, this path as processes map it): stacks with a frame there ran on a worker
   // thread and are stored below the handoff's caller (record::Stitcher). Any thread.
@@ -188,6 +190,7 @@ class Pipeline {
   std::vector<store::LibraryRow> libraries_;
   std::vector<gpu::NvmlSampler::Batch> gpu_batches_;
   std::vector<uint32_t> complete_history_marks_;
+  std::vector<std::pair<uint32_t, uint64_t>> driver_probed_marks_;  // (pid, ts_ns)
   std::vector<uint16_t> redundant_runtime_;
   std::vector<std::pair<std::string, std::vector<WorkerRange>>> new_worker_ranges_;
   size_t queued_bytes_ = 0;

@@ -209,6 +209,7 @@ void Tracer::attach_library(pid_t pid, const std::string& open_path, const std::
     bpf_->add_target(pid);  // sampled from now on
     if (on_cuda_process) on_cuda_process(pid);
   }
+  if (res.driver_probed_ns) pipeline_->note_driver_probed(pid, res.driver_probed_ns);
   if (res.already_attached) return;
   store::LibraryRow row{static_cast<uint32_t>(pid), shown_path, res.build_id, res.runtime_probes, res.driver_probes,
                         ts_ns, res.error};

@@ -175,6 +175,19 @@ def test_runtime_calls_the_driver_records_lose_their_probes(record, gpuscope):
         assert "<module>" in [fn for _, fn in frames], frames
 
 
+def test_a_runtime_call_without_its_driver_call_keeps_the_probes(record):
+    """A cudaMemsetAsync refused before the driver, made once the driver's probes were all in
+    place, shows that the runtime's probes can see what the driver's cannot: they stay, and every
+    later call is recorded by them."""
+    rec = record("--", "/usr/bin/python3", TARGETS.parent.parent / "tests/targets/load_lib.py",
+                 TARGETS / "libnested_driver.so", "run_refused_memset", 10)
+    assert rec.returncode == 0, rec.stderr
+    assert "run_refused_memset returned 0" in rec.stdout, rec.stdout
+    outer = [r for r in memset_rows(rec) if r[1] is None]
+    assert [r[0] for r in outer] == ["cudaMemsetAsync"] * 101, outer[:5]
+    assert rec.scalar("SELECT count(*) FROM meta WHERE key = 'runtime_probes_removed'") == 0
+
+
 def test_both_keeps_the_runtime_probes(record):
     rec = record("--launch-probes", "both", "--", "/usr/bin/python3", TARGETS.parent.parent / "tests/targets/load_lib.py",
                  TARGETS / "libnested_driver.so", "run_memsets", 10)

@@ -13,6 +13,7 @@ __attribute__((noinline)) int cuMemsetD8Async(unsigned long long dst, unsigned c
 }
 
 __attribute__((noinline)) int cudaMemsetAsync(void *dst, int value, size_t n, void *stream) {
+  if (!n) return 1;  // refused before the driver, as the runtime refuses bad arguments
   return cuMemsetD8Async((unsigned long long)dst, (unsigned char)value, n, stream);
 }
 
@@ -57,6 +58,13 @@ int run_memsets(int batches) {
     usleep(10000);
   }
   return failures;
+}
+
+// One memset the runtime refuses without calling the driver, then run_memsets(batches): that
+// one call keeps cudaMemsetAsync's probes. Returns the failures less the refusal.
+int run_refused_memset(int batches) {
+  static char buf[4096];
+  return cudaMemsetAsync(buf, 7, 0, NULL) - 1 + run_memsets(batches);
 }
 
 // The driver's kernel lookups and launches as cuBLASLt makes them: a kernel is found in a library

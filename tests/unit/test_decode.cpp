@@ -311,20 +311,25 @@ TEST_F(TrackerTest, RuntimeFunctionsThatOnlyWrapTheDriverAreFoundOnce) {
   memset_pair(100 * (Tracker::kRedundantAfter + 1), true);
   EXPECT_TRUE(t.take_redundant_runtime_functions().empty());  // said once
 
-  // Runtime calls alone before any driver call of their kind ran while the driver was not probed
-  // yet (gpuscope attaching to a running process) and weigh nothing.
+  // A runtime call alone while the driver's probes were not all in place yet weighs nothing: before
+  // gpuscope says when they were (a driver library being attached to a running process: one of its
+  // copy functions probed, another not yet), and before that time once it has.
   Tracker v(true);
-  v.process(decoded(raw("cudaMemsetAsync", {0x7000, 7, 4096, 0}, 1, 10)), emit);
+  v.process(decoded(raw("cuMemsetD8Async", {0x7000, 7, 4096, 0}, 2, 5)), emit);
+  v.process(decoded(raw("cudaMemsetAsync", {0x7000, 7, 4096, 0}, 10, 10)), emit);
+  v.note_driver_probed(42, 50);
+  v.process(decoded(raw("cudaMemsetAsync", {0x7000, 7, 4096, 0}, 40, 10)), emit);
   for (uint64_t i = 1; i <= Tracker::kRedundantAfter; ++i) {
     v.process(decoded(raw("cuMemsetD8Async", {0x7000, 7, 4096, 0}, 100 * i + 2, 5)), emit);
     v.process(decoded(raw("cudaMemsetAsync", {0x7000, 7, 4096, 0}, 100 * i, 10)), emit);
   }
   EXPECT_EQ(v.take_redundant_runtime_functions(), std::vector<uint16_t>{memset_id});
 
-  // One call without its driver call after the driver's calls of its kind were seen (refused by
-  // the runtime, or a driver call not probed) and the function keeps its probes, whatever
+  // One call without its driver call once the driver was probed (refused by the runtime, or a
+  // driver function gpuscope does not probe) and the function keeps its probes, whatever
   // follows; a driver call of another kind is not one.
   Tracker u(true);
+  u.note_driver_probed(42, 0);
   u.process(decoded(raw("cuMemsetD8Async", {0x7000, 7, 4096, 0}, 0, 1)), emit);
   u.process(decoded(raw("cuMemAlloc_v2", {0, 64}, 3, 5)), emit);
   u.process(decoded(raw("cudaMemsetAsync", {0x7000, 7, 4096, 0}, 1, 10)), emit);

@@ -22,7 +22,6 @@ enum class CallKind : uint8_t {
   Sync,          // a call that waits on the GPU
   KernelLookup,  // names a kernel handle (driver) or a host stub (runtime registration)
 };
-constexpr size_t kCallKinds = static_cast<size_t>(CallKind::KernelLookup) + 1;
 
 // How the raw argument words of a call are laid out; one decoder per signature.
 enum class Signature : uint8_t {

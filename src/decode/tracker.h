@@ -3,7 +3,6 @@
 // lookups, and which driver calls ran inside which runtime call.
 #pragma once
 
-#include <array>
 #include <deque>
 #include <functional>
 #include <map>

@@ -38,11 +38,12 @@ int run_report(const std::string& path, bool json, size_t top) {
 }
 
 int run_flamegraph(const std::string& path, const std::string& metric, const std::string& output, int64_t pid,
-                   bool peak) {
+                   bool peak, const std::string& native) {
   report::FlameOptions opt;
   opt.metric = report::parse_metric(metric);
   opt.pid = pid;
   opt.inuse_at_peak = peak;
+  opt.native = report::parse_native_view(native);
   const auto format = report::format_for_path(output);
   store::RecordReader reader(path);
   symbolize::Symbolizer symbolizer;
@@ -186,7 +187,7 @@ int main(int argc, char** argv) {
   rep->add_flag("--json", json, "Print JSON instead of text");
   rep->add_option("--top", top, "Rows per table")->capture_default_str();
 
-  std::string flame_path, metric = "cpu", flame_out;
+  std::string flame_path, metric = "cpu", flame_out, native = "auto";
   int64_t flame_pid = 0;
   bool peak = false;
   auto* flame = app.add_subcommand("flamegraph", "Draw the stacks of a record weighted by a metric");
@@ -199,6 +200,11 @@ int main(int argc, char** argv) {
       ->required();
   flame->add_option("--pid", flame_pid, "Only this process");
   flame->add_flag("--peak", peak, "inuse-bytes: the allocations live when the total in use peaked, not at the end");
+  flame->add_option("--native", native,
+                    "Native frames of stacks with Python frames: auto (the extension and CUDA code below the "
+                    "innermost Python frame, not the interpreter's), none (Python frames and the innermost "
+                    "frame) or all")
+      ->capture_default_str();
 
   std::string tl_path, tl_out;
   report::TimelineOptions tl_opt;
@@ -286,7 +292,7 @@ int main(int argc, char** argv) {
         throw Error("--from must be >= 0 and --to after it");
       return run_timeline(tl_path, tl_out, tl_opt);
     }
-    if (*flame) return run_flamegraph(flame_path, metric, flame_out, flame_pid, peak);
+    if (*flame) return run_flamegraph(flame_path, metric, flame_out, flame_pid, peak, native);
     return run_report(report_path, json, top);
   } catch (const std::exception& e) {
     log_error("{}", e.what());

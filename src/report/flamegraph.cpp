@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/protobuf.h"
+#include "report/frame_names.h"
 #include "report/stored_stacks.h"
 
 namespace gpuscope::report {
@@ -16,44 +17,44 @@ namespace {
 
 using store::Db;
 
-// Names of stored stacks, outermost frame first, cached per stack id.
-class StackNames {
+// The frames a view shows of stored stacks, outermost first, per (user stack, kernel stack):
+// a CPU sample's kernel part goes under the user stack that made the system call.
+class StackLabels {
  public:
-  StackNames(Db& db, symbolize::Symbolizer& sym) : sym_(sym), stored_(db) {}
+  StackLabels(Db& db, symbolize::Symbolizer& sym, NativeView view) : names_(db, sym), view_(view) {}
 
-  const std::vector<std::string>& operator()(int64_t stack_id) {
-    auto [it, added] = cache_.try_emplace(stack_id);
-    if (!added || stack_id == 0) return it->second;
-    const auto& rows = stored_(stack_id);
-    for (auto row = rows.rbegin(); row != rows.rend(); ++row) {
-      if (!row->in_file) {
-        it->second.push_back(fmt::format("{:#x}", row->ip));
-      } else if (row->python) {
-        it->second.push_back(row->python->text());
-        if (!row->python->file.empty()) sources_.try_emplace(it->second.back(), row->python->file, row->python->line);
-      } else if (row->recorded_name) {
-        it->second.push_back(*row->recorded_name + (row->kernel() ? "_[k]" : ""));
-      } else if (row->kernel()) {
-        it->second.push_back(fmt::format("{:#x}_[k]", row->ip));
-      } else {
-        // Frames above the innermost are return addresses: their line is the call's.
-        const auto s = sym_.resolve(row->path, row->build_id, row->offset, true, row->depth > 0);
-        it->second.push_back(s.function.empty() ? fmt::format("{}+{:#x}", base_name(row->path), s.file_offset)
-                                                : s.function);
-        // Functions inlined at this address are frames of their own, as the source reads.
-        if (s.source)
-          for (const auto& name : s.source->inlined) it->second.push_back(name);
-      }
+  const std::vector<std::string>& operator()(int64_t stack_id, int64_t kernel_stack_id = 0) {
+    auto [it, added] = cache_.try_emplace({stack_id, kernel_stack_id});
+    if (!added) return it->second;
+    std::vector<const NamedFrame*> root_first;
+    for (int64_t id : {stack_id, kernel_stack_id}) {
+      const auto& frames = names_(id);
+      for (auto f = frames.rbegin(); f != frames.rend(); ++f) root_first.push_back(&*f);
+    }
+    for (const NamedFrame* f : root_first) frames_.python |= f->kind == NamedFrame::Kind::Python;
+    for (auto& shown : view_stack(root_first, view_)) {
+      const NamedFrame& f = *shown.frame;
+      if (f.kind == NamedFrame::Kind::Python && !f.row->python->file.empty())
+        frames_.sources.try_emplace(shown.label, f.row->python->file, f.row->python->line);
+      else if (f.kind == NamedFrame::Kind::Native)
+        frames_.modules.try_emplace(shown.label, f.row->path, f.row->build_id);
+      it->second.push_back(std::move(shown.label));
     }
     return it->second;
   }
-  const std::map<std::string, std::pair<std::string, int64_t>>& sources() const { return sources_; }
+  // What pprof needs to know of the labels handed out.
+  struct Frames {
+    std::map<std::string, std::pair<std::string, int64_t>> sources;
+    std::map<std::string, std::pair<std::string, std::string>> modules;
+    bool python = false;  // some stack had Python frames
+  };
+  Frames& frames() { return frames_; }
 
  private:
-  symbolize::Symbolizer& sym_;
-  StoredStacks stored_;
-  std::unordered_map<int64_t, std::vector<std::string>> cache_;
-  std::map<std::string, std::pair<std::string, int64_t>> sources_;
+  FrameNamer names_;
+  NativeView view_;
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::string>> cache_;
+  Frames frames_;
 };
 
 std::map<int64_t, std::string> process_names(Db& db) {
@@ -124,17 +125,21 @@ FlameFormat format_for_path(const std::string& path) {
 FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, const FlameOptions& opt) {
   Db& db = rec.db();
   const bool have_samples = has_table(db, "samples");
-  StackNames names(db, sym);
+  StackLabels names(db, sym, opt.native);
   const auto procs = process_names(db);
   FlameData d;
 
-  auto add = [&](int64_t pid, int64_t stack_id, const std::vector<std::string>& leaf, int64_t value) {
+  auto add_with_kernel = [&](int64_t pid, int64_t stack_id, int64_t kernel_stack_id,
+                             const std::vector<std::string>& leaf, int64_t value) {
     std::vector<std::string> path{process_name(procs, pid)};
-    const auto& frames = names(stack_id);
-    if (frames.empty()) path.emplace_back("[no stack]");
+    const auto& frames = names(stack_id, kernel_stack_id);
+    if (stack_id == 0) path.insert(path.end(), "[no stack]");
     path.insert(path.end(), frames.begin(), frames.end());
     path.insert(path.end(), leaf.begin(), leaf.end());
     d.stacks[path] += value;
+  };
+  auto add = [&](int64_t pid, int64_t stack_id, const std::vector<std::string>& leaf, int64_t value) {
+    add_with_kernel(pid, stack_id, 0, leaf, value);
   };
 
   switch (opt.metric) {
@@ -146,10 +151,7 @@ FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, cons
       d.period = hz > 0 ? 1'000'000'000 / hz : 1;
       auto q = db.prepare(fmt::format("SELECT pid, coalesce(stack_id, 0), coalesce(kernel_stack_id, 0) FROM samples{}",
                                       opt.pid ? fmt::format(" WHERE pid = {}", opt.pid) : ""));
-      while (q.step()) {
-        // The kernel part goes under the user stack that made the system call.
-        add(q.i64(0), q.i64(1), names(q.i64(2)), d.period);
-      }
+      while (q.step()) add_with_kernel(q.i64(0), q.i64(1), q.i64(2), {}, d.period);
       break;
     }
     case Metric::GpuTime: {
@@ -238,7 +240,12 @@ FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, cons
     }
   }
   if (d.stacks.empty()) throw Error("the record has nothing to weigh by this metric (no matching events)");
-  d.sources = names.sources();
+  if (names.frames().python && opt.native == NativeView::Auto)
+    d.note = "Python stacks without the interpreter's own frames (--native all shows every frame)";
+  else if (names.frames().python && opt.native == NativeView::None)
+    d.note = "Python stacks show their Python frames and innermost frame (--native auto, all show more)";
+  d.sources = std::move(names.frames().sources);
+  d.modules = std::move(names.frames().modules);
   return d;
 }
 
@@ -287,12 +294,27 @@ std::string to_pprof(const FlameData& d) {
     sample.field_packed(2, {static_cast<uint64_t>(value)});  // value
     profile.field_bytes(2, sample.str());
   }
+  // Native frames' files as mappings (with no addresses: a location is a frame of the view, which
+  // for a library's unsymbolised frames stands for many), so that viewers can tell binaries apart.
+  std::map<std::string, uint64_t> mapping_ids;  // file -> id
+  for (const auto& [name, file] : d.modules) {
+    auto [it, added] = mapping_ids.try_emplace(file.first, mapping_ids.size() + 1);
+    if (!added) continue;
+    ProtoWriter m;
+    m.field_varint(1, it->second);             // Mapping.id
+    m.field_varint(5, intern(file.first));     // Mapping.filename
+    if (!file.second.empty()) m.field_varint(6, intern(file.second));  // Mapping.build_id
+    m.field_varint(7, 1);                      // has_functions: already symbolised
+    profile.field_bytes(3, m.str());
+  }
   for (uint64_t id = 1; id <= by_id.size(); ++id) {
     ProtoWriter line, loc;
     line.field_varint(1, id);  // Line.function_id
     if (auto src = d.sources.find(*by_id[id - 1]); src != d.sources.end())
       line.field_varint(2, static_cast<uint64_t>(src->second.second));  // Line.line
     loc.field_varint(1, id);       // Location.id
+    if (auto m = d.modules.find(*by_id[id - 1]); m != d.modules.end())
+      loc.field_varint(2, mapping_ids.at(m->second.first));  // Location.mapping_id
     loc.field_bytes(4, line.str());  // Location.line
     profile.field_bytes(4, loc.str());
   }
@@ -318,7 +340,8 @@ namespace {
 
 // The page's script: draws the tree with root on top, one absolutely placed box per frame
 // wider than a pixel; a click zooms to a frame, the search box (or #search=REGEX in the
-// address) highlights matches and totals them.
+// address) highlights matches and totals them. Python frames ("name (file:line)") are blue,
+// OS kernel frames orange, markers grey, native frames warm.
 constexpr const char* kPage = R"html(<!doctype html>
 <html><head><meta charset="utf-8"><title>@TITLE@</title>
 <style>
@@ -334,7 +357,7 @@ h1{font-size:15px;margin:0 12px 0 0}
 </style></head><body>
 <header><h1 id="title"></h1><input id="search" size="28" placeholder="search (regular expression)">
 <button id="reset">reset zoom</button><span id="matched"></span></header>
-<div id="details">click a frame to zoom; hover for its weight</div>
+<div id="details"></div>
 <div id="chart"></div>
 <script>
 const META=@META@;
@@ -345,6 +368,7 @@ function fmt(v){const u=META.unit;if(u==="bytes"){const k=["B","KiB","MiB","GiB"
  if(u==="nanoseconds"){return (v/1e6).toFixed(1)+" ms"}return v.toLocaleString()+" "+META.sample_type}
 function hue(s){let h=0;for(let i=0;i<s.length;i++)h=(h*31+s.charCodeAt(i))|0;return Math.abs(h)}
 function color(n){if(n.endsWith("_[k]"))return "hsl(25,85%,"+(62+hue(n)%12)+"%)";if(n.startsWith("["))return "#c8c8c8";
+ if(/ \([^()]*:\d+\)$/.test(n))return "hsl("+(190+hue(n)%40)+",55%,"+(72+hue(n)%10)+"%)";
  return "hsl("+(hue(n)%50)+","+(70+hue(n)%20)+"%,"+(60+hue(n)%15)+"%)"}
 function parentsOf(n){const p=[];for(let x=n.parent;x;x=x.parent)p.unshift(x);return p}
 function link(n,p){n.parent=p;(n[2]||[]).forEach(c=>link(c,n))}
@@ -372,6 +396,7 @@ function draw(){
  document.getElementById("matched").textContent=re?("matched: "+fmt(matched)+" = "+(100*matched/ROOT[1]).toFixed(2)+"% of all"):"";
 }
 document.getElementById("title").textContent=META.title+" — "+fmt(ROOT[1]);
+document.getElementById("details").textContent="click a frame to zoom; hover for its weight"+(META.note?"; "+META.note:"");
 document.getElementById("search").oninput=e=>{query=e.target.value||null;try{draw()}catch(x){}};
 document.getElementById("reset").onclick=()=>{zoomed=ROOT;draw()};
 window.onresize=draw;
@@ -425,7 +450,7 @@ std::string html_escape(const std::string& s) {
 }  // namespace
 
 std::string to_html(const FlameData& d, const std::string& title) {
-  nlohmann::json meta{{"title", title}, {"unit", d.unit}, {"sample_type", d.sample_type}};
+  nlohmann::json meta{{"title", title}, {"unit", d.unit}, {"sample_type", d.sample_type}, {"note", d.note}};
   std::string page = kPage;
   page = replace_all(page, "@TITLE@", html_escape(title));
   page = replace_all(page, "@META@", script_safe(meta));

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "report/stack_view.h"
 #include "store/record_reader.h"
 #include "symbolize/symbolizer.h"
 
@@ -19,6 +20,7 @@ struct FlameOptions {
   Metric metric = Metric::Cpu;
   bool inuse_at_peak = false;  // inuse-bytes: live allocations at the peak of the total, not at the end
   int64_t pid = 0;             // 0: every process
+  NativeView native = NativeView::Auto;  // which native frames stacks with Python frames show
 };
 
 // Stacks root first (the process, then outermost frame ... leaf), each with its weight.
@@ -26,8 +28,12 @@ struct FlameData {
   std::map<std::vector<std::string>, int64_t> stacks;
   std::string sample_type, unit;  // pprof's names: ("cpu", "nanoseconds"), ("launches", "count"), ...
   int64_t period = 1;             // CPU samples: nanoseconds between samples
+  std::string note;               // what the view left out, for the HTML page
   // Frames that name one source line (Python frames): name -> (file, line), for pprof.
   std::map<std::string, std::pair<std::string, int64_t>> sources;
+  // Native frames (functions, and libraries standing for their unsymbolised frames): name ->
+  // (file, build id), pprof's mapping.
+  std::map<std::string, std::pair<std::string, std::string>> modules;
   int64_t total() const;
 };
 

@@ -17,6 +17,7 @@
 #include "decode/functions.h"
 #include "report/cuda_errors.h"
 #include "report/flamegraph.h"
+#include "report/frame_names.h"
 #include "gpu/nvml.h"
 #include "report/stored_stacks.h"
 
@@ -113,56 +114,49 @@ Record read_record(store::RecordReader& rec) {
 // ---------------------------------------------------------------------------------------------
 // Stacks, symbolised when shown.
 
-bool in_cuda_library(const std::string& path) {
-  const std::string b = base_name(path);
-  return b.starts_with("libcudart") || b.starts_with("libcuda.") || b.starts_with("libcupti") ||
-         b.starts_with("libnccl");
-}
-
-// The name a demangled declaration declares: "cudaError cudaMalloc<float>(float**, unsigned long)" → cudaMalloc.
-std::string_view declared_name(std::string_view decl) {
-  decl = decl.substr(0, decl.find_first_of("(<"));
-  return decl.substr(decl.rfind(' ') + 1);
-}
-
 struct StackFrame {
   std::string text;  // "function+0xoff (module)", "module+0xoffset" when unnamed, "0xip" outside any file
+  std::string site;  // as a call site: text, but an unnamed frame is its module ("libtorch_cuda.so")
   std::string symbol;
-  // Says how CUDA works, not who called it: a frame in CUDA's libraries, in the runtime linked
-  // statically or its inline C++ wrappers (named like the API), or in nvcc's launch glue.
-  bool cuda = false;
-  bool python = false;  // a Python frame: text is "qualname (file:line)"
+  bool cuda = false;     // NamedFrame::cuda
+  bool python = false;   // a Python frame: text is "qualname (file:line)"
   bool library = false;  // a Python frame in an installed package or the standard library
 };
 
 class Stacks {
  public:
-  Stacks(Db& db, symbolize::Symbolizer& sym) : sym_(sym), stored_(db) {}
+  Stacks(Db& db, symbolize::Symbolizer& sym) : names_(db, sym) {}
 
   // Innermost first; empty for stack id 0 (none captured).
   const std::vector<StackFrame>& frames(int64_t stack_id) {
     auto [it, added] = cache_.try_emplace(stack_id);
     if (!added || stack_id == 0) return it->second;
-    for (const auto& row : stored_(stack_id)) {
+    for (const NamedFrame& n : names_(stack_id)) {
       StackFrame f;
-      if (!row.in_file) {
-        f.text = fmt::format("{:#x}", row.ip);
-      } else if (row.python) {
-        f.text = row.python->text();
-        f.python = true;
-        f.library = short_python_path(row.python->file) != row.python->file;
-      } else if (row.recorded_name) {
-        f.text = *row.recorded_name;
-      } else {
-        const auto s = sym_.resolve(row.path, row.build_id, row.offset, true, row.depth > 0);
-        f.symbol = s.raw_function;
-        f.text = s.function.empty() ? fmt::format("{}+{:#x}", base_name(row.path), s.file_offset)
-                                    : fmt::format("{}+{:#x} ({})", s.function, s.offset_in_function, base_name(row.path));
-        // The line in the frame's own function (where any inlined code was called from).
-        if (s.source && !s.source->in_function.file.empty())
-          f.text += fmt::format(" at {}:{}", base_name(s.source->in_function.file), s.source->in_function.line);
-        f.cuda = in_cuda_library(row.path) || s.function.starts_with("__device_stub_") ||
-                 decode::function_by_symbol(declared_name(s.function)) != nullptr;
+      const StoredFrameRow& row = *n.row;
+      f.site = frame_label(n, false);
+      switch (n.kind) {
+        case NamedFrame::Kind::Unknown:
+          f.text = fmt::format("{:#x}", row.ip);
+          break;
+        case NamedFrame::Kind::Python:
+          f.text = n.function;
+          f.python = true;
+          f.library = n.python_library;
+          break;
+        case NamedFrame::Kind::Marker:
+        case NamedFrame::Kind::Kernel:
+          f.text = n.symbolised() ? n.function : fmt::format("{}+{:#x}", base_name(row.path), row.offset);
+          break;
+        case NamedFrame::Kind::Native:
+          f.symbol = n.raw_symbol;
+          f.text = n.symbolised() ? fmt::format("{}+{:#x} ({})", n.function, n.offset_in_function, base_name(row.path))
+                                  : fmt::format("{}+{:#x}", base_name(row.path), row.offset);
+          // The line in the frame's own function (where any inlined code was called from).
+          if (!n.source_file.empty()) f.text += fmt::format(" at {}:{}", base_name(n.source_file), n.source_line);
+          if (n.symbolised()) f.site = f.text;
+          f.cuda = n.cuda;
+          break;
       }
       it->second.push_back(std::move(f));
     }
@@ -175,8 +169,8 @@ class Stacks {
     const auto& fs = frames(stack_id);
     if (fs.empty()) return "[no stack]";
     for (const auto& f : fs)
-      if (!f.cuda && !f.python && (kernel_symbol.empty() || f.symbol != kernel_symbol)) return f.text;
-    return fs.back().text;
+      if (!f.cuda && !f.python && (kernel_symbol.empty() || f.symbol != kernel_symbol)) return f.site;
+    return fs.back().site;
   }
 
   // The Python line that made the call: the innermost frame of the program's own code, then
@@ -193,8 +187,7 @@ class Stacks {
   }
 
  private:
-  symbolize::Symbolizer& sym_;
-  StoredStacks stored_;
+  FrameNamer names_;
   std::unordered_map<int64_t, std::vector<StackFrame>> cache_;
 };
 

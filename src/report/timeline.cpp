@@ -8,6 +8,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "report/frame_names.h"
+#include "report/stack_view.h"
 #include "report/stored_stacks.h"
 
 namespace gpuscope::report {
@@ -64,42 +66,34 @@ class Writer {
   TimelineStats stats_;
 };
 
-// Names for the frames of stored stacks, innermost first, each stack named once.
+// Short stacks for events' arguments, innermost first, each stack named once: the frames the
+// default flame graph view shows (stack_view.h), the innermost kDepth of them.
 class FrameNames {
  public:
-  FrameNames(Db& db, symbolize::Symbolizer& sym) : stored_(db), sym_(sym) {}
+  FrameNames(Db& db, symbolize::Symbolizer& sym) : names_(db, sym, false) {}
 
   const std::vector<std::string>& operator()(int64_t stack_id) {
     auto [it, added] = cache_.try_emplace(stack_id);
     if (!added || stack_id == 0) return it->second;
-    for (const auto& row : stored_(stack_id)) {
-      if (it->second.size() == kDepth) break;
-      if (row.python) {
-        it->second.push_back(row.python->text());
-      } else if (row.recorded_name) {
-        it->second.push_back(*row.recorded_name);
-      } else if (!row.in_file) {
-        it->second.push_back(fmt::format("{:#x}", row.ip));
-      } else {
-        auto f = sym_.resolve(row.path, row.build_id, row.offset, false, row.depth > 0);
-        it->second.push_back(f.function.empty() ? fmt::format("{}+{:#x}", base_name(row.path), row.offset)
-                                                : f.function);
-      }
-    }
+    const auto& frames = names_(stack_id);
+    std::vector<const NamedFrame*> root_first;
+    for (auto f = frames.rbegin(); f != frames.rend(); ++f) root_first.push_back(&*f);
+    const auto shown = view_stack(root_first, NativeView::Auto, false);
+    for (auto f = shown.rbegin(); f != shown.rend() && it->second.size() < kDepth; ++f)
+      it->second.push_back(f->label);
     return it->second;
   }
 
   // The first Python frame, which says which line of the program made the call; "" if none.
   std::string python_line(int64_t stack_id) {
-    for (const auto& row : stored_(stack_id))
-      if (row.python) return row.python->text();
+    for (const auto& f : names_(stack_id))
+      if (f.kind == NamedFrame::Kind::Python) return f.function;
     return {};
   }
 
  private:
   static constexpr size_t kDepth = 12;  // frames kept in an event's arguments
-  StoredStacks stored_;
-  symbolize::Symbolizer& sym_;
+  FrameNamer names_;
   std::unordered_map<int64_t, std::vector<std::string>> cache_;
 };
 

@@ -128,6 +128,52 @@ def test_html_flame_graph_renders_in_a_browser(record, gpuscope, tmp_path):
     assert "matched: 2 launches = 50.00% of all" in dom
 
 
+def rendered_frames(page, search=""):
+    """The flame graph as headless Chromium draws it: (text, background colour) per frame box, and
+    the page's text."""
+    dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,900",
+                          "--dump-dom", f"file://{page}" + (f"#search={search}" if search else "")],
+                         capture_output=True, text=True, timeout=120).stdout
+    boxes = re.findall(r'<div class="frame[^"]*"([^>]*)>([^<]*)</div>', dom)
+    return [(text.replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"),
+             re.search(r"background(?:-color)?: ([^;\"]+)", attrs).group(1)) for attrs, text in boxes], dom
+
+
+@pytest.mark.skipif(not shutil.which("chromium"), reason="headless Chromium renders the HTML")
+def test_html_flame_graph_of_a_python_program_shows_its_code(record, gpuscope, tmp_path):
+    # By default a Python program's flame graph shows its Python frames (in blue) and the native
+    # code below them, not the interpreter's frames between them nor one box per unnamed address.
+    from test_python import PYTHON, SCRIPTS
+    from conftest import CUDART
+    script = str(SCRIPTS / "py_layers.py")
+    rec = record("--call-stacks", "eh-frame", "--", PYTHON, script, CUDART, 3)
+    assert rec.returncode == 0, rec.stderr
+    page = tmp_path / "launches.html"
+    assert gpuscope("flamegraph", rec.path, "-m", "launches", "-o", page).returncode == 0
+    frames, dom = rendered_frames(page, "Linear")
+    names = [t for t, _ in frames]
+    assert f"<module> ({script}:97)" in names and "cudaLaunchKernel" in names, names
+    assert not [n for n in names if "+0x" in n or re.match(r"python3\.\d+$", n) or n in ("_start", "Py_BytesMain")]
+    assert any(n.startswith("_ctypes") and n.endswith(".so") for n in names), names  # its unnamed frames, once
+    assert "native all shows every frame" in dom
+    # Python frames are drawn blue, the others in warm colours.
+    def rgb(colour):
+        return tuple(int(v) for v in re.findall(r"\d+", colour)[:3])
+    for name, colour in frames:
+        r, g, b = rgb(colour)
+        if re.search(r" \(.*:\d+\)$", name):
+            assert b > r, (name, colour)
+        elif not name.startswith("[") and name != "all":
+            assert r >= b, (name, colour)
+    assert "matched: 6 launches = 66.67% of all" in dom  # two Linear layers of three
+
+    every = tmp_path / "all.html"
+    assert gpuscope("flamegraph", rec.path, "-m", "launches", "--native", "all", "-o", every).returncode == 0
+    names = [t for t, _ in rendered_frames(every)[0]]
+    assert "_start" in names or "Py_BytesMain" in names, names
+    assert not [n for n in names if "+0x" in n], names
+
+
 @pytest.mark.parametrize("target", ["cuda_ops", "cuda_ops_nofp"])
 def test_call_stacks_unwound_from_stack_copies(record, gpuscope, target):
     # --call-stacks dwarf: each call sends a copy of its stack, unwound from .eh_frame, so the

@@ -1,6 +1,7 @@
 """Python frames: CUDA calls and CPU samples of CPython processes show the Python functions and
 lines that made them, merged with the native stack where the interpreter runs them."""
 import functools
+import json
 import os
 import pathlib
 import re
@@ -275,3 +276,104 @@ def test_python_stacks_stay_right_past_the_number_held(record):
     assert not wrong, wrong[:3]
     assert rec.scalar("SELECT count FROM lost WHERE cause = 'python_frame_unnamed'") == 0
     assert rec.scalar("SELECT count FROM lost WHERE cause = 'python_stack'") == 0
+
+
+INTERPRETER_FRAME = re.compile(r"^(lib)?python3(\.\d+)?")
+LIBRARY = re.compile(r"^([\w.+-]+\.so(\.[\d.]+)?|python3(\.\d+)?)$")  # a library's name, standing for its unnamed frames
+
+
+def python_frames(stack):
+    return [f for f in stack if re.search(r" \(.*:\d+\)$", f)]
+
+
+@pytest.mark.parametrize("python", interpreters())
+def test_flame_graph_views_of_a_python_program(record, gpuscope, python, tmp_path):
+    """py_layers.py launches through layers of Python called from C (functools.reduce, a qsort
+    callback), so the interpreter's, libc's, ctypes' and libffi's native frames lie between its
+    Python frames, as libtorch_python's and python3.X's do in PyTorch. The default flame graph
+    shows the Python frames and the native code below the innermost one, without the
+    interpreter's frames; --native none the Python frames and the CUDA function; --native all
+    every frame. In every view a library's unsymbolised frames are one frame named by the library."""
+    script = str(SCRIPTS / "py_layers.py")
+    steps = 3
+    rec = record("--call-stacks", "eh-frame", "--cpu-profile", 199, "--", python, script, CUDART, steps, 0.5)
+    assert rec.returncode == 0, rec.stderr
+    at = marked_lines("py_layers.py")
+
+    def view(metric, native=None):
+        out = gpuscope("flamegraph", rec.path, "--metric", metric, *(["--native", native] if native else []), "-o", "-")
+        assert out.returncode == 0, out.stderr
+        stacks = {}
+        for line in out.stdout.splitlines():
+            path, value = line.rsplit(" ", 1)
+            stacks[tuple(path.split(";"))] = int(value)
+        return stacks
+
+    auto, none, every = view("launches"), view("launches", "none"), view("launches", "all")
+    assert view("launches", "auto") == auto
+    for stacks in (auto, none, every):
+        assert sum(stacks.values()) == 3 * steps
+        for stack in stacks:
+            assert not any("+0x" in f for f in stack), stack  # runs of unnamed frames: the library's name
+            assert not any(a == b and LIBRARY.match(a) for a, b in zip(stack, stack[1:])), stack
+    linear = f"{named(python, 'Linear.forward')} ({script}:{at['linear']})"
+    chain = [f"<module> ({script}:{at['module']})", f"main ({script}:{at['main']})",
+             f"train_step ({script}:{at['step']})", f"from_native ({script}:{at['qsort']})"]
+    for stack, n in auto.items():
+        py = python_frames(stack)
+        assert py[:4] == chain, stack
+        assert n == (2 * steps if py[-1] == linear else steps), (stack, n)
+        first, last = stack.index(py[0]), stack.index(py[-1])
+        # Nothing of the interpreter's: not above the Python frames, not between them, not below.
+        assert first == 1 and python_frames(stack[first:last + 1]) == list(stack[first:last + 1]), stack
+        assert not any(INTERPRETER_FRAME.match(f) for f in stack[1:]), stack  # [0]: the process
+        # Below the innermost Python frame: ctypes' and libffi's code, then the CUDA function.
+        below = stack[last + 1:]
+        assert below[-2:] == ("cudaLaunchKernel", "[unnamed kernel]"), stack
+        assert any(f.startswith("_ctypes") for f in below) and any(f.startswith("libffi") for f in below), stack
+    assert {python_frames(k)[:4] == chain and k[-2:] == ("cudaLaunchKernel", "[unnamed kernel]")
+            and len(k) == len(python_frames(k)) + 3 for k in none} == {True}, none
+    for stack in every:
+        first = stack.index(python_frames(stack)[0])
+        assert any(f in ("_start", "Py_BytesMain", "__libc_start_main") for f in stack[:first]), stack
+        between = stack[first:stack.index(python_frames(stack)[-1])]
+        assert len(python_frames(between)) < len(between) - 4, stack  # python3.X's own frames, ctypes'...
+        assert any(f.startswith("libc.so") or f.startswith("qsort") for f in between), stack
+
+    # Other metrics and formats: the same views.
+    cpu_auto, cpu_all = view("cpu"), view("cpu", "all")
+    assert sum(cpu_auto.values()) == sum(cpu_all.values()) == sum(view("cpu", "none").values())
+    spin = f"spin ({script}:"
+    spinning = {k: v for k, v in cpu_auto.items() if any(f.startswith(spin) for f in k)}
+    assert sum(spinning.values()) > 0.3 * sum(cpu_auto.values()), cpu_auto
+    for stack in spinning:
+        inner = stack[stack.index(next(f for f in stack if f.startswith(spin))) + 1:]
+        # Spinning in the interpreter: at most its innermost frame (an unnamed one: its library's name).
+        assert len([f for f in inner if INTERPRETER_FRAME.match(f)]) <= 1, stack
+        assert not any(INTERPRETER_FRAME.match(f) for f in stack[1:-1]) or stack[-1].endswith("_[k]"), stack
+    copies = view("memcpy-bytes")
+    assert sum(copies.values()) == 1 << 20 and all(k[-2] == "cudaMemcpy" for k in copies), copies
+
+    doc = json.loads(gpuscope("report", "--json", rec.path).stdout)
+    sites = [c for k in doc["kernels"]["top"] for c in k["call_sites"]]
+    assert sites and all("+0x" not in c["site"] for c in sites), sites  # a library's unnamed frame: its name
+    assert {c["python"] for c in sites} == {linear, f"{named(python, 'Activation.forward')} ({script}:{at['activation']})"}
+
+    trace = json.loads(gpuscope("timeline", rec.path, "-o", "-").stdout)
+    launches = [e for e in trace["traceEvents"] if e.get("cat") == "launch"]
+    assert len(launches) == 3 * steps
+    for e in launches:
+        frames = e["args"]["stack"].split(" ← ")
+        assert frames[0] == "cudaLaunchKernel" and "+0x" not in e["args"]["stack"], e
+        assert python_frames(frames)[0] == e["args"]["python"], e  # the innermost Python frame, within reach
+
+    if shutil.which("go"):
+        prof = tmp_path / "launches.pb.gz"
+        assert gpuscope("flamegraph", rec.path, "--metric", "launches", "-o", prof).returncode == 0
+        traces = subprocess.run(["go", "tool", "pprof", "-traces", str(prof)], capture_output=True, text=True,
+                                timeout=120, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin",
+                                                  "GOCACHE": str(tmp_path)})
+        assert traces.returncode == 0, traces.stderr
+        assert "cudaLaunchKernel" in traces.stdout and "+0x" not in traces.stdout, traces.stdout
+        assert not any(INTERPRETER_FRAME.match(line.split()[-1]) for line in traces.stdout.splitlines()
+                       if line.split()), traces.stdout

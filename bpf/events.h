@@ -15,6 +15,10 @@
 #define GS_NUM_ARGS 10
 #define GS_NUM_REG_ARGS 6
 #define GS_DEREF_LEN 128
+/* Entry data of a call with a return probe may run to this (3-D copy descriptors: CUDA_MEMCPY3D
+ * is 200 bytes): past GS_DEREF_LEN it comes in a gs_call_record_long, so every other record keeps
+ * its size (launches, the hot path, are not made longer for them). */
+#define GS_DEREF_LONG_LEN 256
 #define GS_MAX_STACK_DEPTH 64
 
 /* Stack ids, as records carry them: bpf_get_stackid's id in one of two stack maps, `stacks`
@@ -46,7 +50,8 @@ enum gs_record_kind {
  *   bits  0..15  function id (src/decode/functions.h)
  *   bits 16..19  argument index + 1 to dereference at entry (0: none)
  *   bit  20      that dereference is a NUL-terminated string
- *   bits 24..31  bytes to copy at entry (<= GS_DEREF_LEN)
+ *   bits 24..31  bytes to copy at entry (<= GS_DEREF_LEN; a call with a return probe may ask for
+ *                more: its record is then a gs_call_record_long)
  *   bit  21      capture no user stack (registrations and lookups: start-up noise)
  *   bit  22      a runtime launch: the driver launch it makes follows on the same thread
  *   bit  23      a driver launch: skips its stack when a runtime launch just came first
@@ -56,6 +61,9 @@ enum gs_record_kind {
  *                --stack-every samples
  *   bit  38      entry only, its out-pointer (bits 32..35) read at the thread's next launch or
  *                lookup (struct thread_marks in gpuscope.bpf.c)
+ *   bit  39      a batch copy (dsts, srcs, sizes, count, ...): its entry data is a
+ *                gs_batch_entry, not a copy of an argument's pointee (bits 16..31 unused)
+ *   bit  40      a 3-D batch copy (numOps, opList, ...): its entry data is a gs_batch3d_entry
  */
 #define GS_COOKIE_FUNC(c) ((__u32)((c) & 0xffff))
 #define GS_COOKIE_ENTRY_ARG(c) ((__u32)(((c) >> 16) & 0xf))
@@ -68,6 +76,8 @@ enum gs_record_kind {
 #define GS_COOKIE_RUNTIME(c) ((__u32)(((c) >> 36) & 0x1))
 #define GS_COOKIE_SAMPLED_STACK(c) ((__u32)(((c) >> 37) & 0x1))
 #define GS_COOKIE_OUT_LATER(c) ((__u32)(((c) >> 38) & 0x1))
+#define GS_COOKIE_BATCH(c) ((__u32)(((c) >> 39) & 0x1))
+#define GS_COOKIE_BATCH3D(c) ((__u32)(((c) >> 40) & 0x1))
 
 enum gs_call_flags {
 	GS_CALL_HAS_RETURN = 1 << 0,  /* ret and duration are valid */
@@ -105,6 +115,42 @@ struct gs_call_record {
 	__u64 args[GS_NUM_ARGS];
 	__u8 deref[GS_DEREF_LEN];
 	char comm[GS_COMM_LEN];
+};
+
+/* A call whose entry data is longer than GS_DEREF_LEN (deref_len says how long): its first
+ * GS_DEREF_LEN bytes in r.deref, the rest here. Told apart from a gs_call_record by its size. */
+struct gs_call_record_long {
+	struct gs_call_record r;
+	__u8 deref_more[GS_DEREF_LONG_LEN - GS_DEREF_LEN];
+};
+
+/* The entry data of a batch copy (GS_COOKIE_BATCH): its sizes[] summed at entry, up to
+ * GS_BATCH_MAX_SIZES of them, and its first copy's destination and source (dsts[0], srcs[0]). */
+#define GS_BATCH_MAX_SIZES 4096
+struct gs_batch_entry {
+	__u64 bytes;   /* the sum of sizes[0 .. summed) */
+	__u64 summed;  /* sizes read: count, or fewer (GS_BATCH_MAX_SIZES, or a read that failed) */
+	__u64 dst0;
+	__u64 src0;
+};
+
+/* The entry data of a 3-D batch copy (GS_COOKIE_BATCH3D), from its opList[] (cudaMemcpy3DBatchOp,
+ * CUDA_MEMCPY3D_BATCH_OP: GS_BATCH3D_OP_LEN bytes each), up to GS_BATCH_MAX_OPS of them. An
+ * operation's extent is in elements: bytes for pointer-to-pointer ones, else in elements of its
+ * CUDA array (the destination's if both are), whose size user space knows from its creation. */
+#define GS_BATCH_MAX_OPS 1024
+#define GS_BATCH3D_OP_LEN 112
+#define GS_MEMCPY_OPERAND_ARRAY 2  /* cudaMemcpyOperandTypeArray, CU_MEMCPY_OPERAND_TYPE_ARRAY */
+struct gs_batch3d_entry {
+	__u64 ops;          /* operations read: numOps, or fewer (GS_BATCH_MAX_OPS, a failed read) */
+	__u64 bytes;        /* of pointer-to-pointer operations */
+	__u64 array[2];     /* the first two arrays met */
+	__u64 elems[2];     /* elements copied to or from each */
+	__u64 other_ops;    /* operations with a third array: not counted */
+	__u32 src0_type;    /* the first operation's operands (type: 1 pointer, 2 array) */
+	__u32 dst0_type;
+	__u64 src0;
+	__u64 dst0;
 };
 
 struct gs_libload_record {

@@ -76,7 +76,7 @@ struct pending_call {
 	__u32 nested;  /* entries of the same function inside this call (see call_entry) */
 	__u32 stack_weight;  /* see gs_call_record */
 	__u64 args[GS_NUM_ARGS];
-	__u8 deref[GS_DEREF_LEN];
+	__u8 deref[GS_DEREF_LONG_LEN];  /* past GS_DEREF_LEN only for 3-D copy descriptors */
 };
 
 /* An entry of a function already pending on the thread, started this recently, is a call
@@ -1091,19 +1091,136 @@ static __always_inline void read_args(struct pt_regs *ctx, __u64 *args)
 			    (void *)(ctx->sp + 8));
 }
 
-/* Copy what an argument points at (a launch config, a copy descriptor, a kernel name). Not
- * inlined (nor the other rare paths of the call probes: send_later_lookup, hold_later_lookup):
- * code that most calls skip still filled the cache lines that the launch probe runs through. */
-static __noinline __u32 read_entry_deref(__u64 cookie, const __u64 *args, __u8 *dst, __u32 *flags)
+/* A batch copy's entry data (GS_COOKIE_BATCH): (dsts, srcs, sizes, count, ...) in both APIs
+ * and CUDA versions. sizes[] is read GS_DEREF_LEN bytes at a time into the second half of dst,
+ * in a bpf_loop (a plain loop's paths were past the verifier's limit). */
+struct batch_read {
+	struct gs_batch_entry *b;
+	__u64 *chunk;
+	const __u64 *sizes;
+	__u64 count;
+};
+
+static long batch_sizes_step(__u32 i, struct batch_read *c)
 {
+	struct gs_batch_entry *b = c->b;
+	__u64 summed = b->summed;
+	if (summed >= c->count)
+		return 1;
+	__u32 n = GS_DEREF_LEN / 8;
+	if (c->count - summed < n)
+		n = c->count - summed;
+	if (bpf_probe_read_user(c->chunk, n * 8, c->sizes + summed)) {
+		count_lost(GS_LOST_DEREF);
+		return 1;
+	}
+	__u64 bytes = 0;
+	for (__u32 j = 0; j < GS_DEREF_LEN / 8; j++)
+		if (j < n)
+			bytes += c->chunk[j];
+	b->bytes += bytes;
+	b->summed = summed + n;
+	return 0;
+}
+
+static __noinline __u32 read_batch_sizes(const __u64 *args, __u8 *dst, __u32 *flags)
+{
+	struct gs_batch_entry *b = (struct gs_batch_entry *)dst;
+	struct batch_read c = {.b = b, .chunk = (__u64 *)(dst + GS_DEREF_LEN), .sizes = (const __u64 *)args[2],
+			       .count = args[3] < GS_BATCH_MAX_SIZES ? args[3] : GS_BATCH_MAX_SIZES};
+	b->bytes = 0;
+	b->summed = 0;
+	bpf_loop(GS_BATCH_MAX_SIZES / (GS_DEREF_LEN / 8), batch_sizes_step, &c, 0);
+	if (bpf_probe_read_user(&b->dst0, sizeof(b->dst0), (const void *)args[0]))
+		b->dst0 = 0;
+	if (bpf_probe_read_user(&b->src0, sizeof(b->src0), (const void *)args[1]))
+		b->src0 = 0;
+	*flags |= GS_CALL_DEREF_OK;
+	return sizeof(*b);
+}
+
+/* A 3-D batch copy's entry data (GS_COOKIE_BATCH3D): (numOps, opList, ...). Each operation is
+ * read into the second half of dst. */
+struct batch3d_read {
+	struct gs_batch3d_entry *b;
+	__u8 *op;
+	const __u8 *list;
+	__u64 count;
+};
+
+static long batch3d_step(__u32 i, struct batch3d_read *c)
+{
+	struct gs_batch3d_entry *b = c->b;
+	__u8 *op = c->op;
+	if (i >= c->count)
+		return 1;
+	if (bpf_probe_read_user(op, GS_BATCH3D_OP_LEN, c->list + (__u64)i * GS_BATCH3D_OP_LEN)) {
+		count_lost(GS_LOST_DEREF);
+		return 1;
+	}
+	/* cudaMemcpy3DOperand / CUmemcpy3DOperand: its type, then its pointer or array at +8. */
+	__u32 src_type = *(__u32 *)op, dst_type = *(__u32 *)(op + 40);
+	__u64 src = *(__u64 *)(op + 8), dst = *(__u64 *)(op + 48);
+	__u64 elems = *(__u64 *)(op + 80) * *(__u64 *)(op + 88) * *(__u64 *)(op + 96);
+	if (i == 0) {
+		b->src0_type = src_type;
+		b->dst0_type = dst_type;
+		b->src0 = src;
+		b->dst0 = dst;
+	}
+	b->ops = i + 1;
+	if (src_type != GS_MEMCPY_OPERAND_ARRAY && dst_type != GS_MEMCPY_OPERAND_ARRAY) {
+		b->bytes += elems;
+		return 0;
+	}
+	__u64 array = dst_type == GS_MEMCPY_OPERAND_ARRAY ? dst : src;
+	if (!b->array[0] || b->array[0] == array) {
+		b->array[0] = array;
+		b->elems[0] += elems;
+	} else if (!b->array[1] || b->array[1] == array) {
+		b->array[1] = array;
+		b->elems[1] += elems;
+	} else {
+		b->other_ops++;
+	}
+	return 0;
+}
+
+static __noinline __u32 read_batch3d_ops(const __u64 *args, __u8 *dst, __u32 *flags)
+{
+	struct gs_batch3d_entry *b = (struct gs_batch3d_entry *)dst;
+	struct batch3d_read c = {.b = b, .op = dst + GS_DEREF_LEN, .list = (const __u8 *)args[1],
+				 .count = args[0] < GS_BATCH_MAX_OPS ? args[0] : GS_BATCH_MAX_OPS};
+	__builtin_memset(b, 0, sizeof(*b));
+	bpf_loop(GS_BATCH_MAX_OPS, batch3d_step, &c, 0);
+	*flags |= GS_CALL_DEREF_OK;
+	return sizeof(*b);
+}
+
+/* Copy what an argument points at (a launch config, a copy descriptor, a kernel name) into dst,
+ * which has room for `room` bytes (GS_DEREF_LEN in a record, GS_DEREF_LONG_LEN in a pending
+ * call). Not inlined (nor the other rare paths of the call probes: send_later_lookup,
+ * hold_later_lookup): code that most calls skip still filled the cache lines that the launch
+ * probe runs through. */
+static __noinline __u32 read_entry_deref(__u64 cookie, const __u64 *args, __u8 *dst, __u32 *flags, __u32 room)
+{
+	/* room is a constant at each call: the verifier drops this branch where it is too small. */
+	if (room >= GS_DEREF_LONG_LEN) {
+		if (GS_COOKIE_BATCH(cookie))
+			return read_batch_sizes(args, dst, flags);
+		if (GS_COOKIE_BATCH3D(cookie))
+			return read_batch3d_ops(args, dst, flags);
+	}
 	__u32 arg = GS_COOKIE_ENTRY_ARG(cookie);
 	if (!arg || arg > GS_NUM_ARGS)
 		return 0;
 	/* The mask only convinces the verifier; arg is already known to be in range. */
 	const void *src = (const void *)args[(arg - 1) & 15];
 	__u32 len = GS_COOKIE_ENTRY_LEN(cookie);
-	if (len > GS_DEREF_LEN)
-		len = GS_DEREF_LEN;
+	if (len > room)
+		len = room;
+	if (len > GS_DEREF_LONG_LEN)
+		len = GS_DEREF_LONG_LEN;
 	long n;
 	if (GS_COOKIE_ENTRY_STR(cookie))
 		n = bpf_probe_read_user_str(dst, GS_DEREF_LEN, src);
@@ -1683,7 +1800,7 @@ int call_entry_emit(struct pt_regs *ctx)
 	r->ret = 0;
 	r->out_value = 0;
 	read_args(ctx, r->args);
-	r->deref_len = GS_COOKIE_ENTRY_ARG(cookie) ? read_entry_deref(cookie, r->args, r->deref, &r->flags) : 0;
+	r->deref_len = GS_COOKIE_ENTRY_ARG(cookie) ? read_entry_deref(cookie, r->args, r->deref, &r->flags, GS_DEREF_LEN) : 0;
 	r->stack_weight = stack_weight;
 	r->py_stack = st.py;
 	r->native_stack = st.native;
@@ -1738,7 +1855,7 @@ int call_entry(struct pt_regs *ctx)
 	p->flags = 0;
 	p->nested = 0;
 	read_args(ctx, p->args);
-	p->deref_len = read_entry_deref(cookie, p->args, p->deref, &p->flags);
+	p->deref_len = read_entry_deref(cookie, p->args, p->deref, &p->flags, GS_DEREF_LONG_LEN);
 	/* A driver call made inside a runtime call (cudaMemsetAsync's cuMemsetD8Async): its stack
 	 * would be the runtime call's and a few of the runtime's frames, and user space gives it
 	 * that call's. A runtime entry older than GS_NESTED_CALL_NS is one whose return was missed. */
@@ -1787,7 +1904,20 @@ int call_return(struct pt_regs *ctx)
 	}
 	__u64 now = bpf_ktime_get_ns();
 
-	struct gs_call_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+	struct gs_call_record *r;
+	if (p->deref_len > GS_DEREF_LEN) {  /* a 3-D copy's descriptor: a longer record */
+		struct gs_call_record_long *l = bpf_ringbuf_reserve(&events, sizeof(*l), 0);
+		/* By words: both are 8-byte aligned, which a memcpy through the slot's variable
+		 * offset does not know (it copied byte by byte). */
+		const __u64 *from = (const __u64 *)(p->deref + GS_DEREF_LEN);
+		__u64 *to = l ? (__u64 *)l->deref_more : 0;
+		if (to)
+			for (int i = 0; i < (GS_DEREF_LONG_LEN - GS_DEREF_LEN) / 8; i++)
+				to[i] = from[i];
+		r = (struct gs_call_record *)l;
+	} else {
+		r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+	}
 	if (!r) {
 		count_lost(GS_LOST_RINGBUF_FULL);
 		t->tag[slot] = 0;

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <thread>
+#include <unordered_set>
 
 #include "common/clock.h"
 #include "common/error.h"
@@ -391,9 +392,12 @@ AttachResult BpfSession::attach_file(const std::string& path) {
     ProbeSet emit, entry, rt_launch;  // entry-only probes, entries of calls with a return probe
     std::map<uint16_t, ProbeSet> by_driver;  // runtime functions the driver may record instead
     HighRateSet high_rate;
+    // Two probed names at one address (an alias) would record each call twice: the first name
+    // in the table's order is probed.
+    std::unordered_set<uint64_t> probed_offsets;
     for (const auto& f : decode::all_functions()) {
       auto it = offsets.find(std::string(f.symbol));
-      if (it == offsets.end()) continue;
+      if (it == offsets.end() || !probed_offsets.insert(it->second).second) continue;
       const bool is_rt_launch = f.api == decode::Api::Runtime && f.kind == decode::CallKind::Launch;
       if (is_rt_launch && !runtime_launch_probes_) continue;
       if (detached_runtime_functions_.contains(f.id)) continue;

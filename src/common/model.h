@@ -30,6 +30,20 @@ struct CallEvent {
   uint64_t bytes = 0;
   decode::CopyDir dir = decode::CopyDir::Unknown;
   HostMem host_mem = HostMem::NotApplicable;
+  // Copies: the sides that are device memory whatever the tracked allocations say (a CUDA
+  // array, a symbol): kSrcOnDevice, kDstOnDevice. They resolve cudaMemcpyDefault.
+  static constexpr uint8_t kSrcOnDevice = 1, kDstOnDevice = 2;
+  uint8_t device_sides = 0;
+  // A copy whose extent is in a CUDA array's elements (cudaMemcpy3D, 3-D batches): per array,
+  // the elements copied; the tracker adds their bytes (element size from the array's creation)
+  // to `bytes`, or leaves bytes unknown.
+  struct ArrayElems {
+    uint64_t array = 0, elems = 0;
+  };
+  ArrayElems in_elements[2];
+  bool bytes_known = true;   // false: the size could not be told (stored as NULL)
+  uint64_t copies = 0;       // batch copies: the copies the call asked for (0: not a batch, one copy)
+  uint32_t elem_size = 0;    // array creation: bytes per element from its format (0: unknown)
   uint64_t kernel_handle = 0;  // host stub (runtime) or CUfunction/CUkernel (driver)
   uint32_t grid[3] = {0, 0, 0};
   uint32_t block[3] = {0, 0, 0};

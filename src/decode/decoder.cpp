@@ -2,15 +2,11 @@
 
 #include <cstring>
 
+#include "decode/copies.h"
+#include "decode/entry_data.h"
+
 namespace gpuscope::decode {
 namespace {
-
-template <typename T>
-T field(const gs_call_record& r, size_t offset) {
-  T v{};
-  if ((r.flags & GS_CALL_DEREF_OK) && offset + sizeof(T) <= sizeof(r.deref)) std::memcpy(&v, r.deref + offset, sizeof(T));
-  return v;
-}
 
 uint32_t lo(uint64_t v) { return static_cast<uint32_t>(v); }
 uint32_t hi(uint64_t v) { return static_cast<uint32_t>(v >> 32); }
@@ -21,23 +17,15 @@ std::string deref_string(const gs_call_record& r) {
   return std::string(s, strnlen(s, sizeof(r.deref)));
 }
 
-// CUmemorytype: 1 host, 2 device, 3 array, 4 unified.
-char mem_side(uint32_t t) { return t == 1 ? 'H' : (t == 2 || t == 3) ? 'D' : '?'; }
-
-CopyDir dir_from_sides(char src, char dst) {
-  if (src == '?' || dst == '?') return CopyDir::Default;
-  if (src == 'H') return dst == 'H' ? CopyDir::HostToHost : CopyDir::HostToDevice;
-  return dst == 'H' ? CopyDir::DeviceToHost : CopyDir::DeviceToDevice;
-}
-
 CopyDir runtime_kind(uint64_t kind) { return kind <= 4 ? static_cast<CopyDir>(kind) : CopyDir::Unknown; }
 
 }  // namespace
 
-bool decode_call(const gs_call_record& r, CallEvent& e) {
+bool decode_call(const gs_call_record& r, CallEvent& e, std::span<const uint8_t> deref_more) {
   const FunctionSpec* f = function_by_id(r.func);
   if (!f) return false;
   const __u64* a = r.args;
+  const EntryData d(r, deref_more);
 
   e.ts_ns = r.ts_ns;
   e.duration_ns = r.duration_ns;
@@ -52,6 +40,7 @@ bool decode_call(const gs_call_record& r, CallEvent& e) {
   if (e.out_valid) e.out_handle = r.out_value;
   e.out_unchecked = r.flags & GS_CALL_OUT_LATER;
 
+  if (decode_copy_family(*f, a, d, e)) return true;
   switch (f->sig) {
     case Signature::RtLaunch:
       e.kernel_handle = a[0];
@@ -64,11 +53,11 @@ bool decode_call(const gs_call_record& r, CallEvent& e) {
     case Signature::DrvLaunchEx:
       e.kernel_handle = a[1];
       for (int i = 0; i < 3; ++i) {
-        e.grid[i] = field<uint32_t>(r, 4 * i);
-        e.block[i] = field<uint32_t>(r, 12 + 4 * i);
+        e.grid[i] = d.get<uint32_t>(4 * i);
+        e.block[i] = d.get<uint32_t>(12 + 4 * i);
       }
-      e.shared_mem = field<uint32_t>(r, 24);
-      e.stream = field<uint64_t>(r, 32);
+      e.shared_mem = d.get<uint32_t>(24);
+      e.stream = d.get<uint64_t>(32);
       break;
     case Signature::DrvLaunch:
       e.kernel_handle = a[0];
@@ -110,15 +99,6 @@ bool decode_call(const gs_call_record& r, CallEvent& e) {
       e.dir = f->fixed_dir;
       if (f->async) e.stream = a[3];
       break;
-    case Signature::DrvMemcpy2D: {
-      const uint32_t src_type = field<uint32_t>(r, 16), dst_type = field<uint32_t>(r, 72);
-      e.src = field<uint64_t>(r, src_type == 1 ? 24 : 32);
-      e.ptr = field<uint64_t>(r, dst_type == 1 ? 80 : 88);
-      e.bytes = field<uint64_t>(r, 112) * field<uint64_t>(r, 120);
-      e.dir = (r.flags & GS_CALL_DEREF_OK) ? dir_from_sides(mem_side(src_type), mem_side(dst_type)) : CopyDir::Unknown;
-      if (f->async) e.stream = a[1];
-      break;
-    }
     case Signature::MemsetArgs:
       e.ptr = a[0];
       e.bytes = a[2] * f->elem_size;
@@ -139,6 +119,8 @@ bool decode_call(const gs_call_record& r, CallEvent& e) {
       break;
     case Signature::KernelGetFunction:
       e.kernel_handle = a[1];
+      break;
+    default:  // the copy family's, above
       break;
   }
   return true;

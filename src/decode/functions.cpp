@@ -10,6 +10,15 @@ namespace {
 
 constexpr uint8_t kLaunchConfigLen = 56;  // cudaLaunchConfig_t and CUlaunchConfig up to numAttrs
 constexpr uint8_t kMemcpy2DLen = 128;     // CUDA_MEMCPY2D
+// Longer than GS_DEREF_LEN: their records are gs_call_record_long (bpf/events.h).
+constexpr uint8_t kRtMemcpy3DLen = 160;      // cudaMemcpy3DParms, through kind
+constexpr uint8_t kRtMemcpy3DPeerLen = 168;  // cudaMemcpy3DPeerParms
+constexpr uint8_t kDrvMemcpy3DLen = 200;     // CUDA_MEMCPY3D, CUDA_MEMCPY3D_PEER
+// Array descriptors: cudaChannelFormatDesc, CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR.
+constexpr uint8_t kChannelDescLen = 20;
+constexpr uint8_t kArrayDescLen = 24;
+constexpr uint8_t kArray3DDescLen = 40;
+static_assert(kDrvMemcpy3DLen <= GS_DEREF_LONG_LEN);
 
 using enum Api;
 using enum CallKind;
@@ -41,10 +50,39 @@ constexpr FunctionSpec memcpy_(uint16_t id, std::string_view sym, Api api, Signa
   FunctionSpec f{id, sym, api, Memcpy, sig, true};
   f.async = async;
   f.fixed_dir = dir;
-  if (sig == DrvMemcpy2D) {
-    f.entry_deref_arg = 0;
-    f.entry_deref_len = kMemcpy2DLen;
+  auto deref = [&](int8_t arg, uint8_t len) {
+    f.entry_deref_arg = arg;
+    f.entry_deref_len = len;
+  };
+  switch (sig) {
+    case DrvMemcpy2D: deref(0, kMemcpy2DLen); break;
+    case RtMemcpy3D: deref(0, kRtMemcpy3DLen); break;
+    case RtMemcpy3DPeer: deref(0, kRtMemcpy3DPeerLen); break;
+    case DrvMemcpy3D: deref(0, kDrvMemcpy3DLen); break;
+    case Memcpy3DBatch:
+    case Memcpy3DBatchFailIdx: f.batch_3d_ops = true; break;
+    case MemcpyBatch:
+    case MemcpyBatchFailIdx: f.batch_sizes = true; break;
+    default: break;
   }
+  return f;
+}
+constexpr FunctionSpec array_create(uint16_t id, std::string_view sym, Api api, Signature sig, MemKind mem) {
+  FunctionSpec f{id, sym, api, ArrayCreate, sig, true};
+  f.return_out_arg = 0;
+  f.mem = mem;
+  switch (sig) {
+    case RtArrayAlloc:
+    case RtArray3DAlloc: f.entry_deref_arg = 1, f.entry_deref_len = kChannelDescLen; break;
+    case DrvArrayCreate: f.entry_deref_arg = 1, f.entry_deref_len = kArrayDescLen; break;
+    case DrvArray3DCreate: f.entry_deref_arg = 1, f.entry_deref_len = kArray3DDescLen; break;
+    default: break;  // MipmapLevel: the level has its mipmapped array's format
+  }
+  return f;
+}
+constexpr FunctionSpec array_destroy(uint16_t id, std::string_view sym, Api api, MemKind mem) {
+  FunctionSpec f{id, sym, api, ArrayDestroy, PtrOnly, true};
+  f.mem = mem;
   return f;
 }
 constexpr FunctionSpec memset_(uint16_t id, std::string_view sym, Api api, bool async, uint8_t elem = 1) {
@@ -155,8 +193,123 @@ constexpr auto kFunctions = std::to_array<FunctionSpec>({
     named_lookup(171, "cuLibraryGetKernel"),
     // No return probe: the function handle it writes is read at the thread's next launch (which
     // uses it) or lookup, one trap fewer for each of cuBLASLt's launches (bpf/events.h, bit 38).
-    {172, "cuKernelGetFunction", Driver, KernelLookup, KernelGetFunction, false, -1, 0, false, 0},
+    {172, "cuKernelGetFunction", Driver, KernelLookup, KernelGetFunction, false, -1, 0, false, false, false, 0},
+
+    // The rest of the copy family (issue 29). Runtime copies' ids stay below kRetiringIds.
+    memcpy_(180, "cudaMemcpy3D", Runtime, RtMemcpy3D, false),
+    memcpy_(181, "cudaMemcpy3D_ptds", Runtime, RtMemcpy3D, false),
+    memcpy_(182, "cudaMemcpy3DAsync", Runtime, RtMemcpy3D, true),
+    memcpy_(183, "cudaMemcpy3DAsync_ptsz", Runtime, RtMemcpy3D, true),
+    memcpy_(184, "cudaMemcpy3DPeer", Runtime, RtMemcpy3DPeer, false, CopyDir::DeviceToDevice),
+    memcpy_(185, "cudaMemcpy3DPeer_ptds", Runtime, RtMemcpy3DPeer, false, CopyDir::DeviceToDevice),
+    memcpy_(186, "cudaMemcpy3DPeerAsync", Runtime, RtMemcpy3DPeer, true, CopyDir::DeviceToDevice),
+    memcpy_(187, "cudaMemcpy3DPeerAsync_ptsz", Runtime, RtMemcpy3DPeer, true, CopyDir::DeviceToDevice),
+    memcpy_(188, "cudaMemcpyPeer", Runtime, MemcpyPairs, false, CopyDir::DeviceToDevice),
+    memcpy_(189, "cudaMemcpyPeerAsync", Runtime, MemcpyPairs, true, CopyDir::DeviceToDevice),
+    memcpy_(190, "cudaMemcpy2DToArray", Runtime, RtMemcpy2DToArray, false),
+    memcpy_(191, "cudaMemcpy2DToArray_ptds", Runtime, RtMemcpy2DToArray, false),
+    memcpy_(192, "cudaMemcpy2DToArrayAsync", Runtime, RtMemcpy2DToArray, true),
+    memcpy_(193, "cudaMemcpy2DToArrayAsync_ptsz", Runtime, RtMemcpy2DToArray, true),
+    memcpy_(194, "cudaMemcpy2DFromArray", Runtime, RtMemcpy2DFromArray, false),
+    memcpy_(195, "cudaMemcpy2DFromArray_ptds", Runtime, RtMemcpy2DFromArray, false),
+    memcpy_(196, "cudaMemcpy2DFromArrayAsync", Runtime, RtMemcpy2DFromArray, true),
+    memcpy_(197, "cudaMemcpy2DFromArrayAsync_ptsz", Runtime, RtMemcpy2DFromArray, true),
+    memcpy_(198, "cudaMemcpy2DArrayToArray", Runtime, RtMemcpy2DArrayToArray, false, CopyDir::DeviceToDevice),
+    memcpy_(199, "cudaMemcpy2DArrayToArray_ptds", Runtime, RtMemcpy2DArrayToArray, false, CopyDir::DeviceToDevice),
+    memcpy_(200, "cudaMemcpyToArray", Runtime, RtMemcpyToArray, false),
+    memcpy_(201, "cudaMemcpyToArray_ptds", Runtime, RtMemcpyToArray, false),
+    memcpy_(202, "cudaMemcpyToArrayAsync", Runtime, RtMemcpyToArray, true),
+    memcpy_(203, "cudaMemcpyToArrayAsync_ptsz", Runtime, RtMemcpyToArray, true),
+    memcpy_(204, "cudaMemcpyFromArray", Runtime, RtMemcpyFromArray, false),
+    memcpy_(205, "cudaMemcpyFromArray_ptds", Runtime, RtMemcpyFromArray, false),
+    memcpy_(206, "cudaMemcpyFromArrayAsync", Runtime, RtMemcpyFromArray, true),
+    memcpy_(207, "cudaMemcpyFromArrayAsync_ptsz", Runtime, RtMemcpyFromArray, true),
+    memcpy_(208, "cudaMemcpyArrayToArray", Runtime, RtMemcpyArrayToArray, false, CopyDir::DeviceToDevice),
+    memcpy_(209, "cudaMemcpyArrayToArray_ptds", Runtime, RtMemcpyArrayToArray, false, CopyDir::DeviceToDevice),
+    memcpy_(210, "cudaMemcpyToSymbol", Runtime, RtMemcpyToSymbol, false),
+    memcpy_(211, "cudaMemcpyToSymbol_ptds", Runtime, RtMemcpyToSymbol, false),
+    memcpy_(212, "cudaMemcpyToSymbolAsync", Runtime, RtMemcpyToSymbol, true),
+    memcpy_(213, "cudaMemcpyToSymbolAsync_ptsz", Runtime, RtMemcpyToSymbol, true),
+    memcpy_(214, "cudaMemcpyFromSymbol", Runtime, RtMemcpyFromSymbol, false),
+    memcpy_(215, "cudaMemcpyFromSymbol_ptds", Runtime, RtMemcpyFromSymbol, false),
+    memcpy_(216, "cudaMemcpyFromSymbolAsync", Runtime, RtMemcpyFromSymbol, true),
+    memcpy_(217, "cudaMemcpyFromSymbolAsync_ptsz", Runtime, RtMemcpyFromSymbol, true),
+    // libcudart.so.12 (12.8, 12.9) exports these names with a failIdx argument before the
+    // stream: its batch copies' stream is not known (see docs/record-format.md).
+    memcpy_(218, "cudaMemcpyBatchAsync", Runtime, MemcpyBatch, true),
+    memcpy_(219, "cudaMemcpyBatchAsync_ptsz", Runtime, MemcpyBatch, true),
+    memcpy_(220, "cudaMemcpy3DBatchAsync", Runtime, Memcpy3DBatch, true),
+    memcpy_(221, "cudaMemcpy3DBatchAsync_ptsz", Runtime, Memcpy3DBatch, true),
+    array_create(230, "cudaMallocArray", Runtime, RtArrayAlloc, MemKind::Array),
+    array_create(231, "cudaMalloc3DArray", Runtime, RtArray3DAlloc, MemKind::Array),
+    array_create(232, "cudaMallocMipmappedArray", Runtime, RtArray3DAlloc, MemKind::MipmappedArray),
+    array_create(233, "cudaGetMipmappedArrayLevel", Runtime, MipmapLevel, MemKind::Array),
+    array_destroy(234, "cudaFreeArray", Runtime, MemKind::Array),
+    array_destroy(235, "cudaFreeMipmappedArray", Runtime, MemKind::MipmappedArray),
+
+    memcpy_(260, "cuMemcpy3D_v2", Driver, DrvMemcpy3D, false),
+    memcpy_(261, "cuMemcpy3D_v2_ptds", Driver, DrvMemcpy3D, false),
+    memcpy_(262, "cuMemcpy3DAsync_v2", Driver, DrvMemcpy3D, true),
+    memcpy_(263, "cuMemcpy3DAsync_v2_ptsz", Driver, DrvMemcpy3D, true),
+    memcpy_(264, "cuMemcpy3DPeer", Driver, DrvMemcpy3D, false),
+    memcpy_(265, "cuMemcpy3DPeer_ptds", Driver, DrvMemcpy3D, false),
+    memcpy_(266, "cuMemcpy3DPeerAsync", Driver, DrvMemcpy3D, true),
+    memcpy_(267, "cuMemcpy3DPeerAsync_ptsz", Driver, DrvMemcpy3D, true),
+    memcpy_(268, "cuMemcpyPeer", Driver, MemcpyPairs, false, CopyDir::DeviceToDevice),
+    memcpy_(269, "cuMemcpyPeer_ptds", Driver, MemcpyPairs, false, CopyDir::DeviceToDevice),
+    memcpy_(270, "cuMemcpyPeerAsync", Driver, MemcpyPairs, true, CopyDir::DeviceToDevice),
+    memcpy_(271, "cuMemcpyPeerAsync_ptsz", Driver, MemcpyPairs, true, CopyDir::DeviceToDevice),
+    memcpy_(272, "cuMemcpyHtoA_v2", Driver, DrvMemcpyToArray, false, CopyDir::HostToDevice),
+    memcpy_(273, "cuMemcpyHtoA_v2_ptds", Driver, DrvMemcpyToArray, false, CopyDir::HostToDevice),
+    memcpy_(274, "cuMemcpyHtoAAsync_v2", Driver, DrvMemcpyToArray, true, CopyDir::HostToDevice),
+    memcpy_(275, "cuMemcpyHtoAAsync_v2_ptsz", Driver, DrvMemcpyToArray, true, CopyDir::HostToDevice),
+    memcpy_(276, "cuMemcpyAtoH_v2", Driver, DrvMemcpyFromArray, false, CopyDir::DeviceToHost),
+    memcpy_(277, "cuMemcpyAtoH_v2_ptds", Driver, DrvMemcpyFromArray, false, CopyDir::DeviceToHost),
+    memcpy_(278, "cuMemcpyAtoHAsync_v2", Driver, DrvMemcpyFromArray, true, CopyDir::DeviceToHost),
+    memcpy_(279, "cuMemcpyAtoHAsync_v2_ptsz", Driver, DrvMemcpyFromArray, true, CopyDir::DeviceToHost),
+    memcpy_(280, "cuMemcpyDtoA_v2", Driver, DrvMemcpyToArray, false, CopyDir::DeviceToDevice),
+    memcpy_(281, "cuMemcpyDtoA_v2_ptds", Driver, DrvMemcpyToArray, false, CopyDir::DeviceToDevice),
+    memcpy_(282, "cuMemcpyAtoD_v2", Driver, DrvMemcpyFromArray, false, CopyDir::DeviceToDevice),
+    memcpy_(283, "cuMemcpyAtoD_v2_ptds", Driver, DrvMemcpyFromArray, false, CopyDir::DeviceToDevice),
+    memcpy_(284, "cuMemcpyAtoA_v2", Driver, MemcpyPairs, false, CopyDir::DeviceToDevice),
+    memcpy_(285, "cuMemcpyAtoA_v2_ptds", Driver, MemcpyPairs, false, CopyDir::DeviceToDevice),
+    // The unsuffixed names keep CUDA 12.8's signature (failIdx); cuda.h maps to the _v2 ones.
+    memcpy_(286, "cuMemcpyBatchAsync", Driver, MemcpyBatchFailIdx, true),
+    memcpy_(287, "cuMemcpyBatchAsync_ptsz", Driver, MemcpyBatchFailIdx, true),
+    memcpy_(288, "cuMemcpyBatchAsync_v2", Driver, MemcpyBatch, true),
+    memcpy_(289, "cuMemcpyBatchAsync_v2_ptsz", Driver, MemcpyBatch, true),
+    memcpy_(290, "cuMemcpy3DBatchAsync", Driver, Memcpy3DBatchFailIdx, true),
+    memcpy_(291, "cuMemcpy3DBatchAsync_ptsz", Driver, Memcpy3DBatchFailIdx, true),
+    memcpy_(292, "cuMemcpy3DBatchAsync_v2", Driver, Memcpy3DBatch, true),
+    memcpy_(293, "cuMemcpy3DBatchAsync_v2_ptsz", Driver, Memcpy3DBatch, true),
+    // Per-thread default stream forms of copies above (CUDA_API_PER_THREAD_DEFAULT_STREAM).
+    memcpy_(294, "cuMemcpy_ptds", Driver, DrvMemcpy, false, CopyDir::Default),
+    memcpy_(295, "cuMemcpyHtoD_v2_ptds", Driver, DrvMemcpy, false, CopyDir::HostToDevice),
+    memcpy_(296, "cuMemcpyDtoH_v2_ptds", Driver, DrvMemcpy, false, CopyDir::DeviceToHost),
+    memcpy_(297, "cuMemcpyDtoD_v2_ptds", Driver, DrvMemcpy, false, CopyDir::DeviceToDevice),
+    memcpy_(298, "cuMemcpy2D_v2_ptds", Driver, DrvMemcpy2D, false),
+    memcpy_(299, "cuMemcpy2DUnaligned_v2_ptds", Driver, DrvMemcpy2D, false),
+    memcpy_(300, "cuMemcpy2DAsync_v2_ptsz", Driver, DrvMemcpy2D, true),
+    array_create(310, "cuArrayCreate_v2", Driver, DrvArrayCreate, MemKind::Array),
+    array_create(311, "cuArray3DCreate_v2", Driver, DrvArray3DCreate, MemKind::Array),
+    array_create(312, "cuMipmappedArrayCreate", Driver, DrvArray3DCreate, MemKind::MipmappedArray),
+    array_create(313, "cuMipmappedArrayGetLevel", Driver, MipmapLevel, MemKind::Array),
+    array_destroy(314, "cuArrayDestroy", Driver, MemKind::Array),
+    array_destroy(315, "cuMipmappedArrayDestroy", Driver, MemKind::MipmappedArray),
 });
+
+constexpr bool retiring_ids_fit() {
+  for (const auto& f : kFunctions)
+    if (may_be_recorded_by_driver(f) && f.id >= kRetiringIds) return false;
+  return true;
+}
+static_assert(retiring_ids_fit(), "a runtime function the driver may record needs an id below kRetiringIds");
+constexpr bool long_entries_have_returns() {
+  for (const auto& f : kFunctions)
+    if (f.entry_deref_len > GS_DEREF_LEN && (!f.has_return || f.entry_deref_string)) return false;
+  return true;
+}
+static_assert(long_entries_have_returns(), "entry data past GS_DEREF_LEN needs a return probe (call_return sends it)");
 
 }  // namespace
 
@@ -189,6 +342,8 @@ uint64_t probe_cookie(const FunctionSpec& f) {
   if (f.kind == Launch) c |= uint64_t(1) << (f.api == Runtime ? 22 : 23);
   if (f.return_out_arg >= 0) c |= uint64_t(f.return_out_arg + 1) << 32;
   if (f.return_out_arg >= 0 && !f.has_return) c |= uint64_t(1) << 38;  // read at the next launch
+  if (f.batch_sizes) c |= uint64_t(1) << 39;
+  if (f.batch_3d_ops) c |= uint64_t(1) << 40;
   if (f.api == Runtime) c |= uint64_t(1) << 36;
   if (is_high_rate(f.kind)) c |= uint64_t(1) << 37;
   return c;
@@ -208,6 +363,8 @@ std::string_view to_string(CallKind k) {
     case Memset: return "memset";
     case Sync: return "sync";
     case KernelLookup: return "kernel_lookup";
+    case ArrayCreate: return "array_create";
+    case ArrayDestroy: return "array_destroy";
   }
   return "?";
 }
@@ -231,6 +388,8 @@ std::string_view to_string(MemKind m) {
     case MemKind::Managed: return "managed";
     case MemKind::PinnedHost: return "pinned";
     case MemKind::RegisteredHost: return "registered";
+    case MemKind::Array: return "array";
+    case MemKind::MipmappedArray: return "mipmapped_array";
   }
   return "?";
 }

@@ -21,6 +21,10 @@ enum class CallKind : uint8_t {
   Memset,
   Sync,          // a call that waits on the GPU
   KernelLookup,  // names a kernel handle (driver) or a host stub (runtime registration)
+  // CUDA arrays (textures, surfaces), created or destroyed: tracked so that a copy whose extent
+  // is in the array's elements (cudaMemcpy3D) gets its bytes. Not counted as device memory.
+  ArrayCreate,   // an array or mipmapped array created, or a mipmapped array's level looked up
+  ArrayDestroy,
 };
 
 // How the raw argument words of a call are laid out; one decoder per signature.
@@ -37,6 +41,32 @@ enum class Signature : uint8_t {
   RtMemcpy2D,       // (dst, dpitch, src, spitch, width, height, kind, [stream])
   DrvMemcpy,        // (dst, src, bytes, [stream])      direction fixed by the function
   DrvMemcpy2D,      // (const CUDA_MEMCPY2D*, [stream])
+  // The rest of the copy family. Arrays are device memory; a runtime copy's cudaMemcpyKind is
+  // corrected for them as the runtime does.
+  RtMemcpy3D,             // (const cudaMemcpy3DParms*, [stream])       extent in the array's elements
+  RtMemcpy3DPeer,         // (const cudaMemcpy3DPeerParms*, [stream])   likewise
+  RtMemcpyToArray,        // (dstArray, wOffset, hOffset, src, count, kind, [stream])
+  RtMemcpyFromArray,      // (dst, srcArray, wOffset, hOffset, count, kind, [stream])
+  RtMemcpyArrayToArray,   // (dst, wOffsetDst, hOffsetDst, src, wOffsetSrc, hOffsetSrc, count, kind)
+  RtMemcpy2DToArray,      // (dstArray, wOffset, hOffset, src, spitch, width, height, kind, [stream])
+  RtMemcpy2DFromArray,    // (dst, dpitch, srcArray, wOffset, hOffset, width, height, kind, [stream])
+  RtMemcpy2DArrayToArray, // (dst, wOffsetDst, hOffsetDst, src, wOffsetSrc, hOffsetSrc, width, height, kind)
+  RtMemcpyToSymbol,       // (symbol, src, count, offset, kind, [stream])
+  RtMemcpyFromSymbol,     // (dst, symbol, count, offset, kind, [stream])
+  MemcpyPairs,            // (dst, dstDevice|dstContext|dstOffset, src, srcDevice|..., bytes, [stream]):
+                          // cudaMemcpyPeer, cuMemcpyPeer, cuMemcpyAtoA_v2
+  DrvMemcpy3D,            // (const CUDA_MEMCPY3D* or CUDA_MEMCPY3D_PEER*, [stream]): same offsets
+  DrvMemcpyToArray,       // (dstArray, dstOffset, src, bytes, [stream])
+  DrvMemcpyFromArray,     // (dst, srcArray, srcOffset, bytes, [stream])
+  MemcpyBatch,            // (dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, stream): sizes summed in BPF
+  MemcpyBatchFailIdx,     // CUDA 12.8's: (..., numAttrs, failIdx, stream)
+  Memcpy3DBatch,          // (numOps, opList, flags, stream): operations read in BPF
+  Memcpy3DBatchFailIdx,   // CUDA 12.8's: (numOps, opList, failIdx, flags, stream)
+  RtArrayAlloc,           // cudaMallocArray(out, const cudaChannelFormatDesc*, width, height, flags)
+  RtArray3DAlloc,         // (out, const cudaChannelFormatDesc*, cudaExtent (on the stack), ...)
+  DrvArrayCreate,         // cuArrayCreate_v2(out, const CUDA_ARRAY_DESCRIPTOR*)
+  DrvArray3DCreate,       // (out, const CUDA_ARRAY3D_DESCRIPTOR*, ...)
+  MipmapLevel,            // (array* out, mipmapped array, level)
   MemsetArgs,       // (ptr, value, count, [stream])    count in elements of elem_size
   StreamArg,        // (stream, ...)
   NoArgs,
@@ -48,7 +78,7 @@ enum class Signature : uint8_t {
 // Direction of a copy, as cudaMemcpyKind numbers it.
 enum class CopyDir : uint8_t { HostToHost = 0, HostToDevice = 1, DeviceToHost = 2, DeviceToDevice = 3, Default = 4, Unknown = 5 };
 
-enum class MemKind : uint8_t { None, Device, Managed, PinnedHost, RegisteredHost };
+enum class MemKind : uint8_t { None, Device, Managed, PinnedHost, RegisteredHost, Array, MipmappedArray };
 
 struct FunctionSpec {
   uint16_t id;
@@ -58,14 +88,19 @@ struct FunctionSpec {
   Signature sig;
   bool has_return;               // false: entry probe only (launches: one trap per call)
   int8_t entry_deref_arg = -1;   // argument whose pointee is copied at entry
+  // Bytes copied: up to GS_DEREF_LEN, or up to 255 for a function with a return probe, whose
+  // records then carry the rest in a longer record (gs_call_record_long; 3-D copy descriptors).
   uint8_t entry_deref_len = 0;
   bool entry_deref_string = false;
+  bool batch_sizes = false;      // a batch copy: its sizes summed at entry (gs_batch_entry)
+  bool batch_3d_ops = false;     // a 3-D batch copy: its operations read at entry (gs_batch3d_entry)
   int8_t return_out_arg = -1;    // out-pointer read at return
   bool async = false;            // takes a stream argument after the fixed ones
   CopyDir fixed_dir = CopyDir::Unknown;  // driver copies name their direction
   MemKind mem = MemKind::None;   // what an allocation or free is of
   uint8_t elem_size = 1;         // memset element size
 };
+
 
 std::span<const FunctionSpec> all_functions();
 const FunctionSpec* function_by_id(uint16_t id);
@@ -95,6 +130,9 @@ constexpr bool may_be_recorded_by_driver(const FunctionSpec& f) {
   return f.api == Api::Runtime && f.has_return &&
          (f.kind == CallKind::Memcpy || f.kind == CallKind::Memset || f.kind == CallKind::Sync);
 }
+// The BPF side marks functions whose probes are being removed in a bitmap of this many ids
+// (retiring_funcs): every function may_be_recorded_by_driver has an id below it.
+inline constexpr uint16_t kRetiringIds = 256;
 std::string_view to_string(Api);
 std::string_view to_string(CallKind);
 std::string_view to_string(CopyDir);

@@ -42,12 +42,24 @@ HostMem Tracker::host_kind(const ProcessState& p, uint64_t addr) const {
 }
 
 void Tracker::resolve_copy(ProcessState& p, CallEvent& e) const {
-  auto side = [&](uint64_t addr) {
+  // A side known to be device memory (an array, a symbol) whatever the allocations say.
+  auto side = [&](uint64_t addr, uint8_t on_device) {
+    if (e.device_sides & on_device) return 'D';
     MemKind k = p.allocations.lookup(addr);
     return (k == MemKind::Device || k == MemKind::Managed) ? 'D' : 'H';
   };
+  // A copy whose extent is in an array's elements: bytes from the array's element size, unknown
+  // for an array whose creation was not seen (or whose format has no whole-byte element).
+  for (const auto& [array, elems] : e.in_elements) {
+    if (!array && !elems) continue;
+    auto it = p.array_elem_size.find(array);
+    if (it == p.array_elem_size.end() || !it->second)
+      e.bytes_known = false;
+    else
+      e.bytes += elems * it->second;
+  }
   if (e.dir == CopyDir::Default) {
-    const char s = side(e.src), d = side(e.ptr);
+    const char s = side(e.src, CallEvent::kSrcOnDevice), d = side(e.ptr, CallEvent::kDstOnDevice);
     e.dir = s == 'H' ? (d == 'H' ? CopyDir::HostToHost : CopyDir::HostToDevice)
                      : (d == 'H' ? CopyDir::DeviceToHost : CopyDir::DeviceToDevice);
   }
@@ -74,6 +86,18 @@ void Tracker::update_state(ProcessState& p, const CallEvent& e) {
       break;
     case CallKind::HostUnregister:
       p.allocations.remove(e.ptr);
+      break;
+    case CallKind::ArrayCreate:
+      if (!e.ptr) break;
+      if (f->sig == Signature::MipmapLevel) {  // a level has its mipmapped array's format
+        auto it = p.mipmap_elem_size.find(e.src);
+        p.array_elem_size[e.ptr] = it == p.mipmap_elem_size.end() ? 0 : it->second;
+      } else {
+        (f->mem == MemKind::MipmappedArray ? p.mipmap_elem_size : p.array_elem_size)[e.ptr] = e.elem_size;
+      }
+      break;
+    case CallKind::ArrayDestroy:
+      (f->mem == MemKind::MipmappedArray ? p.mipmap_elem_size : p.array_elem_size).erase(e.ptr);
       break;
     case CallKind::KernelLookup:
       if (f->sig == Signature::RegisterFunction) {
@@ -160,6 +184,8 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
     if (e.has_return) {
       // Driver calls held for this thread either ran inside this call or before it.
       bool through_driver = false;
+      uint64_t inner_bytes = 0;
+      bool inner_bytes_known = true;
       while (!t.held_driver_calls.empty()) {
         CallEvent& d = t.held_driver_calls.front();
         if (encloses(e, d)) {
@@ -167,10 +193,21 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
           // Made inside this call, it took no stack of its own (GS_CALL_UNDER_RUNTIME).
           if (!d.stack_id) d.stack_id = e.stack_id;
           const FunctionSpec* df = function_by_id(d.func);
-          through_driver |= df && df->kind == f->kind;
+          const bool same_kind = df && df->kind == f->kind;
+          through_driver |= same_kind;
+          if (same_kind && f->kind == CallKind::Memcpy) {
+            inner_bytes += d.bytes;
+            inner_bytes_known &= d.bytes_known;
+          }
         }
         emit(d);
         t.held_driver_calls.pop_front();
+      }
+      // A runtime copy in the elements of an array not seen created (cudaMemcpy3D of an array
+      // made before gpuscope came): the driver copies it made say it in bytes.
+      if (f->kind == CallKind::Memcpy && !e.bytes_known && through_driver && inner_bytes_known) {
+        e.bytes = inner_bytes;
+        e.bytes_known = true;
       }
       weigh_runtime_call(p, *f, e, through_driver);
     }

@@ -90,6 +90,10 @@ class Tracker {
     AllocationMap allocations;
     std::unordered_map<uint64_t, KernelName> stub_names;     // host stub -> device function
     std::unordered_map<uint64_t, KernelName> handle_names;   // CUfunction / CUkernel -> name
+    // CUDA arrays and mipmapped arrays -> bytes per element (0: a format without whole-byte
+    // elements), from their creation: copies in elements (cudaMemcpy3D) need it.
+    std::unordered_map<uint64_t, uint32_t> array_elem_size;
+    std::unordered_map<uint64_t, uint32_t> mipmap_elem_size;
   };
 
   void resolve_copy(ProcessState& p, CallEvent& e) const;

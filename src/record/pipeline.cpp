@@ -235,7 +235,11 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
         break;
       }
       CallEvent e;
-      if (!decode::decode_call(rec, e)) return;
+      // A longer record carries the rest of a 3-D copy's descriptor after the call record.
+      const std::span<const uint8_t> more(data + sizeof(rec), size >= sizeof(gs_call_record_long)
+                                                                  ? sizeof(gs_call_record_long) - sizeof(rec)
+                                                                  : 0);
+      if (!decode::decode_call(rec, e, more)) return;
       const uint16_t thread_handoff = handoff_thread(rec.comm, sizeof(rec.comm));
       if (rec.flags & GS_CALL_STACK_COPIED)
         e.stack_id = take_sent_stack(rec.pid, rec.tid, rec.ts_ns, e.py_stack, thread_handoff);

@@ -42,9 +42,9 @@ RecordWriter::RecordWriter(const std::string& path)
       insert_call_(db_.prepare(
           "INSERT INTO calls(id, ts_ns, duration_ns, pid, tid, func, ret, parent_id, stack_id, stream, ptr, src, bytes, "
           "dir, host_mem, kernel_id, kernel_handle, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem, name, "
-          "driver_func, driver_handle, stack_weight) "
+          "driver_func, driver_handle, stack_weight, copies) "
           "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,"
-          "?28)")),
+          "?28,?29)")),
       insert_kernel_(db_.prepare("INSERT INTO kernels(id, name, demangled) VALUES(?1, ?2, ?3)")),
       insert_module_(db_.prepare("INSERT INTO modules(id, path, build_id) VALUES(?1, ?2, ?3)")),
       insert_stack_(db_.prepare("INSERT INTO stacks(id, depth) VALUES(?1, ?2)")),
@@ -253,7 +253,9 @@ void RecordWriter::insert_call(const CallEvent& e) {
   opt(10, e.stream);
   opt(11, e.ptr);
   opt(12, e.src);
-  if (e.bytes || (f && (f->kind == decode::CallKind::Memcpy || f->kind == decode::CallKind::Alloc))) s.bind(13, e.bytes);
+  // NULL where the size could not be told (a copy in the elements of an array not seen created).
+  if (e.bytes_known && (e.bytes || (f && (f->kind == decode::CallKind::Memcpy || f->kind == decode::CallKind::Alloc))))
+    s.bind(13, e.bytes);
   if (f && f->kind == decode::CallKind::Memcpy) {
     s.bind(14, decode::to_string(e.dir));
     if (e.host_mem != HostMem::NotApplicable) s.bind(15, to_string(e.host_mem));
@@ -267,6 +269,7 @@ void RecordWriter::insert_call(const CallEvent& e) {
   if (!e.name.empty()) s.bind(25, e.name);
   if (e.driver_func) s.bind(26, int64_t(e.driver_func)).bind(27, e.driver_handle);
   if (e.stack_weight != 1) s.bind(28, int64_t(e.stack_weight));
+  if (e.copies) s.bind(29, int64_t(e.copies));
   s.run();
 }
 

@@ -26,7 +26,8 @@ CREATE TABLE calls(
   stream INTEGER, ptr INTEGER, src INTEGER, bytes INTEGER, dir TEXT, host_mem TEXT,
   kernel_id INTEGER, kernel_handle INTEGER,
   grid_x INTEGER, grid_y INTEGER, grid_z INTEGER, block_x INTEGER, block_y INTEGER, block_z INTEGER,
-  shared_mem INTEGER, name TEXT, driver_func INTEGER, driver_handle INTEGER, stack_weight INTEGER);
+  shared_mem INTEGER, name TEXT, driver_func INTEGER, driver_handle INTEGER, stack_weight INTEGER,
+  copies INTEGER);
 CREATE TABLE lost(cause TEXT PRIMARY KEY, count INTEGER NOT NULL);
 CREATE TABLE samples(id INTEGER PRIMARY KEY, ts_ns INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL,
                      cpu INTEGER, stack_id INTEGER, kernel_stack_id INTEGER);

@@ -31,6 +31,11 @@ std::string call_stack_weight_sql(store::Db& db) {
   return q.step() ? "coalesce(c.stack_weight, 1)" : "1";
 }
 
+std::string call_copies_sql(store::Db& db) {
+  auto q = db.prepare("SELECT 1 FROM pragma_table_info('calls') WHERE name = 'copies'");
+  return q.step() ? "coalesce(c.copies, 1)" : "1";
+}
+
 StoredStacks::StoredStacks(store::Db& db)
     : frames_(db.prepare("SELECT f.module_id, f.offset, f.ip, m.path, m.build_id, f.depth FROM stack_frames f "
                          "LEFT JOIN modules m ON m.id = f.module_id WHERE f.stack_id = ?1 ORDER BY f.depth")) {

@@ -53,5 +53,8 @@ bool has_table(store::Db& db, const char* name);
 // memset whose stack was taken under `record --stack-every N`, 0 for one left out, 1 otherwise
 // (and in records from before the column).
 std::string call_stack_weight_sql(store::Db& db);
+// How many copies a copy row made, as SQL over `calls c`: a batch copy's count, 1 otherwise (and
+// in records from before the column).
+std::string call_copies_sql(store::Db& db);
 
 }  // namespace gpuscope::report

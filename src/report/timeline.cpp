@@ -149,7 +149,8 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
     auto q = db.prepare(
         "SELECT c.ts_ns, coalesce(c.duration_ns, 0), c.pid, c.tid, f.name, f.kind, coalesce(c.ret, 0), c.bytes, "
         "c.dir, c.host_mem, c.stream, k.demangled, c.grid_x, c.grid_y, c.grid_z, c.block_x, c.block_y, c.block_z, "
-        "coalesce(c.stack_id, 0), c.ptr, c.parent_id IS NOT NULL FROM calls c JOIN functions f ON f.id = c.func "
+        "coalesce(c.stack_id, 0), c.ptr, c.parent_id IS NOT NULL, " + call_copies_sql(db) +
+        " FROM calls c JOIN functions f ON f.id = c.func "
         "LEFT JOIN kernels k ON k.id = c.kernel_id WHERE c.ts_ns >= ?1 AND c.ts_ns <= ?2" +
         (opt.pid ? fmt::format(" AND c.pid = {}", opt.pid) : "") + " ORDER BY c.ts_ns");
     q.bind(1, lo).bind(2, hi);
@@ -164,6 +165,7 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
       }
       if (!q.is_null(10)) args += fmt::format(",\"stream\":\"{:#x}\"", uint64_t(q.i64(10)));
       if (!q.is_null(7)) args += fmt::format(",\"bytes\":{}", q.i64(7));
+      if (q.i64(21) > 1) args += fmt::format(",\"copies\":{}", q.i64(21));  // a batch copy
       if (!q.is_null(8)) args += ",\"direction\":" + quoted(q.str(8));
       if (!q.is_null(9) && !q.str(9).empty()) args += ",\"host_memory\":" + quoted(q.str(9));
       if (kind == "alloc" && !q.is_null(19)) args += fmt::format(",\"ptr\":\"{:#x}\"", uint64_t(q.i64(19)));

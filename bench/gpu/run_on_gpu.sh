@@ -26,6 +26,9 @@
 #           with GPUTIMES_NSYS=1 Nsight Systems measures the same steps as a third reference.
 # parts:    what each part of the launch probe costs inside the training step (bench/gpu/probe_parts.py:
 #           stages of the probe attached in turn to the driver's launch functions; gpuscope's own beside).
+# copies:   each member of CUDA's copy family once ($BUILD/bench/copy_family, and its per-thread
+#           default stream build) under record --gpu-times: the record's copies against CUPTI's
+#           (bench/gpu/copy_family_check.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-static}
@@ -166,5 +169,8 @@ if [[ " $STAGES " == *" gputimes "* ]]; then
   CUDA_LAUNCH_BLOCKING=${GPUTIMES_BLOCKING:-0} $PY bench/gpu/gpu_times_check.py --gpuscope "$BUILD/gpuscope" \
       --steps ${GPUTIMES_STEPS:-100} --runs ${GPUTIMES_RUNS:-3} --pacing ${GPUTIMES_PACING:-free} \
       ${GPUTIMES_NSYS:+--nsys} --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.txt"
+fi
+if [[ " $STAGES " == *" copies "* ]]; then
+  $PY bench/gpu/copy_family_check.py --gpuscope "$BUILD/gpuscope" --bench "$BUILD/bench" 2>&1 | tee "$OUT/copies.txt"
 fi
 rm -f "$OUT"/*.gpuscope "$OUT"/truth-*.json "$OUT"/*.nsys-rep "$OUT"/*.sqlite

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <charconv>
 #include <cstdlib>
 #include <limits>
@@ -15,9 +14,11 @@
 #include <vector>
 
 #include "decode/functions.h"
+#include "report/call_sites.h"
 #include "report/cuda_errors.h"
 #include "report/flamegraph.h"
-#include "report/frame_names.h"
+#include "report/format.h"
+#include "report/gpu_time.h"
 #include "gpu/nvml.h"
 #include "report/stored_stacks.h"
 
@@ -112,86 +113,6 @@ Record read_record(store::RecordReader& rec) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Stacks, symbolised when shown.
-
-struct StackFrame {
-  std::string text;  // "function+0xoff (module)", "module+0xoffset" when unnamed, "0xip" outside any file
-  std::string site;  // as a call site: text, but an unnamed frame is its module ("libtorch_cuda.so")
-  std::string symbol;
-  bool cuda = false;     // NamedFrame::cuda
-  bool python = false;   // a Python frame: text is "qualname (file:line)"
-  bool library = false;  // a Python frame in an installed package or the standard library
-};
-
-class Stacks {
- public:
-  Stacks(Db& db, symbolize::Symbolizer& sym) : names_(db, sym) {}
-
-  // Innermost first; empty for stack id 0 (none captured).
-  const std::vector<StackFrame>& frames(int64_t stack_id) {
-    auto [it, added] = cache_.try_emplace(stack_id);
-    if (!added || stack_id == 0) return it->second;
-    for (const NamedFrame& n : names_(stack_id)) {
-      StackFrame f;
-      const StoredFrameRow& row = *n.row;
-      f.site = frame_label(n, false);
-      switch (n.kind) {
-        case NamedFrame::Kind::Unknown:
-          f.text = fmt::format("{:#x}", row.ip);
-          break;
-        case NamedFrame::Kind::Python:
-          f.text = n.function;
-          f.python = true;
-          f.library = n.python_library;
-          break;
-        case NamedFrame::Kind::Marker:
-        case NamedFrame::Kind::Kernel:
-          f.text = n.symbolised() ? n.function : fmt::format("{}+{:#x}", base_name(row.path), row.offset);
-          break;
-        case NamedFrame::Kind::Native:
-          f.symbol = n.raw_symbol;
-          f.text = n.symbolised() ? fmt::format("{}+{:#x} ({})", n.function, n.offset_in_function, base_name(row.path))
-                                  : fmt::format("{}+{:#x}", base_name(row.path), row.offset);
-          // The line in the frame's own function (where any inlined code was called from).
-          if (!n.source_file.empty()) f.text += fmt::format(" at {}:{}", base_name(n.source_file), n.source_line);
-          if (n.symbolised()) f.site = f.text;
-          f.cuda = n.cuda;
-          break;
-      }
-      it->second.push_back(std::move(f));
-    }
-    return it->second;
-  }
-
-  // The caller that matters: the first frame outside CUDA. For a launch, also past the kernel's
-  // host stub, which nvcc gives the kernel's own symbol.
-  std::string site(int64_t stack_id, const std::string& kernel_symbol = "") {
-    const auto& fs = frames(stack_id);
-    if (fs.empty()) return "[no stack]";
-    for (const auto& f : fs)
-      if (!f.cuda && !f.python && (kernel_symbol.empty() || f.symbol != kernel_symbol)) return f.site;
-    return fs.back().site;
-  }
-
-  // The Python line that made the call: the innermost frame of the program's own code, then
-  // the innermost Python frame when that is in a library ("train (train.py:40) → relu
-  // (torch/nn/functional.py:1723)"); "" without Python frames.
-  std::string python_site(int64_t stack_id) {
-    const StackFrame* innermost = nullptr;
-    for (const auto& f : frames(stack_id)) {
-      if (!f.python) continue;
-      if (!innermost) innermost = &f;
-      if (!f.library) return &f == innermost ? f.text : f.text + " → " + innermost->text;
-    }
-    return innermost ? innermost->text : std::string();
-  }
-
- private:
-  FrameNamer names_;
-  std::unordered_map<int64_t, std::vector<StackFrame>> cache_;
-};
-
-// ---------------------------------------------------------------------------------------------
 // Sections.
 
 struct FunctionStats {
@@ -271,18 +192,7 @@ json summary(store::RecordReader& rec, const Record& r, const std::map<int64_t, 
   return s;
 }
 
-// The n largest counts, ties in key order.
-template <typename Map>
-auto by_count(const Map& m, size_t n) {
-  std::vector<std::pair<typename Map::key_type, int64_t>> v(m.begin(), m.end());
-  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
-    return a.second != b.second ? a.second > b.second : a.first < b.first;
-  });
-  if (v.size() > n) v.resize(n);
-  return v;
-}
-
-json kernels(const Record& r, Stacks& stacks, size_t top) {
+json kernels(const Record& r, CallSites& stacks, size_t top) {
   // A kernel is its kernels row, or for an unnamed one its handle (kernel_id 0).
   using Key = std::array<int64_t, 2>;
   using Shape = std::array<int64_t, 6>;
@@ -416,7 +326,7 @@ struct MemoryReport {
   json allocation_sites;  // where the most bytes were allocated
 };
 
-MemoryReport memory(const Record& r, Stacks& stacks, size_t top) {
+MemoryReport memory(const Record& r, CallSites& stacks, size_t top) {
   std::map<int64_t, ProcessMemory> procs;
   std::map<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> alloc_sites;  // (stack, func) -> (count, bytes)
   auto q = r.db.prepare(
@@ -570,135 +480,6 @@ json sync(const Record& r, const std::map<int64_t, FunctionStats>& stats) {
   return out;
 }
 
-// The counts are written when a recording ends: one cut short has none.
-// GPU times (record --gpu-times): how busy each GPU was, where its time went, and its longest
-// idle gaps with what the threads that feed it were doing meanwhile.
-json gpu_time(const Record& r, Stacks& stacks, size_t top) {
-  if (!has_table(r.db, "gpu_activities")) return nullptr;
-  struct Act {
-    int64_t start, end, stack, tid;
-  };
-  std::map<int64_t, std::vector<Act>> by_gpu;
-  struct KernelTotal {
-    int64_t count = 0, ns = 0, max_ns = 0;
-    std::map<int64_t, int64_t> ns_by_stack;
-  };
-  std::map<std::string, KernelTotal> kernels;
-  auto q = r.db.prepare(
-      "SELECT coalesce(a.gpu, 0), a.start_ns, a.end_ns, a.kind, coalesce(a.name, ''), coalesce(c.stack_id, 0), "
-      "coalesce(c.tid, 0), CASE WHEN c.id IS NULL THEN 1 ELSE " + r.stack_weight +
-      " END FROM gpu_activities a LEFT JOIN calls c ON c.id = a.call_id ORDER BY a.start_ns");
-  while (q.step()) {
-    const int64_t start = q.i64(1), end = std::max(q.i64(2), q.i64(1));
-    by_gpu[q.i64(0)].push_back({start, end, q.i64(5), q.i64(6)});
-    if (q.str(3) != "kernel") continue;
-    auto& k = kernels[q.str(4).empty() ? "[unnamed kernel]" : q.str(4)];
-    ++k.count;
-    k.ns += end - start;
-    k.max_ns = std::max(k.max_ns, end - start);
-    if (const int64_t w = q.i64(7); w > 0) k.ns_by_stack[q.i64(5)] += (end - start) * w;
-  }
-  if (by_gpu.empty()) return nullptr;
-
-  json gpus = json::array();
-  const int64_t span = std::max<int64_t>(r.end - r.origin, 1);
-  for (auto& [gpu, acts] : by_gpu) {
-    // Busy: the union of every activity's interval; gaps: between consecutive busy stretches.
-    std::vector<std::pair<int64_t, int64_t>> busy;
-    std::set<int64_t> feeders;
-    for (const auto& a : acts) {
-      if (a.tid) feeders.insert(a.tid);
-      if (!busy.empty() && a.start <= busy.back().second)
-        busy.back().second = std::max(busy.back().second, a.end);
-      else
-        busy.push_back({a.start, a.end});
-    }
-    int64_t busy_ns = 0;
-    std::vector<int64_t> bucket(kSeriesPoints, 0);
-    const int64_t width = std::max<int64_t>(span / kSeriesPoints, 1);
-    for (const auto& [s, e] : busy) {
-      busy_ns += e - s;
-      for (int64_t t = s; t < e;) {
-        const int64_t b = std::clamp<int64_t>((t - r.origin) / width, 0, kSeriesPoints - 1);
-        const int64_t bucket_end = r.origin + (b + 1) * width;
-        const int64_t upto = b == kSeriesPoints - 1 ? e : std::min(e, bucket_end);
-        bucket[size_t(b)] += upto - t;
-        t = std::max(upto, t + 1);
-      }
-    }
-    json series = json::array();
-    for (int64_t b = 0; b < kSeriesPoints; ++b) series.push_back(std::min(1.0, double(bucket[size_t(b)]) / width));
-    std::vector<std::pair<int64_t, int64_t>> gaps;
-    for (size_t i = 1; i < busy.size(); ++i) gaps.push_back({busy[i - 1].second, busy[i].first});
-    std::stable_sort(gaps.begin(), gaps.end(),
-                     [](const auto& a, const auto& b) { return a.second - a.first > b.second - b.first; });
-    if (gaps.size() > 5) gaps.resize(5);
-    json gj = json::array();
-    std::string tids;
-    for (int64_t t : feeders) tids += (tids.empty() ? "" : ",") + std::to_string(t);
-    for (const auto& [g0, g1] : gaps) {
-      json doing = json::array();
-      if (!tids.empty()) {
-        // Calls of the feeding threads that were under way during the gap, longest overlap first.
-        auto c = r.db.prepare(fmt::format(
-            "SELECT f.name, min(c.ts_ns + coalesce(c.duration_ns, 0), ?2) - max(c.ts_ns, ?1) AS overlap, "
-            "coalesce(c.stack_id, 0) FROM calls c JOIN functions f ON f.id = c.func WHERE c.tid IN ({}) "
-            "AND c.ts_ns < ?2 AND c.ts_ns + coalesce(c.duration_ns, 0) > ?1 ORDER BY overlap DESC LIMIT 3",
-            tids));
-        c.bind(1, g0).bind(2, g1);
-        while (c.step()) {
-          json d{{"call", c.str(0)}, {"overlap_ns", c.i64(1)}, {"site", stacks.site(c.i64(2))}};
-          if (auto py = stacks.python_site(c.i64(2)); !py.empty()) d["python"] = py;
-          doing.push_back(std::move(d));
-        }
-      }
-      json sampled = json::array();
-      if (!tids.empty() && has_table(r.db, "samples")) {
-        std::map<std::string, int64_t> where;
-        auto s = r.db.prepare(fmt::format(
-            "SELECT coalesce(stack_id, 0) FROM samples WHERE tid IN ({}) AND ts_ns BETWEEN ?1 AND ?2", tids));
-        s.bind(1, g0).bind(2, g1);
-        while (s.step()) {
-          const auto& fs = stacks.frames(s.i64(0));
-          const std::string py = stacks.python_site(s.i64(0));
-          where[py.empty() ? (fs.empty() ? "[no stack]" : fs.front().text) : py] += 1;
-        }
-        for (const auto& [w, n] : by_count(where, 3)) sampled.push_back({{"where", w}, {"samples", n}});
-      }
-      gj.push_back({{"start_ns", g0 - r.origin}, {"duration_ns", g1 - g0}, {"calls", doing}, {"cpu_samples", sampled}});
-    }
-    gpus.push_back({{"gpu", gpu},
-                    {"activities", acts.size()},
-                    {"busy_ns", busy_ns},
-                    {"busy_share", double(busy_ns) / span},
-                    {"active_span_ns", busy.back().second - busy.front().first},
-                    {"series", series},
-                    {"longest_gaps", gj}});
-  }
-  std::map<std::string, int64_t> ns;
-  int64_t all_ns = 0;
-  for (const auto& [name, k] : kernels) {
-    ns[name] = k.ns;
-    all_ns += k.ns;
-  }
-  json tk = json::array();
-  for (const auto& [name, total] : by_count(ns, top)) {
-    const auto& k = kernels.at(name);
-    auto site = std::max_element(k.ns_by_stack.begin(), k.ns_by_stack.end(),
-                                 [](const auto& a, const auto& b) { return a.second < b.second; });
-    json j{{"name", name},
-           {"launches", k.count},
-           {"gpu_ns", total},
-           {"share", double(total) / std::max<int64_t>(all_ns, 1)},
-           {"mean_ns", total / std::max<int64_t>(k.count, 1)},
-           {"max_ns", k.max_ns},
-           {"site", stacks.site(site->first)}};
-    if (auto py = stacks.python_site(site->first); !py.empty()) j["python"] = py;
-    tk.push_back(std::move(j));
-  }
-  return {{"gpus", gpus}, {"kernel_ns", all_ns}, {"top_kernels", tk}};
-}
-
 // NVML's view of each GPU over the recording, and each recorded process's share of it.
 json gpus(store::RecordReader& rec, const Record& r) {
   json out = {{"metrics", rec.meta("gpu_metrics")}, {"devices", json::array()}};
@@ -767,6 +548,7 @@ json gpus(store::RecordReader& rec, const Record& r) {
   return out;
 }
 
+// The counts are written when a recording ends: one cut short has none.
 json lost(Db& db) {
   json causes = json::array();
   int64_t total = 0;
@@ -780,89 +562,6 @@ json lost(Db& db) {
 
 // ---------------------------------------------------------------------------------------------
 // Text.
-
-int64_t i64(const json& j, const char* key) { return j.at(key).get<int64_t>(); }
-std::string str(const json& j, const char* key) { return j.at(key).get<std::string>(); }
-
-// Columns are measured in characters, not bytes (µ, ×, …).
-size_t width(std::string_view s) {
-  return std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
-}
-
-// At most n characters: the first n - 1 and an ellipsis.
-std::string shorten(const std::string& s, size_t n) {
-  if (width(s) <= n) return s;
-  size_t i = 0;
-  for (size_t chars = 0; i < s.size(); ++i)
-    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80 && ++chars == n) break;
-  return s.substr(0, i) + "…";
-}
-
-std::string bytes_text(int64_t b) {
-  const double v = double(b);
-  if (std::abs(b) >= (int64_t(1) << 30)) return fmt::format("{:.2f} GiB", v / double(1 << 30));
-  if (std::abs(b) >= (int64_t(1) << 20)) return fmt::format("{:.2f} MiB", v / double(1 << 20));
-  if (std::abs(b) >= (int64_t(1) << 10)) return fmt::format("{:.1f} KiB", v / double(1 << 10));
-  return fmt::format("{} B", b);
-}
-
-std::string time_text(int64_t ns) {
-  if (ns >= 1'000'000'000) return fmt::format("{:.2f} s", double(ns) / 1e9);
-  if (ns >= 1'000'000) return fmt::format("{:.2f} ms", double(ns) / 1e6);
-  return fmt::format("{:.1f} µs", double(ns) / 1e3);
-}
-
-class Table {
- public:
-  // A heading starting with '>' is right-aligned (numbers).
-  explicit Table(std::vector<std::string> headings) {
-    for (auto& h : headings) {
-      right_.push_back(h.starts_with('>'));
-      cells_.push_back(right_.back() ? h.substr(1) : h);
-    }
-  }
-  void add(std::vector<std::string> row) {
-    row.resize(right_.size());
-    cells_.insert(cells_.end(), row.begin(), row.end());
-  }
-  std::string render(size_t indent = 2) const {
-    const size_t cols = right_.size();
-    std::vector<size_t> w(cols, 0);
-    for (size_t i = 0; i < cells_.size(); ++i) w[i % cols] = std::max(w[i % cols], width(cells_[i]));
-    std::string out;
-    for (size_t row = 0; row < cells_.size() / cols; ++row) {
-      std::string line(indent, ' ');
-      for (size_t c = 0; c < cols; ++c) {
-        const std::string& cell = cells_[row * cols + c];
-        const std::string pad(w[c] - width(cell), ' ');
-        line += right_[c] ? pad + cell : cell + pad;
-        if (c + 1 < cols) line += "  ";
-      }
-      out += line.erase(line.find_last_not_of(' ') + 1) + "\n";
-    }
-    return out;
-  }
-
- private:
-  std::vector<bool> right_;
-  std::vector<std::string> cells_;  // row by row, the headings first
-};
-
-// 1234567 → "1,234,567".
-std::string num(int64_t n) {
-  std::string digits = std::to_string(n), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i && (digits.size() - i) % 3 == 0 && std::isdigit(static_cast<unsigned char>(digits[i - 1]))) out += ',';
-    out += digits[i];
-  }
-  return out;
-}
-
-std::string count_of(int64_t n, std::string_view noun) {
-  return fmt::format("{} {}{}", num(n), noun, n == 1 ? "" : "s");
-}
-
-void heading(std::string& out, const std::string& title) { out += fmt::format("\n== {} ==\n", title); }
 
 // The recorder stores death by a signal as the negated signal number.
 std::string exit_text(const json& code) {
@@ -913,12 +612,6 @@ std::string shape_text(const json& sh) {
   return fmt::format("grid({},{},{}) block({},{},{}) ×{}", g[0].get<int64_t>(), g[1].get<int64_t>(),
                      g[2].get<int64_t>(), b[0].get<int64_t>(), b[1].get<int64_t>(), b[2].get<int64_t>(),
                      num(i64(sh, "launches")));
-}
-
-// Where a call came from: its Python line, when it has one, then the first native frame outside CUDA.
-std::string site_text(const json& j, size_t width) {
-  const std::string py = j.contains("python") ? str(j, "python") : "";
-  return py.empty() ? shorten(str(j, "site"), width) : shorten(py + " via " + str(j, "site"), width);
 }
 
 void kernels_text(std::string& out, const json& k) {
@@ -1086,39 +779,6 @@ void sync_text(std::string& out, const json& sync) {
   out += t.render();
 }
 
-void gpu_time_text(std::string& out, const json& g) {
-  if (g.is_null()) return;  // recorded without --gpu-times
-  heading(out, fmt::format("GPU time (CUPTI): {} in kernels", time_text(i64(g, "kernel_ns"))));
-  static constexpr std::string_view kBars[] = {" ", "▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
-  for (const auto& d : g.at("gpus")) {
-    std::string line;
-    for (const auto& v : d.at("series")) line += kBars[size_t(std::lround(v.get<double>() * 8))];
-    out += fmt::format("  GPU {}: busy {} of the recording ({:.1f}%), {} activities\n    busy over time |{}|\n",
-                       i64(d, "gpu"), time_text(i64(d, "busy_ns")), 100 * d.at("busy_share").get<double>(),
-                       num(i64(d, "activities")), line);
-    const auto& gaps = d.at("longest_gaps");
-    if (gaps.empty()) continue;
-    out += "    longest idle gaps, and what the threads that feed this GPU did meanwhile:\n";
-    for (const auto& gap : gaps) {
-      out += fmt::format("      {} idle from {}\n", time_text(i64(gap, "duration_ns")), time_text(i64(gap, "start_ns")));
-      for (const auto& c : gap.at("calls"))
-        out += fmt::format("        in {} for {}, from {}\n", str(c, "call"), time_text(i64(c, "overlap_ns")),
-                           site_text(c, 90));
-      for (const auto& s : gap.at("cpu_samples"))
-        out += fmt::format("        on CPU in {} ({} samples)\n", shorten(str(s, "where"), 100), num(i64(s, "samples")));
-      if (gap.at("calls").empty() && gap.at("cpu_samples").empty())
-        out += "        no call under way and no CPU sample (record with --cpu-profile to see the CPU side)\n";
-    }
-  }
-  Table t({">GPU TIME", ">SHARE", ">LAUNCHES", ">MEAN", "KERNEL"});
-  for (const auto& k : g.at("top_kernels")) {
-    t.add({time_text(i64(k, "gpu_ns")), fmt::format("{:.1f}%", 100 * k.at("share").get<double>()), num(i64(k, "launches")),
-           time_text(i64(k, "mean_ns")), shorten(str(k, "name"), 100)});
-    t.add({"", "", "", "", "  from " + site_text(k, 100)});
-  }
-  out += t.render();
-}
-
 void gpus_text(std::string& out, const json& g) {
   heading(out, "GPUs (NVML)");
   const auto& devs = g.at("devices");
@@ -1228,7 +888,7 @@ json cpu_profile(store::RecordReader& rec, symbolize::Symbolizer& sym, size_t to
 
 json build_report(store::RecordReader& rec, symbolize::Symbolizer& sym, const Options& opt) {
   Record r = read_record(rec);
-  Stacks stacks(r.db, sym);
+  CallSites stacks(r.db, sym);
   const auto stats = function_stats(r.db);
   auto mem = memory(r, stacks, opt.top);
   return {{"summary", summary(rec, r, stats)},
@@ -1241,7 +901,7 @@ json build_report(store::RecordReader& rec, symbolize::Symbolizer& sym, const Op
           {"sync", sync(r, stats)},
           {"cpu", cpu_profile(rec, sym, opt.top)},
           {"gpus", gpus(rec, r)},
-          {"gpu_time", gpu_time(r, stacks, opt.top)},
+          {"gpu_time", gpu_time({r.db, r.origin, r.end, rec.meta("mode") == "command", r.stack_weight}, stacks, opt.top)},
           {"lost", lost(r.db)}};
 }
 

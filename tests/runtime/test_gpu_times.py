@@ -150,8 +150,14 @@ def test_gpu_time_in_flame_graph_report_and_timeline(record, gpuscope):
     assert kernel["python"] == f"Model.launch ({script}:{at['launch']})"
     [gap] = gpu["longest_gaps"]
     assert gap["duration_ns"] == launches[1][2] - launches[0][2] - 2000
+    # Busy share over the span the GPU was in use (first kernel to last); before it, start-up.
+    span = launches[1][2] - launches[0][2] + 2000
+    assert gpu["active_span_ns"] == span and abs(gpu["busy_share"] - 4000 / span) < 1e-9
+    start = rec.scalar("SELECT value FROM meta WHERE key = 'start_ns'")
+    assert gpu["startup_ns"] == launches[0][2] + 1000 - int(start) and gpu["startup_from"] == "command start"
     text = gpuscope("report", rec.path).stdout
     assert "GPU time (CUPTI): 4.0 µs in kernels" in text and "fake_kernel(int)" in text
+    assert "start-up: " in text and "from the command's start to the first" in text
 
     # Timeline: the kernels on their stream's track, an arrow from each launch to its kernel.
     trace = json.loads(gpuscope("timeline", rec.path, "-o", "-").stdout)

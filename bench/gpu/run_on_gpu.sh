@@ -29,6 +29,10 @@
 # copies:   each member of CUDA's copy family once ($BUILD/bench/copy_family, and its per-thread
 #           default stream build) under record --gpu-times: the record's copies against CUPTI's
 #           (bench/gpu/copy_family_check.py).
+# views:    issue 29's flame graph views and GPU summary on a PyTorch CNN (bench/gpu/cnn_steps.py,
+#           VIEWS_STEPS steps) under record --gpu-times --cpu-profile 99: frames per view, no
+#           frame per address, the interpreter's frames gone by default; start-up apart from idle
+#           gaps (bench/gpu/python_flame_views_check.py; gpu-time flame graphs as HTML in $OUT).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-static}
@@ -169,6 +173,10 @@ if [[ " $STAGES " == *" gputimes "* ]]; then
   CUDA_LAUNCH_BLOCKING=${GPUTIMES_BLOCKING:-0} $PY bench/gpu/gpu_times_check.py --gpuscope "$BUILD/gpuscope" \
       --steps ${GPUTIMES_STEPS:-100} --runs ${GPUTIMES_RUNS:-3} --pacing ${GPUTIMES_PACING:-free} \
       ${GPUTIMES_NSYS:+--nsys} --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.txt"
+fi
+if [[ " $STAGES " == *" views "* ]]; then
+  $PY bench/gpu/python_flame_views_check.py --gpuscope "$BUILD/gpuscope" --steps ${VIEWS_STEPS:-20} --out "$OUT" \
+      2>&1 | tee "$OUT/views.txt"
 fi
 if [[ " $STAGES " == *" copies "* ]]; then
   $PY bench/gpu/copy_family_check.py --gpuscope "$BUILD/gpuscope" --bench "$BUILD/bench" 2>&1 | tee "$OUT/copies.txt"

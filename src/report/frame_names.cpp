@@ -71,7 +71,9 @@ const std::vector<NamedFrame>& FrameNamer::operator()(int64_t stack_id) {
         f.source_file = std::move(s.source->in_function.file);
         f.source_line = s.source->in_function.line;
       }
-      f.interpreter = discover::looks_like_python(row.path);
+      auto [known, fresh] = interpreter_.try_emplace(row.path, false);
+      if (fresh) known->second = discover::looks_like_python(row.path);
+      f.interpreter = known->second;
       f.cuda = in_cuda_library(row.path) || f.function.starts_with("__device_stub_") ||
                decode::function_by_symbol(declared_name(f.function)) != nullptr;
     }

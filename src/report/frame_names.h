@@ -63,6 +63,7 @@ class FrameNamer {
   StoredStacks stored_;
   bool with_source_;
   std::unordered_map<int64_t, std::vector<NamedFrame>> cache_;
+  std::unordered_map<std::string, bool> interpreter_;  // by path: is it CPython's executable or library?
 };
 
 }  // namespace gpuscope::report

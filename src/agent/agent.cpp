@@ -616,7 +616,7 @@ int Agent::run() {
         if (!discover::process_exists(pid)) gone.push_back(pid);
     for (pid_t pid : gone)
       if (budget_->processes().contains(pid)) {
-        budget_->remove_process(pid);
+        budget_->remove_process(pid, now);
         tracer_->forget_process(pid);
         probe_errors_said_.erase(pid);
         log_debug("PID {} exited", pid);

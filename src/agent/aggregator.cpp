@@ -16,21 +16,6 @@
 namespace gpuscope::agent {
 namespace {
 
-// Adds n to `kernel`'s count, or to `other` once `counts` holds `cap` kernels; false then.
-bool add_capped(std::unordered_map<int64_t, double>& counts, double& other, int64_t kernel, double n,
-                       size_t cap) {
-  auto it = counts.find(kernel);
-  if (it != counts.end()) {
-    it->second += n;
-  } else if (counts.size() < cap) {
-    counts.emplace(kernel, n);
-  } else {
-    other += n;
-    return false;
-  }
-  return true;
-}
-
 std::string_view direction_label(decode::CopyDir d) {
   switch (d) {
     case decode::CopyDir::HostToDevice: return "h2d";
@@ -96,8 +81,12 @@ std::string kernel_label(const std::string& demangled) {
   return s;
 }
 
-Aggregator::Aggregator(const AggregatorLimits& limits, int cpu_profile_hz, std::string host_root)
-    : limits_(limits), cpu_profile_hz_(cpu_profile_hz), host_root_(std::move(host_root)) {}
+Aggregator::Aggregator(const AggregatorLimits& limits, int cpu_profile_hz, std::string host_root,
+                       std::function<uint64_t()> clock)
+    : limits_(limits),
+      cpu_profile_hz_(cpu_profile_hz),
+      host_root_(std::move(host_root)),
+      clock_(clock ? std::move(clock) : std::function<uint64_t()>(monotonic_ns)) {}
 
 // Labels without a value are left out: Prometheus reads an empty label as an absent one.
 Labels Aggregator::Process::labels() const {
@@ -140,11 +129,12 @@ void Aggregator::upsert_process(uint32_t pid, uint32_t, const std::string& comm,
   it->second.container = discover::container_of(static_cast<pid_t>(pid), host_root_);
 }
 
-void Aggregator::set_process_exit(uint32_t pid, uint64_t, int) {
+void Aggregator::set_process_exit(uint32_t pid, uint64_t ts_ns, int) {
   std::lock_guard lock(mu_);
   auto it = processes_.find(pid);
   if (it == processes_.end() || it->second.exited) return;
   it->second.exited = true;
+  it->second.cycles.exited(ts_ns, true);
   exited_.push_back(pid);
 }
 
@@ -167,31 +157,41 @@ void Aggregator::add_call(const CallEvent& e) {
   if (decode::is_high_rate(*f)) {
     p->hits.high_rate_entries += entries;
     p->hits.high_rate_returns += returns;
+    ++high_rate_calls_seen_;
   }
   // A driver call made inside a runtime call is part of that call: counted once, as the program made it.
   if (e.parent_id) return;
-  const double w = decode::is_high_rate(*f) ? p->high_rate_weight : 1.0;
   const bool failed = e.has_return && e.ret != 0;
   if (failed) p->errors[e.func] += 1;
+  // A launch or copy counts once in its cycle's observed calls and, scaled by what that cycle
+  // weighs so far, in the counters (which rise with the weight as the cycle goes on). Only
+  // calls of the duty-cycled probes say when those were live.
+  const ObservedCycles::Slot slot = decode::is_high_rate(*f) ? p->cycles.slot(e.ts_ns) : ObservedCycles::Slot{};
+  const double w = slot.raw ? slot.weight : p->high_rate_weight;
   switch (f->kind) {
     case decode::CallKind::Launch:
     case decode::CallKind::GraphLaunch: {
-      const int64_t k = f->kind == decode::CallKind::GraphLaunch ? -1 : e.kernel_id;
-      if (p->period.open)
-        add_capped(p->period.launches, p->period.launches_other, k, 1, limits_.max_kernel_names);
-      else
-        count_launches(*p, k, w);
+      const int64_t k = launch_key(*p, f->kind == decode::CallKind::GraphLaunch ? -1 : e.kernel_id);
+      p->high.launches[k] += w;
+      p->high.calls += w;
+      if (slot.raw) {
+        slot.raw->launches[k] += 1;
+        slot.raw->calls += 1;
+      }
       // Under stack_every N a taken stack stands for N launches (e.stack_weight), a left-out one for none.
       if (e.stack_id) p->launch_window[e.stack_id] += e.stack_weight;
       break;
     }
     case decode::CallKind::Memcpy: {
-      const double cw = p->period.open ? 1.0 : w;
-      auto& copies = p->period.open ? p->period.copies : p->copies;
-      auto& t = copies[CopyKey{std::string(direction_label(e.dir)), std::string(host_memory_label(e.host_mem))}];
-      t.count += cw;
-      t.bytes += double(e.bytes) * cw;
-      t.seconds += double(e.duration_ns) * 1e-9 * cw;
+      const CopyKey key{std::string(direction_label(e.dir)), std::string(host_memory_label(e.host_mem))};
+      for (auto [counts, n] : {std::pair{&p->high, w}, std::pair{slot.raw, 1.0}}) {
+        if (!counts) continue;
+        auto& t = counts->copies[key];
+        t.count += n;
+        t.bytes += double(e.bytes) * n;
+        t.seconds += double(e.duration_ns) * 1e-9 * n;
+        counts->calls += n;
+      }
       break;
     }
     case decode::CallKind::Alloc: {
@@ -317,32 +317,38 @@ void Aggregator::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
     if (e.kind == "xid") gpus_[e.device].xids[e.value] += 1;
 }
 
-void Aggregator::count_launches(Process& p, int64_t kernel, double n) {
-  if (!add_capped(p.launches, p.launches_other, kernel, n, limits_.max_kernel_names)) ++shed_.kernel_names;
+int64_t Aggregator::launch_key(Process& p, int64_t kernel) {
+  auto& launches = p.high.launches;
+  if (launches.contains(kernel)) return kernel;
+  const size_t named = launches.size() - launches.count(HighRateCounts::kOtherKernel);
+  if (named < limits_.max_kernel_names) return kernel;
+  ++shed_.kernel_names;
+  return HighRateCounts::kOtherKernel;
 }
 
-void Aggregator::begin_high_rate_period(uint32_t pid) {
+void Aggregator::high_rate_found(uint32_t pid, uint64_t t_ns) {
   std::lock_guard lock(mu_);
-  if (Process* p = process(pid)) p->period.open = true;
+  if (Process* p = process(pid)) p->cycles.found(t_ns);
 }
 
-void Aggregator::end_high_rate_period(uint32_t pid, double weight) {
+void Aggregator::high_rate_switched_on(uint32_t pid, uint64_t t_ns) {
   std::lock_guard lock(mu_);
-  auto it = processes_.find(pid);
-  if (it == processes_.end()) return;
-  Process& p = it->second;
-  for (const auto& [kernel, n] : p.period.launches) count_launches(p, kernel, n * weight);
-  p.launches_other += p.period.launches_other * weight;
-  for (const auto& [key, t] : p.period.copies) {
-    auto& total = p.copies[key];
-    total.count += t.count * weight;
-    total.bytes += t.bytes * weight;
-    total.seconds += t.seconds * weight;
-  }
-  p.period.launches.clear();
-  p.period.launches_other = 0;
-  p.period.copies.clear();
-  p.period.open = false;
+  if (Process* p = process(pid)) p->cycles.switched_on(t_ns, p->high);
+}
+
+void Aggregator::high_rate_switched_off(uint32_t pid, uint64_t t_ns, double probe_share) {
+  std::lock_guard lock(mu_);
+  if (auto it = processes_.find(pid); it != processes_.end()) it->second.cycles.switched_off(t_ns, probe_share);
+}
+
+void Aggregator::high_rate_let_go(uint32_t pid, uint64_t t_ns) {
+  std::lock_guard lock(mu_);
+  if (auto it = processes_.find(pid); it != processes_.end()) it->second.cycles.exited(t_ns, false);
+}
+
+uint64_t Aggregator::high_rate_calls_seen() const {
+  std::lock_guard lock(mu_);
+  return high_rate_calls_seen_;
 }
 
 void Aggregator::set_high_rate_weight(uint32_t pid, double weight, double observed_ratio) {
@@ -395,10 +401,11 @@ MetricSnapshot Aggregator::snapshot(std::vector<MetricFamily> extra, uint64_t st
   MetricSnapshot s;
   s.time_unix_ns = realtime_ns();
   s.start_time_unix_ns = start_unix_ns;
-  auto launches = family("gpuscope_kernel_launches_total", "Kernel launches, by kernel (scaled by 1/observed_ratio)", "", MetricType::Counter);
-  auto copies = family("gpuscope_memcpy_total", "Memory copies, by direction and host memory kind (scaled by 1/observed_ratio)", "", MetricType::Counter);
-  auto copy_bytes = family("gpuscope_memcpy_bytes_total", "Bytes copied, by direction and host memory kind (scaled by 1/observed_ratio)", "bytes", MetricType::Counter);
-  auto copy_seconds = family("gpuscope_memcpy_seconds_total", "Time spent in copy calls (scaled by 1/observed_ratio)", "seconds", MetricType::Counter);
+  // Launches and copies: exact while gpuscope_counts_exact is 1, else estimates (docs/agent-metrics.md).
+  auto launches = family("gpuscope_kernel_launches_total", "Kernel launches, by kernel (an estimate unless gpuscope_counts_exact is 1)", "", MetricType::Counter);
+  auto copies = family("gpuscope_memcpy_total", "Memory copies, by direction and host memory kind (an estimate unless gpuscope_counts_exact is 1)", "", MetricType::Counter);
+  auto copy_bytes = family("gpuscope_memcpy_bytes_total", "Bytes copied, by direction and host memory kind (an estimate unless gpuscope_counts_exact is 1)", "bytes", MetricType::Counter);
+  auto copy_seconds = family("gpuscope_memcpy_seconds_total", "Time spent in copy calls (an estimate unless gpuscope_counts_exact is 1)", "seconds", MetricType::Counter);
   auto allocs = family("gpuscope_device_memory_allocations_total", "Device and managed memory allocations", "", MetricType::Counter);
   auto alloc_bytes = family("gpuscope_device_memory_allocated_bytes_total", "Device and managed memory allocated", "bytes", MetricType::Counter);
   auto freed = family("gpuscope_device_memory_freed_bytes_total", "Device and managed memory freed", "bytes", MetricType::Counter);
@@ -409,18 +416,24 @@ MetricSnapshot Aggregator::snapshot(std::vector<MetricFamily> extra, uint64_t st
   auto sync_seconds = family("gpuscope_synchronization_seconds_total", "Time spent waiting for the GPU in synchronising calls, by function", "seconds", MetricType::Counter);
   auto errors = family("gpuscope_cuda_call_errors_total", "CUDA calls that returned an error, by function", "", MetricType::Counter);
   auto observed = family("gpuscope_observed_ratio", "Share of the process's traced time its high-rate probes (launches, copies) were on", "ratio", MetricType::Gauge);
+  auto exact = family("gpuscope_counts_exact", "1 if the process's launch and copy counters count every call it made since it was found; 0 if they are estimates", "", MetricType::Gauge);
+  auto error = family("gpuscope_estimate_error_ratio", "Bound on the relative error of the process's launch and copy counters (0: exact)", "ratio", MetricType::Gauge);
   auto hits = family("gpuscope_probe_hits_total", "Probe hits in the process (observed, not scaled)", "", MetricType::Counter);
 
+  const uint64_t now = clock_();
   std::lock_guard lock(mu_);
   std::erase_if(processes_, [](const auto& kv) { return kv.second.exited && kv.second.reported_exit; });
   for (auto& [pid, p] : processes_) {
     const Labels base = p.labels();
-    for (const auto& [k, n] : p.launches) {
-      const std::string name = k < 0 ? "[graph]" : k == 0 || size_t(k) > kernel_names_.size() ? "unknown" : kernel_names_[size_t(k) - 1];
+    p.cycles.advance(now, p.high);  // off-periods credited up to now (less the records' lag)
+    for (const auto& [k, n] : p.high.launches) {
+      const std::string name = k == HighRateCounts::kOtherKernel ? "other"
+                               : k < 0                            ? "[graph]"
+                               : k == 0 || size_t(k) > kernel_names_.size() ? "unknown"
+                                                                 : kernel_names_[size_t(k) - 1];
       launches.samples.push_back({with(base, {{"kernel", name}}), n});
     }
-    if (p.launches_other > 0) launches.samples.push_back({with(base, {{"kernel", "other"}}), p.launches_other});
-    for (const auto& [key, t] : p.copies) {
+    for (const auto& [key, t] : p.high.copies) {
       const Labels l = with(base, {{"direction", key.direction}, {"host_memory", key.host_memory}});
       copies.samples.push_back({l, t.count});
       copy_bytes.samples.push_back({l, t.bytes});
@@ -438,11 +451,22 @@ MetricSnapshot Aggregator::snapshot(std::vector<MetricFamily> extra, uint64_t st
       sync_seconds.samples.push_back({l, t.seconds});
     }
     for (const auto& [func, n] : p.errors) errors.samples.push_back({with(base, {{"function", function_name(func)}}), n});
-    observed.samples.push_back({base, p.observed_ratio});
+    const bool tracked = p.cycles.tracked();
+    const double ratio = tracked ? p.cycles.observed_ratio() : p.observed_ratio;
+    const bool is_exact = tracked ? p.cycles.exact() : p.high_rate_weight == 1 && p.observed_ratio == 1;
+    observed.samples.push_back({base, ratio});
+    exact.samples.push_back({base, is_exact ? 1.0 : 0.0});
+    // Scaled by a fixed weight, nothing says what the unobserved time held: its whole share,
+    // 1 - 1 / weight, may be off (observed_cycles.h's rule for an off-period with no on-period after it).
+    const double bound = is_exact ? 0
+                         : !tracked ? std::max(0.0, 1 - 1 / p.high_rate_weight)
+                         : p.high.calls > 0 ? p.cycles.error_calls() / p.high.calls
+                                            : 0;
+    error.samples.push_back({base, bound});
     hits.samples.push_back({base, double(p.hits.entries + p.hits.returns)});
   }
   for (auto* f : {&launches, &copies, &copy_bytes, &copy_seconds, &allocs, &alloc_bytes, &freed, &in_use, &failures,
-                  &pinned, &syncs, &sync_seconds, &errors, &observed, &hits})
+                  &pinned, &syncs, &sync_seconds, &errors, &observed, &exact, &error, &hits})
     s.families.push_back(std::move(*f));
 
   // GPUs: the latest reading of each.

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "agent/metrics.h"
+#include "agent/observed_cycles.h"
 #include "discover/container.h"
 #include "report/flamegraph.h"
 #include "store/sink.h"
@@ -50,8 +52,10 @@ struct ProcessProfile {
 class Aggregator final : public store::EventSink {
  public:
   // cpu_profile_hz: the CPU sampling rate (a sample's weight in nanoseconds); `host_root` is
-  // where the host's / is (for container runtimes' state; tests point it elsewhere).
-  Aggregator(const AggregatorLimits& limits, int cpu_profile_hz, std::string host_root = "/");
+  // where the host's / is (for container runtimes' state; tests point it elsewhere); `clock`:
+  // CLOCK_MONOTONIC's now, in ns (tests drive their own).
+  Aggregator(const AggregatorLimits& limits, int cpu_profile_hz, std::string host_root = "/",
+             std::function<uint64_t()> clock = {});
 
   // store::EventSink
   void set_meta(const std::string& key, const std::string& value) override;
@@ -74,15 +78,22 @@ class Aggregator final : public store::EventSink {
   void commit() override {}
   uint64_t stack_epoch() const override { return stack_epoch_.load(std::memory_order_relaxed); }
 
-  // The weight of each observed high-rate call of a process (launches, copies, memsets): 1 /
-  // the share of time its high-rate probes are on, so that counters estimate the whole; and
-  // the share of its life they have been on so far, which the series state.
+  // The budget's duty cycle of a process's high-rate probes (launches, copies, memsets), as it
+  // happened: taken on at `t_ns` (probes off), switched on (once attaching returned) and off
+  // (as detaching began; `probe_share`: what they cost the process's CPU while on), and let go
+  // (it exited by `t_ns`). The calls of each cycle are weighed from these times
+  // (observed_cycles.h), in the clock of the calls' timestamps (CLOCK_MONOTONIC).
+  void high_rate_found(uint32_t pid, uint64_t t_ns);
+  void high_rate_switched_on(uint32_t pid, uint64_t t_ns);
+  void high_rate_switched_off(uint32_t pid, uint64_t t_ns, double probe_share);
+  void high_rate_let_go(uint32_t pid, uint64_t t_ns);
+  // A process whose high-rate calls are observed at a fixed share by other means than the duty
+  // cycle above (no switch times given): each counts `weight`, and its series state
+  // `observed_ratio` (and are estimates unless it is 1).
   void set_high_rate_weight(uint32_t pid, double weight, double observed_ratio);
-  // Under a budget, the high-rate calls of an on-period are held apart until it ends, when the
-  // duty it stood for is known (an estimate in the period can change it), and then counted at
-  // `weight` (1 / that duty). Calls arriving outside a period count at set_high_rate_weight's.
-  void begin_high_rate_period(uint32_t pid);
-  void end_high_rate_period(uint32_t pid, double weight);
+  // Observed high-rate calls of all processes since start (not scaled): what the agent's own
+  // work on them grows with.
+  uint64_t high_rate_calls_seen() const;
   std::map<uint32_t, ProbeHits> probe_hits() const;
   // Processes that exited, so that the agent lets go of them; each is reported once.
   std::vector<uint32_t> take_exited();
@@ -104,13 +115,6 @@ class Aggregator final : public store::EventSink {
   std::map<std::string, uint64_t> lost() const;
 
  private:
-  struct CopyKey {
-    std::string direction, host_memory;
-    auto operator<=>(const CopyKey&) const = default;
-  };
-  struct CopyTotals {
-    double count = 0, bytes = 0, seconds = 0;
-  };
   struct CallTotals {
     double count = 0, seconds = 0;
   };
@@ -123,16 +127,9 @@ class Aggregator final : public store::EventSink {
     std::string comm;
     discover::ContainerInfo container;
     bool exited = false, reported_exit = false;
-    double high_rate_weight = 1, observed_ratio = 1;
-    std::unordered_map<int64_t, double> launches;  // kernel id (0: unnamed) -> count
-    double launches_other = 0;
-    std::map<CopyKey, CopyTotals> copies;
-    struct {
-      bool open = false;
-      std::unordered_map<int64_t, double> launches;  // unweighted, as launches
-      double launches_other = 0;
-      std::map<CopyKey, CopyTotals> copies;
-    } period;  // see begin_high_rate_period
+    HighRateCounts high;     // launches and copies, scaled: what the counters export
+    ObservedCycles cycles;   // the duty cycle, when the budget reports it
+    double high_rate_weight = 1, observed_ratio = 1;  // set_high_rate_weight's, otherwise
     double allocations = 0, allocated_bytes = 0, freed_bytes = 0, allocation_failures = 0;
     std::unordered_map<uint64_t, Allocation> live;
     double device_in_use = 0, pinned_in_use = 0;
@@ -150,14 +147,17 @@ class Aggregator final : public store::EventSink {
   };
 
   Process* process(uint32_t pid);  // created on first sight; null past max_processes
-  void count_launches(Process& p, int64_t kernel, double n);
+  // The key a launch of `kernel` counts under: HighRateCounts::kOtherKernel past max_kernel_names.
+  int64_t launch_key(Process& p, int64_t kernel);
   struct PendingFrame;
   std::vector<PendingFrame> pending_frames(uint32_t pid, int64_t stack_id) const;
 
   AggregatorLimits limits_;
   int cpu_profile_hz_;
   std::string host_root_;
+  std::function<uint64_t()> clock_;
   mutable std::mutex mu_;
+  uint64_t high_rate_calls_seen_ = 0;
   std::unordered_map<uint32_t, Process> processes_;
   std::vector<uint32_t> exited_;
   std::vector<std::string> kernel_names_;  // id - 1 -> label

@@ -6,6 +6,15 @@
 #include <chrono>
 
 namespace gpuscope::agent {
+namespace {
+
+// Nanoseconds since `since`: where in a tick (or a call) a switch happened, added to the
+// caller's `now` so that switch times stay in the caller's clock.
+uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since).count());
+}
+
+}  // namespace
 
 uint64_t process_cpu_ns(pid_t pid) {
   // Read every tick (10 times a second) for each process under the budget, so from the
@@ -38,16 +47,17 @@ double BudgetController::duty_now(const ProcessState& st) const {
   return cfg_.budget >= 1 ? 1.0 : std::clamp(st.duty * agent_factor_, kMinDuty, 1.0);
 }
 
-void BudgetController::begin_period(pid_t pid) {
-  // Without a limit (budget >= 1) calls count as they come: nothing is held.
-  if (cfg_.budget < 1) agg_.begin_high_rate_period(uint32_t(pid));
-}
-
 void BudgetController::add_process(pid_t pid, uint64_t now_ns) {
   if (state_.contains(pid)) return;
   ProcessState st;
+  // The process is observed from when its probes are live: once attaching returned (5-12 ms
+  // on the dev VM). Calls before that are not counted, as calls before its library's load was
+  // seen are not.
+  const auto attach_start = std::chrono::steady_clock::now();
   st.on = switch_(pid, true);
-  if (st.on) begin_period(pid);
+  const uint64_t live_ns = now_ns + elapsed_ns(attach_start);
+  agg_.high_rate_found(uint32_t(pid), live_ns);
+  if (st.on) agg_.high_rate_switched_on(uint32_t(pid), live_ns);
   st.phase_start_ns = st.first_ns = st.last_tick_ns = now_ns;
   st.last_cpu_ns = process_cpu_ns(pid);
   auto hits = agg_.probe_hits();
@@ -56,18 +66,22 @@ void BudgetController::add_process(pid_t pid, uint64_t now_ns) {
   ++changes_;
 }
 
-void BudgetController::remove_process(pid_t pid) {
+void BudgetController::remove_process(pid_t pid, uint64_t now_ns) {
   auto it = state_.find(pid);
   if (it == state_.end()) return;
   const ProcessState& st = it->second;
   exited_ratio_[pid] = st.cpu_ns_total > 0 ? st.added_ns_total / st.cpu_ns_total : 0;
-  agg_.end_high_rate_period(uint32_t(pid), 1 / duty_now(st));
+  // Its last cycle ends at its exit (the exit record says when; by now at the latest), not
+  // where the duty planned: a process that exits with its probes on was seen whole.
+  if (now_ns) agg_.high_rate_let_go(uint32_t(pid), now_ns);
   state_.erase(it);
   ++changes_;
   switch_(pid, false);
 }
 
 void BudgetController::tick(uint64_t now_ns) {
+  // Switches are timed from here: one process's switch can take the agent a while (see below).
+  const auto tick_start = std::chrono::steady_clock::now();
   const auto hits = agg_.probe_hits();
   for (auto& [pid, st] : state_) {
     const uint64_t dt = now_ns - st.last_tick_ns;
@@ -111,6 +125,7 @@ void BudgetController::tick(uint64_t now_ns) {
       const double low_share = st.acc_cpu_ns > 0 ? st.acc_low_added_ns / st.acc_cpu_ns : 0;
       const double per_on = st.acc_on_cpu_ns > 0 ? st.acc_high_added_ns / st.acc_on_cpu_ns
                                                  : (st.acc_high_added_ns > 0 ? 1.0 : 0.0);
+      st.probe_share = std::min(1.0, per_on);
       const double wanted = per_on > 0 ? std::max(0.0, cfg_.budget - low_share) / per_on : 1.0;
       const bool full_window = st.acc_on_wall_ns >= estimate_after_ns;
       if (full_window || wanted < st.duty / 2) {
@@ -129,29 +144,30 @@ void BudgetController::tick(uint64_t now_ns) {
     const double on_len_s = std::max(cfg_.min_on_s, duty * cfg_.cycle_s);
     const double phase_s = double(now_ns - st.phase_start_ns) / 1e9;
     if (st.on && duty < 1 && phase_s >= on_len_s) {
+      // The probes stop firing as detaching begins: the kernel removes their breakpoints first,
+      // then waits for every hit in flight (synchronize_srcu). That wait took 50-290 ms on the
+      // dev VM, during which no call was seen; ending the on-period where detaching returned
+      // credited it with calls it never saw, and estimates came out 7-20% low.
+      const uint64_t off_at = now_ns + elapsed_ns(tick_start);
       const auto detach_start = std::chrono::steady_clock::now();
       switch_(pid, false);
       // The probes were live from the tick that switched them on until the switch-off returned:
       // longer than planned, as ticks come late and attaching and detaching take the agent time
       // (on the H100 VM the planned duty was overrun severalfold). So the off-period is sized
       // from the on-period as it was, and the share observed stays the duty.
-      const double live_s = phase_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - detach_start).count();
+      const double live_s = phase_s + double(elapsed_ns(detach_start)) / 1e9;
       st.off_len_s = live_s * (1 - duty) / duty;
       st.on = false;
       st.phase_start_ns = now_ns;
-      // The period just ended stands for itself and the off-period sized from it: its calls
-      // count 1 / duty each, whatever the duty was when they came.
-      agg_.end_high_rate_period(uint32_t(pid), 1 / duty);
+      // The calls of the period just ended count for it and for the off-period as it goes
+      // (Aggregator, observed_cycles.h): whatever the duty, the cycle weighs what it lasted.
+      agg_.high_rate_switched_off(uint32_t(pid), off_at, st.probe_share);
     } else if (!st.on && (duty >= 1 || phase_s >= st.off_len_s)) {
       st.on = switch_(pid, true);
       st.phase_start_ns = now_ns;
-      if (st.on) begin_period(pid);
-    } else if (st.on && duty >= 1) {
-      // Not cycling: what was held counts as it is, every tick.
-      agg_.end_high_rate_period(uint32_t(pid), 1);
-      begin_period(pid);
+      // Live once attaching returned: until then the off-period goes on.
+      if (st.on) agg_.high_rate_switched_on(uint32_t(pid), now_ns + elapsed_ns(tick_start));
     }
-    agg_.set_high_rate_weight(uint32_t(pid), 1 / duty, st.observed_ratio());
   }
 }
 

@@ -6,7 +6,8 @@
 // machine (measured at start), compares it with the CPU time /proc says the process used while
 // its probes were on, and sets the share of each cycle they are on:
 //   duty = budget * CPU time while on / probe cost while on      (between kMinDuty and 1)
-// Counters of sampled calls are scaled by 1/duty; the series say which share was observed.
+// The calls seen in an on-period stand for its cycle as it was lived (observed_cycles.h); the
+// series say which share was observed, whether the counts are exact, and how far off they may be.
 #pragma once
 
 #include <sys/types.h>
@@ -47,7 +48,8 @@ class BudgetController {
   const BudgetConfig& config() const { return cfg_; }
   // A process whose first CUDA library was just probed: its high-rate probes start on.
   void add_process(pid_t pid, uint64_t now_ns);
-  void remove_process(pid_t pid);
+  // A process that exited by `now_ns` (0: when is not known; its exit record will say).
+  void remove_process(pid_t pid, uint64_t now_ns = 0);
   // Re-estimates each process's duty and switches probes where a cycle's phase says so.
   void tick(uint64_t now_ns);
 
@@ -66,6 +68,7 @@ class BudgetController {
     // and of the always-on probes' hits.
     uint64_t acc_on_wall_ns = 0;
     bool estimated = false;  // the duty was estimated once
+    double probe_share = 0;  // the high-rate probes' cost over the CPU time while on, at the last estimate
     double acc_on_cpu_ns = 0, acc_cpu_ns = 0, acc_high_added_ns = 0, acc_low_added_ns = 0;
     double observed_ratio() const;
   };
@@ -85,7 +88,6 @@ class BudgetController {
   double hits_cost_ns(uint64_t entries, uint64_t returns) const;
   // The share of the cycle a process's high-rate probes are on: its duty, the agent's factor.
   double duty_now(const ProcessState& st) const;
-  void begin_period(pid_t pid);  // an on-period's high-rate calls held apart (Aggregator)
 
   BudgetConfig cfg_;
   double agent_factor_ = 1;  // applied to every process's duty (see note_agent_cpu)

@@ -559,7 +559,7 @@ TEST(Budget, ProcessCpuTimeReadsStatPastACommandWithParentheses) {
 
 // This test process, found by a 1% budget (a hit costs 1 us) at `now`, its probes on.
 struct FoundProcess {
-  agent::Aggregator agg{{}, 0};
+  agent::Aggregator agg{{}, 0, "/", [this] { return now; }};  // the budget's clock
   const pid_t pid = getpid();
   agent::BudgetController budget{one_percent_budget(1000, 1000), agg, [](pid_t, bool on) { return on; }};
   uint64_t now = 1'000'000'000;
@@ -568,7 +568,11 @@ struct FoundProcess {
     budget.add_process(pid, now);
   }
   void calls(const char* func, uint64_t n) {
-    for (uint64_t i = 0; i < n; ++i) agg.add_call(call(uint32_t(pid), func));
+    for (uint64_t i = 0; i < n; ++i) {
+      auto e = call(uint32_t(pid), func);
+      e.ts_ns = now;  // made now (by the budget's clock)
+      agg.add_call(e);
+    }
   }
 };
 
@@ -626,23 +630,32 @@ TEST(Budget, AnExitedProcessKeepsItsOverheadSeriesWhileItsOtherSeriesStay) {
   EXPECT_DOUBLE_EQ(f.samples[0].value, live);
 }
 
-TEST(Budget, AnOnPeriodsLaunchesCountAtTheDutyTheCycleEndsWith) {
+TEST(Budget, AnOnPeriodsLaunchesCountForTheCycleAsItIsLived) {
   // A process is found with its probes on (duty 1); its first estimate cuts them to 2%. The
-  // launches seen in that first on-period stand for the whole cycle: counted 50 times each
-  // when the period ends, not once (the weight while they came).
+  // launches seen in that first on-period stand for the whole cycle as it is lived: once each as
+  // they come, rising while the off-period passes, to 1 / duty each when the cycle has run the
+  // length the duty planned. (They were once counted 1 / duty each at the switch-off, before the
+  // off-period was lived: a process that exited in it was counted for a cycle it never had.)
   FoundProcess found;
   const uint64_t burnt = burn_cpu(200'000'000);
   const uint64_t launches = burnt / 2 / 1000;  // 50% of the CPU time at 1 us a hit
   found.calls("cudaLaunchKernel", launches);
-  // Held while the period is open (no series yet).
-  EXPECT_LT(value(found.agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), 1);
+  EXPECT_EQ(value(found.agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches));
   found.now += 300'000'000;
   found.budget.tick(found.now);
   const auto& st = found.budget.processes().at(found.pid);
   ASSERT_FALSE(st.on);
-  EXPECT_NEAR(value(found.agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches) / st.duty, 1e-6 * launches);
+  EXPECT_EQ(value(found.agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches));
+  found.now += uint64_t(st.off_len_s * 1e9) + 1;
+  found.budget.tick(found.now);
+  ASSERT_TRUE(found.budget.processes().at(found.pid).on);
+  const double duty = found.budget.processes().at(found.pid).duty;
+  EXPECT_NEAR(value(found.agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches) / duty,
+              1e-3 * double(launches) / duty);
   // One arriving late, after the switch-off, belongs to that period: it counts the same.
-  found.agg.add_call(call(uint32_t(found.pid), "cudaLaunchKernel"));
-  EXPECT_NEAR(value(found.agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches + 1) / st.duty,
-              1e-6 * launches);
+  auto late = call(uint32_t(found.pid), "cudaLaunchKernel");
+  late.ts_ns = 1'000'000'000 + 100'000'000;  // made 0.1 s into the on-period
+  found.agg.add_call(late);
+  EXPECT_NEAR(value(found.agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches + 1) / duty,
+              1e-3 * double(launches) / duty);
 }

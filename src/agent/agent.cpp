@@ -154,8 +154,9 @@ class Agent {
   uint64_t shed_memory_ = 0;
   uint64_t rss_after_trim_ = 0, last_trim_ns_ = 0;  // enforce_memory_limit's last malloc_trim
   std::set<pid_t> probe_errors_said_;
-  double last_cpu_s_ = 0;
+  double last_cpu_s_ = 0, last_main_cpu_s_ = 0;  // the agent's CPU; this (the main) thread's
   uint64_t last_cpu_ns_ = 0;
+  uint64_t last_records_ = 0, last_high_rate_ = 0;  // at last_cpu_ns_
 };
 
 AgentConfig Agent::read_config() const {
@@ -623,19 +624,27 @@ int Agent::run() {
       }
     budget_->tick(now);
     if (now >= next_health) {
-      // The agent's own CPU over the last seconds steers how much of every process it observes.
-      const double cpu = self_cpu_s();
+      // The agent's own CPU over the last seconds steers how much of every process it observes:
+      // the part of it that observing less saves (observing_share). This thread's is not in it:
+      // it attaches, switches probes and looks at every new program, whatever the duties.
+      const double cpu = self_cpu_s(), main_cpu = double(clock_ns(CLOCK_THREAD_CPUTIME_ID)) / 1e9;
+      const uint64_t records = tracer_->stats().records, high_rate = agg_->high_rate_calls_seen();
       if (last_cpu_ns_) {
-        const double share = (cpu - last_cpu_s_) / (double(now - last_cpu_ns_) / 1e9);
+        const double observing =
+            observing_share(std::max(0.0, (cpu - last_cpu_s_) - (main_cpu - last_main_cpu_s_)),
+                            double(now - last_cpu_ns_) / 1e9, records - last_records_, high_rate - last_high_rate_);
         double agent_budget;
         {
           std::lock_guard lock(mu_);
           agent_budget = cfg_.agent_cpu_budget;
         }
-        budget_->note_agent_cpu(share, agent_budget);
+        budget_->note_agent_cpu(observing, agent_budget);
       }
       last_cpu_s_ = cpu;
+      last_main_cpu_s_ = main_cpu;
       last_cpu_ns_ = now;
+      last_records_ = records;
+      last_high_rate_ = high_rate;
       update_hit_cost();
       update_health();
       enforce_memory_limit();

@@ -40,9 +40,10 @@ class BudgetController {
     cfg_.entry_hit_ns = entry_ns;
     cfg_.return_hit_ns = return_ns;
   }
-  // The agent's own CPU budget: every event costs the agent CPU time, so when the agent spends
-  // more than `budget` of a core (`share`, measured), every process's duty is scaled down by
-  // the same factor; it recovers slowly once the agent is back under.
+  // The agent's own CPU budget: every observed call costs the agent CPU time, so when observing
+  // them takes more than `budget` of a core (`share`: the agent's CPU spent on high-rate calls'
+  // records, measured), every process's duty is scaled down by the same factor; it recovers
+  // slowly once the agent is back under.
   void note_agent_cpu(double share, double budget);
   double agent_factor() const { return agent_factor_; }
   const BudgetConfig& config() const { return cfg_; }
@@ -101,5 +102,13 @@ class BudgetController {
 
 // CPU time (user + system, all threads) a process has used, in nanoseconds; 0 if it is gone.
 uint64_t process_cpu_ns(pid_t pid);
+
+// The share of a core the agent spent on observed high-rate calls over `seconds`: the CPU time of
+// its threads that read, decode and export records (all but the main one, which attaches,
+// switches probes and looks at each new program: `reading_cpu_s`), in the share of the `records`
+// read that were such calls (`high_rate_calls`). What BudgetController::note_agent_cpu weighs:
+// the rest of the agent's work (processes starting and exiting on the node, NVML) does not
+// shrink with the duty.
+double observing_share(double reading_cpu_s, double seconds, uint64_t records, uint64_t high_rate_calls);
 
 }  // namespace gpuscope::agent

@@ -630,6 +630,21 @@ TEST(Budget, AnExitedProcessKeepsItsOverheadSeriesWhileItsOtherSeriesStay) {
   EXPECT_DOUBLE_EQ(f.samples[0].value, live);
 }
 
+TEST(Budget, OnlyTheAgentsWorkOnObservedCallsCutsEveryDuty) {
+  // Process churn: the agent's readers spend 5% of a core on 1,000 exec, fork and exit records
+  // a second, none of them a call. Observing less would save none of it.
+  EXPECT_EQ(agent::observing_share(0.05, 1, 1000, 0), 0);
+  EXPECT_DOUBLE_EQ(agent::observing_share(0.2, 2, 50000, 50000), 0.1);  // all launches
+  EXPECT_DOUBLE_EQ(agent::observing_share(0.08, 1, 2000, 1000), 0.04);  // half
+  EXPECT_EQ(agent::observing_share(0.08, 1, 0, 0), 0);
+  agent::Aggregator agg({}, 0);
+  agent::BudgetController budget(one_percent_budget(1000, 1000), agg, [](pid_t, bool on) { return on; });
+  budget.note_agent_cpu(agent::observing_share(0.08, 1, 1000, 0), 0.05);
+  EXPECT_EQ(budget.agent_factor(), 1);
+  budget.note_agent_cpu(agent::observing_share(0.2, 1, 1000, 1000), 0.05);
+  EXPECT_DOUBLE_EQ(budget.agent_factor(), 0.25);
+}
+
 TEST(Budget, AnOnPeriodsLaunchesCountForTheCycleAsItIsLived) {
   // A process is found with its probes on (duty 1); its first estimate cuts them to 2%. The
   // launches seen in that first on-period stand for the whole cycle as it is lived: once each as

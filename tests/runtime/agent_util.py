@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import contextlib
 import time
 import urllib.error
 import urllib.request
@@ -113,3 +114,34 @@ def launch_profile_top(agent, tmp_path):
     path = tmp_path / "launches.pb.gz"
     path.write_bytes(fetch_profile(agent, "/debug/pprof/cuda_launches"))
     return go_pprof_top(path, tmp_path, "-cum")
+
+
+@contextlib.contextmanager
+def process_churn():
+    """Two shell loops starting /bin/true and ls, as on a busy node: processes start and exit
+    around the ones under test all the time."""
+    loops = [subprocess.Popen(["bash", "-c", cmd], start_new_session=True, stdout=subprocess.DEVNULL)
+             for cmd in ("while :; do /bin/true; done", "while :; do ls / >/dev/null; done")]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            os.killpg(loop.pid, signal.SIGKILL)
+            loop.wait()
+
+
+def last_export_of(agent, proc, timeout=60):
+    """What the agent exported last for `proc` (running), as {(name, labels): value} of its
+    series: scraped every 50 ms until it has exited and its series are gone (an exited process
+    is exported once more, then dropped), so the figures are those of its whole life."""
+    last, deadline = None, time.time() + timeout
+    while time.time() < deadline:
+        m = agent.metrics()
+        mine = {k: v for k, v in m.items() if ("pid", str(proc.pid)) in k[1]}
+        if any(name == "gpuscope_kernel_launches_total" for name, _ in mine):
+            last = mine
+        elif last is not None and proc.poll() is not None:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"PID {proc.pid}: no final export within {timeout} s (last: {last}; none: it was never "
+                         f"found, or found after it exited); agent said:\n{agent.stderr()}")

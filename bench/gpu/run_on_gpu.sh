@@ -29,6 +29,10 @@
 # copies:   each member of CUDA's copy family once ($BUILD/bench/copy_family, and its per-thread
 #           default stream build) under record --gpu-times: the record's copies against CUPTI's
 #           (bench/gpu/copy_family_check.py).
+# counts:   issue 29's agent counts: the default agent beside $BUILD/targets/launch_count (1,007
+#           launches of one kernel; 4,000 over 4 s), COUNTS_RUNS runs each, alone and with two shell
+#           loops starting /bin/true and ls (bench/agent_counts.py): exact and marked exact, or
+#           estimates within 5% marked as such; the runs that are neither are printed WRONG.
 # views:    issue 29's flame graph views and GPU summary on a PyTorch CNN (bench/gpu/cnn_steps.py,
 #           VIEWS_STEPS steps) under record --gpu-times --cpu-profile 99: frames per view, no
 #           frame per address, the interpreter's frames gone by default; start-up apart from idle
@@ -177,6 +181,13 @@ fi
 if [[ " $STAGES " == *" views "* ]]; then
   $PY bench/gpu/python_flame_views_check.py --gpuscope "$BUILD/gpuscope" --steps ${VIEWS_STEPS:-20} --out "$OUT" \
       2>&1 | tee "$OUT/views.txt"
+fi
+if [[ " $STAGES " == *" counts "* ]]; then
+  for args in "" "--churn" "--churn --launches 4000 --seconds 4"; do
+    echo "== agent_counts.py $args" | tee -a "$OUT/counts.txt"
+    LD_LIBRARY_PATH="$AGENT_LIBS:$LD_LIBRARY_PATH" $PY bench/agent_counts.py --build "$BUILD" --runs ${COUNTS_RUNS:-10} \
+        $args 2>&1 | tee -a "$OUT/counts.txt"
+  done
 fi
 if [[ " $STAGES " == *" copies "* ]]; then
   $PY bench/gpu/copy_family_check.py --gpuscope "$BUILD/gpuscope" --bench "$BUILD/bench" 2>&1 | tee "$OUT/copies.txt"

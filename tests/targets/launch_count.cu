@@ -30,13 +30,19 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--after")) after_ms = atof(argv[i + 1]);
   }
   std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(after_ms));
+  // Where a GPU is, the kernel has memory to work on (here the allocations fail: null).
+  float *x = nullptr, *y = nullptr;
+  cudaMalloc(&x, 1024 * sizeof(float));
+  cudaMalloc(&y, 1024 * sizeof(float));
   const auto start = std::chrono::steady_clock::now();
   for (long i = 0; i < n; ++i) {
     if (seconds > 0)  // launch i is due at i / n of the span
       std::this_thread::sleep_until(start + std::chrono::duration<double>(seconds * double(i) / double(n)));
-    gpuscope_targets::counted_saxpy<<<4, 256>>>(2.0f, nullptr, nullptr, 1024);
+    gpuscope_targets::counted_saxpy<<<4, 256>>>(2.0f, x, y, 1024);
   }
   cudaDeviceSynchronize();
+  cudaFree(x);
+  cudaFree(y);
   printf("launch_count: %ld launches\n", n);
   return 0;
 }

@@ -201,6 +201,12 @@ struct gs_sample_record {
  * top of its user stack, which user space unwinds from the binaries' .eh_frame: code built
  * without frame pointers (libtorch, most of a distribution) cannot be walked otherwise. */
 #define GS_STACK_COPY 16384
+/* Copies sent in place of walks that need a table not made yet (on all CPUs): at most this many
+ * a second, after a first burst of GS_STACK_COPIES_BURST (a program's first calls come at once,
+ * before the tables they need are made): what user space unwinds with a few percent of a core,
+ * and a sixteenth of the default ring buffer a second. */
+#define GS_STACK_COPIES_PER_S 2000
+#define GS_STACK_COPIES_BURST 2048
 #define GS_MAX_UNWIND_DEPTH 127  /* frames kept from a stack unwound in user space */
 
 struct gs_user_regs {
@@ -362,9 +368,26 @@ struct gs_unwind_mapping {
 	__u64 start, end;  /* the process's addresses */
 	__u64 pc_delta;    /* ip - pc_delta: the pc the table's rows are in */
 	__u32 table_off;   /* first row in unwind_rows */
-	__u32 table_len;   /* rows; 0: no table, walked with frame pointers */
+	__u32 table_len;   /* rows; 0: no table (yet: see flags), walked with frame pointers */
 	__u32 index_len;   /* index entries (buckets + 1, the last = table_len); 0: none */
-	__u32 index_shift; /* bytes of pc a bucket covers, log2 */
+	__u16 index_shift; /* bytes of pc a bucket covers, log2 */
+	__u16 flags;       /* gs_unwind_mapping_flags */
+};
+
+/* Tables are compiled when a walk first needs them (a process maps ~80 files, a few of which are
+ * ever in its stacks), on user space's worker threads, while the program runs on. */
+enum gs_unwind_mapping_flags {
+	/* The file's table is not there yet but can be: a walk that needs it asks for it
+	 * (unwind_files_wanted) and sends a copy of the stack instead (GS_REC_STACK_COPY, or a sample
+	 * with its stack copy), which user space unwinds from .eh_frame meanwhile. */
+	GS_UNWIND_MAP_PENDING = 1 << 0,
+};
+
+/* A file a walk needed a table for (key of unwind_files_wanted): the mapping's start names it. */
+struct gs_unwind_file_want {
+	__u32 tgid;
+	__u32 pad;
+	__u64 start;
 };
 
 struct gs_unwind_proc {
@@ -427,6 +450,7 @@ enum gs_unwind_stat {
 	GS_UNWIND_STAT_PY_WALKS,       /* Python walks that found frames */
 	GS_UNWIND_STAT_PY_FRAMES,      /* their frames, 3.12+'s shim frames included */
 	GS_UNWIND_STAT_PY_READS,       /* their probe reads of frames: pages, and frames read apart */
+	GS_UNWIND_STAT_COPIES,         /* stacks sent as copies: a table their walk needed was pending */
 	GS_UNWIND_STAT_NR,
 };
 
@@ -446,6 +470,9 @@ enum gs_lost_cause {
 	GS_LOST_UNWIND_READ,       /* the stack could not be read where the rules point, or went backwards */
 	GS_LOST_UNWIND_DEPTH,      /* deeper than GS_MAX_NATIVE_DEPTH */
 	GS_LOST_UNWIND_SEND,       /* a new stack found no room in the ring buffer */
+	/* A stack walked along frame pointers instead of sent as a copy while a table (or the walker)
+	 * it needed was not there yet: copies past GS_STACK_COPIES_PER_S, or the ring half full. */
+	GS_LOST_UNWIND_COPY_LIMIT,
 	GS_LOST_NR,
 };
 

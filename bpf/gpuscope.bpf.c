@@ -32,6 +32,22 @@ const volatile bool python_stacks = false;      /* walk Python frames of the pro
  * unwind_rows (see events.h), sent once per process as GS_REC_NATIVE_STACK. */
 const volatile bool call_unwind_tables = false;
 const volatile bool sample_unwind_tables = false;
+/* The walker's code takes the verifier far longer than the rest (~0.2-0.5 s a call program
+ * against ~10 ms), so the call programs attached at start come without it (call_tables_later):
+ * they send stacks as copies, and user space loads them again, with the walker, in the
+ * background and puts them in upgrade_calls, to which the first ones hand every run from then on
+ * (one tail call). walker_failed: set by user space when that load failed: frame-pointer walks
+ * instead. */
+const volatile bool call_tables_later = false;
+volatile bool walker_failed;
+#define UPGRADE_EMIT 0
+#define UPGRADE_ENTRY 1
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u32);
+} upgrade_calls SEC(".maps");
 /* --stack-every N: stacks of launches, copies and memsets (the calls that come by the thousand
  * a second) are taken for one in N, chosen at random so that no periodic pattern of calls is
  * missed; user space weighs each taken stack by N. 1: every call. */
@@ -324,6 +340,15 @@ struct {
 	__type(value, __u8);
 } unwind_wanted SEC(".maps");
 
+/* Files whose table a walk needed while it was pending (gs_unwind_mapping_flags): user space
+ * compiles them and takes the request away once the table is on its way. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct gs_unwind_file_want);
+	__type(value, __u8);
+} unwind_files_wanted SEC(".maps");
+
 /* The walk reads the stack a page at a time: a probe read's cost is mostly fixed (measured: the
  * reads were most of a frame's cost when each word was read apart), and a page holds several
  * frames. A page of the stack is mapped whole, so reading one is no likelier to fail than a word. */
@@ -368,6 +393,7 @@ struct unwind_scratch {
 	__u16 pad;
 	__u64 step_bp_val; /* the saved rbp the step under way read (WALK_BP_READ) */
 	__u64 stack_end;   /* the end of the mapping the walk's stack is in (thread_stack); 0: unknown */
+	__u64 pending;     /* the start of the mapping whose pending table stopped the walk; 0: none */
 };
 
 struct {
@@ -707,6 +733,15 @@ static long unwind_frame(__u32 iteration, struct unwind_ctx *c)
 			return 0;
 	}
 	__u64 ip = s->ip;
+	if (i == 0 && s->at_entry) {
+		/* A probe at a function's first instruction: whatever its table says there, the return
+		 * address is at rsp and rbp is the caller's. No table needed: the probed libraries'
+		 * (libcuda's) are only compiled if a CPU sample or a call from inside them needs them. */
+		if (unwind_read(s, k, s->sp, &s->ip))
+			return unwind_stop(s, GS_LOST_UNWIND_READ);
+		s->sp += 8;
+		return s->ip ? 0 : unwind_stop(s, GS_LOST_NR);
+	}
 	/* A return address is after its call: the call's own rules are the ones before it. */
 	__u64 pc = i ? ip - 1 : ip;
 	struct gs_unwind_row found;
@@ -736,8 +771,14 @@ static long unwind_frame(__u32 iteration, struct unwind_ctx *c)
 		}
 		s->last_map = mi;
 	}
-	if (!m->table_len)
+	if (!m->table_len) {
+		if (m->flags & GS_UNWIND_MAP_PENDING) {
+			/* The stack goes as a copy instead (call_user_stack, on_cpu_sample). */
+			s->pending = m->start;
+			return unwind_stop(s, GS_LOST_NR);
+		}
 		return unwind_fp_step(s, k);
+	}
 
 	__u64 rel = pc - m->pc_delta;
 	if (rel > 0xffffffffULL)
@@ -884,6 +925,7 @@ static __always_inline bool unwind_start(struct unwind_ctx *c, struct pt_regs *r
 	s->rows_searched = 0;
 	s->pages_read = 0;
 	s->stack_end = thread_stack_end(s->sp);
+	s->pending = 0;
 	s->hash = 0xcbf29ce484222325ULL ^ tgid;
 	s->rec.nr = 0;
 	c->s = s;
@@ -894,22 +936,26 @@ static __always_inline bool unwind_start(struct unwind_ctx *c, struct pt_regs *r
 }
 
 /* Walks the user stack whose registers are `regs` with the process's tables and returns its
- * id, the stack sent first if it is new; 0 when the process has no tables (not yet: the caller
- * takes a frame-pointer stack instead). A walk cut short keeps what it found. */
-static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_tgid, __u32 slot)
+ * id, the stack sent first if it is new. A walk cut short keeps what it found. 0 with *pending
+ * set when the walk needs a table that is not there yet (none for the process yet, or one of
+ * its files', which is asked for): the caller sends a copy of the stack instead; 0 otherwise
+ * when there is no stack. at_entry: regs are at a probed function's first instruction. */
+static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_tgid, __u32 slot, bool at_entry,
+					       bool *pending)
 {
 	__u32 tgid = pid_tgid >> 32;
 	struct gs_unwind_proc *proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
 	__u8 one = 1;
 	if (!proc) {
-		count_lost(GS_LOST_UNWIND_NO_TABLE);
 		bpf_map_update_elem(&unwind_wanted, &tgid, &one, BPF_NOEXIST);
+		*pending = true;
 		return 0;
 	}
 	struct unwind_ctx c = {.proc = proc};
 	if (!unwind_start(&c, regs, tgid, slot))
 		return 0;
 	struct unwind_scratch *s = c.s;
+	s->at_entry = at_entry;
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct walk_cache *wc = slot == UNWIND_SLOT_SAMPLE
 		? bpf_task_storage_get(&walk_cache_sample, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE)
@@ -927,6 +973,12 @@ static __always_inline __u64 unwind_user_stack(struct pt_regs *regs, __u64 pid_t
 		wc->cur = next;
 		wc->tgid = tgid;
 		wc->gen = proc->gen;
+	}
+	if (s->pending) {
+		struct gs_unwind_file_want want = {.tgid = tgid, .start = s->pending};
+		bpf_map_update_elem(&unwind_files_wanted, &want, &one, BPF_NOEXIST);
+		*pending = true;
+		return 0;
 	}
 	if (!s->rec.nr)
 		return 0;
@@ -1631,20 +1683,51 @@ static __always_inline __u64 python_stack(__u64 pid_tgid, struct pt_regs *regs, 
 
 static __always_inline __u32 copy_user_state(struct gs_user_regs *dst, __u8 *stack, struct pt_regs *regs);
 
+/* The copies' rate limit, as a generic cell rate algorithm: the time at which the bucket of
+ * GS_STACK_COPIES_BURST copies would be empty again at GS_STACK_COPIES_PER_S. */
+volatile __u64 copies_tat;
+#define COPY_INTERVAL_NS (1000000000ULL / GS_STACK_COPIES_PER_S)
+
+/* A walk that needs a table not made yet sends a copy of the stack instead: true unless that
+ * would pass GS_STACK_COPIES_PER_S or the ring holds more than half its size unread (copies are
+ * 16 KiB), then frame pointers this time. A burst of new stacks at start (a process that launches
+ * at once, before the walker is loaded) must not flood user space, which unwinds each copy. */
+static __always_inline bool copy_instead_of_table(void)
+{
+	__u64 now = bpf_ktime_get_ns(), tat = copies_tat;
+	bool over = tat > now + GS_STACK_COPIES_BURST * COPY_INTERVAL_NS;
+	if (!over)  /* racy across CPUs: a few more may pass than the limit says */
+		copies_tat = (tat > now ? tat : now) + COPY_INTERVAL_NS;
+	if (over ||
+	    bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > bpf_ringbuf_query(&events, BPF_RB_RING_SIZE) / 2) {
+		count_lost(GS_LOST_UNWIND_COPY_LIMIT);
+		return false;
+	}
+	struct unwind_stat_counts *st = unwind_stat_counts();
+	if (st)
+		st->n[GS_UNWIND_STAT_COPIES]++;
+	return true;
+}
+
 /* The call's user stack: the id of a stack walked here (from the unwind tables with
- * --call-stacks eh-frame, else along frame pointers), or with --call-stacks dwarf 0 and a copy of
- * the stack sent now, ahead of the call's record (flagged in *flags). */
+ * --call-stacks eh-frame, else along frame pointers), or 0 and a copy of the stack sent now,
+ * ahead of the call's record (flagged in *flags): with --call-stacks dwarf, and with eh-frame
+ * while a table the walk needs is not there yet. */
 static __always_inline __u64 call_user_stack(struct pt_regs *ctx, __u64 cookie, __u64 ts_ns, __u32 *flags)
 {
 	if (!capture_stacks || GS_COOKIE_NO_STACK(cookie))
 		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
+	bool copy = call_stack_copy;
 	if (call_unwind_tables) {
-		__u64 native = unwind_user_stack(ctx, id, UNWIND_SLOT_CALL);
-		if (native)
+		__u64 native = unwind_user_stack(ctx, id, UNWIND_SLOT_CALL, true, &copy);
+		if (!copy)
 			return native;
-		/* No tables for this process yet: frame pointers, as without them. */
-	} else if (call_stack_copy) {
+		copy = copy_instead_of_table();
+	} else if (call_tables_later && !walker_failed) {
+		copy = copy_instead_of_table();  /* the walker is being loaded */
+	}
+	if (copy) {
 		struct gs_stack_copy_record *c = bpf_ringbuf_reserve(&events, sizeof(*c), 0);
 		if (!c) {
 			count_lost(GS_LOST_RINGBUF_FULL);
@@ -1753,6 +1836,8 @@ static __noinline int hold_later_lookup(struct pt_regs *ctx, __u64 id, __u64 coo
 SEC("uprobe")
 int call_entry_emit(struct pt_regs *ctx)
 {
+	if (call_tables_later)
+		bpf_tail_call(ctx, &upgrade_calls, UPGRADE_EMIT);
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!is_target(id >> 32))
 		return 0;
@@ -1813,6 +1898,8 @@ int call_entry_emit(struct pt_regs *ctx)
 SEC("uprobe")
 int call_entry(struct pt_regs *ctx)
 {
+	if (call_tables_later)
+		bpf_tail_call(ctx, &upgrade_calls, UPGRADE_ENTRY);
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!is_target(id >> 32))
 		return 0;
@@ -2036,6 +2123,15 @@ static __always_inline void fill_sample(struct gs_sample_record *r, __u64 id, vo
  * runs past the end of the stack's mapping, so smaller sizes are tried in turn. */
 static __always_inline __u32 copy_user_stack(__u8 *dst, __u64 sp)
 {
+	/* Up to the end of the thread's stack where that is nearer: a main thread's outermost frames
+	 * (main, the C library's start, _start) lie just below it, where a copy of a fixed size
+	 * would run past the mapping and have to be halved short of them. */
+	__u64 end = thread_stack_end(sp);
+	if (end > sp && end - sp < GS_STACK_COPY) {
+		__u32 len = end - sp;
+		if (len <= GS_STACK_COPY && !bpf_probe_read_user(dst, len, (void *)sp))
+			return len;
+	}
 	if (!bpf_probe_read_user(dst, GS_STACK_COPY, (void *)sp))
 		return GS_STACK_COPY;
 	if (!bpf_probe_read_user(dst, GS_STACK_COPY / 2, (void *)sp))
@@ -2078,23 +2174,27 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	/* The user-mode registers, also when the sample interrupted a system call. */
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 	__u64 py_stack = python_stack(id, regs, UNWIND_SLOT_SAMPLE);
-	if (sample_stack_copy) {
+	/* The user stack first: a new one is sent ahead of the sample. */
+	__u64 ts_ns = bpf_ktime_get_ns();
+	__u64 native = 0;
+	bool copy = sample_stack_copy;
+	if (sample_unwind_tables) {
+		native = unwind_user_stack(regs, id, UNWIND_SLOT_SAMPLE, false, &copy);
+		if (copy)
+			copy = copy_instead_of_table();
+	}
+	if (copy) {
 		struct gs_sample_stack_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 		if (!r) {
 			count_lost(GS_LOST_RINGBUF_FULL);
 			return 0;
 		}
-		fill_sample(&r->s, id, ctx, py_stack, bpf_ktime_get_ns());
+		fill_sample(&r->s, id, ctx, py_stack, ts_ns);
 		r->stack_len = copy_user_state(&r->regs, r->data, regs);
 		r->pad = 0;
 		bpf_ringbuf_submit(r, submit_flags());
 		return 0;
 	}
-	/* The user stack first: a new one is sent ahead of the sample. */
-	__u64 ts_ns = bpf_ktime_get_ns();
-	__u64 native = 0;
-	if (sample_unwind_tables)
-		native = unwind_user_stack(regs, id, UNWIND_SLOT_SAMPLE);
 	if (!native)
 		native = fp_user_stack(regs, id, UNWIND_SLOT_SAMPLE, false);
 	struct gs_sample_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);

@@ -16,6 +16,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "decode/functions.h"
 #include "discover/proc.h"
 #include "gpuscope.skel.h"
@@ -38,6 +39,7 @@ std::string_view lost_cause_name(int cause) {
     case GS_LOST_UNWIND_READ: return "unwind_read_fault";
     case GS_LOST_UNWIND_DEPTH: return "unwind_depth";
     case GS_LOST_UNWIND_SEND: return "unwind_stack_send";
+    case GS_LOST_UNWIND_COPY_LIMIT: return "unwind_copy_limit";
   }
   return "unknown";
 }
@@ -75,7 +77,10 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   skel_->rodata->stack_every = std::max<uint32_t>(cfg.stack_every, 1);
   skel_->rodata->stack_budget = cfg.stack_budget;
   skel_->rodata->python_stacks = cfg.python_stacks;
-  skel_->rodata->call_unwind_tables = cfg.call_unwind_tables;
+  // The calls' walker comes later, in load_walker's programs: these send stacks as copies
+  // meanwhile. (Samples, whose walker is not the default, have theirs at once.)
+  skel_->rodata->call_unwind_tables = false;
+  skel_->rodata->call_tables_later = cfg.call_unwind_tables && cfg.capture_stacks && !cfg.floor_probes;
   skel_->rodata->sample_unwind_tables = cfg.sample_unwind_tables;
   const bool tables = cfg.call_unwind_tables || cfg.sample_unwind_tables;
   const bool walks = tables || cfg.walk_user_stacks;
@@ -84,7 +89,10 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   // not walked in BPF these maps are never used: one entry each (the LRU maps are preallocated).
   bpf_map__set_max_entries(skel_->maps.unwind_chunks, walks ? 2 * std::max(libbpf_num_possible_cpus(), 1) : 1);
   if (!walks) bpf_map__set_max_entries(skel_->maps.native_stacks_sent, 1);
-  if (!tables) bpf_map__set_max_entries(skel_->maps.unwind_wanted, 1);
+  if (!tables) {
+    bpf_map__set_max_entries(skel_->maps.unwind_wanted, 1);
+    bpf_map__set_max_entries(skel_->maps.unwind_files_wanted, 1);
+  }
   skel_->rodata->wakeup_bytes = cfg.wakeup_bytes;
   skel_->rodata->self_tgid = static_cast<uint32_t>(getpid());
   bpf_map__set_max_entries(skel_->maps.events, round_up_pow2(cfg.ringbuf_bytes));
@@ -129,6 +137,7 @@ BpfSession::BpfSession(const SessionConfig& cfg)
     open_and_load(cfg, false);
   }
   libbpf_set_print(libbpf_print);
+  loaded_ns_ = monotonic_ns();
   if (cfg.program_stats) {
     stats_fd_ = bpf_enable_stats(BPF_STATS_RUN_TIME);
     if (stats_fd_ < 0 && !cfg.program_stats_optional)
@@ -146,6 +155,8 @@ BpfSession::BpfSession(const SessionConfig& cfg)
 
   ring_.reset(ring_buffer__new(bpf_map__fd(skel_->maps.events), &BpfSession::on_record, this, nullptr));
   if (!ring_) throw Error("cannot set up the ring buffer: {}", strerror(errno));
+  // Last: nothing may throw once the thread runs.
+  if (skel_->rodata->call_tables_later) walker_loader_ = std::thread([this, multi = multi_] { load_walker(multi); });
 }
 
 bpf_program* BpfSession::emit_program() const {
@@ -187,7 +198,67 @@ int BpfSession::attach_multi(bpf_program* prog, const std::string& path, const P
   return fd;
 }
 
+void BpfSession::load_walker(bool multi) {
+  const char* failed = nullptr;
+  int err = 0;
+  std::unique_ptr<gpuscope_bpf, SkelDeleter> w(gpuscope_bpf__open());
+  if (!w) {
+    failed = "open";
+    err = errno;
+  } else {
+    // The same settings, the walks on; every map but the settings themselves is the first
+    // programs' (libbpf leaves a reused map's contents alone).
+    *w->rodata = *skel_->rodata;
+    w->rodata->call_tables_later = false;
+    w->rodata->call_unwind_tables = true;
+    bpf_map* m;
+    bpf_object__for_each_map(m, w->obj) {
+      const std::string_view name = bpf_map__name(m);
+      if (name.ends_with(".rodata")) continue;
+      const bpf_map* mine = bpf_object__find_map_by_name(skel_->obj, bpf_map__name(m));
+      if (!mine || (err = -bpf_map__reuse_fd(m, bpf_map__fd(mine))) != 0) {
+        failed = "share the maps with";
+        break;
+      }
+    }
+    bpf_program* p;
+    bpf_object__for_each_program(p, w->obj) {
+      const bool wanted = p == w->progs.call_entry_emit || p == w->progs.call_entry;
+      bpf_program__set_autoload(p, wanted);
+      if (wanted && multi)
+        bpf_program__set_expected_attach_type(p, static_cast<bpf_attach_type>(kAttachUprobeMulti));
+    }
+    if (!failed && (err = -gpuscope_bpf__load(w.get())) != 0) failed = "load";
+  }
+  auto put = [&](bpf_map* array, uint32_t key, bpf_program* prog) {
+    const int fd = bpf_program__fd(prog);
+    if (!failed && bpf_map__update_elem(array, &key, sizeof(key), &fd, sizeof(fd), BPF_ANY) != 0) {
+      failed = "install";
+      err = errno;
+    }
+  };
+  put(skel_->maps.upgrade_calls, 0, w->progs.call_entry_emit);  // UPGRADE_EMIT
+  put(skel_->maps.upgrade_calls, 1, w->progs.call_entry);       // UPGRADE_ENTRY
+  if (failed) {
+    skel_->bss->walker_failed = true;
+    walker_delay_ns_ = -1;
+    log_warn("cannot {} the eh-frame stack walker ({}): stacks are walked along frame pointers instead", failed,
+             strerror(err));
+    return;
+  }
+  walker_ = std::move(w);
+  walker_delay_ns_ = std::max<int64_t>(int64_t(monotonic_ns() - loaded_ns_), 1);
+  log_debug("eh-frame stack walker in place {:.0f} ms after the first programs", walker_delay_ns_ / 1e6);
+}
+
+void BpfSession::wait_for_walker(uint64_t timeout_ns) const {
+  if (!walker_loader_.joinable()) return;
+  const uint64_t until = monotonic_ns() + timeout_ns;
+  while (!walker_delay_ns_.load() && monotonic_ns() < until) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
+
 BpfSession::~BpfSession() {
+  if (walker_loader_.joinable()) walker_loader_.join();
   close_link_.reset();
   if (unwind_rows_) munmap(unwind_rows_, size_t(unwind_rows_cap_) * sizeof(gs_unwind_row));
   high_rate_links_.clear();
@@ -287,6 +358,22 @@ std::vector<pid_t> BpfSession::unwind_wanted() const {
 void BpfSession::clear_unwind_wanted(pid_t pid) {
   uint32_t key = static_cast<uint32_t>(pid);
   bpf_map__delete_elem(skel_->maps.unwind_wanted, &key, sizeof(key), 0);
+}
+
+std::vector<gs_unwind_file_want> BpfSession::unwind_files_wanted() const {
+  std::vector<gs_unwind_file_want> out;
+  if (!unwind_rows_) return out;
+  gs_unwind_file_want key{};
+  for (const gs_unwind_file_want* prev = nullptr;
+       bpf_map__get_next_key(skel_->maps.unwind_files_wanted, prev, &key, sizeof(key)) == 0 && out.size() < 4096;) {
+    out.push_back(key);
+    prev = &out.back();
+  }
+  return out;
+}
+
+void BpfSession::clear_unwind_file_wanted(const gs_unwind_file_want& want) {
+  bpf_map__delete_elem(skel_->maps.unwind_files_wanted, &want, sizeof(want), 0);
 }
 
 void BpfSession::forget_native_stacks(const std::vector<uint64_t>& ids) {

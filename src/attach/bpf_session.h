@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -118,12 +119,20 @@ class BpfSession {
   gs_unwind_row* unwind_rows() const { return unwind_rows_; }
   uint32_t unwind_rows_capacity() const { return unwind_rows_cap_; }
   bool unwind_tables_enabled() const { return unwind_rows_ != nullptr; }
+  // How long after the first programs the eh-frame walker's were in place (0: not yet, or not
+  // used); negative: they could not be loaded, and stacks are walked along frame pointers.
+  int64_t walker_delay_ns() const { return walker_delay_ns_.load(); }
+  // Waits up to `timeout_ns` for the walker's programs to be in place (or to have failed).
+  void wait_for_walker(uint64_t timeout_ns) const;
   // False if the map is full.
   bool set_unwind_process(pid_t pid, const gs_unwind_proc& proc);
   void remove_unwind_process(pid_t pid);
   // Processes whose walks asked for their mappings to be read again (bpf: unwind_wanted).
   std::vector<pid_t> unwind_wanted() const;
   void clear_unwind_wanted(pid_t pid);
+  // Files whose pending table a walk needed (bpf: unwind_files_wanted).
+  std::vector<gs_unwind_file_want> unwind_files_wanted() const;
+  void clear_unwind_file_wanted(const gs_unwind_file_want& want);
   // Lets the BPF side send these stacks again (bpf: native_stacks_sent): user space forgot them.
   void forget_native_stacks(const std::vector<uint64_t>& ids);
   // Empties the map of Python stacks sent: each is sent again when next walked.
@@ -227,6 +236,10 @@ class BpfSession {
   // Returns the link's fd, or -1 for an empty set.
   int attach_multi(bpf_program* prog, const std::string& path, const ProbeSet& set, bool retprobe, pid_t pid = 0);
   void open_and_load(const SessionConfig& cfg, bool multi);
+  // The eh-frame walker's programs: a second load of the call programs with the walker, made on a
+  // thread of its own because the verifier takes long over it; the first programs hand their
+  // runs to these once they are in (bpf: call_tables_later).
+  void load_walker(bool multi);
 
   std::unique_ptr<gpuscope_bpf, SkelDeleter> skel_;
   std::unique_ptr<ring_buffer, RingDeleter> ring_;
@@ -256,6 +269,10 @@ class BpfSession {
   int stats_fd_ = -1;
   gs_unwind_row* unwind_rows_ = nullptr;  // mmapped unwind_rows, unwind_rows_cap_ rows
   uint32_t unwind_rows_cap_ = 0;
+  std::unique_ptr<gpuscope_bpf, SkelDeleter> walker_;  // load_walker's, once loaded
+  std::thread walker_loader_;
+  std::atomic<int64_t> walker_delay_ns_{0};
+  uint64_t loaded_ns_ = 0;
   uint32_t stack_map_entries_ = 0;
   bool stack_generations_ = false;
 

@@ -118,21 +118,23 @@ int main(int argc, char** argv) {
                   "compiled from .eh_frame: whole stacks, no copy) or fp (frame pointers, in the kernel)")
       ->check(CLI::IsMember({"dwarf", "eh-frame", "fp"}))
       ->capture_default_str();
-  std::string call_unwind = "fp";
+  std::string call_unwind = "eh-frame";
   rec->add_option("--call-stacks", call_unwind,
-                  "How CUDA calls' user stacks are walked: fp (frame pointers, in the kernel: cheap, stops at code "
-                  "without them), eh-frame (in the kernel, from tables compiled from .eh_frame: works without "
-                  "frame pointers) or dwarf (a 16 KiB stack copy per call, unwound from .eh_frame)")
+                  "How CUDA calls' user stacks are walked: eh-frame (in the kernel, from tables compiled from "
+                  "the libraries' .eh_frame when a walk first needs them: whole stacks through code without frame "
+                  "pointers; until a table is made, a copy of the stack is unwound in user space), fp (frame "
+                  "pointers, in the kernel: cheaper, stops at code without them) or dwarf (a 16 KiB stack copy "
+                  "per call, unwound from .eh_frame)")
       ->check(CLI::IsMember({"dwarf", "eh-frame", "fp"}))
       ->capture_default_str();
   rec->add_option("--unwind-table-mb", ropts.unwind_table_mb,
-                  "Memory for the eh-frame tables of every mapped file (8 bytes a row plus its page index; "
-                  "libcublasLt needs 6 MiB, a PyTorch process ~92 MiB), allocated whole at start, only in the "
-                  "eh-frame modes; files that do not fit are walked with frame pointers")
+                  "Memory for the eh-frame tables of the files walks go through (8 bytes a row plus its page "
+                  "index; libcublasLt needs 6 MiB), allocated whole at start, only in the eh-frame modes; tables "
+                  "no process uses are evicted first, files that still do not fit are walked with frame pointers")
       ->capture_default_str();
   rec->add_option("--unwind-cache", ropts.unwind_cache_dir,
                   "Where the eh-frame modes keep compiled tables between runs, by build id (1 GiB at most; "
-                  "\"\" to compile every time): a PyTorch process's ~80 libraries took 10 s to compile on the H100; read back, libcufft's took 0.3 ms instead of 1.7 s")
+                  "\"\" to compile every time): read back, libcufft's took 0.3 ms instead of 1.7 s on the H100")
       ->capture_default_str();
   rec->add_option("--gpu-sample-hz", ropts.gpu_sample_hz,
                   "Read the GPUs' NVML metrics (utilisation, memory, power, clocks, throttling, PCIe, per-process "

@@ -230,6 +230,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       if (size < sizeof(gs_call_record)) return;
       gs_call_record rec;
       std::memcpy(&rec, data, sizeof(rec));
+      newest_ts_ns_ = std::max<uint64_t>(newest_ts_ns_, rec.ts_ns);
       if (decode::handoff_by_id(rec.func)) {
         on_handoff(rec);
         break;
@@ -269,7 +270,8 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       note_process(pid, ts);
       // Bounded: a copy whose call record was lost must not stay forever.
       if (copied_stacks_.size() >= kMaxCopiedStacks) copied_stacks_.clear();
-      copied_stacks_[{tid, ts}] = unwind_stack_copy(pid, tid, &c->regs, c->data, len);
+      auto& unwound = copied_stacks_[{tid, ts}] = unwind_stack_copy(pid, tid, &c->regs, c->data, len);
+      if (copy_unwound_) copy_unwound_(pid, unwound.ips);
       break;
     }
     case GS_REC_PY_CODE: {
@@ -278,8 +280,13 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       break;
     }
     case GS_REC_PY_STACK:
-      if (python_.stacks_held() >= kMaxPythonStacks) {
+      // A new generation drops the one before the current: calls recorded before the BPF side
+      // forgot the stacks sent (at the last switch) may name its stacks, and they can still be in
+      // the queue when this pipeline lags behind (it unwinds stack copies): wait until it has
+      // passed that moment, holding more stacks meanwhile.
+      if (python_.stacks_held() >= kMaxPythonStacks && newest_ts_ns_ >= python_forgotten_ns_) {
         bpf_.forget_python_stacks();
+        python_forgotten_ns_ = monotonic_ns();
         python_.new_generation();
         ++python_generations_;
       }
@@ -298,6 +305,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       if (size < sizeof(gs_sample_record)) return;
       gs_sample_record rec;
       std::memcpy(&rec, data, sizeof(rec));
+      newest_ts_ns_ = std::max<uint64_t>(newest_ts_ns_, rec.ts_ns);
       note_process(rec.pid, rec.ts_ns);
       note_thread(rec.tid, rec.pid, std::string(rec.comm, strnlen(rec.comm, sizeof(rec.comm))));
       int64_t user_stack = 0;

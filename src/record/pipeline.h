@@ -98,6 +98,12 @@ class Pipeline {
   // The key of worker_ranges_: the build id, or without one the path.
   static std::string worker_file_key(const std::string& build_id, const std::string& path);
 
+  // Called on the pipeline thread with the frames of each call's stack that came as a copy and
+  // was unwound here (the eh-frame walker's fallback while a table it needs is being made): the
+  // files they are in are the ones its walks need. Set before start().
+  using CopyUnwound = std::function<void(uint32_t pid, const std::vector<uint64_t>& ips)>;
+  void on_copy_unwound(CopyUnwound f) { copy_unwound_ = std::move(f); }
+
   // Runtime functions whose probes only add traps (decode::Tracker::take_redundant_runtime_functions),
   // each returned once; any thread.
   std::vector<uint16_t> take_redundant_runtime_functions();
@@ -229,6 +235,7 @@ class Pipeline {
   const ResolvedFrame& resolve_frame(uint32_t pid, uint64_t ip);
   uint64_t stack_epoch_ = 0;  // the sink's, when the two caches above were filled
   std::unique_ptr<symbolize::Kallsyms> kallsyms_;  // read at the first kernel stack
+  CopyUnwound copy_unwound_;
   symbolize::DwarfUnwinder unwinder_;               // stacks sent as copies (samples, --call-stacks dwarf)
   int64_t kernel_module_id_ = 0;
   int64_t truncated_module_id_ = 0;
@@ -250,6 +257,8 @@ class Pipeline {
   };
   std::unordered_map<PyFrameKey, int64_t, PyFrameKeyHash> py_frame_ids_;
   uint64_t py_frame_ids_generation_ = 0;
+  uint64_t newest_ts_ns_ = 0;        // the latest call or sample processed
+  uint64_t python_forgotten_ns_ = 0;  // when the BPF side last forgot the Python stacks sent
   static constexpr size_t kMaxPyFrameIds = 1 << 16;
   std::vector<PyFrameId> py_frames_scratch_;
   std::atomic<uint64_t> python_generations_{0};

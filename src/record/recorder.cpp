@@ -355,6 +355,9 @@ int Recorder::run() {
         tracer_->attach_mapped_libraries(p);
       }
     } else {
+      // A command gpuscope starts can wait the fraction of a second the stack walker takes to
+      // load; a running process attached to is recorded at once, its first stacks sent as copies.
+      tracer_->wait_for_stack_walker();
       child_ = spawn_command();
     }
     if (!opts_.quiet)

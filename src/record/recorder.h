@@ -27,7 +27,7 @@ struct RecordOptions {
   int cpu_profile_hz = 0;  // 0: no CPU sampling
   bool dwarf_unwind_samples = true;  // CPU samples unwound from .eh_frame (false: frame pointers)
   bool dwarf_unwind_calls = false;   // CUDA calls' stacks too (a 16 KiB copy per call)
-  bool table_unwind_calls = false;   // CUDA calls' stacks walked in BPF from .eh_frame tables
+  bool table_unwind_calls = true;    // CUDA calls' stacks walked in BPF from .eh_frame tables
   bool table_unwind_samples = false; // CPU samples' likewise
   uint32_t unwind_table_mb = 128;    // memory for those tables
   std::string unwind_cache_dir = "/var/cache/gpuscope/unwind-tables";  // "": compile every time

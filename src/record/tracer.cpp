@@ -62,12 +62,13 @@ class Tracer::ControlQueue {
     std::lock_guard lock(mu_);
     return std::exchange(exits_, {});
   }
-
- private:
+  // Another thread has something for the control loop's periodic work (a compiled unwind table).
   void wake() {
     uint64_t one = 1;
     [[maybe_unused]] auto n = write(fd_, &one, sizeof(one));
   }
+
+ private:
   int fd_;
   std::mutex mu_;
   std::vector<gs_libload_record> libloads_;
@@ -140,7 +141,13 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   pcfg.complete_history = opts_.whole_history;
   if (!cfg.stack_generations) pcfg.recycle_stacks_at = 0;
   pipeline_ = std::make_unique<Pipeline>(sink_, *bpf_, maps_, pcfg);
-  if (bpf_->unwind_tables_enabled()) unwind_ = std::make_unique<UnwindTables>(*bpf_, opts_.unwind_cache_dir);
+  if (bpf_->unwind_tables_enabled()) {
+    unwind_ = std::make_unique<UnwindTables>(*bpf_, opts_.unwind_cache_dir, [q = control_.get()] { q->wake(); });
+    // A copy's frames name every file its walk would need at once, where the walk stops at the
+    // first: all of their tables are made in one round.
+    pipeline_->on_copy_unwound(
+        [u = unwind_.get()](uint32_t pid, const std::vector<uint64_t>& ips) { u->note_frames(pid, ips); });
+  }
   bpf_->set_handler([this](const void* data, size_t size) {
     uint16_t kind;
     std::memcpy(&kind, data, sizeof(kind));
@@ -192,6 +199,10 @@ void Tracer::stop() {
 }
 
 int Tracer::control_fd() const { return control_->fd(); }
+
+void Tracer::wait_for_stack_walker() {
+  bpf_->wait_for_walker(10'000'000'000);
+}
 
 std::vector<pid_t> Tracer::take_exited() { return control_->take_exits(); }
 
@@ -414,13 +425,23 @@ void Tracer::drop_redundant_runtime_probes() {
 
 void Tracer::report_unwind_tables() {
   if (!unwind_) return;
+  unwind_->settle();
+  if (opts_.table_unwind_calls && opts_.stacks) {
+    const int64_t d = bpf_->walker_delay_ns();
+    sink_.set_meta("stack_walker", d > 0   ? fmt::format("in place {:.0f} ms after the first probes could be", d / 1e6)
+                                   : d < 0 ? "could not be loaded: frame pointers instead"
+                                           : "not loaded before the recording ended");
+  }
   const auto st = unwind_->stats();
-  const std::string text =
-      fmt::format("{} files, {} of {} row slots ({:.1f} of {:.1f} MiB, page indexes included), compiled {} files in {:.0f} ms ({} from the cache); {} without room, "
-                  "{} without frame information, {} evicted; processes' mappings read {} times",
-                  st.files, st.rows_used, st.rows_capacity, st.rows_used * sizeof(gs_unwind_row) / 1048576.0,
-                  st.rows_capacity * sizeof(gs_unwind_row) / 1048576.0, st.files_compiled, st.compile_ns / 1e6,
-                  st.files_from_cache, st.files_without_room, st.files_failed, st.evicted, st.updates);
+  const std::string text = fmt::format(
+      "{} files, {} of {} row slots ({:.1f} of {:.1f} MiB, page indexes included); made {} tables in {:.0f} ms of "
+      "worker time ({} from the cache; {} when their process was seen, {} when a walk needed them, which waited "
+      "{:.0f} ms at most); {} mapped files never needed; {} without room, {} without frame information, {} evicted; "
+      "processes' mappings read {} times",
+      st.files, st.rows_used, st.rows_capacity, st.rows_used * sizeof(gs_unwind_row) / 1048576.0,
+      st.rows_capacity * sizeof(gs_unwind_row) / 1048576.0, st.files_compiled, st.compile_ns / 1e6, st.files_from_cache,
+      st.files_at_sight, st.files_on_demand, st.demand_wait_max_ns / 1e6, st.files_never_needed, st.files_without_room,
+      st.files_failed, st.evicted, st.updates);
   sink_.set_meta("unwind_tables", text);
   sink_.set_lost("unwind_table_no_room", st.files_without_room);
   if (!opts_.quiet) log_info("unwind tables: {}", text);
@@ -440,6 +461,12 @@ void Tracer::report_stack_walks() {
         walks[GS_UNWIND_STAT_PAGES_READ] / n);
     sink_.set_meta("unwind_walks", walked);
     if (!opts_.quiet) log_info("eh-frame walks: {}", walked);
+  }
+  if (const uint64_t copies = walks[GS_UNWIND_STAT_COPIES]) {
+    const std::string text = fmt::format("{} stacks sent as copies and unwound here while a table their walk "
+                                         "needed was being made", copies);
+    sink_.set_meta("unwind_copies", text);
+    if (!opts_.quiet) log_info("{}", text);
   }
   // The frame-pointer and Python walks count walks, frames and reads: each, a walk's average.
   auto per_walk = [&](int at_walks, int at_frames, int at_reads, std::string_view frames_note,

@@ -104,6 +104,9 @@ class Tracer {
   bool check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown);
   // Readable when library loads, new programs or exits wait for handle_control().
   int control_fd() const;
+  // Before a command starts: lets the eh-frame stack walker finish loading (attach::BpfSession::
+  // load_walker), so that its stacks are walked from its first call, and records when it was in.
+  void wait_for_stack_walker();
   void handle_control();
   // Answers the BPF walker's requests for tables (a process walking through code its tables
   // lack, such as a library mapped after they were made) and lets go of exited processes'

@@ -1,16 +1,18 @@
 #include "record/unwind_tables.h"
 
+#include <fcntl.h>
 #include <libelf.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <thread>
+#include <filesystem>
 
 #include "common/clock.h"
 #include "common/log.h"
 #include "discover/proc.h"
+#include "discover/python.h"
 
 namespace gpuscope::record {
 namespace {
@@ -20,7 +22,49 @@ constexpr uint64_t kWantedIntervalNs = 1'000'000'000;
 // once the process is resumed, short beside the control loop's 100 ms poll.
 constexpr uint64_t kSoonNs = 20'000'000;
 
+// Files in nearly every stack of a CUDA process, compiled as soon as it is seen rather than at
+// its first walk: the executable (main, and a CUDA runtime linked into it), the C library (the
+// program's and threads' start), the C++ library (std::thread's start), the CUDA runtime (every
+// runtime call's frames) and the Python interpreter. All small: a few ms each, 0.2 ms read back
+// from the cache (bench/unwind_tables).
+bool needed_at_once(const std::string& path, const std::string& exe) {
+  if (path == exe) return true;
+  const std::string base = std::filesystem::path(path).filename();
+  return base.starts_with("libc.so") || base.starts_with("libc-") || base.starts_with("libstdc++.so") ||
+         discover::is_cuda_runtime_library(path) || discover::looks_like_python(path);
+}
+
+// The workers: compiling is CPU-bound and the program being traced needs the CPUs more.
+unsigned worker_count() { return std::clamp(std::thread::hardware_concurrency() / 4, 1u, 4u); }
+
 }  // namespace
+
+UnwindTables::UnwindTables(attach::BpfSession& bpf, std::string cache_dir, std::function<void()> wake)
+    : bpf_(bpf), cache_dir_(std::move(cache_dir)), wake_(std::move(wake)) {}
+
+UnwindTables::~UnwindTables() { stop_workers(); }
+
+void UnwindTables::stop_workers() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+    for (const auto& j : jobs_) close(j.fd);
+    jobs_.clear();
+  }
+  cv_.notify_all();
+  for (auto& w : workers_) w.join();
+  workers_.clear();
+}
+
+void UnwindTables::settle() {
+  stop_workers();
+  std::vector<Done> done;
+  {
+    std::lock_guard lock(mu_);
+    done.swap(done_);
+  }
+  for (auto& d : done) install(d);
+}
 
 bool UnwindTables::allocate(uint32_t n, uint32_t& off) {
   for (auto it = free_.begin(); it != free_.end(); ++it) {
@@ -62,47 +106,86 @@ void UnwindTables::release(uint32_t off, uint32_t n) {
 bool UnwindTables::evict_one() {
   auto victim = files_.end();
   for (auto it = files_.begin(); it != files_.end(); ++it)
-    if (it->second.refs == 0 && (victim == files_.end() || it->second.last_used < victim->second.last_used))
+    if (it->second.state == State::Loaded && it->second.refs == 0 &&
+        (victim == files_.end() || it->second.last_used < victim->second.last_used))
       victim = it;
   if (victim == files_.end()) return false;
-  if (victim->second.len) release(victim->second.off, victim->second.slots);
+  release(victim->second.off, victim->second.slots);
   files_.erase(victim);
   ++stats_.evicted;
   return true;
 }
 
-namespace {
+void UnwindTables::start_compile(pid_t pid, const Mapped& m, File& f) {
+  // Opened now: the worker may get to it after the process has unmapped it or exited.
+  const std::string path = fmt::format("/proc/{}/map_files/{:x}-{:x}", pid, m.start, m.end);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    log_debug("no unwind table for {}: {}", f.path, strerror(errno));
+    f.state = State::None;
+    ++stats_.files_failed;
+    return;
+  }
+  f.state = State::Compiling;
+  {
+    std::lock_guard lock(mu_);
+    if (stop_) {  // settled: no more tables for this recording
+      close(fd);
+      f.state = State::None;
+      return;
+    }
+    jobs_.push_back({m.key, fd});
+    if (workers_.size() < worker_count()) {
+      elf_version(EV_CURRENT);  // libelf's one global, set before the threads use it
+      workers_.emplace_back([this] { worker(); });
+    }
+  }
+  cv_.notify_one();
+}
 
-symbolize::CachedTable compile_or_empty(const std::string& path, const std::string& cache_dir) {
-  try {
-    return symbolize::load_unwind_table(path, cache_dir);
-  } catch (const std::exception& e) {
-    log_debug("no unwind table for {}: {}", path, e.what());
-    return {};
+void UnwindTables::worker() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (stop_) return;
+      job = jobs_.front();
+      jobs_.pop_front();
+    }
+    const uint64_t t0 = monotonic_ns();
+    Done d{job.key, {}, true, 0};
+    try {
+      d.table = symbolize::load_unwind_table(fmt::format("/proc/self/fd/{}", job.fd), cache_dir_, &stop_);
+    } catch (const std::exception& e) {
+      log_debug("no unwind table: {}", e.what());
+      d.ok = false;
+    }
+    close(job.fd);
+    d.ns = monotonic_ns() - t0;
+    if (!d.ok && stop_) return;  // cancelled
+    {
+      std::lock_guard lock(mu_);
+      done_.push_back(std::move(d));
+    }
+    if (wake_) wake_();
   }
 }
 
-}  // namespace
-
-UnwindTables::File* UnwindTables::load(const FileKey& key, const std::string& path,
-                                       symbolize::UnwindTable* compiled) {
-  if (auto it = files_.find(key); it != files_.end()) return &it->second;
-  File f;
-  f.path = path;
-  symbolize::UnwindTable t;
-  if (compiled) {
-    t = std::move(*compiled);
-  } else {
-    const uint64_t t0 = monotonic_ns();
-    auto c = compile_or_empty(path, cache_dir_);
-    t = std::move(c.table);
-    stats_.files_from_cache += c.from_cache;
-    stats_.compile_ns += monotonic_ns() - t0;
-  }
+void UnwindTables::install(Done& d) {
+  auto it = files_.find(d.key);
+  if (it == files_.end()) return;  // evicted meanwhile: cannot be, but nothing to do
+  File& f = it->second;
+  const symbolize::UnwindTable& t = d.table.table;
   ++stats_.files_compiled;
+  stats_.files_from_cache += d.table.from_cache;
+  stats_.compile_ns += d.ns;
+  (f.on_demand ? stats_.files_on_demand : stats_.files_at_sight)++;
+  if (f.on_demand) stats_.demand_wait_max_ns = std::max(stats_.demand_wait_max_ns, monotonic_ns() - f.requested_ns);
+  f.state = State::None;
   f.base = t.base;
   f.segments = t.segments;
-  if (t.rows.empty()) {
+  if (!d.ok || t.rows.empty()) {
     ++stats_.files_failed;
   } else if (t.slots() > bpf_.unwind_rows_capacity()) {
     ++stats_.files_without_room;
@@ -119,18 +202,59 @@ UnwindTables::File* UnwindTables::load(const FileKey& key, const std::string& pa
       std::memcpy(dst, t.rows.data(), t.rows.size() * sizeof(gs_unwind_row));
       std::memset(dst + t.rows.size(), 0, (n - t.rows.size()) * sizeof(gs_unwind_row));
       std::memcpy(dst + t.rows.size(), t.index.data(), t.index.size() * sizeof(uint32_t));
+      f.state = State::Loaded;
       f.off = off;
       f.len = static_cast<uint32_t>(t.rows.size());
       f.slots = n;
       f.index_len = static_cast<uint32_t>(t.index.size());
       f.index_shift = t.index_shift;
-      log_debug("unwind table for {}: {} rows and {} index entries at {}", path, f.len, f.index_len, off);
+      f.last_used = ++clock_;
+      log_debug("unwind table for {}: {} rows and {} index entries at {}, {:.1f} ms{}", f.path, f.len, f.index_len,
+                off, d.ns / 1e6, d.table.from_cache ? " (cache)" : "");
     } else {
       ++stats_.files_without_room;
-      log_debug("no room for the {} unwind rows of {}", n, path);
+      log_debug("no room for the {} unwind rows of {}", n, f.path);
     }
   }
-  return &files_.emplace(key, std::move(f)).first->second;
+  for (auto& [pid, p] : procs_)
+    if (std::any_of(p.maps.begin(), p.maps.end(), [&](const Mapped& m) { return m.key == d.key; })) publish(pid, p);
+}
+
+void UnwindTables::publish(pid_t pid, Process& p) {
+  std::vector<gs_unwind_mapping> maps;
+  maps.reserve(p.maps.size());
+  for (const auto& m : p.maps) {
+    const File& f = files_.at(m.key);
+    gs_unwind_mapping um{};
+    um.start = m.start;
+    um.end = m.end;
+    if (f.state == State::Lazy || f.state == State::Compiling) {
+      um.flags = GS_UNWIND_MAP_PENDING;
+    } else if (f.state == State::Loaded) {
+      // ip - pc_delta = the file vaddr of ip, minus the table's base.
+      for (const auto& s : f.segments)
+        if (m.offset >= s.offset && m.offset < s.offset + s.filesz) {
+          um.pc_delta = m.start - (m.offset - s.offset + s.vaddr) + f.base;
+          um.table_off = f.off;
+          um.table_len = f.len;
+          um.index_len = f.index_len;
+          um.index_shift = static_cast<uint16_t>(f.index_shift);
+          break;
+        }
+    }
+    maps.push_back(um);
+  }
+  if (maps.size() == p.sent.size() &&
+      std::equal(maps.begin(), maps.end(), p.sent.begin(),
+                 [](const auto& a, const auto& b) { return !std::memcmp(&a, &b, sizeof(a)); }))
+    return;
+  auto proc = std::make_unique<gs_unwind_proc>();
+  std::memset(proc.get(), 0, sizeof(*proc));
+  proc->nr = static_cast<uint32_t>(maps.size());
+  proc->gen = ++generation_;
+  std::copy(maps.begin(), maps.end(), proc->maps);
+  if (!bpf_.set_unwind_process(pid, *proc)) log_debug("no room for PID {}'s unwind table", pid);
+  p.sent = std::move(maps);
 }
 
 bool UnwindTables::update(pid_t pid) {
@@ -138,103 +262,120 @@ bool UnwindTables::update(pid_t pid) {
   auto maps = discover::read_maps(pid);
   if (maps.empty()) return false;
   ++stats_.updates;
+  const std::string exe = discover::read_exe(pid);
   Process next;
   next.updated_ns = monotonic_ns();
-  // The files the mappings hold, even if their paths now name others (an upgraded library).
-  struct Mapped {
-    const discover::Mapping* m;
-    FileKey key;
-    std::string path;
-  };
-  std::vector<Mapped> mapped;
+  std::vector<std::pair<Mapped, std::string>> mapped;  // and the path the process sees
   for (const auto& m : maps) {
     if (!m.executable || m.path.empty() || m.path[0] != '/') continue;
     if (mapped.size() >= GS_UNWIND_MAX_MAPPINGS) break;
-    std::string path = fmt::format("/proc/{}/map_files/{:x}-{:x}", pid, m.start, m.end);
+    // The file the mapping holds, even if its path now names another (an upgraded library).
+    const std::string path = fmt::format("/proc/{}/map_files/{:x}-{:x}", pid, m.start, m.end);
     struct stat st{};
     if (stat(path.c_str(), &st) != 0) continue;
-    mapped.push_back({&m, {st.st_dev, st.st_ino, int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec},
-                      std::move(path)});
+    mapped.push_back({{m.start, m.end, m.offset,
+                       {st.st_dev, st.st_ino, int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec}},
+                      m.path});
   }
-  // New files are compiled on several threads: a PyTorch process maps ~80 (10 s on one core).
-  std::map<FileKey, symbolize::UnwindTable> compiled;
-  {
-    std::vector<const Mapped*> todo;
-    for (const auto& x : mapped)
-      if (!files_.count(x.key) && compiled.emplace(x.key, symbolize::UnwindTable{}).second) todo.push_back(&x);
-    const uint64_t t0 = monotonic_ns();
-    elf_version(EV_CURRENT);  // libelf's one global, set before the threads use it
-    const size_t workers = std::min<size_t>(todo.size(), std::max(1u, std::thread::hardware_concurrency()));
-    std::vector<symbolize::CachedTable> tables(todo.size());
-    std::atomic<size_t> next_file{0};
-    auto work = [&] {
-      for (size_t i; (i = next_file++) < todo.size();) tables[i] = compile_or_empty(todo[i]->path, cache_dir_);
-    };
-    std::vector<std::thread> pool;
-    for (size_t w = 1; w < workers; ++w) pool.emplace_back(work);
-    work();
-    for (auto& t : pool) t.join();
-    for (size_t i = 0; i < todo.size(); ++i) {
-      stats_.files_from_cache += tables[i].from_cache;
-      compiled[todo[i]->key] = std::move(tables[i].table);
+  for (auto& [m, path] : mapped) {
+    auto [it, added] = files_.try_emplace(m.key);
+    File& f = it->second;
+    if (added) {
+      f.path = path;
+      if (needed_at_once(path, exe)) start_compile(pid, m, f);
     }
-    if (!todo.empty()) stats_.compile_ns += monotonic_ns() - t0;  // wall time
-  }
-  for (const auto& [mp, key, path] : mapped) {
-    const auto& m = *mp;
-    auto pre = compiled.find(key);
-    File* f = load(key, path, pre != compiled.end() ? &pre->second : nullptr);
-    f->last_used = ++clock_;
-    ++f->refs;  // at once: loading the next file must not evict this one
-    next.files.push_back(key);
-    gs_unwind_mapping um{};
-    um.start = m.start;
-    um.end = m.end;
-    um.table_off = f->off;
-    um.table_len = f->len;
-    um.index_len = f->index_len;
-    um.index_shift = f->index_shift;
-    // ip - pc_delta = the file vaddr of ip, minus the table's base.
-    bool found = false;
-    for (const auto& s : f->segments)
-      if (m.offset >= s.offset && m.offset < s.offset + s.filesz) {
-        um.pc_delta = m.start - (m.offset - s.offset + s.vaddr) + f->base;
-        found = true;
-        break;
-      }
-    if (!found) um.table_len = 0;
-    next.maps.push_back(um);
+    f.last_used = ++clock_;
+    ++f.refs;  // before any install can evict it
+    next.maps.push_back(m);
   }
   std::sort(next.maps.begin(), next.maps.end(), [](const auto& a, const auto& b) { return a.start < b.start; });
   auto old = procs_.find(pid);
-  if (old != procs_.end())
-    for (const auto& k : old->second.files)
-      if (auto it = files_.find(k); it != files_.end()) --it->second.refs;
-  const bool same = old != procs_.end() && old->second.maps.size() == next.maps.size() &&
-                    std::equal(next.maps.begin(), next.maps.end(), old->second.maps.begin(),
-                               [](const auto& a, const auto& b) { return !std::memcmp(&a, &b, sizeof(a)); });
-  if (!same) {
-    auto proc = std::make_unique<gs_unwind_proc>();
-    std::memset(proc.get(), 0, sizeof(*proc));
-    proc->nr = static_cast<uint32_t>(next.maps.size());
-    proc->gen = ++generation_;
-    std::copy(next.maps.begin(), next.maps.end(), proc->maps);
-    if (!bpf_.set_unwind_process(pid, *proc)) log_debug("no room for PID {}'s unwind table", pid);
+  if (old != procs_.end()) {
+    for (const auto& m : old->second.maps)
+      if (auto it = files_.find(m.key); it != files_.end()) --it->second.refs;
+    next.wanted_ns = old->second.wanted_ns;
+    next.sent = std::move(old->second.sent);
   }
-  procs_[pid] = std::move(next);
+  auto& p = procs_[pid] = std::move(next);
+  publish(pid, p);
   return true;
 }
 
 void UnwindTables::forget(pid_t pid) {
   auto it = procs_.find(pid);
   if (it == procs_.end()) return;
-  for (const auto& k : it->second.files)
-    if (auto f = files_.find(k); f != files_.end()) --f->second.refs;
+  for (const auto& m : it->second.maps) {
+    auto f = files_.find(m.key);
+    if (f == files_.end() || --f->second.refs > 0) continue;
+    // Nothing worth keeping of a file without a table that no process maps (an agent sees
+    // files come and go for weeks): a table stays, for the next process that maps the file.
+    if (f->second.state == State::Lazy || f->second.state == State::None) {
+      stats_.files_never_needed += f->second.state == State::Lazy;
+      files_.erase(f);
+    }
+  }
   procs_.erase(it);
   bpf_.remove_unwind_process(pid);
 }
 
+void UnwindTables::demand(pid_t pid, Process& p, const Mapped& m, uint64_t now) {
+  File& f = files_.at(m.key);
+  if (f.state != State::Lazy) return;
+  f.on_demand = true;
+  f.requested_ns = now;
+  start_compile(pid, m, f);
+  if (f.state == State::None) publish(pid, p);  // could not even be opened
+}
+
+// The files walks needed while their tables were pending: compiled now. A walk may ask again
+// before the table is in place, which costs it a failed map insert.
+void UnwindTables::serve_file_requests() {
+  const uint64_t now = monotonic_ns();
+  for (const auto& want : bpf_.unwind_files_wanted()) {
+    bpf_.clear_unwind_file_wanted(want);
+    auto p = procs_.find(static_cast<pid_t>(want.tgid));
+    if (p == procs_.end()) continue;  // gone, or not one whose tables are kept
+    for (const auto& m : p->second.maps)
+      if (m.start == want.start) demand(p->first, p->second, m, now);
+  }
+}
+
+void UnwindTables::note_frames(pid_t pid, const std::vector<uint64_t>& ips) {
+  bool first;
+  {
+    std::lock_guard lock(mu_);
+    first = frames_.empty();
+    for (uint64_t ip : ips)
+      if (frames_.size() < 65536) frames_.emplace_back(pid, ip);
+  }
+  if (first && wake_) wake_();
+}
+
+void UnwindTables::serve_noted_frames() {
+  std::vector<std::pair<pid_t, uint64_t>> frames;
+  {
+    std::lock_guard lock(mu_);
+    frames.swap(frames_);
+  }
+  const uint64_t now = monotonic_ns();
+  for (const auto& [pid, ip] : frames) {
+    auto p = procs_.find(pid);
+    if (p == procs_.end()) continue;
+    const auto& maps = p->second.maps;
+    auto m = std::upper_bound(maps.begin(), maps.end(), ip, [](uint64_t a, const Mapped& x) { return a < x.start; });
+    if (m != maps.begin() && ip < (--m)->end) demand(pid, p->second, *m, now);
+  }
+}
+
 void UnwindTables::update_wanted() {
+  std::vector<Done> done;
+  {
+    std::lock_guard lock(mu_);
+    done.swap(done_);
+  }
+  for (auto& d : done) install(d);
+  serve_noted_frames();
+  serve_file_requests();
   const uint64_t now = monotonic_ns();
   for (auto it = soon_.begin(); it != soon_.end();) {
     if (now - it->second < kSoonNs) {
@@ -262,10 +403,15 @@ void UnwindTables::update_wanted() {
 
 UnwindTables::Stats UnwindTables::stats() const {
   Stats s = stats_;
-  s.files = files_.size();
   s.processes = procs_.size();
   s.rows_capacity = bpf_.unwind_rows_capacity();
-  for (const auto& [k, f] : files_) s.rows_used += f.slots;
+  for (const auto& [k, f] : files_) {
+    if (f.state == State::Loaded) {
+      ++s.files;
+      s.rows_used += f.slots;
+    }
+    s.files_never_needed += f.state == State::Lazy;
+  }
   return s;
 }
 

@@ -357,7 +357,7 @@ std::optional<uint64_t> UnwindTable::offset_to_vaddr(uint64_t offset) const {
   return std::nullopt;
 }
 
-UnwindTable compile_unwind_table(const std::string& path) {
+UnwindTable compile_unwind_table(const std::string& path, const std::atomic<bool>* cancel) {
   elf_version(EV_CURRENT);
   Closer fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (fd.fd < 0) throw Error("cannot open {}: {}", path, strerror(errno));
@@ -405,6 +405,7 @@ UnwindTable compile_unwind_table(const std::string& path) {
   std::vector<At> at;
   at.reserve(ranges.size() * 6);
   for (const auto& r : ranges) {
+    if (cancel && cancel->load(std::memory_order_relaxed)) throw Error("{}: compile cancelled", path);
     for (uint64_t a = r.lo; a < r.hi;) {
       Dwarf_Frame* frame = nullptr;
       if (dwarf_cfi_addrframe(cfi, a, &frame) != 0) break;  // the rest of the FDE is unreadable: no info
@@ -538,16 +539,17 @@ void write_cached(const std::filesystem::path& file, const UnwindTable& t) {
 
 }  // namespace
 
-CachedTable load_unwind_table(const std::string& path, const std::string& cache_dir) {
-  if (cache_dir.empty()) return {compile_unwind_table(path), false};
+CachedTable load_unwind_table(const std::string& path, const std::string& cache_dir,
+                              const std::atomic<bool>* cancel) {
+  if (cache_dir.empty()) return {compile_unwind_table(path, cancel), false};
   const std::string build_id = read_build_id(path);
   std::error_code ec;
   const uint64_t size = std::filesystem::file_size(path, ec);
-  if (build_id.empty() || ec) return {compile_unwind_table(path), false};
+  if (build_id.empty() || ec) return {compile_unwind_table(path, cancel), false};
   const std::filesystem::path file =
       std::filesystem::path(cache_dir) / (build_id + "-" + std::to_string(size) + ".gsut");
   if (auto t = read_cached(file)) return {std::move(*t), true};
-  CachedTable out{compile_unwind_table(path), false};
+  CachedTable out{compile_unwind_table(path, cancel), false};
   write_cached(file, out.table);
   return out;
 }

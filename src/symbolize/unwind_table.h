@@ -5,6 +5,7 @@
 // for it elsewhere mark the row unsupported.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -56,8 +57,9 @@ void build_index(UnwindTable& t);
 std::pair<uint32_t, uint32_t> index_range(const UnwindTable& t, uint32_t pc);
 
 // Throws Error naming the path and the reason when the file cannot be read or its frame
-// information spans more than 4 GiB (rows keep 32-bit pcs). A file without CFI gives no rows.
-UnwindTable compile_unwind_table(const std::string& path);
+// information spans more than 4 GiB (rows keep 32-bit pcs), or when *cancel is set while it
+// runs. A file without CFI gives no rows.
+UnwindTable compile_unwind_table(const std::string& path, const std::atomic<bool>* cancel = nullptr);
 
 // compile_unwind_table through a cache of compiled tables in `cache_dir`, by build id and size
 // (a PyTorch process's ~80 libraries take ~10 s to compile; read back, well under a second).
@@ -69,7 +71,8 @@ struct CachedTable {
   UnwindTable table;
   bool from_cache = false;
 };
-CachedTable load_unwind_table(const std::string& path, const std::string& cache_dir);
+CachedTable load_unwind_table(const std::string& path, const std::string& cache_dir,
+                              const std::atomic<bool>* cancel = nullptr);
 
 inline uint8_t cfa_rule(const gs_unwind_row& r) { return r.rules & 0xf; }
 inline uint8_t rbp_rule(const gs_unwind_row& r) { return r.rules >> 4; }

@@ -7,6 +7,10 @@ import pytest
 from conftest import CUDART, ROOT, TARGETS, folded
 
 WORK = "(anonymous namespace)::work(int)"
+# Tests of what the BPF walker does make their first CUDA call after this long: until the
+# walker's programs are loaded (in the background, a few hundred ms), stacks go as copies that
+# user space unwinds (test_stacks_are_whole_before_the_walker_and_tables_are_in).
+WALKER_LOADED_MS = 2000
 
 
 def walk_counts(rec, key, names):
@@ -35,7 +39,8 @@ def lost(rec):
 
 
 def test_call_stacks_reach_start_without_frame_pointers(record, gpuscope):
-    rec = record("--call-stacks", "eh-frame", "--", TARGETS / "cuda_ops_nofp", "--iterations", 2)
+    rec = record("--call-stacks", "eh-frame", "--", TARGETS / "cuda_ops_nofp", "--iterations", 2,
+                 "--sleep-ms", WALKER_LOADED_MS)
     assert rec.returncode == 3, rec.stderr
     assert rec.scalar("SELECT value FROM meta WHERE key='call_unwinding'") == "eh-frame"
     assert "unwind tables:" in rec.stderr
@@ -104,14 +109,8 @@ def test_library_loaded_late_gets_its_table(record):
     assert len(modules) > 12, modules
 
 
-def test_frames_kept_from_the_last_walk_are_not_taken_for_other_callers(record, gpuscope):
-    # Each launch's own frames lie where the last launch's did, but the callers above them
-    # alternate (two look-alike callers, three depths): the walk may reuse the thread's last walk
-    # only where the stack still holds what it held, so each launch keeps its own chain.
-    n = 600
-    rec = record("--call-stacks", "eh-frame", "--", TARGETS / "alike_callers", n)
-    assert rec.returncode == 0, rec.stderr
-    launches = folded(gpuscope, rec, "launches")
+def alike_callers_paths(launches):
+    """alike_callers' launches by (caller, depth), each chain checked whole."""
     by_path = {}
     for chain, count in launches.items():
         assert chain[1] == "_start" and "[truncated stack]" not in chain, chain
@@ -121,6 +120,68 @@ def test_frames_kept_from_the_last_walk_are_not_taken_for_other_callers(record, 
         assert chain.index("main") < chain.index(via[0]) < chain.index("cudaLaunchKernel"), chain
         key = ("left" if "via_left" in via[0] else "right", nests - 1)
         by_path[key] = by_path.get(key, 0) + count
+    return by_path
+
+
+def table_figures(rec):
+    """What record says of its tables: files made when their process was seen, when a walk
+    needed them, and mapped files never needed."""
+    text = rec.scalar("SELECT value FROM meta WHERE key='unwind_tables'")
+    at_sight = int(re.search(r"(\d+) when their process was seen", text).group(1))
+    on_demand = int(re.search(r"(\d+) when a walk needed them", text).group(1))
+    never = int(re.search(r"(\d+) mapped files never needed", text).group(1))
+    return at_sight, on_demand, never
+
+
+def test_stacks_are_whole_before_the_walker_and_tables_are_in(record, gpuscope, tmp_path):
+    # The default, with no table in the cache and the first launch at once: the first stacks
+    # go as copies that user space unwinds, until the walker's programs and the tables are in.
+    # Every stack is whole either way, and each caller is told apart.
+    n = 600
+    rec = record("--unwind-cache", tmp_path / "tables", "--", TARGETS / "alike_callers", n)
+    assert rec.returncode == 0, rec.stderr
+    assert rec.scalar("SELECT value FROM meta WHERE key='call_unwinding'") == "eh-frame"
+    copies = rec.scalar("SELECT value FROM meta WHERE key='unwind_copies'")
+    assert copies and int(copies.split()[0]) > 0, copies
+    by_path = alike_callers_paths(folded(gpuscope, rec, "launches"))
+    assert by_path == {(side, depth): n // 6 for side in ("left", "right") for depth in range(3)}, by_path
+    assert not {c for c in lost(rec) if c.startswith("unwind_")}, lost(rec)
+
+
+def test_tables_are_made_for_the_files_walks_need(record, gpuscope, tmp_path):
+    # The interpreter and the C library get their tables when the process is seen; the CUDA
+    # stand-in ctypes loads late, _ctypes and libffi when a stack first goes through them; the
+    # interpreter's other libraries never. Once they are in, the driver's memsets are walked
+    # whole from the tables, through all of them to the Python line that called.
+    batches = 20
+    rec = record("--unwind-cache", tmp_path / "tables", "--", "/usr/bin/python3", ROOT / "tests/targets/load_lib.py",
+                 "--sleep-ms", WALKER_LOADED_MS, TARGETS / "libnested_driver.so", "run_memsets", batches)
+    assert rec.returncode == 0, rec.stderr
+    at_sight, on_demand, never = table_figures(rec)
+    assert at_sight >= 2 and on_demand >= 3 and never >= 1, (at_sight, on_demand, never)
+    walks = walk_counts(rec, "unwind_walks", EH_WALK)
+    assert walks["walks"] >= batches * 10 // 2, walks
+    memsets = rec.query("SELECT c.stack_id FROM calls c JOIN functions f ON f.id = c.func "
+                        "WHERE f.kind = 'memset' AND c.parent_id IS NULL")
+    assert len(memsets) == batches * 10 and all(s for (s,) in memsets), memsets[:5]
+    for (stack,) in set(memsets):
+        frames = rec.query("SELECT m.path, p.function FROM stack_frames sf LEFT JOIN modules m ON m.id = sf.module_id "
+                           "LEFT JOIN python_frames p ON m.path = '[python]' AND p.id = sf.offset "
+                           "WHERE sf.stack_id = ? ORDER BY sf.depth", stack)
+        paths = [path or "" for path, _ in frames]
+        assert any(p.endswith("libnested_driver.so") for p in paths), frames
+        assert any("_ctypes" in p for p in paths) and any("libffi" in p for p in paths), frames
+        assert "<module>" in [fn for _, fn in frames] and "[truncated]" not in paths, frames
+
+
+def test_frames_kept_from_the_last_walk_are_not_taken_for_other_callers(record, gpuscope):
+    # Each launch's own frames lie where the last launch's did, but the callers above them
+    # alternate (two look-alike callers, three depths): the walk may reuse the thread's last walk
+    # only where the stack still holds what it held, so each launch keeps its own chain.
+    n = 600
+    rec = record("--call-stacks", "eh-frame", "--", TARGETS / "alike_callers", n, WALKER_LOADED_MS)
+    assert rec.returncode == 0, rec.stderr
+    by_path = alike_callers_paths(folded(gpuscope, rec, "launches"))
     # i % 2 picks the caller and (i / 2) % 3 the depth: every pair n / 6 times.
     assert by_path == {(side, depth): n // 6 for side in ("left", "right") for depth in range(3)}, by_path
     # The same few call sites over and over: steps come from the last walk or the row cache, and

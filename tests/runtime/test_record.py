@@ -120,10 +120,21 @@ def test_a_wrapper_of_the_same_name_is_one_call(record, monkeypatch):
     assert rec.query("SELECT count FROM lost WHERE cause = 'return_orphan' AND count > 0") == []
 
 
-def test_driver_calls_inside_runtime_calls_take_its_stack(record, gpuscope):
+def stack_walks(rec):
+    """The user stacks the BPF side took: walks of either kind, and copies sent while a table
+    the walk needed was being made (eh-frame)."""
+    total = 0
+    for key in ("fp_walks", "unwind_walks", "unwind_copies"):
+        text = rec.scalar(f"SELECT value FROM meta WHERE key = '{key}'")
+        total += int(text.split(" ", 1)[0]) if text else 0
+    return total
+
+
+@pytest.mark.parametrize("walk", ["fp", "eh-frame"])
+def test_driver_calls_inside_runtime_calls_take_its_stack(record, gpuscope, walk):
     """A driver call made inside a runtime call is its child and shows its stack; the BPF side
     walks only the runtime call's (one walk per pair)."""
-    rec = record("--", "/usr/bin/python3", TARGETS.parent.parent / "tests/targets/load_lib.py",
+    rec = record("--call-stacks", walk, "--", "/usr/bin/python3", TARGETS.parent.parent / "tests/targets/load_lib.py",
                  TARGETS / "libnested_driver.so")
     assert rec.returncode == 0, rec.stderr
     rows = rec.query("SELECT f.name, c.id, c.parent_id, c.stack_id FROM calls c JOIN functions f ON f.id = c.func "
@@ -138,8 +149,10 @@ def test_driver_calls_inside_runtime_calls_take_its_stack(record, gpuscope):
     # The stack is the runtime call's, from Python's ctypes call down to the library's caller.
     (chain, _), = folded(gpuscope, rec, "alloc-bytes").items()
     assert any(f.startswith("<module> (") for f in chain) and "run_static" in chain, chain
-    walks = rec.scalar("SELECT value FROM meta WHERE key = 'fp_walks'")
-    assert walks.startswith("6 walks"), walks
+    if walk == "fp":
+        walks = rec.scalar("SELECT value FROM meta WHERE key = 'fp_walks'")
+        assert walks.startswith("6 walks"), walks
+    assert stack_walks(rec) == 6, rec.query("SELECT key, value FROM meta WHERE key LIKE '%walks' OR key LIKE '%copies'")
 
 
 def memset_rows(rec):

@@ -15,10 +15,13 @@ Configurations:
                          does nothing (`record --floor-probes`): the traps alone, i.e. the floor
                          times the traps, the least any uprobe-based tool adds (issue 3)
   calls                  gpuscope record --no-stacks
-  +stacks                gpuscope record --stack-every 1 (every call's frame-pointer and Python stack)
+  +stacks                gpuscope record --stack-every 1 (every call's stack, walked from .eh_frame
+                         tables, the default since issue 29, and its Python stack)
   +stacks budget         gpuscope record (its default: launches', copies' and memsets' stacks
                          taken for one call in N, N set so that their walks take at most 0.5%
                          of the process's time; every stack while they take less)
+  +stacks fp             gpuscope record --call-stacks fp --stack-every 1 (frame-pointer walks, the
+                         default before issue 29; "... budget": by budget)
   +stacks eh-frame       gpuscope record --call-stacks eh-frame --stack-every 1 ("... budget": by budget)
   +stacks no python      gpuscope record --no-python --stack-every 1 (native frames only)
   +stacks +cpu 99Hz      gpuscope record --cpu-profile 99 --stack-every 1 (NVML at its default 10 Hz:
@@ -76,6 +79,8 @@ GPUSCOPE_CONFIGS = {
     "+stacks": EVERY,
     "+stacks budget": [],
     "+stacks budget +cpu 99Hz": ["--cpu-profile", "99"],
+    "+stacks fp": ["--call-stacks", "fp", *EVERY],
+    "+stacks fp budget": ["--call-stacks", "fp"],
     "+stacks eh-frame": ["--call-stacks", "eh-frame", *EVERY],
     "+stacks eh-frame budget": ["--call-stacks", "eh-frame"],
     "+stacks no python": ["--no-python", *EVERY],

@@ -33,6 +33,10 @@
 #           launches of one kernel; 4,000 over 4 s), COUNTS_RUNS runs each, alone and with two shell
 #           loops starting /bin/true and ls (bench/agent_counts.py): exact and marked exact, or
 #           estimates within 5% marked as such; the runs that are neither are printed WRONG.
+# defaults: issue 29's default stacks (bench/gpu/default_stacks.py): the share of launch, copy and
+#           allocation stacks reaching main or the Python module on $BUILD/bench/launch_sites (plain
+#           nvcc -O2) and on the training step (DEFAULTS_STEPS steps), the tables' first-run cost
+#           with an empty cache and a warm one, and start-up, the old default (fp) beside.
 # views:    issue 29's flame graph views and GPU summary on a PyTorch CNN (bench/gpu/cnn_steps.py,
 #           VIEWS_STEPS steps) under record --gpu-times --cpu-profile 99: frames per view, no
 #           frame per address, the interpreter's frames gone by default; start-up apart from idle
@@ -177,6 +181,10 @@ if [[ " $STAGES " == *" gputimes "* ]]; then
   CUDA_LAUNCH_BLOCKING=${GPUTIMES_BLOCKING:-0} $PY bench/gpu/gpu_times_check.py --gpuscope "$BUILD/gpuscope" \
       --steps ${GPUTIMES_STEPS:-100} --runs ${GPUTIMES_RUNS:-3} --pacing ${GPUTIMES_PACING:-free} \
       ${GPUTIMES_NSYS:+--nsys} --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.txt"
+fi
+if [[ " $STAGES " == *" defaults "* ]]; then
+  $PY bench/gpu/default_stacks.py --gpuscope "$BUILD/gpuscope" --bench "$BUILD/bench" --python "$PY" \
+      --steps ${DEFAULTS_STEPS:-20} --out "$OUT/defaults" 2>&1 | tee "$OUT/defaults.txt"
 fi
 if [[ " $STAGES " == *" views "* ]]; then
   $PY bench/gpu/python_flame_views_check.py --gpuscope "$BUILD/gpuscope" --steps ${VIEWS_STEPS:-20} --out "$OUT" \

@@ -14,12 +14,14 @@ gpuscope_counts_exact and gpuscope_estimate_error_ratio (where exported), and th
 gpuscope_agent_observation_factor at the time. Prints one JSON line per run and a summary: runs
 exact, runs estimated within 5%, runs wrong (an exact-marked count that is not the truth, or an
 estimate more than 5% off), runs missed (no series: the agent found the process after it exited).
-On the GPU machine pass --target with a program of your own and --launches its true count."""
+--target runs another program (a command line) instead; its true count is --launches, or the
+"launches" of a JSON line it prints (bench/py_launch_loop.py --seconds 20 prints one)."""
 import argparse
 import json
 import os
 import pathlib
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -66,8 +68,9 @@ def main():
     ap.add_argument("--target", default="")
     args = ap.parse_args()
     build = pathlib.Path(args.build).resolve()
-    target = [args.target] if args.target else [str(build / "targets" / "launch_count"), str(args.launches),
-                                                 "--over", str(args.seconds), "--after", str(args.after_ms)]
+    target = shlex.split(args.target) if args.target else [
+        str(build / "targets" / "launch_count"), str(args.launches), "--over", str(args.seconds), "--after",
+        str(args.after_ms)]
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="agent-counts-"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -90,7 +93,9 @@ def main():
             time.sleep(3)  # long enough for the agent's CPU share (read each second) to feel it
         results = []
         for run in range(args.runs):
-            proc = subprocess.Popen(target, stdout=subprocess.DEVNULL)
+            out_path = tmp / f"target-{run}.out"
+            with open(out_path, "w") as out:
+                proc = subprocess.Popen(target, stdout=out)
             last, seen, factor, exited_at = None, False, None, None
             deadline = time.time() + 60
             while time.time() < deadline:
@@ -112,6 +117,11 @@ def main():
                 time.sleep(0.05)
             proc.wait()
             truth = args.launches
+            for line in out_path.read_text().splitlines():
+                try:
+                    truth = int(json.loads(line)["launches"])
+                except (ValueError, KeyError, TypeError):
+                    pass
             r = {"run": run, "pid": proc.pid, "truth": truth, **(last or {"launches": 0}),
                  "observation_factor": factor[0] if factor else None}
             est = r["launches"]
@@ -121,6 +131,8 @@ def main():
                 r["verdict"] = "exact" if est == truth else "WRONG (marked exact)"
             else:
                 r["verdict"] = "estimate within 5%" if abs(est - truth) <= 0.05 * truth else "WRONG (estimate off by more than 5%)"
+            if last is not None and r.get("error_bound") is not None:
+                r["within_stated_bound"] = abs(est - truth) <= r["error_bound"] * est
             print(json.dumps(r), flush=True)
             results.append(r)
         counts = {}

@@ -198,55 +198,75 @@ int BpfSession::attach_multi(bpf_program* prog, const std::string& path, const P
   return fd;
 }
 
-void BpfSession::load_walker(bool multi) {
-  const char* failed = nullptr;
-  int err = 0;
+namespace {
+
+// The call programs the walker's load replaces, by their index in upgrade_calls (bpf/gpuscope.bpf.c:
+// UPGRADE_EMIT, UPGRADE_ENTRY).
+bpf_program* upgraded_program(gpuscope_bpf& s, uint32_t k) {
+  return k == 0 ? s.progs.call_entry_emit : s.progs.call_entry;
+}
+
+}  // namespace
+
+// A second load of the programs with the eh-frame walker on, of program k alone (the verifier
+// takes ~0.2 s over each: the two are loaded side by side). Every map but the settings is the
+// first load's (libbpf leaves a reused map's contents alone). Null with *failed and *err set if
+// it fails.
+std::unique_ptr<gpuscope_bpf, BpfSession::SkelDeleter> BpfSession::load_walker_program(uint32_t k, bool multi,
+                                                                                      const char** failed, int* err) {
+  const gpuscope_bpf& first = *skel_;
   std::unique_ptr<gpuscope_bpf, SkelDeleter> w(gpuscope_bpf__open());
   if (!w) {
-    failed = "open";
-    err = errno;
-  } else {
-    // The same settings, the walks on; every map but the settings themselves is the first
-    // programs' (libbpf leaves a reused map's contents alone).
-    *w->rodata = *skel_->rodata;
-    w->rodata->call_tables_later = false;
-    w->rodata->call_unwind_tables = true;
-    bpf_map* m;
-    bpf_object__for_each_map(m, w->obj) {
-      const std::string_view name = bpf_map__name(m);
-      if (name.ends_with(".rodata")) continue;
-      const bpf_map* mine = bpf_object__find_map_by_name(skel_->obj, bpf_map__name(m));
-      if (!mine || (err = -bpf_map__reuse_fd(m, bpf_map__fd(mine))) != 0) {
-        failed = "share the maps with";
-        break;
-      }
-    }
-    bpf_program* p;
-    bpf_object__for_each_program(p, w->obj) {
-      const bool wanted = p == w->progs.call_entry_emit || p == w->progs.call_entry;
-      bpf_program__set_autoload(p, wanted);
-      if (wanted && multi)
-        bpf_program__set_expected_attach_type(p, static_cast<bpf_attach_type>(kAttachUprobeMulti));
-    }
-    if (!failed && (err = -gpuscope_bpf__load(w.get())) != 0) failed = "load";
+    *failed = "open";
+    *err = errno;
+    return nullptr;
   }
-  auto put = [&](bpf_map* array, uint32_t key, bpf_program* prog) {
-    const int fd = bpf_program__fd(prog);
-    if (!failed && bpf_map__update_elem(array, &key, sizeof(key), &fd, sizeof(fd), BPF_ANY) != 0) {
-      failed = "install";
-      err = errno;
+  *w->rodata = *first.rodata;
+  w->rodata->call_tables_later = false;
+  w->rodata->call_unwind_tables = true;
+  bpf_map* m;
+  bpf_object__for_each_map(m, w->obj) {
+    if (std::string_view(bpf_map__name(m)).ends_with(".rodata")) continue;
+    const bpf_map* mine = bpf_object__find_map_by_name(first.obj, bpf_map__name(m));
+    if (!mine || (*err = -bpf_map__reuse_fd(m, bpf_map__fd(mine))) != 0) {
+      *failed = "share the maps with";
+      return nullptr;
     }
-  };
-  put(skel_->maps.upgrade_calls, 0, w->progs.call_entry_emit);  // UPGRADE_EMIT
-  put(skel_->maps.upgrade_calls, 1, w->progs.call_entry);       // UPGRADE_ENTRY
-  if (failed) {
+  }
+  bpf_program* p;
+  bpf_object__for_each_program(p, w->obj) bpf_program__set_autoload(p, p == upgraded_program(*w, k));
+  if (multi) bpf_program__set_expected_attach_type(upgraded_program(*w, k), static_cast<bpf_attach_type>(kAttachUprobeMulti));
+  if ((*err = -gpuscope_bpf__load(w.get())) != 0) {
+    *failed = "load";
+    return nullptr;
+  }
+  return w;
+}
+
+void BpfSession::load_walker(bool multi) {
+  const char* failed[2] = {};
+  int err[2] = {};
+  std::thread second([&] { walkers_[1] = load_walker_program(1, multi, &failed[1], &err[1]); });
+  walkers_[0] = load_walker_program(0, multi, &failed[0], &err[0]);
+  second.join();
+  for (uint32_t k = 0; k < 2; ++k) {
+    if (failed[k]) continue;
+    const int fd = bpf_program__fd(upgraded_program(*walkers_[k], k));
+    if (bpf_map__update_elem(skel_->maps.upgrade_calls, &k, sizeof(k), &fd, sizeof(fd), BPF_ANY) != 0) {
+      failed[k] = "install";
+      err[k] = errno;
+    }
+  }
+  if (failed[0] || failed[1]) {
+    // Both or neither: a walker missing for one kind of call would leave its copies unbounded.
+    for (uint32_t k = 0; k < 2; ++k) bpf_map__delete_elem(skel_->maps.upgrade_calls, &k, sizeof(k), 0);
     skel_->bss->walker_failed = true;
     walker_delay_ns_ = -1;
-    log_warn("cannot {} the eh-frame stack walker ({}): stacks are walked along frame pointers instead", failed,
-             strerror(err));
+    const int k = failed[0] ? 0 : 1;
+    log_warn("cannot {} the eh-frame stack walker ({}): stacks are walked along frame pointers instead", failed[k],
+             strerror(err[k]));
     return;
   }
-  walker_ = std::move(w);
   walker_delay_ns_ = std::max<int64_t>(int64_t(monotonic_ns() - loaded_ns_), 1);
   log_debug("eh-frame stack walker in place {:.0f} ms after the first programs", walker_delay_ns_ / 1e6);
 }

@@ -240,6 +240,7 @@ class BpfSession {
   // thread of its own because the verifier takes long over it; the first programs hand their
   // runs to these once they are in (bpf: call_tables_later).
   void load_walker(bool multi);
+  std::unique_ptr<gpuscope_bpf, SkelDeleter> load_walker_program(uint32_t k, bool multi, const char** failed, int* err);
 
   std::unique_ptr<gpuscope_bpf, SkelDeleter> skel_;
   std::unique_ptr<ring_buffer, RingDeleter> ring_;
@@ -269,7 +270,7 @@ class BpfSession {
   int stats_fd_ = -1;
   gs_unwind_row* unwind_rows_ = nullptr;  // mmapped unwind_rows, unwind_rows_cap_ rows
   uint32_t unwind_rows_cap_ = 0;
-  std::unique_ptr<gpuscope_bpf, SkelDeleter> walker_;  // load_walker's, once loaded
+  std::unique_ptr<gpuscope_bpf, SkelDeleter> walkers_[2];  // load_walker's
   std::thread walker_loader_;
   std::atomic<int64_t> walker_delay_ns_{0};
   uint64_t loaded_ns_ = 0;

@@ -116,7 +116,7 @@ bool UnwindTables::evict_one() {
   return true;
 }
 
-void UnwindTables::start_compile(pid_t pid, const Mapped& m, File& f) {
+void UnwindTables::start_compile(pid_t pid, const Mapped& m, File& f, bool cached_only) {
   // Opened now: the worker may get to it after the process has unmapped it or exited.
   const std::string path = fmt::format("/proc/{}/map_files/{:x}-{:x}", pid, m.start, m.end);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -126,15 +126,19 @@ void UnwindTables::start_compile(pid_t pid, const Mapped& m, File& f) {
     ++stats_.files_failed;
     return;
   }
-  f.state = State::Compiling;
+  f.state = cached_only ? State::Probing : State::Compiling;
+  queue(m.key, fd, cached_only);
+}
+
+void UnwindTables::queue(const FileKey& key, int fd, bool cached_only) {
   {
     std::lock_guard lock(mu_);
     if (stop_) {  // settled: no more tables for this recording
       close(fd);
-      f.state = State::None;
+      files_.at(key).state = State::None;
       return;
     }
-    jobs_.push_back({m.key, fd});
+    jobs_.push_back({key, fd, cached_only});
     if (workers_.size() < worker_count()) {
       elf_version(EV_CURRENT);  // libelf's one global, set before the threads use it
       workers_.emplace_back([this] { worker(); });
@@ -155,15 +159,26 @@ void UnwindTables::worker() {
     }
     const uint64_t t0 = monotonic_ns();
     Done d{job.key, {}, true, 0};
+    const std::string path = fmt::format("/proc/self/fd/{}", job.fd);
     try {
-      d.table = symbolize::load_unwind_table(fmt::format("/proc/self/fd/{}", job.fd), cache_dir_, &stop_);
+      if (!job.cached_only) {
+        d.table = symbolize::load_unwind_table(path, cache_dir_, &stop_);
+      } else if (auto t = symbolize::load_cached_unwind_table(path, cache_dir_)) {
+        d.table = {std::move(*t), true};
+      } else {
+        d.ok = false;
+        d.fd = job.fd;  // not in the cache: compiled if a walk needs it after all
+      }
     } catch (const std::exception& e) {
       log_debug("no unwind table: {}", e.what());
       d.ok = false;
     }
-    close(job.fd);
+    if (d.fd < 0) close(job.fd);
     d.ns = monotonic_ns() - t0;
-    if (!d.ok && stop_) return;  // cancelled
+    if (!d.ok && stop_) {  // cancelled
+      if (d.fd >= 0) close(d.fd);
+      return;
+    }
     {
       std::lock_guard lock(mu_);
       done_.push_back(std::move(d));
@@ -176,6 +191,16 @@ void UnwindTables::install(Done& d) {
   auto it = files_.find(d.key);
   if (it == files_.end()) return;  // evicted meanwhile: cannot be, but nothing to do
   File& f = it->second;
+  if (d.fd >= 0) {  // a cache probe that found nothing
+    if (f.on_demand) {  // a walk asked meanwhile
+      f.state = State::Compiling;
+      queue(d.key, d.fd, false);
+    } else {
+      close(d.fd);
+      f.state = State::Lazy;
+    }
+    return;
+  }
   const symbolize::UnwindTable& t = d.table.table;
   ++stats_.files_compiled;
   stats_.files_from_cache += d.table.from_cache;
@@ -228,7 +253,7 @@ void UnwindTables::publish(pid_t pid, Process& p) {
     gs_unwind_mapping um{};
     um.start = m.start;
     um.end = m.end;
-    if (f.state == State::Lazy || f.state == State::Compiling) {
+    if (f.state == State::Lazy || f.state == State::Probing || f.state == State::Compiling) {
       um.flags = GS_UNWIND_MAP_PENDING;
     } else if (f.state == State::Loaded) {
       // ip - pc_delta = the file vaddr of ip, minus the table's base.
@@ -282,7 +307,9 @@ bool UnwindTables::update(pid_t pid) {
     File& f = it->second;
     if (added) {
       f.path = path;
-      if (needed_at_once(path, exe)) start_compile(pid, m, f);
+      // The others are read back at once if the cache has them: a walk of an earlier run needed
+      // them, as one will most likely need them again.
+      start_compile(pid, m, f, !needed_at_once(path, exe) && !cache_dir_.empty());
     }
     f.last_used = ++clock_;
     ++f.refs;  // before any install can evict it
@@ -320,6 +347,10 @@ void UnwindTables::forget(pid_t pid) {
 
 void UnwindTables::demand(pid_t pid, Process& p, const Mapped& m, uint64_t now) {
   File& f = files_.at(m.key);
+  if (f.state == State::Probing && !f.on_demand) {  // compiled when the probe finds no table
+    f.on_demand = true;
+    f.requested_ns = now;
+  }
   if (f.state != State::Lazy) return;
   f.on_demand = true;
   f.requested_ns = now;

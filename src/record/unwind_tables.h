@@ -5,8 +5,9 @@
 // executable mappings naming their ranges.
 //
 // Tables are made when they are needed, never while a process waits: a process's executable,
-// C library, CUDA runtime and Python interpreter as soon as it is seen (they are in nearly
-// every stack, and small), every other file when a walk first needs it (a PyTorch process maps
+// C and C++ libraries, CUDA runtime and Python interpreter as soon as it is seen (they are in
+// nearly every stack, and small), and the files whose tables the cache holds (a walk of an
+// earlier run needed them); every other file when a walk first needs it (a PyTorch process maps
 // ~80 files, a few of which are ever in its stacks). Files compile on worker threads; until a
 // call's walk has the tables it needs, the BPF side sends a copy of its stack instead, which
 // user space unwinds from .eh_frame (bpf/events.h: GS_UNWIND_MAP_PENDING), so stacks are whole
@@ -90,6 +91,7 @@ class UnwindTables {
   using FileKey = std::tuple<uint64_t, uint64_t, int64_t>;  // st_dev, st_ino, mtime (ns)
   enum class State : uint8_t {
     Lazy,       // mapped, not needed yet: walks that need it ask (pending in the BPF side)
+    Probing,    // on a worker, read back if the cache has it, else Lazy again (pending too)
     Compiling,  // on a worker (pending too)
     Loaded,     // in the array
     None,       // no table: no frame information, unreadable, or no room (frame pointers)
@@ -120,16 +122,20 @@ class UnwindTables {
   struct Job {
     FileKey key;
     int fd;  // the file, held open so that it can be read after its process has gone
+    bool cached_only;  // only read back from the cache
   };
   struct Done {
     FileKey key;
     symbolize::CachedTable table;
     bool ok;
     uint64_t ns;
+    int fd = -1;  // a cached_only job's file, not in the cache: still open
   };
 
-  // Starts compiling the file a process maps at `start` (its map_files entry).
-  void start_compile(pid_t pid, const Mapped& m, File& f);
+  // Starts compiling the file a process maps at `start` (its map_files entry), or with
+  // cached_only reading its table back from the cache if it is there.
+  void start_compile(pid_t pid, const Mapped& m, File& f, bool cached_only = false);
+  void queue(const FileKey& key, int fd, bool cached_only);
   void worker();
   // A compiled table into the array (or no table), and every process that maps it told.
   void install(Done& d);

@@ -539,19 +539,34 @@ void write_cached(const std::filesystem::path& file, const UnwindTable& t) {
 
 }  // namespace
 
-CachedTable load_unwind_table(const std::string& path, const std::string& cache_dir,
-                              const std::atomic<bool>* cancel) {
-  if (cache_dir.empty()) return {compile_unwind_table(path, cancel), false};
+namespace {
+
+// The cache file of the file at `path` (by build id and size); empty without a build id.
+std::filesystem::path cache_file(const std::string& path, const std::string& cache_dir) {
+  if (cache_dir.empty()) return {};
   const std::string build_id = read_build_id(path);
   std::error_code ec;
   const uint64_t size = std::filesystem::file_size(path, ec);
-  if (build_id.empty() || ec) return {compile_unwind_table(path, cancel), false};
-  const std::filesystem::path file =
-      std::filesystem::path(cache_dir) / (build_id + "-" + std::to_string(size) + ".gsut");
+  if (build_id.empty() || ec) return {};
+  return std::filesystem::path(cache_dir) / (build_id + "-" + std::to_string(size) + ".gsut");
+}
+
+}  // namespace
+
+CachedTable load_unwind_table(const std::string& path, const std::string& cache_dir,
+                              const std::atomic<bool>* cancel) {
+  const auto file = cache_file(path, cache_dir);
+  if (file.empty()) return {compile_unwind_table(path, cancel), false};
   if (auto t = read_cached(file)) return {std::move(*t), true};
   CachedTable out{compile_unwind_table(path, cancel), false};
   write_cached(file, out.table);
   return out;
+}
+
+std::optional<UnwindTable> load_cached_unwind_table(const std::string& path, const std::string& cache_dir) {
+  const auto file = cache_file(path, cache_dir);
+  if (file.empty()) return std::nullopt;
+  return read_cached(file);
 }
 
 }  // namespace gpuscope::symbolize

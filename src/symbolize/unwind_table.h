@@ -73,6 +73,8 @@ struct CachedTable {
 };
 CachedTable load_unwind_table(const std::string& path, const std::string& cache_dir,
                               const std::atomic<bool>* cancel = nullptr);
+// The file's table if the cache has it (read back, never compiled); nullopt otherwise.
+std::optional<UnwindTable> load_cached_unwind_table(const std::string& path, const std::string& cache_dir);
 
 inline uint8_t cfa_rule(const gs_unwind_row& r) { return r.rules & 0xf; }
 inline uint8_t rbp_rule(const gs_unwind_row& r) { return r.rules >> 4; }

@@ -83,8 +83,9 @@ enum gs_call_flags {
 	GS_CALL_HAS_RETURN = 1 << 0,  /* ret and duration are valid */
 	GS_CALL_DEREF_OK = 1 << 1,    /* deref[] holds entry data */
 	GS_CALL_OUT_OK = 1 << 2,      /* out_value holds the out-pointer's value at return */
-	/* a driver launch right after a runtime launch on its thread, or a driver call made inside a
-	 * pending runtime call: no stack of its own (user space gives it its parent's) */
+	/* a driver launch right after a runtime launch on its thread, or a call (driver or runtime)
+	 * made inside a pending runtime call: no stack of its own (user space nests it under that
+	 * call and gives it its stack) */
 	GS_CALL_UNDER_RUNTIME = 1 << 3,
 	GS_CALL_STACK_COPIED = 1 << 4,  /* the user stack came ahead, as a GS_REC_STACK_COPY with
 	                                 * this tid and ts_ns */

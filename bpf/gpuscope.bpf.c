@@ -1943,14 +1943,22 @@ int call_entry(struct pt_regs *ctx)
 	p->nested = 0;
 	read_args(ctx, p->args);
 	p->deref_len = read_entry_deref(cookie, p->args, p->deref, &p->flags, GS_DEREF_LONG_LEN);
-	/* A driver call made inside a runtime call (cudaMemsetAsync's cuMemsetD8Async): its stack
-	 * would be the runtime call's and a few of the runtime's frames, and user space gives it
-	 * that call's. A runtime entry older than GS_NESTED_CALL_NS is one whose return was missed. */
+	/* A call made inside a runtime call: a driver call (cudaMemsetAsync's cuMemsetD8Async) or
+	 * another runtime function the runtime calls through its exported name
+	 * (cudaMemcpyArrayToArray's cudaMemcpyFromArray and cudaMemcpyToArray). Its stack would be
+	 * the runtime call's and a few of the runtime's frames; user space nests it under that call
+	 * and gives it its stack. A runtime entry older than GS_NESTED_CALL_NS is one whose return
+	 * was missed, as may be one of a function whose probes are being removed (retiring_funcs):
+	 * neither makes this call an inner one. Launches do not come here (call_entry_emit). */
 	bool in_runtime = false;
-	if (!GS_COOKIE_RUNTIME(cookie))
-		for (int i = 0; i < PENDING_SLOTS; i++)
-			if ((t->tag[i] & PENDING_RUNTIME) && now - t->call[i].ts_ns < GS_NESTED_CALL_NS)
-				in_runtime = true;
+	for (int i = 0; i < PENDING_SLOTS; i++) {
+		if (i == slot || !(t->tag[i] & PENDING_RUNTIME) || now - t->call[i].ts_ns >= GS_NESTED_CALL_NS)
+			continue;
+		__u32 fn = (t->tag[i] & ~PENDING_RUNTIME) - 1;
+		if (fn < 256 && (retiring_funcs[(fn >> 6) & 3] & (1ULL << (fn & 63))))
+			continue;
+		in_runtime = true;
+	}
 	if (in_runtime)
 		p->flags |= GS_CALL_UNDER_RUNTIME;
 	p->stack_weight = 0;

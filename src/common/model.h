@@ -53,6 +53,9 @@ struct CallEvent {
   uint64_t out_handle = 0;     // handle a lookup returned
   bool out_valid = false;
   bool out_unchecked = false;  // read at the thread's next launch, not at a return that said it succeeded
+  // Entered while a runtime call was pending on its thread (GS_CALL_UNDER_RUNTIME): a call the
+  // runtime made, to be nested under that call, with no stack of its own.
+  bool under_runtime = false;
 
   // A runtime launch that reached the driver: the driver launch, folded into this one row
   // (one launch, one row; the driver's own row would only repeat it).
@@ -61,7 +64,7 @@ struct CallEvent {
 
   // Filled by later stages.
   int64_t call_id = 0;      // row id in the record file
-  int64_t parent_id = 0;    // enclosing runtime call for a driver call made inside it
+  int64_t parent_id = 0;    // the runtime call a driver or runtime call was made inside
   int64_t stack_id = 0;     // deduplicated stack in the record file, 0: none
   // Launches, copies and memsets under --stack-every N: how many calls this one's stack stands
   // for (N if it was taken, 0 if it was left out); 1 for every other call.

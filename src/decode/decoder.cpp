@@ -39,6 +39,7 @@ bool decode_call(const gs_call_record& r, CallEvent& e, std::span<const uint8_t>
   e.out_valid = (r.flags & GS_CALL_OUT_OK) && e.ret == 0;
   if (e.out_valid) e.out_handle = r.out_value;
   e.out_unchecked = r.flags & GS_CALL_OUT_LATER;
+  e.under_runtime = r.flags & GS_CALL_UNDER_RUNTIME;
 
   if (decode_copy_family(*f, a, d, e)) return true;
   switch (f->sig) {

@@ -5,8 +5,9 @@
 namespace gpuscope::decode {
 namespace {
 
-// A thread holds at most this many driver calls waiting for an enclosing runtime call;
-// past it the oldest is handed on as top-level, so memory stays bounded.
+// A thread holds at most this many calls waiting for an enclosing runtime call; past it the
+// oldest is handed on as it is (top-level, unless a runtime call around it came), so memory
+// stays bounded.
 constexpr size_t kMaxHeldPerThread = 256;
 
 bool encloses(const CallEvent& outer, const CallEvent& inner) {
@@ -182,34 +183,20 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
 
   if (f->api == Api::Runtime) {
     if (e.has_return) {
-      // Driver calls held for this thread either ran inside this call or before it.
-      bool through_driver = false;
-      uint64_t inner_bytes = 0;
-      bool inner_bytes_known = true;
-      while (!t.held_driver_calls.empty()) {
-        CallEvent& d = t.held_driver_calls.front();
-        if (encloses(e, d)) {
-          d.parent_id = e.call_id;
-          // Made inside this call, it took no stack of its own (GS_CALL_UNDER_RUNTIME).
-          if (!d.stack_id) d.stack_id = e.stack_id;
-          const FunctionSpec* df = function_by_id(d.func);
-          const bool same_kind = df && df->kind == f->kind;
-          through_driver |= same_kind;
-          if (same_kind && f->kind == CallKind::Memcpy) {
-            inner_bytes += d.bytes;
-            inner_bytes_known &= d.bytes_known;
-          }
-        }
+      nest_inner_calls(p, t, *f, e);
+      if (e.under_runtime) {
+        // A call the runtime made inside another of its calls: that call returns later, and is
+        // its parent. What this one enclosed stays held with it, for that call's stack.
+        hold(t, std::move(e), emit);
+        return;
+      }
+      // A top-level call: the held calls either ran inside it or before it.
+      for (CallEvent& d : t.held_calls) {
+        // Made inside this call, they took no stack of their own (GS_CALL_UNDER_RUNTIME).
+        if (encloses(e, d) && !d.stack_id) d.stack_id = e.stack_id;
         emit(d);
-        t.held_driver_calls.pop_front();
       }
-      // A runtime copy in the elements of an array not seen created (cudaMemcpy3D of an array
-      // made before gpuscope came): the driver copies it made say it in bytes.
-      if (f->kind == CallKind::Memcpy && !e.bytes_known && through_driver && inner_bytes_known) {
-        e.bytes = inner_bytes;
-        e.bytes_known = true;
-      }
-      weigh_runtime_call(p, *f, e, through_driver);
+      t.held_calls.clear();
     }
     if (f->kind == CallKind::Launch)
       t.held_runtime_launch = std::move(e);
@@ -222,11 +209,45 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
     emit(e);
     return;
   }
-  t.held_driver_calls.push_back(std::move(e));
-  if (t.held_driver_calls.size() > kMaxHeldPerThread) {
-    emit(t.held_driver_calls.front());
-    t.held_driver_calls.pop_front();
+  hold(t, std::move(e), emit);
+}
+
+void Tracker::hold(ThreadState& t, CallEvent e, const std::function<void(CallEvent&)>& emit) {
+  t.held_calls.push_back(std::move(e));
+  if (t.held_calls.size() > kMaxHeldPerThread) {
+    emit(t.held_calls.front());
+    t.held_calls.pop_front();
   }
+}
+
+void Tracker::nest_inner_calls(const ProcessState& p, ThreadState& t, const FunctionSpec& f, CallEvent& e) {
+  // Inner calls return first: a held call enclosed by `e` with a parent already is inside a
+  // runtime call that `e` encloses too.
+  int same_kind = 0;  // calls of e's kind made directly inside it, driver or runtime
+  bool by_driver = false;
+  uint64_t inner_bytes = 0;
+  bool inner_bytes_known = true;
+  for (CallEvent& d : t.held_calls) {
+    if (!encloses(e, d) || d.parent_id) continue;
+    d.parent_id = e.call_id;
+    const FunctionSpec* df = function_by_id(d.func);
+    if (!df || df->kind != f.kind) continue;
+    ++same_kind;
+    if (df->api != Api::Driver) continue;
+    by_driver = true;
+    if (f.kind == CallKind::Memcpy) {
+      inner_bytes += d.bytes;
+      inner_bytes_known &= d.bytes_known;
+    }
+  }
+  // A runtime copy in the elements of an array not seen created (cudaMemcpy3D of an array
+  // made before gpuscope came): the driver copies it made say it in bytes.
+  if (f.kind == CallKind::Memcpy && !e.bytes_known && by_driver && inner_bytes_known) {
+    e.bytes = inner_bytes;
+    e.bytes_known = true;
+  }
+  // Its row is carried whole by the driver only if one driver call of its kind stands for it.
+  weigh_runtime_call(p, f, e, by_driver && same_kind == 1);
 }
 
 void Tracker::weigh_runtime_call(const ProcessState& p, const FunctionSpec& f, const CallEvent& e,
@@ -255,8 +276,8 @@ std::vector<uint16_t> Tracker::take_redundant_runtime_functions() {
 void Tracker::flush(const std::function<void(CallEvent&)>& emit) {
   for (auto& [tid, t] : threads_) {
     settle_runtime_launch(t, nullptr, emit);
-    for (auto& d : t.held_driver_calls) emit(d);
-    t.held_driver_calls.clear();
+    for (auto& d : t.held_calls) emit(d);
+    t.held_calls.clear();
   }
 }
 
@@ -264,7 +285,7 @@ void Tracker::forget_process(uint32_t pid) {
   processes_.erase(pid);
   // Threads are keyed by tid; their held calls were flushed by the caller.
   std::erase_if(threads_,
-                [](const auto& kv) { return kv.second.held_driver_calls.empty() && !kv.second.held_runtime_launch; });
+                [](const auto& kv) { return kv.second.held_calls.empty() && !kv.second.held_runtime_launch; });
 }
 
 }  // namespace gpuscope::decode

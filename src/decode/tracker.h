@@ -1,6 +1,6 @@
 // Per-process state that decoding needs across calls: live allocations (to resolve copy
 // directions and pinned/pageable host memory), kernel names learnt from registrations and
-// lookups, and which driver calls ran inside which runtime call.
+// lookups, and which driver and runtime calls ran inside which runtime call.
 #pragma once
 
 #include <deque>
@@ -36,7 +36,11 @@ class Tracker {
 
   // Resolves what the call's arguments mean in context and updates the state.
   // Assigns e.call_id. Calls are handed on through `emit`, possibly later than they came in:
-  // a driver call is held until the runtime call around it (if any) is known.
+  // a driver call is held until the runtime call around it (if any) is known, and so is a
+  // runtime call made inside another runtime call (CallEvent::under_runtime: libcudart's
+  // cudaMemcpyArrayToArray calls its own cudaMemcpyFromArray and cudaMemcpyToArray). A call's
+  // parent is the innermost runtime call around it; calls inside a top-level call without a
+  // stack of their own get its stack.
   void process(CallEvent e, const std::function<void(CallEvent&)>& emit);
   // Hands on every held call (end of recording, or a process exit).
   void flush(const std::function<void(CallEvent&)>& emit);
@@ -51,11 +55,13 @@ class Tracker {
 
   // Runtime functions (decode::may_be_recorded_by_driver) found to record nothing that the
   // driver call they make does not: every call of theirs seen (at least kRedundantAfter, failed
-  // ones included) enclosed a probed driver call of the same kind (cudaMemsetAsync ->
-  // cuMemsetD8Async). Their probes only add traps, so the tracer may remove them; the driver's
-  // probe records those calls from then on. Each function is returned once. A runtime call seen
-  // without such a driver call inside it (a refusal before the driver, a runtime without one)
-  // keeps its function's probes for good, once the driver's probes were all in place when it began
+  // ones included) enclosed exactly one call of the same kind, a probed driver call
+  // (cudaMemsetAsync -> cuMemsetD8Async). Their probes only add traps, so the tracer may remove
+  // them; the driver's probe records those calls from then on. Each function is returned once. A
+  // runtime call seen without such a driver call inside it (a refusal before the driver, a
+  // runtime without one), or with more than one call of its kind inside it (a copy staged as two
+  // copies, made directly or through runtime functions: cudaMemcpyArrayToArray), keeps its
+  // function's probes for good, once the driver's probes were all in place when it began
   // (note_driver_probed): attaching a multi-probe link to a running process takes long enough for
   // calls to run with some of a library's functions probed and others not.
   static constexpr uint64_t kRedundantAfter = 32;
@@ -81,7 +87,9 @@ class Tracker {
     // A runtime launch is held until the thread's next call: if that is the driver launch
     // it made, the two are tied (and each can name the other's kernel).
     std::optional<CallEvent> held_runtime_launch;
-    std::deque<CallEvent> held_driver_calls;
+    // Calls that may be inside a runtime call not returned yet, in the order they returned:
+    // driver calls with a return, and runtime calls made inside a runtime call.
+    std::deque<CallEvent> held_calls;
   };
   struct ProcessState {
     bool complete_history = false;
@@ -97,12 +105,16 @@ class Tracker {
   };
 
   void resolve_copy(ProcessState& p, CallEvent& e) const;
+  // A runtime call `e` that returned: the held calls it encloses become its children (those
+  // without a parent yet) and what they say about it is used (see take_redundant_runtime_functions).
+  void nest_inner_calls(const ProcessState& p, ThreadState& t, const FunctionSpec& f, CallEvent& e);
+  void hold(ThreadState& t, CallEvent e, const std::function<void(CallEvent&)>& emit);
   void settle_runtime_launch(ThreadState& t, CallEvent* driver_launch, const std::function<void(CallEvent&)>& emit);
   void update_state(ProcessState& p, const CallEvent& e);
   HostMem host_kind(const ProcessState& p, uint64_t addr) const;
 
   struct RuntimeEvidence {
-    uint64_t through_driver = 0;  // calls that enclosed a driver call of their kind, up to kRedundantAfter
+    uint64_t through_driver = 0;  // calls that enclosed one driver call of their kind, up to kRedundantAfter
     bool alone = false;           // a call that did not: never redundant
   };
   void weigh_runtime_call(const ProcessState& p, const FunctionSpec& f, const CallEvent& e, bool through_driver);

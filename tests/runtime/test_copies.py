@@ -151,3 +151,91 @@ def test_array_copies_count_the_arrays_elements(record):
     assert seen[3] == inner[0][3] == 8 * 4 * 2 * 4          # 64 floats
     assert unseen[3] == inner[1][3] == 5 * 3 * 8            # from the driver's bytes
     assert seen[4] == unseen[4] == "HtoD" and seen[5] == "pageable"
+
+
+def nested_copies(rec):
+    """The top-level copy rows in time order, and {row id: its children's rows}."""
+    rows = rec.query("SELECT c.id, f.name, c.parent_id, c.bytes, c.dir, c.stack_id FROM calls c "
+                     "JOIN functions f ON f.id = c.func WHERE f.kind = 'memcpy' ORDER BY c.ts_ns")
+    children = {}
+    for r in rows:
+        if r[2] is not None:
+            children.setdefault(r[2], []).append(r)
+    return [r for r in rows if r[2] is None], children
+
+
+def test_runtime_calls_inside_a_runtime_copy_are_its_children(record, gpuscope):
+    """A runtime copy that the runtime makes through two of its own exported functions (libcudart's
+    cudaMemcpyArrayToArray stages through device memory with cudaMemcpyFromArray and
+    cudaMemcpyToArray, whose probes fire): one top-level row, the copy the program asked for, with
+    the two runtime calls as its children and their driver copies as theirs; none takes a stack
+    walk of its own, each shows the program's."""
+    rec = record("--call-stacks", "fp", "--", "/usr/bin/python3", ROOT / "tests/targets/load_lib.py",
+                 TARGETS / "libnested_runtime.so", "run_array_copies", 1)
+    assert rec.returncode == 0, rec.stderr
+    assert "run_array_copies returned 0" in rec.stdout, rec.stdout
+    top, children = nested_copies(rec)
+    assert [(r[1], r[3], r[4]) for r in top] == [("cudaMemcpyArrayToArray", 1280, "DtoD")] * 10, top
+    for outer in top:
+        assert outer[5], outer
+        inner = children.get(outer[0], [])
+        assert [(r[1], r[3]) for r in inner] == [("cudaMemcpyFromArray", 1280), ("cudaMemcpyToArray", 1280)], inner
+        for r, driver in zip(inner, ["cuMemcpyAtoD_v2", "cuMemcpyDtoA_v2"]):
+            assert r[5] == outer[5], (outer, r)
+            (d,) = children.get(r[0], [])
+            assert (d[1], d[3], d[5]) == (driver, 1280, outer[5]), (r, d)
+    # One walk a copy: the program's call's (the inner calls were flagged and took none).
+    walks = rec.scalar("SELECT value FROM meta WHERE key = 'fp_walks'")
+    assert walks.startswith("10 walks"), walks
+    assert rec.scalar("SELECT count(*) FROM meta WHERE key = 'runtime_probes_removed'") == 0
+    # The report counts the program's copies; the inner calls are counted as made inside others.
+    doc = json.loads(gpuscope("report", "--json", rec.path).stdout)
+    assert [(c["direction"], c["calls"], c["bytes"]) for c in doc["copies"]] == [("DtoD", 10, 12800)], doc["copies"]
+    assert doc["summary"]["calls"]["total"] == 10 and doc["summary"]["calls"]["nested"] == 40, doc["summary"]["calls"]
+    # memcpy-bytes flame graph: the program's bytes, under its call.
+    stacks = folded(gpuscope, rec, "memcpy-bytes")
+    assert sum(stacks.values()) == 12800 and all(f[-2] == "cudaMemcpyArrayToArray" for f in stacks), stacks
+
+
+def test_inner_runtime_functions_may_lose_their_probes_the_staged_copy_keeps_its_own(record):
+    """Past 32 copies, cudaMemcpyFromArray and cudaMemcpyToArray have each made one driver copy a
+    call: their probes go, and the driver copies are then directly inside the staged copy. The
+    staged copy made two copies a call: no driver call stands for it, its probes stay, and every
+    call of it is one top-level row of its bytes."""
+    batches = 40
+    rec = record("--", "/usr/bin/python3", ROOT / "tests/targets/load_lib.py", TARGETS / "libnested_runtime.so",
+                 "run_array_copies", batches)
+    assert rec.returncode == 0, rec.stderr
+    assert "run_array_copies returned 0" in rec.stdout, rec.stdout
+    removed = rec.scalar("SELECT value FROM meta WHERE key = 'runtime_probes_removed'") or ""
+    assert "cudaMemcpyFromArray at " in removed and "cudaMemcpyToArray at " in removed, removed
+    assert "cudaMemcpyArrayToArray" not in removed, removed
+    top, children = nested_copies(rec)
+    assert [(r[1], r[3]) for r in top] == [("cudaMemcpyArrayToArray", 1280)] * batches * 10, top[:5]
+    shapes = []
+    for outer in top:
+        inner = children.get(outer[0], [])
+        shapes.append(tuple(r[1] for r in inner))
+        assert sum(r[3] for r in inner) == 2560 and all(r[5] == outer[5] for r in inner), (outer, inner)
+    staged = ("cudaMemcpyFromArray", "cudaMemcpyToArray")
+    direct = ("cuMemcpyAtoD_v2", "cuMemcpyDtoA_v2")
+    assert shapes[0] == staged and shapes[-1] == direct, shapes
+    # While the probes went, a copy may have seen one of them and not the other.
+    assert shapes.count(staged) >= 32 and shapes.count(direct) >= 10, shapes
+    assert not rec.query("SELECT cause, count FROM lost WHERE count > 0"), rec.query("SELECT * FROM lost")
+
+
+def test_a_copy_made_of_two_driver_copies_keeps_its_probes(record):
+    """A runtime copy with two driver copies of its own inside each call: no one driver call stands
+    for it, so its probes stay (were they removed, each later call would be two driver rows), and
+    every call is one top-level row of its bytes."""
+    batches = 10
+    rec = record("--", "/usr/bin/python3", ROOT / "tests/targets/load_lib.py", TARGETS / "libnested_runtime.so",
+                 "run_two_driver_copies", batches)
+    assert rec.returncode == 0, rec.stderr
+    assert "run_two_driver_copies returned 0" in rec.stdout, rec.stdout
+    assert rec.scalar("SELECT count(*) FROM meta WHERE key = 'runtime_probes_removed'") == 0
+    top, children = nested_copies(rec)
+    assert [(r[1], r[3]) for r in top] == [("cudaMemcpy2DArrayToArray", 640)] * batches * 10, top[:5]
+    for outer in top:
+        assert [(r[1], r[3]) for r in children.get(outer[0], [])] == [("cuMemcpyAtoD_v2", 640), ("cuMemcpyDtoA_v2", 640)]

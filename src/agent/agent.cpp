@@ -579,6 +579,9 @@ int Agent::run() {
     log_debug("tracing PID {} ({})", pid, discover::read_comm(pid));
   };
   tracer_->start();
+  // The processes already running are attached to once the stack walker is in (a fraction of a
+  // second): their first stacks are walked, not sent as copies.
+  tracer_->wait_for_stack_walker();
   for (pid_t p : discover::list_pids())
     if (p != getpid()) tracer_->attach_mapped_libraries(p);
   tracer_->start_gpu_metrics();

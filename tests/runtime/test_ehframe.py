@@ -84,9 +84,10 @@ def test_many_threads_each_reach_their_entry(record, gpuscope):
     for chain in launches:
         assert "[truncated stack]" not in chain, chain
         # The main thread from _start, the others from the C library's thread entry (clone3,
-        # start_thread: unnamed in Debian's stripped libc) through libstdc++'s std::thread.
+        # start_thread: unnamed in Debian's stripped libc, one frame named by the library) through
+        # libstdc++'s std::thread.
         assert (chain[1] == "_start" and "main" in chain) or (
-            chain[1].startswith("libc.so.6+") and chain[3].startswith("libstdc++")), chain
+            chain[1] == "libc.so.6" and chain[2].startswith("libstdc++")), chain
         assert WORK in chain
     assert sum(v for k, v in launches.items() if "main" not in k) == 3 * 20 * 2
     assert not {c for c in lost(rec) if c.startswith("unwind_") or c == "ringbuf_full"}, lost(rec)
@@ -154,7 +155,11 @@ def test_tables_are_made_for_the_files_walks_need(record, gpuscope, tmp_path):
     # interpreter's other libraries never. Once they are in, the driver's memsets are walked
     # whole from the tables, through all of them to the Python line that called.
     batches = 20
-    rec = record("--unwind-cache", tmp_path / "tables", "--", "/usr/bin/python3", ROOT / "tests/targets/load_lib.py",
+    # Runtime probes kept (--launch-probes both): a driver call's stack taken while its runtime
+    # caller's return probe outlives its entry probe (their removal) has the kernel's return
+    # trampoline for a frame, which no table covers.
+    rec = record("--launch-probes", "both", "--unwind-cache", tmp_path / "tables", "--", "/usr/bin/python3",
+                 ROOT / "tests/targets/load_lib.py",
                  "--sleep-ms", WALKER_LOADED_MS, TARGETS / "libnested_driver.so", "run_memsets", batches)
     assert rec.returncode == 0, rec.stderr
     at_sight, on_demand, never = table_figures(rec)

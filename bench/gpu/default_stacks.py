@@ -166,7 +166,9 @@ def main():
         rec = out / f"train-{label.split(' ')[0].replace('--', '')}.gpuscope"
         wall = record(args.gpuscope, rec, train, flags)
         share = report(f"  {label}", rec, wall, args.gpuscope)
-        if not label.startswith("--") and share < 99.0:
+        # The aim is for the steady state: a first run's stacks go as copies (cut at 16 KiB) or
+        # along frame pointers while its libraries' tables compile (seconds, once per machine).
+        if label == "cache warm" and share < 99.0:
             ok = False
     cached = list((out / "cache-train").glob("*.gsut"))
     print(f"  table cache: {len(cached)} files, {sum(p.stat().st_size for p in cached) / 2**20:.1f} MiB")
@@ -182,7 +184,8 @@ def main():
     for p in out.glob("*.gpuscope"):
         if p.name not in ("sites-default.gpuscope", "train-first.gpuscope", "train-cache.gpuscope"):
             p.unlink()
-    print("\nALL PASS" if ok else "\nFAIL: a default record's stacks reached the entry for less than 99% of rows")
+    print("\nALL PASS" if ok else "\nFAIL: a default record's stacks (launch_sites, or the training step with its "
+          "tables in the cache) were whole for less than 99% of rows")
     return 0 if ok else 1
 
 

@@ -284,6 +284,7 @@ void UnwindTables::publish(pid_t pid, Process& p) {
 
 bool UnwindTables::update(pid_t pid) {
   if (!bpf_.unwind_tables_enabled()) return false;
+  const uint64_t t0 = monotonic_ns();
   auto maps = discover::read_maps(pid);
   if (maps.empty()) return false;
   ++stats_.updates;
@@ -325,6 +326,7 @@ bool UnwindTables::update(pid_t pid) {
   }
   auto& p = procs_[pid] = std::move(next);
   publish(pid, p);
+  stats_.update_ns += monotonic_ns() - t0;
   return true;
 }
 

@@ -83,6 +83,7 @@ class UnwindTables {
     uint64_t files_failed = 0;     // unreadable, or no frame information
     uint64_t evicted = 0;
     uint64_t updates = 0;          // a process's mappings read (at its start, a new library, a walk in none)
+    uint64_t update_ns = 0;        // ... and the time that took, in all (some of it while the process was stopped)
     size_t processes = 0;
   };
   Stats stats() const;

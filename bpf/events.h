@@ -202,6 +202,8 @@ struct gs_sample_record {
  * top of its user stack, which user space unwinds from the binaries' .eh_frame: code built
  * without frame pointers (libtorch, most of a distribution) cannot be walked otherwise. */
 #define GS_STACK_COPY 16384
+/* A copy's pieces, pages: one that could not be read at the probe is a hole user space fills (below). */
+#define GS_STACK_COPY_CHUNK 4096
 /* Copies sent in place of walks that need a table not made yet (on all CPUs): at most this many
  * a second, after a first burst of GS_STACK_COPIES_BURST (a program's first calls come at once,
  * before the tables they need are made): what user space unwinds with a few percent of a core,
@@ -218,14 +220,18 @@ struct gs_sample_stack_record {
 	struct gs_sample_record s;  /* s.kind = GS_REC_SAMPLE; told apart by the record's size */
 	struct gs_user_regs regs;
 	__u32 stack_len;            /* bytes of data[] copied from regs.sp upwards */
-	__u32 pad;
+	/* Bit i: piece i of data[] could not be read at the probe (a page of the stack not mapped
+	 * then: one never touched) and is not in data[]. Piece 0 is the part of sp's page above sp,
+	 * piece i the i-th GS_STACK_COPY_CHUNK after it (pages). */
+	__u16 holes;
+	__u16 pad;
 	__u8 data[GS_STACK_COPY];
 };
 
 /* --call-stacks dwarf: a CUDA call's stack, sent at its entry, before the call's record. */
 struct gs_stack_copy_record {
 	__u16 kind;          /* GS_REC_STACK_COPY */
-	__u16 pad;
+	__u16 holes;         /* as in gs_sample_stack_record */
 	__u32 pid;
 	__u32 tid;
 	__u32 stack_len;

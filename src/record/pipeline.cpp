@@ -110,7 +110,8 @@ PipelineStats Pipeline::stats() const {
   return PipelineStats{records_.load(),        calls_.load(),   launches_.load(),
                        samples_.load(),        dropped_.load(), stack_recycles_.load(),
                        stacks_expired_.load(), python_generations_.load(),
-                       handoffs_.load(),       stitched_.load()};
+                       handoffs_.load(),       stitched_.load(),
+                       copy_holes_read_.load(), copy_holes_zeroed_.load()};
 }
 
 void Pipeline::run() {
@@ -262,7 +263,9 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       if (size < sizeof(gs_stack_copy_record)) return;
       const auto* c = reinterpret_cast<const gs_stack_copy_record*>(data);
       uint32_t pid, tid, len;
+      uint16_t holes;
       uint64_t ts;
+      std::memcpy(&holes, &c->holes, sizeof(holes));
       std::memcpy(&pid, &c->pid, sizeof(pid));
       std::memcpy(&tid, &c->tid, sizeof(tid));
       std::memcpy(&len, &c->stack_len, sizeof(len));
@@ -270,7 +273,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       note_process(pid, ts);
       // Bounded: a copy whose call record was lost must not stay forever.
       if (copied_stacks_.size() >= kMaxCopiedStacks) copied_stacks_.clear();
-      auto& unwound = copied_stacks_[{tid, ts}] = unwind_stack_copy(pid, tid, &c->regs, c->data, len);
+      auto& unwound = copied_stacks_[{tid, ts}] = unwind_stack_copy(pid, tid, &c->regs, c->data, len, holes);
       if (copy_unwound_) copy_unwound_(pid, unwound.ips);
       break;
     }
@@ -314,8 +317,10 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
         // The stack copy is read in place: it is most of the record.
         const auto* full = reinterpret_cast<const gs_sample_stack_record*>(data);
         uint32_t len;
+        uint16_t holes;
         std::memcpy(&len, &full->stack_len, sizeof(len));
-        const auto u = unwind_stack_copy(rec.pid, rec.tid, &full->regs, full->data, len);
+        std::memcpy(&holes, &full->holes, sizeof(holes));
+        const auto u = unwind_stack_copy(rec.pid, rec.tid, &full->regs, full->data, len, holes);
         user_stack = store_user_stack(rec.pid, u.ips, u.truncated, rec.py_stack, thread_handoff);
       } else if (rec.native_stack) {
         user_stack = native_stack(rec.pid, rec.native_stack, rec.py_stack, thread_handoff);
@@ -581,11 +586,39 @@ void Pipeline::recycle_stacks(uint64_t taken_ns) {
 }
 
 Pipeline::Unwound Pipeline::unwind_stack_copy(uint32_t pid, uint32_t tid, const gs_user_regs* regs_in_record,
-                                              const uint8_t* stack, uint32_t len) {
+                                              const uint8_t* stack, uint32_t len, uint16_t holes) {
   gs_user_regs regs;
   std::memcpy(&regs, regs_in_record, sizeof(regs));  // records are not aligned in the batch
+  len = std::min<uint32_t>(len, GS_STACK_COPY);
+  if (holes) {
+    // Pieces the probe could not read without a fault: pages of the stack not mapped then. Such
+    // a page is nearly always one the thread never touched (a big frame's unused locals: CPython's
+    // main thread has them), zeros when read; a page swapped out or being migrated would hold
+    // data. So each is read now from the live stack, which maps a never-touched page as zeros
+    // and brings back one that held data. A hole lies outside the copy's inner part, under frames
+    // the thread has rarely returned from when this runs (milliseconds later). A process gone by
+    // then: zeros.
+    filled_copy_.assign(stack, stack + len);
+    // Piece 0 is the part of sp's page above sp; piece i, the i-th page after it.
+    const uint32_t first = GS_STACK_COPY_CHUNK - (regs.sp & (GS_STACK_COPY_CHUNK - 1));
+    for (uint32_t i = 0; i <= GS_STACK_COPY / GS_STACK_COPY_CHUNK; i++) {
+      const uint32_t off = i ? first + (i - 1) * GS_STACK_COPY_CHUNK : 0;
+      if (off >= len) break;
+      if (!(holes & (1u << i))) continue;
+      const size_t n = std::min<size_t>(i ? GS_STACK_COPY_CHUNK : first, len - off);
+      iovec local{filled_copy_.data() + off, n};
+      iovec remote{reinterpret_cast<void*>(regs.sp + off), n};
+      if (process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0) == ssize_t(n)) {
+        ++copy_holes_read_;
+      } else {
+        std::memset(filled_copy_.data() + off, 0, n);
+        ++copy_holes_zeroed_;
+      }
+    }
+    stack = filled_copy_.data();
+  }
   auto res = unwinder_.unwind(static_cast<pid_t>(pid), static_cast<pid_t>(tid), regs,
-                              {stack, std::min<size_t>(len, GS_STACK_COPY)}, GS_MAX_UNWIND_DEPTH);
+                              {stack, len}, GS_MAX_UNWIND_DEPTH);
   const bool truncated = !res.complete && !res.ips.empty();
   return Unwound{std::move(res.ips), truncated};
 }

@@ -65,6 +65,10 @@ struct PipelineStats {
   // Handoffs seen (decode/handoffs.h), and calls and samples stored below one.
   uint64_t handoffs = 0;
   uint64_t stitched = 0;
+  // Pieces of stack copies the BPF side could not read (a page not mapped at the probe), read
+  // from the live stack here, or taken as zeros (the process was gone).
+  uint64_t copy_holes_read = 0;
+  uint64_t copy_holes_zeroed = 0;
 };
 
 class Pipeline {
@@ -153,7 +157,7 @@ class Pipeline {
     bool truncated = false;
   };
   Unwound unwind_stack_copy(uint32_t pid, uint32_t tid, const gs_user_regs* regs_in_record, const uint8_t* stack,
-                            uint32_t len);
+                            uint32_t len, uint16_t holes);
   struct PyFrameId {
     int64_t id;  // the sink's python frame
     bool entry;  // the outermost frame of one C call into the interpreter
@@ -301,7 +305,8 @@ class Pipeline {
   std::atomic<uint64_t> handoffs_{0}, stitched_{0};
 
   std::atomic<uint64_t> records_{0}, calls_{0}, launches_{0}, samples_{0}, dropped_{0}, stack_recycles_{0},
-      stacks_expired_{0};
+      stacks_expired_{0}, copy_holes_read_{0}, copy_holes_zeroed_{0};
+  std::vector<uint8_t> filled_copy_;  // a copy with its holes filled
 };
 
 }  // namespace gpuscope::record

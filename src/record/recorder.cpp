@@ -415,6 +415,11 @@ int Recorder::run() {
   writer_->set_meta("python_stack_generations", std::to_string(tracer_->stats().python_stack_generations));
   if (const auto st = tracer_->stats(); st.handoffs)
     writer_->set_meta("handoffs", fmt::format("{} calls; {} calls and samples stored below one", st.handoffs, st.stitched));
+  if (const auto st = tracer_->stats(); st.copy_holes_read || st.copy_holes_zeroed)
+    writer_->set_meta("stack_copy_holes",
+                      fmt::format("{} pieces of stack copies not mapped at the probe: {} read from the live stack, {} "
+                                  "taken as zeros (the process was gone)",
+                                  st.copy_holes_read + st.copy_holes_zeroed, st.copy_holes_read, st.copy_holes_zeroed));
   record_own_cost();
   writer_->finish();
   close(sfd);

@@ -230,6 +230,28 @@ def test_deep_recursion_is_walked_whole(record, gpuscope):
         assert k[1] == "_start" and k.count("recurse") == 101, k
 
 
+@pytest.mark.parametrize("alive_ms", [0, 400])
+def test_a_stack_copy_over_pages_never_touched_is_unwound_whole(record, gpuscope, alive_ms):
+    # A copy of the stack is what is unwound until a table is made (and always with dwarf). A
+    # frame with 12 KiB of locals it never writes, on a fresh thread's stack, leaves pages unmapped
+    # between its callee's frame and its own return address: the copy cannot read them at the probe. (On a
+    # loaded 2-core machine, CPython's main thread had such a page under its outermost frames,
+    # and the copy, cut to the 2 KiB before it, lost main and the C library's start.) The pages
+    # are read from the live stack, or taken as the zeros they hold once the process is gone.
+    rec = record("--call-stacks", "dwarf", "--", TARGETS / "sparse_stack", CUDART, alive_ms)
+    assert rec.returncode == 0, rec.stderr
+    [(stack, nbytes)] = folded(gpuscope, rec, "memcpy-bytes").items()
+    assert nbytes == 64
+    # The thread's start (in the C library) to the call: whole, no frame missing.
+    assert stack[1:] == ("libc.so.6", "worker", "under_sparse_frame", "cudaMemcpy", "HtoH (pageable)"), stack
+    holes = rec.scalar("SELECT value FROM meta WHERE key='stack_copy_holes'")
+    m = re.match(r"(\d+) pieces of stack copies not mapped at the probe: (\d+) read from the live stack, "
+                 r"(\d+) taken as zeros", holes or "")
+    assert m and int(m[1]) >= 1, holes
+    # Read back while the program sleeps after the call; gone at once, zeros.
+    assert int(m[2] if alive_ms else m[3]) == int(m[1]), holes
+
+
 def test_compiled_tables_are_read_back_from_the_cache(record, gpuscope, tmp_path):
     # A second run of the same program reads its libraries' tables back (by build id) and walks
     # the same stacks; an unusable cache directory only means compiling again.

@@ -168,6 +168,7 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
   e.call_id = next_call_id_++;
   ProcessState& p = processes_[e.pid];
   ThreadState& t = threads_[e.tid];
+  t.pid = e.pid;
 
   if (f->kind == CallKind::Memcpy) resolve_copy(p, e);
   update_state(p, e);
@@ -281,11 +282,21 @@ void Tracker::flush(const std::function<void(CallEvent&)>& emit) {
   }
 }
 
+void Tracker::flush_process(uint32_t pid, const std::function<void(CallEvent&)>& emit) {
+  for (auto& [tid, t] : threads_) {
+    if (t.pid != pid) continue;
+    settle_runtime_launch(t, nullptr, emit);
+    for (auto& d : t.held_calls) emit(d);
+    t.held_calls.clear();
+  }
+}
+
 void Tracker::forget_process(uint32_t pid) {
   processes_.erase(pid);
-  // Threads are keyed by tid; their held calls were flushed by the caller.
-  std::erase_if(threads_,
-                [](const auto& kv) { return kv.second.held_calls.empty() && !kv.second.held_runtime_launch; });
+  // Threads are keyed by tid; the process's held calls were flushed by the caller (flush_process).
+  std::erase_if(threads_, [pid](const auto& kv) {
+    return kv.second.pid == pid || (kv.second.held_calls.empty() && !kv.second.held_runtime_launch);
+  });
 }
 
 }  // namespace gpuscope::decode

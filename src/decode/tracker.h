@@ -42,8 +42,14 @@ class Tracker {
   // parent is the innermost runtime call around it; calls inside a top-level call without a
   // stack of their own get its stack.
   void process(CallEvent e, const std::function<void(CallEvent&)>& emit);
-  // Hands on every held call (end of recording, or a process exit).
+  // Hands on every held call (end of recording).
   void flush(const std::function<void(CallEvent&)>& emit);
+  // Hands on the calls held for the threads of one process (its exit), and only those: a runtime
+  // launch held for the driver launch it makes must wait for it whatever other processes do.
+  // (Flushed at every exit on the node, a runtime launch went out alone whenever an exit record
+  // came between its record and its driver launch's, which then counted as a second launch: 2-5
+  // launches too many in 1,007 beside two shell loops of /bin/true and ls on the H100.)
+  void flush_process(uint32_t pid, const std::function<void(CallEvent&)>& emit);
   void forget_process(uint32_t pid);
   // This process was followed from before its first CUDA call (caught at its CUDA library's
   // load): memory no tracked allocation contains is pageable, as with complete_history.
@@ -84,6 +90,7 @@ class Tracker {
   const KernelName* find_kernel_name(const CallEvent& launch) const;
 
   struct ThreadState {
+    uint32_t pid = 0;  // of its latest call (a tid is reused only after its thread is gone)
     // A runtime launch is held until the thread's next call: if that is the driver launch
     // it made, the two are tied (and each can name the other's kernel).
     std::optional<CallEvent> held_runtime_launch;

@@ -336,7 +336,9 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
     case GS_REC_EXIT: {
       gs_proc_record rec;
       std::memcpy(&rec, data, std::min(size, sizeof(rec)));
-      tracker_.flush([this](CallEvent& ev) { emit(ev); });
+      // Its own held calls only: other processes' threads may be between a runtime launch's
+      // record and its driver launch's (tracker.h).
+      tracker_.flush_process(rec.pid, [this](CallEvent& ev) { emit(ev); });
       if (known_processes_.count(rec.pid)) {
         // exit_code is the kernel's wait status: code in bits 8..15, or the signal.
         const int status = rec.exit_code;

@@ -206,6 +206,34 @@ TEST_F(TrackerTest, DriverLaunchNestsUnderRuntimeLaunchAndInheritsItsName) {
   EXPECT_EQ(t.kernel_name(out[2]), "_Z6kernelv");  // learnt from the runtime launch
 }
 
+TEST_F(TrackerTest, AnotherProcessExitingLeavesARuntimeLaunchWaitingForItsDriverLaunch) {
+  // An exit record of another process (a shell loop's /bin/true) between a runtime launch's record
+  // and its driver launch's: the launch is still one row. Flushing every thread at any exit made
+  // it two, the driver launch counted again (2-5 launches too many in 1,007 on the H100).
+  Tracker t(true);
+  t.process(decoded(raw("cudaLaunchKernel", {0x401000, pack(1, 1), 1, pack(1, 1), 1, 0, 0, 0}, 10)), emit);
+  t.flush_process(99, emit);
+  t.forget_process(99);
+  EXPECT_TRUE(out.empty());
+  t.process(decoded(raw("cuLaunchKernel", {0xf00, 1, 1, 1, 1, 1, 1, 0, 0}, 11)), emit);
+  // A driver copy inside a runtime copy not returned yet stays held too, to become its child.
+  auto drv = raw("cuMemcpyHtoD_v2", {0x700000000000, 0x500000, 64}, 21, 5);
+  t.process(decoded(drv), emit);
+  t.flush_process(99, emit);
+  t.process(decoded(raw("cudaMemcpy", {0x700000000000, 0x500000, 64, 1}, 20, 10)), emit);
+  // The process's own exit hands on what it holds.
+  t.process(decoded(raw("cudaLaunchKernel", {0x401000, pack(1, 1), 1, pack(1, 1), 1, 0, 0, 0}, 30)), emit);
+  t.flush_process(42, emit);
+  t.forget_process(42);
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_EQ(out[0].func, function_by_symbol("cudaLaunchKernel")->id);
+  EXPECT_EQ(out[0].driver_func, function_by_symbol("cuLaunchKernel")->id);
+  EXPECT_EQ(out[1].func, function_by_symbol("cuMemcpyHtoD_v2")->id);
+  EXPECT_EQ(out[1].parent_id, out[2].call_id);
+  EXPECT_EQ(out[3].func, function_by_symbol("cudaLaunchKernel")->id);
+  EXPECT_EQ(std::count_if(out.begin(), out.end(), [](const CallEvent& e) { return !e.parent_id; }), 3);
+}
+
 TEST_F(TrackerTest, DriverCallsInsideARuntimeLaunchLeaveItWaitingForItsDriverLaunch) {
   // libcudart asks the driver for the function of a kernel it loaded through a library
   // (cuKernelGetFunction, whose record comes at the launch after it) before launching it.

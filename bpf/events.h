@@ -64,6 +64,9 @@ enum gs_record_kind {
  *   bit  39      a batch copy (dsts, srcs, sizes, count, ...): its entry data is a
  *                gs_batch_entry, not a copy of an argument's pointee (bits 16..31 unused)
  *   bit  40      a 3-D batch copy (numOps, opList, ...): its entry data is a gs_batch3d_entry
+ *   bit  41      the argument after the out-pointer (bits 32..35) is a second one, a size: its
+ *                8 bytes are read at return too, as the call's entry data (deref_len 8; a module
+ *                global's lookup: its address and size)
  */
 #define GS_COOKIE_FUNC(c) ((__u32)((c) & 0xffff))
 #define GS_COOKIE_ENTRY_ARG(c) ((__u32)(((c) >> 16) & 0xf))
@@ -78,6 +81,7 @@ enum gs_record_kind {
 #define GS_COOKIE_OUT_LATER(c) ((__u32)(((c) >> 38) & 0x1))
 #define GS_COOKIE_BATCH(c) ((__u32)(((c) >> 39) & 0x1))
 #define GS_COOKIE_BATCH3D(c) ((__u32)(((c) >> 40) & 0x1))
+#define GS_COOKIE_OUT_SIZE(c) ((__u32)(((c) >> 41) & 0x1))
 
 enum gs_call_flags {
 	GS_CALL_HAS_RETURN = 1 << 0,  /* ret and duration are valid */

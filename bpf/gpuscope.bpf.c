@@ -2031,6 +2031,12 @@ int call_return(struct pt_regs *ctx)
 	if (out_idx < GS_NUM_REG_ARGS) {
 		if (bpf_probe_read_user(&r->out_value, sizeof(r->out_value), (void *)p->args[out_idx & 7]) == 0)
 			r->flags |= GS_CALL_OUT_OK;
+		/* A second out-pointer after it, a size (GS_COOKIE_OUT_SIZE): as the entry data. */
+		if (GS_COOKIE_OUT_SIZE(cookie) && out_idx + 1 < GS_NUM_REG_ARGS &&
+		    bpf_probe_read_user(r->deref, sizeof(__u64), (void *)p->args[(out_idx + 1) & 7]) == 0) {
+			r->deref_len = sizeof(__u64);
+			r->flags |= GS_CALL_DEREF_OK;
+		}
 	}
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
 	t->tag[slot] = 0;

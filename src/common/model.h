@@ -34,6 +34,11 @@ struct CallEvent {
   // array, a symbol): kSrcOnDevice, kDstOnDevice. They resolve cudaMemcpyDefault.
   static constexpr uint8_t kSrcOnDevice = 1, kDstOnDevice = 2;
   uint8_t device_sides = 0;
+  // Copies whose direction the tracker worked out from their pointers (cudaMemcpyDefault,
+  // cuMemcpy): the sides it could only guess to be host memory, no tracked allocation, array or
+  // symbol saying what they are (bits as in device_sides). A runtime copy around such a copy,
+  // or the one copy inside it, says what they are (decode::Tracker).
+  uint8_t guessed_sides = 0;
   // A copy whose extent is in a CUDA array's elements (cudaMemcpy3D, 3-D batches): per array,
   // the elements copied; the tracker adds their bytes (element size from the array's creation)
   // to `bytes`, or leaves bytes unknown.

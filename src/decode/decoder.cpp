@@ -121,6 +121,14 @@ bool decode_call(const gs_call_record& r, CallEvent& e, std::span<const uint8_t>
     case Signature::KernelGetFunction:
       e.kernel_handle = a[1];
       break;
+    case Signature::GlobalLookup:
+      // The address and the size it wrote, read at return (the size as the entry data; not read
+      // where its pointer was NULL, which the API allows).
+      if (e.out_valid) e.ptr = e.out_handle;
+      e.bytes = d.get<uint64_t>(0);
+      e.bytes_known = d.ok();
+      e.kernel_handle = a[2];  // the module or library, as lookups record their parent
+      break;
     default:  // the copy family's, above
       break;
   }

@@ -94,6 +94,13 @@ constexpr FunctionSpec memset_(uint16_t id, std::string_view sym, Api api, bool 
 constexpr FunctionSpec sync(uint16_t id, std::string_view sym, Api api, Signature sig) {
   return FunctionSpec{id, sym, api, Sync, sig, true};
 }
+constexpr FunctionSpec global_lookup(uint16_t id, std::string_view sym, MemKind mem) {
+  FunctionSpec f{id, sym, Driver, SymbolLookup, GlobalLookup, true};
+  f.return_out_arg = 0;
+  f.return_out_size = true;
+  f.mem = mem;
+  return f;
+}
 constexpr FunctionSpec named_lookup(uint16_t id, std::string_view sym) {
   FunctionSpec f{id, sym, Driver, KernelLookup, NamedLookup, true};
   f.entry_deref_arg = 2;
@@ -296,6 +303,10 @@ constexpr auto kFunctions = std::to_array<FunctionSpec>({
     array_create(313, "cuMipmappedArrayGetLevel", Driver, MipmapLevel, MemKind::Array),
     array_destroy(314, "cuArrayDestroy", Driver, MemKind::Array),
     array_destroy(315, "cuMipmappedArrayDestroy", Driver, MemKind::MipmappedArray),
+    // Module globals: libcudart looks a symbol up through these (cudaMemcpyToSymbol, cudaGetSymbolAddress).
+    global_lookup(316, "cuModuleGetGlobal_v2", MemKind::Device),
+    global_lookup(317, "cuLibraryGetGlobal", MemKind::Device),
+    global_lookup(318, "cuLibraryGetManaged", MemKind::Managed),
 });
 
 constexpr bool retiring_ids_fit() {
@@ -310,6 +321,12 @@ constexpr bool long_entries_have_returns() {
   return true;
 }
 static_assert(long_entries_have_returns(), "entry data past GS_DEREF_LEN needs a return probe (call_return sends it)");
+constexpr bool sizes_out_have_no_entry_data() {
+  for (const auto& f : kFunctions)
+    if (f.return_out_size && (!f.has_return || f.return_out_arg < 0 || f.entry_deref_arg >= 0)) return false;
+  return true;
+}
+static_assert(sizes_out_have_no_entry_data(), "a size read at return is the entry data: a return probe, no entry dereference");
 
 }  // namespace
 
@@ -344,6 +361,7 @@ uint64_t probe_cookie(const FunctionSpec& f) {
   if (f.return_out_arg >= 0 && !f.has_return) c |= uint64_t(1) << 38;  // read at the next launch
   if (f.batch_sizes) c |= uint64_t(1) << 39;
   if (f.batch_3d_ops) c |= uint64_t(1) << 40;
+  if (f.return_out_size) c |= uint64_t(1) << 41;
   if (f.api == Runtime) c |= uint64_t(1) << 36;
   if (is_high_rate(f.kind)) c |= uint64_t(1) << 37;
   return c;
@@ -365,6 +383,7 @@ std::string_view to_string(CallKind k) {
     case KernelLookup: return "kernel_lookup";
     case ArrayCreate: return "array_create";
     case ArrayDestroy: return "array_destroy";
+    case SymbolLookup: return "symbol_lookup";
   }
   return "?";
 }

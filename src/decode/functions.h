@@ -25,6 +25,11 @@ enum class CallKind : uint8_t {
   // is in the array's elements (cudaMemcpy3D) gets its bytes. Not counted as device memory.
   ArrayCreate,   // an array or mipmapped array created, or a mipmapped array's level looked up
   ArrayDestroy,
+  // A module's global variable looked up (__device__, __constant__, __managed__; the runtime
+  // looks up a symbol's address so): its device address and size, tracked as device memory so
+  // that a copy the direction of which comes from its pointers (cudaMemcpyDefault, cuMemcpy)
+  // knows it. Not counted as device memory allocated.
+  SymbolLookup,
 };
 
 // How the raw argument words of a call are laid out; one decoder per signature.
@@ -73,6 +78,7 @@ enum class Signature : uint8_t {
   RegisterFunction, // __cudaRegisterFunction(handle, hostFun, deviceFun, deviceName, ...)
   NamedLookup,      // (Handle* out, parent, const char* name)
   KernelGetFunction,// (CUfunction* out, CUkernel)
+  GlobalLookup,     // (CUdeviceptr* dptr, size_t* bytes, module or library, name): both read at return
 };
 
 // Direction of a copy, as cudaMemcpyKind numbers it.
@@ -95,6 +101,7 @@ struct FunctionSpec {
   bool batch_sizes = false;      // a batch copy: its sizes summed at entry (gs_batch_entry)
   bool batch_3d_ops = false;     // a 3-D batch copy: its operations read at entry (gs_batch3d_entry)
   int8_t return_out_arg = -1;    // out-pointer read at return
+  bool return_out_size = false;  // the argument after it is a second one (a size), read at return as the entry data
   bool async = false;            // takes a stream argument after the fixed ones
   CopyDir fixed_dir = CopyDir::Unknown;  // driver copies name their direction
   MemKind mem = MemKind::None;   // what an allocation or free is of

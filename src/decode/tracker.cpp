@@ -1,6 +1,7 @@
 #include "decode/tracker.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace gpuscope::decode {
 namespace {
@@ -12,6 +13,31 @@ constexpr size_t kMaxHeldPerThread = 256;
 
 bool encloses(const CallEvent& outer, const CallEvent& inner) {
   return outer.ts_ns <= inner.ts_ns && inner.ts_ns + inner.duration_ns <= outer.ts_ns + outer.duration_ns;
+}
+
+constexpr uint8_t kSrc = CallEvent::kSrcOnDevice, kDst = CallEvent::kDstOnDevice;
+
+bool is_resolved(CopyDir d) { return d <= CopyDir::DeviceToDevice; }
+
+// The sides of a resolved direction that are device memory (kSrc, kDst), and back.
+uint8_t device_sides_of(CopyDir d) {
+  switch (d) {
+    case CopyDir::HostToDevice: return kDst;
+    case CopyDir::DeviceToHost: return kSrc;
+    case CopyDir::DeviceToDevice: return kSrc | kDst;
+    default: return 0;
+  }
+}
+CopyDir dir_of(uint8_t device) {
+  static constexpr CopyDir kDirs[4] = {CopyDir::HostToHost, CopyDir::DeviceToHost, CopyDir::HostToDevice,
+                                       CopyDir::DeviceToDevice};
+  return kDirs[device & (kSrc | kDst)];
+}
+
+// `to` takes `from`'s sides where `sides` says: the rest of its direction is its own.
+void take_sides(CallEvent& to, const CallEvent& from, uint8_t sides) {
+  const uint8_t device = (device_sides_of(to.dir) & ~sides) | (device_sides_of(from.dir) & sides);
+  to.dir = dir_of(device);
 }
 
 }  // namespace
@@ -43,12 +69,6 @@ HostMem Tracker::host_kind(const ProcessState& p, uint64_t addr) const {
 }
 
 void Tracker::resolve_copy(ProcessState& p, CallEvent& e) const {
-  // A side known to be device memory (an array, a symbol) whatever the allocations say.
-  auto side = [&](uint64_t addr, uint8_t on_device) {
-    if (e.device_sides & on_device) return 'D';
-    MemKind k = p.allocations.lookup(addr);
-    return (k == MemKind::Device || k == MemKind::Managed) ? 'D' : 'H';
-  };
   // A copy whose extent is in an array's elements: bytes from the array's element size, unknown
   // for an array whose creation was not seen (or whose format has no whole-byte element).
   for (const auto& [array, elems] : e.in_elements) {
@@ -60,10 +80,23 @@ void Tracker::resolve_copy(ProcessState& p, CallEvent& e) const {
       e.bytes += elems * it->second;
   }
   if (e.dir == CopyDir::Default) {
-    const char s = side(e.src, CallEvent::kSrcOnDevice), d = side(e.ptr, CallEvent::kDstOnDevice);
-    e.dir = s == 'H' ? (d == 'H' ? CopyDir::HostToHost : CopyDir::HostToDevice)
-                     : (d == 'H' ? CopyDir::DeviceToHost : CopyDir::DeviceToDevice);
+    // A side known to be device memory (an array, a symbol) whatever the allocations say; one
+    // that no tracked allocation or lookup contains is taken as host memory, a guess.
+    uint8_t device = e.device_sides & (kSrc | kDst);
+    for (auto [side, addr] : {std::pair{kSrc, e.src}, std::pair{kDst, e.ptr}}) {
+      if (device & side) continue;
+      const MemKind k = p.allocations.lookup(addr);
+      if (k == MemKind::Device || k == MemKind::Managed)
+        device |= side;
+      else if (k == MemKind::None)
+        e.guessed_sides |= side;
+    }
+    e.dir = dir_of(device);
   }
+  set_host_mem(p, e);
+}
+
+void Tracker::set_host_mem(const ProcessState& p, CallEvent& e) const {
   switch (e.dir) {
     case CopyDir::HostToDevice: e.host_mem = host_kind(p, e.src); break;
     case CopyDir::DeviceToHost: e.host_mem = host_kind(p, e.ptr); break;
@@ -99,6 +132,12 @@ void Tracker::update_state(ProcessState& p, const CallEvent& e) {
       break;
     case CallKind::ArrayDestroy:
       (f->mem == MemKind::MipmappedArray ? p.mipmap_elem_size : p.array_elem_size).erase(e.ptr);
+      break;
+    case CallKind::SymbolLookup:
+      // A module global is device (or managed) memory for as long as its module is loaded;
+      // module unloads are not probed, and a later allocation at its address replaces it. A size
+      // not read leaves the address alone known.
+      if (e.ptr) p.allocations.add(e.ptr, e.bytes_known ? e.bytes : 0, f->mem);
       break;
     case CallKind::KernelLookup:
       if (f->sig == Signature::RegisterFunction) {
@@ -228,12 +267,14 @@ void Tracker::nest_inner_calls(const ProcessState& p, ThreadState& t, const Func
   bool by_driver = false;
   uint64_t inner_bytes = 0;
   bool inner_bytes_known = true;
+  std::vector<CallEvent*> inner_copies;  // deque elements stay put while nothing is added
   for (CallEvent& d : t.held_calls) {
     if (!encloses(e, d) || d.parent_id) continue;
     d.parent_id = e.call_id;
     const FunctionSpec* df = function_by_id(d.func);
     if (!df || df->kind != f.kind) continue;
     ++same_kind;
+    if (f.kind == CallKind::Memcpy) inner_copies.push_back(&d);
     if (df->api != Api::Driver) continue;
     by_driver = true;
     if (f.kind == CallKind::Memcpy) {
@@ -241,14 +282,50 @@ void Tracker::nest_inner_calls(const ProcessState& p, ThreadState& t, const Func
       inner_bytes_known &= d.bytes_known;
     }
   }
-  // A runtime copy in the elements of an array not seen created (cudaMemcpy3D of an array
-  // made before gpuscope came): the driver copies it made say it in bytes.
-  if (f.kind == CallKind::Memcpy && !e.bytes_known && by_driver && inner_bytes_known) {
-    e.bytes = inner_bytes;
-    e.bytes_known = true;
+  bool carried = by_driver && same_kind == 1;
+  if (f.kind == CallKind::Memcpy) {
+    // A runtime copy in the elements of an array not seen created (cudaMemcpy3D of an array
+    // made before gpuscope came): the driver copies it made say it in bytes.
+    if (!e.bytes_known && by_driver && inner_bytes_known) {
+      e.bytes = inner_bytes;
+      e.bytes_known = true;
+    }
+    if (inner_copies.size() == 1) learn_sides(p, e, *inner_copies.front());
+    // The driver's row stands for this one only if it tells the direction by itself: a
+    // cuMemcpy of a symbol whose lookup was not seen would say host to host.
+    if (carried && is_resolved(e.dir)) carried = inner_copies.front()->dir == e.dir;
+    for (CallEvent* d : inner_copies) settle_sides(p, t, e, *d);
   }
   // Its row is carried whole by the driver only if one driver call of its kind stands for it.
-  weigh_runtime_call(p, f, e, by_driver && same_kind == 1);
+  weigh_runtime_call(p, f, e, carried);
+}
+
+void Tracker::learn_sides(const ProcessState& p, CallEvent& e, const CallEvent& inner) const {
+  // The one copy a runtime copy made knows sides the runtime copy could only guess (a driver
+  // copy of a fixed direction, an address of a tracked allocation or symbol, where the runtime
+  // copy had another): the same data moves between the same memories.
+  if (!is_resolved(inner.dir)) return;
+  const uint8_t learnt = e.guessed_sides & ~inner.guessed_sides;
+  if (!learnt) return;
+  take_sides(e, inner, learnt);
+  e.guessed_sides &= ~learnt;
+  set_host_mem(p, e);
+}
+
+void Tracker::settle_sides(const ProcessState& p, ThreadState& t, const CallEvent& outer, CallEvent& d) const {
+  // A copy made inside a runtime copy whose direction is known does not contradict it on a side
+  // it could only guess from pointers the tracker does not know (a symbol's device address whose
+  // lookup was not seen, memory mapped by calls not probed): that side is the outer copy's. A
+  // side it knows (a fixed-direction driver copy, a tracked allocation, an array) stays its own.
+  // Its guesses stay marked: the copies inside it are settled again from it, and it from a
+  // runtime call around it.
+  if (!is_resolved(outer.dir) || !is_resolved(d.dir) || !d.guessed_sides) return;
+  const CopyDir before = d.dir;
+  take_sides(d, outer, d.guessed_sides);
+  if (d.dir == before) return;
+  set_host_mem(p, d);
+  for (CallEvent& c : t.held_calls)
+    if (c.parent_id == d.call_id && c.guessed_sides) settle_sides(p, t, d, c);
 }
 
 void Tracker::weigh_runtime_call(const ProcessState& p, const FunctionSpec& f, const CallEvent& e,

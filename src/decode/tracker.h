@@ -65,8 +65,10 @@ class Tracker {
   // (cudaMemsetAsync -> cuMemsetD8Async). Their probes only add traps, so the tracer may remove
   // them; the driver's probe records those calls from then on. Each function is returned once. A
   // runtime call seen without such a driver call inside it (a refusal before the driver, a
-  // runtime without one), or with more than one call of its kind inside it (a copy staged as two
-  // copies, made directly or through runtime functions: cudaMemcpyArrayToArray), keeps its
+  // runtime without one), with more than one call of its kind inside it (a copy staged as two
+  // copies, made directly or through runtime functions: cudaMemcpyArrayToArray), or a copy whose
+  // driver copy alone says another direction (a cuMemcpy from a symbol whose lookup was not
+  // seen: its pointers do not tell it is device memory), keeps its
   // function's probes for good, once the driver's probes were all in place when it began
   // (note_driver_probed): attaching a multi-probe link to a running process takes long enough for
   // calls to run with some of a library's functions probed and others not.
@@ -112,6 +114,11 @@ class Tracker {
   };
 
   void resolve_copy(ProcessState& p, CallEvent& e) const;
+  void set_host_mem(const ProcessState& p, CallEvent& e) const;
+  // A runtime copy `e` and the copies made directly inside it: what one knows of the memory on
+  // each side and the other could only guess (CallEvent::guessed_sides).
+  void learn_sides(const ProcessState& p, CallEvent& e, const CallEvent& inner) const;
+  void settle_sides(const ProcessState& p, ThreadState& t, const CallEvent& outer, CallEvent& d) const;
   // A runtime call `e` that returned: the held calls it encloses become its children (those
   // without a parent yet) and what they say about it is used (see take_redundant_runtime_functions).
   void nest_inner_calls(const ProcessState& p, ThreadState& t, const FunctionSpec& f, CallEvent& e);

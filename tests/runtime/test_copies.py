@@ -239,3 +239,74 @@ def test_a_copy_made_of_two_driver_copies_keeps_its_probes(record):
     assert [(r[1], r[3]) for r in top] == [("cudaMemcpy2DArrayToArray", 640)] * batches * 10, top[:5]
     for outer in top:
         assert [(r[1], r[3]) for r in children.get(outer[0], [])] == [("cuMemcpyAtoD_v2", 640), ("cuMemcpyDtoA_v2", 640)]
+
+
+def symbol_copies(rec):
+    """The stand-in's cudaMemcpyFromSymbol rows, and {row id: its children's rows}, and every
+    row: (id, function, parent_id, bytes, dir, host_mem, ptr, src, ret)."""
+    rows = rec.query("SELECT c.id, f.name, c.parent_id, c.bytes, c.dir, c.host_mem, c.ptr, c.src, c.ret FROM calls c "
+                     "JOIN functions f ON f.id = c.func ORDER BY c.ts_ns, c.parent_id IS NOT NULL")
+    children = {}
+    for r in rows:
+        if r[2] is not None:
+            children.setdefault(r[2], []).append(r)
+    return [r for r in rows if r[1] == "cudaMemcpyFromSymbol"], children, rows
+
+
+@pytest.mark.parametrize("lookup", [1, 0])
+def test_a_symbol_copys_driver_copy_has_its_direction(record, lookup):
+    """Through a stand-in runtime whose calls succeed: cudaMemcpyFromSymbol with cudaMemcpyDefault
+    makes a default-direction cuMemcpy from the symbol's device address, as libcudart 13 did on
+    the H100, where the record said DtoH for the symbol copy and HtoH for the copy inside it. The
+    symbol's lookup (cuLibraryGetGlobal: address and size through two out-pointers) makes the
+    address device memory; where no lookup was seen (the runtime resolved the symbol before), the
+    copy inside takes the symbol copy's direction. Either way both say DtoH, pageable."""
+    rec = record("--", "/usr/bin/python3", ROOT / "tests/targets/load_lib.py", TARGETS / "libsymbol_standin.so",
+                 "run_symbol_copies", lookup, 1)
+    assert rec.returncode == 0, rec.stderr
+    assert "run_symbol_copies returned 0" in rec.stdout, rec.stdout
+    outer, children, rows = symbol_copies(rec)
+    assert [(r[3], r[4], r[5], r[8], r[2]) for r in outer] == [(896, "DtoH", "pageable", 0, None)] * 10, outer
+    lookups = [r for r in rows if r[1] == "cuLibraryGetGlobal"]
+    for i, r in enumerate(outer):
+        inner = [c for c in children.get(r[0], []) if c[1] == "cuMemcpy"]
+        assert [(c[3], c[4], c[5], c[6]) for c in inner] == [(896, "DtoH", "pageable", r[6])], (r, inner)
+        # On the first use only, and inside it: the lookup, with the address the copy came from.
+        assert [c for c in children.get(r[0], []) if c[1] == "cuLibraryGetGlobal"] == (lookups if lookup and i == 0 else [])
+    top_driver = [r for r in rows if r[1] == "cuMemcpy" and r[2] is None]
+    if lookup:
+        (lk,) = lookups
+        assert lk[3] == 4096 and lk[6] == children[outer[0][0]][-1][7], (lk, children[outer[0][0]])
+        # The program's own cuMemcpy from inside the global: device to host by the lookup alone.
+        assert [(r[3], r[4], r[5], r[7]) for r in top_driver] == [(64, "DtoH", "pageable", lk[6] + 128)], top_driver
+    else:
+        assert not lookups and not top_driver, (lookups, top_driver)
+
+
+@pytest.mark.parametrize("lookup", [1, 0])
+def test_the_driver_stands_for_a_symbol_copy_only_where_it_tells_the_direction(record, lookup):
+    """With the symbol's lookup seen, each cudaMemcpyFromSymbol's cuMemcpy says DtoH by itself:
+    past 32 calls the runtime function's probes go, and its later copies are the driver's rows,
+    DtoH. Without it, the cuMemcpy alone would say HtoH: the probes stay, every copy is a
+    cudaMemcpyFromSymbol row, DtoH."""
+    batches = 40
+    rec = record("--", "/usr/bin/python3", ROOT / "tests/targets/load_lib.py", TARGETS / "libsymbol_standin.so",
+                 "run_symbol_copies", lookup, batches)
+    assert rec.returncode == 0, rec.stderr
+    assert "run_symbol_copies returned 0" in rec.stdout, rec.stdout
+    removed = rec.scalar("SELECT value FROM meta WHERE key = 'runtime_probes_removed'") or ""
+    rows = rec.query("SELECT f.name, c.bytes, c.dir, c.host_mem FROM calls c JOIN functions f ON f.id = c.func "
+                     "WHERE f.kind = 'memcpy' AND c.parent_id IS NULL ORDER BY c.ts_ns")
+    copies = [r for r in rows if r[1] == 896]
+    assert len(copies) == batches * 10, rows[:5]
+    assert {(r[1], r[2], r[3]) for r in copies} == {(896, "DtoH", "pageable")}, rows
+    if lookup:
+        assert "cudaMemcpyFromSymbol at " in removed, removed
+        assert copies[0][0] == "cudaMemcpyFromSymbol" and copies[-1][0] == "cuMemcpy", (copies[0], copies[-1])
+    else:
+        assert "cudaMemcpyFromSymbol" not in removed, removed
+        assert {r[0] for r in copies} == {"cudaMemcpyFromSymbol"}, rows
+    # No call lost while the probes went (a stack walk cut short before the late library's
+    # unwind table was made is not a call lost).
+    assert not rec.query("SELECT cause, count FROM lost WHERE count > 0 AND cause NOT LIKE 'unwind%'"), \
+        rec.query("SELECT * FROM lost")

@@ -574,8 +574,8 @@ int Agent::run() {
       return false;
     }
   });
-  tracer_->on_cuda_process = [this](pid_t pid) {
-    budget_->add_process(pid, monotonic_ns());
+  tracer_->on_cuda_process = [this](pid_t pid, bool at_load) {
+    budget_->add_process(pid, monotonic_ns(), at_load);
     log_debug("tracing PID {} ({})", pid, discover::read_comm(pid));
   };
   tracer_->start();

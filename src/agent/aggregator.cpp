@@ -326,9 +326,9 @@ int64_t Aggregator::launch_key(Process& p, int64_t kernel) {
   return HighRateCounts::kOtherKernel;
 }
 
-void Aggregator::high_rate_found(uint32_t pid, uint64_t t_ns) {
+void Aggregator::high_rate_found(uint32_t pid, uint64_t t_ns, bool at_start) {
   std::lock_guard lock(mu_);
-  if (Process* p = process(pid)) p->cycles.found(t_ns);
+  if (Process* p = process(pid)) p->cycles.found(t_ns, at_start);
 }
 
 void Aggregator::high_rate_switched_on(uint32_t pid, uint64_t t_ns) {

@@ -79,11 +79,12 @@ class Aggregator final : public store::EventSink {
   uint64_t stack_epoch() const override { return stack_epoch_.load(std::memory_order_relaxed); }
 
   // The budget's duty cycle of a process's high-rate probes (launches, copies, memsets), as it
-  // happened: taken on at `t_ns` (probes off), switched on (once attaching returned) and off
+  // happened: taken on at `t_ns` (probes off; `at_start`: at its first CUDA library's load, see
+  // ObservedCycles::found), switched on (once attaching returned) and off
   // (as detaching began; `probe_share`: what they cost the process's CPU while on), and let go
   // (it exited by `t_ns`). The calls of each cycle are weighed from these times
   // (observed_cycles.h), in the clock of the calls' timestamps (CLOCK_MONOTONIC).
-  void high_rate_found(uint32_t pid, uint64_t t_ns);
+  void high_rate_found(uint32_t pid, uint64_t t_ns, bool at_start = false);
   void high_rate_switched_on(uint32_t pid, uint64_t t_ns);
   void high_rate_switched_off(uint32_t pid, uint64_t t_ns, double probe_share);
   void high_rate_let_go(uint32_t pid, uint64_t t_ns);

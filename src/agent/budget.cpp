@@ -56,7 +56,7 @@ double BudgetController::duty_now(const ProcessState& st) const {
   return cfg_.budget >= 1 ? 1.0 : std::clamp(st.duty * agent_factor_, kMinDuty, 1.0);
 }
 
-void BudgetController::add_process(pid_t pid, uint64_t now_ns) {
+void BudgetController::add_process(pid_t pid, uint64_t now_ns, bool at_start) {
   if (state_.contains(pid)) return;
   ProcessState st;
   // The process is observed from when its probes are live: once attaching returned (5-12 ms
@@ -65,7 +65,7 @@ void BudgetController::add_process(pid_t pid, uint64_t now_ns) {
   const auto attach_start = std::chrono::steady_clock::now();
   st.on = switch_(pid, true);
   const uint64_t live_ns = now_ns + elapsed_ns(attach_start);
-  agg_.high_rate_found(uint32_t(pid), live_ns);
+  agg_.high_rate_found(uint32_t(pid), live_ns, at_start);
   if (st.on) agg_.high_rate_switched_on(uint32_t(pid), live_ns);
   st.phase_start_ns = st.first_ns = st.last_tick_ns = now_ns;
   st.last_cpu_ns = process_cpu_ns(pid);

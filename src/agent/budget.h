@@ -48,7 +48,9 @@ class BudgetController {
   double agent_factor() const { return agent_factor_; }
   const BudgetConfig& config() const { return cfg_; }
   // A process whose first CUDA library was just probed: its high-rate probes start on.
-  void add_process(pid_t pid, uint64_t now_ns);
+  // `at_start`: taken on at its first CUDA library's load, before it could make a call (its
+  // start-up stands for none of its calls: observed_cycles.h); false: found running.
+  void add_process(pid_t pid, uint64_t now_ns, bool at_start = false);
   // A process that exited by `now_ns` (0: when is not known; its exit record will say).
   void remove_process(pid_t pid, uint64_t now_ns = 0);
   // Re-estimates each process's duty and switches probes where a cycle's phase says so.

@@ -16,9 +16,10 @@ void HighRateCounts::add(const HighRateCounts& raw, double factor) {
   calls += raw.calls * factor;
 }
 
-void ObservedCycles::found(uint64_t t) {
+void ObservedCycles::found(uint64_t t, bool at_start) {
   if (found_) return;
   found_ = true;
+  starting_ = at_start;
   first_ = at_ = t;
 }
 
@@ -65,8 +66,10 @@ ObservedCycles::Slot ObservedCycles::slot(uint64_t ts) {
     Cycle& first = cycles_.front();
     if (first.start == first_ && ts < first_) first.start = first_ = ts;
     first.last_seen = std::max(first.last_seen, ts);
+    first_call_ = std::min(first_call_, ts);
     return {&first.raw, first.weight};
   }
+  first_call_ = std::min(first_call_, ts);
   Cycle* c = &*it;
   if (c->off_at && ts > c->off_at) {
     // In the cycle's off-period, yet seen: the switch times are when the agent began detaching
@@ -89,12 +92,23 @@ uint64_t ObservedCycles::on_ns(const Cycle& c, uint64_t t) {
   return on_end > c.start ? on_end - c.start : 0;
 }
 
+uint64_t ObservedCycles::rate_ns(const Cycle& c, uint64_t t) const {
+  const uint64_t on = on_ns(c, t);
+  if (!starting_ || first_call_ <= c.start) return on;
+  // Started up during this on-period (or not yet: then nothing is seen in it, and it stands for
+  // nothing).
+  const uint64_t on_end = c.start + on;
+  return first_call_ < on_end ? on_end - first_call_ : 0;
+}
+
 void ObservedCycles::raise(Cycle& c, uint64_t t, HighRateCounts& totals) {
   if (!c.off_at || c.off_at == c.start) return;  // never off: each call counts once
   uint64_t off_end = c.end ? std::min(t, c.end) : t;
   if (exit_) off_end = std::min(off_end, exit_);
   c.off_ns = off_end > c.off_at ? off_end - c.off_at : 0;
-  const double on = double(c.off_at - c.start);
+  const uint64_t rate_on = rate_ns(c, c.off_at);
+  if (!rate_on) return;  // nothing seen in it but at its very end: no rate to go on, each counts once
+  const double on = double(rate_on);
   const double w = (on + double(c.off_ns)) / on;
   if (w > c.weight) {  // counts only rise (a boundary a late call moves can lower w a little)
     totals.add(c.raw, w - c.weight);
@@ -102,12 +116,13 @@ void ObservedCycles::raise(Cycle& c, uint64_t t, HighRateCounts& totals) {
   }
 }
 
-double ObservedCycles::bound(const Cycle& c, const Cycle* next, uint64_t t) {
-  if (!c.off_ns || c.off_at == c.start) return 0;
-  const double on = double(c.off_at - c.start), off = double(c.off_ns);
+double ObservedCycles::bound(const Cycle& c, const Cycle* next, uint64_t t) const {
+  const uint64_t rate_on = c.off_at ? rate_ns(c, c.off_at) : 0;
+  if (!c.off_ns || !rate_on) return 0;
+  const double on = double(rate_on), off = double(c.off_ns);
   const double rate = c.raw.calls / on;  // calls per ns while on
   const double credited = rate * off;
-  const uint64_t next_on = next ? on_ns(*next, t) : 0;
+  const uint64_t next_on = next ? rate_ns(*next, t) : 0;
   double b = next_on ? off * std::abs(next->raw.calls / double(next_on) - rate) : credited;
   b += credited * c.probe_share / (1 - c.probe_share);
   return b;

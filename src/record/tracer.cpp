@@ -214,11 +214,12 @@ void Tracer::forget_process(pid_t pid) {
   if (opts_.only_cuda_processes) bpf_->remove_target(pid);
 }
 
-void Tracer::attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns) {
+void Tracer::attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns,
+                            bool at_load) {
   auto res = bpf_->attach_file(open_path);
   if (res.error.empty() && cuda_processes_.insert(pid).second && opts_.only_cuda_processes) {
     bpf_->add_target(pid);  // sampled from now on
-    if (on_cuda_process) on_cuda_process(pid);
+    if (on_cuda_process) on_cuda_process(pid, at_load);
   }
   if (res.driver_probed_ns) pipeline_->note_driver_probed(pid, res.driver_probed_ns);
   if (res.already_attached) return;
@@ -242,14 +243,14 @@ void Tracer::attach_library(pid_t pid, const std::string& open_path, const std::
   pipeline_->add_library(std::move(row));
 }
 
-bool Tracer::check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown) {
+bool Tracer::check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown, bool at_load) {
   struct stat st{};
   if (stat(exe_path.c_str(), &st) != 0 || !checked_executables_.insert({st.st_dev, st.st_ino}).second) return false;
   if (discover::is_cuda_runtime_library(shown) || discover::is_cuda_driver_library(shown)) return false;
   // A file that is not ELF (a script) defines nothing.
   if (!symbolize::defines_any_function(exe_path, {"cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMalloc"}))
     return false;
-  attach_library(pid, exe_path, shown + " (static CUDA runtime)", monotonic_ns());
+  attach_library(pid, exe_path, shown + " (static CUDA runtime)", monotonic_ns(), at_load);
   return true;
 }
 
@@ -330,11 +331,12 @@ void Tracer::attach_mapped_libraries(pid_t pid) {
     if (m.path.empty() || !seen.insert(m.path).second) continue;
     if (discover::is_cuda_runtime_library(m.path) || discover::is_cuda_driver_library(m.path)) {
       has_cuda = true;
-      attach_library(pid, discover::path_in_target(pid, m.path), m.path, monotonic_ns());
+      attach_library(pid, discover::path_in_target(pid, m.path), m.path, monotonic_ns(), false);
     }
     if (decode::may_define_handoffs(m.path)) handoff_files.push_back(m.path);
   }
-  if (has_cuda || !opts_.all) check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid));
+  if (has_cuda || !opts_.all)
+    check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid), false);
   if (!has_cuda && !opts_.all && !opts_.quiet)
     log_info("PID {} has no CUDA library loaded yet; its probes attach when it loads one", pid);
   if (opts_.all && opts_.only_cuda_processes && !has_cuda) return;

@@ -101,7 +101,7 @@ class Tracer {
   // Probes the CUDA libraries a running process has mapped, and finds its Python.
   void attach_mapped_libraries(pid_t pid);
   // Probes a program's own CUDA runtime, if it links one statically. True if it was probed.
-  bool check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown);
+  bool check_static_runtime(pid_t pid, const std::string& exe_path, const std::string& shown, bool at_load = true);
   // Readable when library loads, new programs or exits wait for handle_control().
   int control_fd() const;
   // Before a command starts: lets the eh-frame stack walker finish loading (attach::BpfSession::
@@ -140,12 +140,15 @@ class Tracer {
   // Processes with at least one probed CUDA library.
   const std::set<pid_t>& cuda_processes() const { return cuda_processes_; }
   // With only_cuda_processes: called (on the control thread) when a process's first CUDA
-  // library is probed; it is a target (sampled) from then on.
-  std::function<void(pid_t)> on_cuda_process;
+  // library is probed; it is a target (sampled) from then on. `at_load`: probed at that
+  // library's load (or its exec: a static runtime), before any CUDA call of it could run; false
+  // for a process found running (attach_mapped_libraries).
+  std::function<void(pid_t, bool at_load)> on_cuda_process;
 
  private:
   class ControlQueue;
-  void attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns);
+  void attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns,
+                      bool at_load = true);
   // Probes the calls that hand work to other threads (decode/handoffs.h) if the file defines
   // them, once per file, so that the workers' stacks are stored below their callers'.
   void attach_handoffs(pid_t pid, const std::string& open_path, const std::string& shown_path);

@@ -2386,6 +2386,19 @@ int on_openat_exit(struct trace_event_raw_sys_exit *ctx)
 	return 0;
 }
 
+/* Processes stopped here and not continued yet by user space, which deletes each as it sends
+ * SIGCONT. A guardian process holds this map too (attach/stop_guardian.h): if gpuscope dies
+ * holding a process (kill -9, a crash, the OOM killer), the guardian continues every one listed. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u8);
+} stopped_held SEC(".maps");
+
+/* Set by user space once the guardian is running: until then (or without one) nothing is stopped. */
+volatile bool stops_guarded;
+
 SEC("tracepoint/syscalls/sys_enter_close")
 int on_close(struct trace_event_raw_sys_enter *ctx)
 {
@@ -2422,7 +2435,12 @@ int on_close(struct trace_event_raw_sys_enter *ctx)
 		r->ts_ns = bpf_ktime_get_ns();
 		__builtin_memcpy(r->path, lo->path, sizeof(r->path));
 		/* Stop first: the signal is delivered when close returns, before the loader
-		 * can run the library's code. User space continues the process. */
+		 * can run the library's code. User space continues the process. Only a process the
+		 * guardian knows of is stopped: none is left stopped if gpuscope dies. */
+		__u32 tgid = id >> 32;
+		__u8 held = 1;
+		if (r->stopped && (!stops_guarded || bpf_map_update_elem(&stopped_held, &tgid, &held, BPF_ANY)))
+			r->stopped = 0;
 		if (r->stopped)
 			bpf_send_signal(SIGSTOP);
 		bpf_ringbuf_submit(r, BPF_RB_FORCE_WAKEUP);

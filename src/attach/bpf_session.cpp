@@ -785,4 +785,15 @@ void BpfSession::forget_stack_budget(pid_t pid) {
   bpf_map__delete_elem(skel_->maps.stack_costs, &key, sizeof(key), 0);
 }
 
+int BpfSession::stopped_held_fd() const { return bpf_map__fd(skel_->maps.stopped_held); }
+
+void BpfSession::set_stops_guarded(bool guarded) {
+  __atomic_store_n(&skel_->bss->stops_guarded, guarded, __ATOMIC_SEQ_CST);
+}
+
+void BpfSession::release_stopped(pid_t pid) {
+  const uint32_t key = uint32_t(pid);
+  bpf_map_delete_elem(bpf_map__fd(skel_->maps.stopped_held), &key);
+}
+
 }  // namespace gpuscope::attach

@@ -137,6 +137,11 @@ class BpfSession {
   void forget_native_stacks(const std::vector<uint64_t>& ids);
   // Empties the map of Python stacks sent: each is sent again when next walked.
   void forget_python_stacks();
+  // Processes the BPF side stops at a CUDA library's load (stop_guardian.h): the map a guardian
+  // holds; stops allowed once it runs; a process continued is taken off the map.
+  int stopped_held_fd() const;
+  void set_stops_guarded(bool guarded);
+  void release_stopped(pid_t pid);
   // Tells the BPF side not to stop processes again for this file (see bpf: checked_files).
   void mark_checked(uint64_t dev, uint64_t ino);
   // Detaches the tracepoint that stops processes at library loads. Called first when the

@@ -80,11 +80,15 @@ void StoppedProcesses::resume(pid_t pid) {
   if (kill(pid, SIGCONT) != 0 && errno != ESRCH)
     log_error("cannot continue PID {}, stopped while its CUDA library was probed: {} (gpuscope needs CAP_KILL)", pid,
               strerror(errno));
+  if (bpf_) bpf_->release_stopped(pid);
   pids_.erase(pid);
 }
 
 StoppedProcesses::~StoppedProcesses() {
-  for (pid_t p : pids_) kill(p, SIGCONT);
+  for (pid_t p : pids_) {
+    kill(p, SIGCONT);
+    if (bpf_) bpf_->release_stopped(p);
+  }
 }
 
 Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
@@ -129,6 +133,17 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   cfg.stack_generations = opts_.cpu_profile_hz > 0 && opts_.pipeline.recycle_stacks_at > 0;
   cfg.wakeup_bytes = cfg.ringbuf_bytes / 4;
   bpf_ = std::make_unique<attach::BpfSession>(cfg);
+  // Processes are stopped at their CUDA library's load only with a guardian to continue them if
+  // gpuscope dies holding one.
+  try {
+    guardian_ = std::make_unique<attach::StopGuardian>(bpf_->stopped_held_fd());
+    stopped_.set_session(bpf_.get());
+    bpf_->set_stops_guarded(true);
+  } catch (const Error& e) {
+    log_warn("{}: processes are not stopped at their CUDA library's load, so their first CUDA calls may run before "
+             "the probes are in place",
+             e.what());
+  }
   if (opts_.cpu_profile_hz) {
     bpf_->start_cpu_sampling(opts_.cpu_profile_hz);
     sink_.set_meta("cpu_profile_hz", std::to_string(opts_.cpu_profile_hz));

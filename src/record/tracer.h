@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attach/bpf_session.h"
+#include "attach/stop_guardian.h"
 #include "discover/python.h"
 #include "gpu/nvml.h"
 #include "record/pipeline.h"
@@ -74,14 +75,17 @@ struct TracerOptions {
   PipelineConfig pipeline;
 };
 
-// Processes stopped by the BPF side while we attach; continued however we leave.
+// Processes stopped by the BPF side while we attach; continued however we leave (by the
+// guardian, attach/stop_guardian.h, if gpuscope dies).
 class StoppedProcesses {
  public:
+  void set_session(attach::BpfSession* bpf) { bpf_ = bpf; }
   void add(pid_t pid) { pids_.insert(pid); }
   void resume(pid_t pid);
   ~StoppedProcesses();
 
  private:
+  attach::BpfSession* bpf_ = nullptr;
   std::set<pid_t> pids_;
 };
 
@@ -165,6 +169,7 @@ class Tracer {
   uint64_t stack_rates_refused_ = 0;  // N not set: the process's slot was another's
   std::unique_ptr<UnwindTables> unwind_;  // with table_unwind_*
   std::unique_ptr<ControlQueue> control_;
+  std::unique_ptr<attach::StopGuardian> guardian_;  // outlives stopped_: continues what it missed
   StoppedProcesses stopped_;
   std::unique_ptr<gpu::NvmlSampler> nvml_;
   std::set<std::pair<uint64_t, uint64_t>> checked_executables_;

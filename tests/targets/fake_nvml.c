@@ -15,18 +15,29 @@ static int xid_sent;
 
 static int index_of(nvmlDevice_t d) { return (int *)d - devices; }
 
-/* The pid of the calling process's first child: the recorded command. */
+/* The pid of the calling process's first child that is not gpuscope's stop guardian: the
+ * recorded command. */
 static unsigned int first_child(void)
 {
-	char path[64], buf[256] = {0};
+	char path[64], buf[512] = {0};
 	snprintf(path, sizeof(path), "/proc/%d/task/%d/children", getpid(), getpid());
 	FILE *f = fopen(path, "r");
+	if (!f) return 0;
+	if (!fgets(buf, sizeof(buf), f)) buf[0] = 0;
+	fclose(f);
 	unsigned int pid = 0;
-	if (f) {
-		if (fgets(buf, sizeof(buf), f)) sscanf(buf, "%u", &pid);
-		fclose(f);
+	int used = 0;
+	for (char *p = buf; sscanf(p, "%u%n", &pid, &used) == 1; p += used) {
+		char comm_path[64], comm[32] = {0};
+		snprintf(comm_path, sizeof(comm_path), "/proc/%u/comm", pid);
+		FILE *c = fopen(comm_path, "r");
+		if (c) {
+			if (!fgets(comm, sizeof(comm), c)) comm[0] = 0;
+			fclose(c);
+		}
+		if (strncmp(comm, "gpuscope-guard", 14) != 0) return pid;
 	}
-	return pid;
+	return 0;
 }
 
 nvmlReturn_t nvmlInit_v2(void) { return OK; }

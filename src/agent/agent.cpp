@@ -589,7 +589,7 @@ int Agent::run() {
   start_server();
   exporter_ = std::thread([this] { exporter_loop(); });
 
-  const uint64_t deadline = run_.duration_s > 0 ? monotonic_ns() + uint64_t(run_.duration_s * 1e9) : 0;
+  const uint64_t deadline = deadline_after_ns(monotonic_ns(), run_.duration_s);
   uint64_t next_health = 0;
   int exit_code = 0;
   bool running = true;

@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <cstdio>
+#include <cmath>
 #include <iostream>
 #include <cstring>
 #include <fstream>
@@ -23,6 +24,13 @@
 using namespace gpuscope;
 
 namespace {
+
+// --duration: seconds, 0 for no limit; NaN and negative values are refused (a value past what the
+// clock reaches, inf included, is no limit either: common/clock.h).
+void check_duration(double seconds) {
+  if (std::isnan(seconds) || seconds < 0)
+    throw Error("--duration must be a number of seconds, 0 or more (0: no limit), e.g. 30 or 2.5");
+}
 
 int run_report(const std::string& path, bool json, size_t top) {
   store::RecordReader reader(path);
@@ -255,7 +263,7 @@ int main(int argc, char** argv) {
       if (modes != 1) throw Error("give exactly one of: a command after --, --pid PID, or --all");
       for (pid_t p : ropts.pids)
         if (!discover::process_exists(p)) throw Error("no process with PID {} (check it with ps)", p);
-      if (ropts.duration_s < 0) throw Error("--duration must be positive");
+      check_duration(ropts.duration_s);
       if (ropts.cpu_profile_hz < 0 || ropts.cpu_profile_hz > 10000)
         throw Error("--cpu-profile must be between 1 and 10000 samples per second");
       if (ropts.ringbuf_mb < 1 || ropts.ringbuf_mb > 2048) throw Error("--ringbuf-mb must be between 1 and 2048");
@@ -277,6 +285,7 @@ int main(int argc, char** argv) {
       return record::run_record(ropts);
     }
     if (*ag) {
+      check_duration(arun.duration_s);
       if (a_budget < 0 || a_budget > 1) throw Error("--budget must be in (0, 1], e.g. 0.01 for 1%");
       arun.overrides = [&](agent::AgentConfig& c) {
         if (!a_listen.empty()) c.listen = a_listen;

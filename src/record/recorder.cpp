@@ -366,7 +366,7 @@ int Recorder::run() {
     // After the command has started: a command that cannot run fails with its own error alone.
     tracer_->start_gpu_metrics();
 
-    const uint64_t deadline = opts_.duration_s > 0 ? start_ns + uint64_t(opts_.duration_s * 1e9) : 0;
+    const uint64_t deadline = deadline_after_ns(start_ns, opts_.duration_s);
     bool running = true;
     while (running) {
       pollfd fds[2] = {{sfd, POLLIN, 0}, {tracer_->control_fd(), POLLIN, 0}};

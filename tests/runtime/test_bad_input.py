@@ -3,7 +3,7 @@ import os
 import shutil
 import subprocess
 
-from conftest import GPUSCOPE, TARGETS
+from conftest import CUDART, GPUSCOPE, TARGETS
 
 
 def single_error_line(proc):
@@ -85,3 +85,21 @@ def test_report_newer_version(record, gpuscope, tmp_path):
     with sqlite3.connect(rec.path) as db:
         db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
     assert "upgrade gpuscope" in single_error_line(gpuscope("report", rec.path))
+
+
+def test_duration_must_be_a_number_of_seconds(gpuscope, tmp_path):
+    for bad in ("nan", "-1"):
+        for cmd in (["record", "-o", tmp_path / "x", "--duration", bad, "--", "true"], ["agent", "--duration", bad]):
+            line = single_error_line(gpuscope(*cmd))
+            assert "--duration must be a number of seconds" in line, (cmd, line)
+
+
+def test_a_duration_past_what_the_clock_reaches_is_no_limit(record):
+    # Converted to nanoseconds as is, 1e12 s and inf overflowed into a deadline already past: the
+    # recording stopped at once, rc 0, nothing recorded.
+    for value in ("1e12", "inf"):
+        rec = record("--duration", value, "--", "/usr/bin/python3", "-c",
+                     "import ctypes, sys, time; time.sleep(0.3); rt = ctypes.CDLL(sys.argv[1]); "
+                     "p = ctypes.c_void_p(); rt.cudaMalloc(ctypes.byref(p), 64)", CUDART)
+        assert rec.returncode == 0, rec.stderr
+        assert rec.count("cudaMalloc") == 1, (value, rec.stderr)

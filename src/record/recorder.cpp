@@ -360,6 +360,9 @@ int Recorder::run() {
       tracer_->wait_for_stack_walker();
       child_ = spawn_command();
     }
+    // From here the record replaces what -o named (until now a command that cannot run, or an
+    // error attaching, left it as it was).
+    writer_->keep();
     if (!opts_.quiet)
       log_info("recording {} into {}{}", opts_.all ? "every process" : mode == "pid" ? "PID " + what : what,
                opts_.output, opts_.duration_s > 0 ? fmt::format(" for {}s", opts_.duration_s) : "");
@@ -402,8 +405,12 @@ int Recorder::run() {
     tracer_->handle_control();
   } catch (...) {
     tracer_->stop();
-    writer_->set_meta("end_ns", std::to_string(monotonic_ns()));
-    writer_->finish();
+    if (child_ || opts_.all || !opts_.pids.empty()) {
+      writer_->set_meta("end_ns", std::to_string(monotonic_ns()));
+      writer_->finish();
+    } else {
+      writer_->discard();  // the command never ran: nothing to keep
+    }
     throw;
   }
 

@@ -3,8 +3,15 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "decode/functions.h"
 #include "store/schema.h"
@@ -12,20 +19,55 @@
 namespace gpuscope::store {
 namespace {
 
-Db create_db(const std::string& path) {
+// Where a record for `path` may be written, or Error: absent, or a regular file (through a
+// symbolic link: the file it names). gpuscope runs as root: /dev/null, a directory or a socket
+// given as -o must stay what they are.
+std::filesystem::path checked_output(const std::string& path) {
+  if (path.empty()) throw Error("-o needs a file name, e.g. -o run.gpuscope");
   std::error_code ec;
-  std::filesystem::remove(path, ec);
-  std::filesystem::remove(path + "-wal", ec);
-  std::filesystem::remove(path + "-shm", ec);
+  const auto st = std::filesystem::status(path, ec);
+  if (st.type() == std::filesystem::file_type::not_found) return std::filesystem::absolute(path);
+  if (st.type() == std::filesystem::file_type::directory)
+    throw Error("'{}' is a directory: give -o a file name in it, e.g. {}/run.gpuscope", path, path);
+  if (st.type() != std::filesystem::file_type::regular)
+    throw Error("'{}' is not a regular file: -o takes the path of a record file to write (gpuscope replaces only a "
+                "regular file, and only once recording has begun)",
+                path);
+  const auto real = std::filesystem::canonical(path, ec);
+  return ec ? std::filesystem::absolute(path) : real;
+}
+
+// A hidden file beside the record, gpuscope's own (its PID in the name): written until it takes
+// the record's place.
+std::string temporary_beside(const std::filesystem::path& path) {
+  return (path.parent_path() / fmt::format(".{}.gpuscope-{}.partial", path.filename().string(), getpid())).string();
+}
+
+void remove_db_files(const std::string& path) {
+  std::error_code ec;
+  for (const char* suffix : {"", "-wal", "-shm", "-journal"}) std::filesystem::remove(path + suffix, ec);
+}
+
+// Per connection (journal_mode=WAL also in the file).
+void configure(Db& db) {
+  // A WAL keeps committed batches safe if we are killed; synchronous=OFF is durable across a
+  // crash of this process, which is the failure that matters here.
+  db.exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF; PRAGMA cache_size=-16384; PRAGMA temp_store=MEMORY;");
+  // Checkpoints are this writer's (RecordWriter::checkpoint): the main file stays a readable record.
+  db.exec("PRAGMA wal_autocheckpoint=0;");
+}
+
+Db create_db(const std::string& path, const std::string& shown) {
+  remove_db_files(path);
   try {
     Db db(path, Db::Mode::Create);
-    // A WAL keeps committed batches safe if we are killed; synchronous=NORMAL is durable
-    // across a crash of this process, which is the failure that matters here.
-    db.exec("PRAGMA page_size=65536; PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF; PRAGMA cache_size=-16384; PRAGMA temp_store=MEMORY;");
+    db.exec("PRAGMA page_size=65536;");
+    configure(db);
     db.exec(kSchemaSql);
     return db;
   } catch (const Error& e) {
-    throw Error("cannot write the record file '{}': {}; choose a writable path with -o", path, e.what());
+    remove_db_files(path);
+    throw Error("cannot write the record file '{}': {}; choose a writable path with -o", shown, e.what());
   }
 }
 
@@ -37,47 +79,53 @@ size_t RecordWriter::FrameVecHash::operator()(const std::vector<StoredFrame>& v)
   return h;
 }
 
+void RecordWriter::prepare_statements() {
+  insert_call_ = db_.prepare(
+      "INSERT INTO calls(id, ts_ns, duration_ns, pid, tid, func, ret, parent_id, stack_id, stream, ptr, src, bytes, "
+      "dir, host_mem, kernel_id, kernel_handle, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem, name, "
+      "driver_func, driver_handle, stack_weight, copies) "
+      "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,"
+      "?28,?29)");
+  insert_kernel_ = db_.prepare("INSERT INTO kernels(id, name, demangled) VALUES(?1, ?2, ?3)");
+  insert_module_ = db_.prepare("INSERT INTO modules(id, path, build_id) VALUES(?1, ?2, ?3)");
+  insert_stack_ = db_.prepare("INSERT INTO stacks(id, depth) VALUES(?1, ?2)");
+  insert_frame_ = db_.prepare("INSERT INTO stack_frames(stack_id, depth, module_id, offset, ip) VALUES(?1,?2,?3,?4,?5)");
+  upsert_process_ = db_.prepare(
+      "INSERT INTO processes(pid, ppid, comm, cmdline, exe, first_seen_ns) VALUES(?1,?2,?3,?4,?5,?6) "
+      // A record that arrives after its process has gone (a CPU sample taken during its exit)
+      // reads nothing from /proc: it must not blank what was read while the process ran.
+      "ON CONFLICT(pid) DO UPDATE SET comm=COALESCE(NULLIF(excluded.comm, ''), processes.comm), "
+      "cmdline=COALESCE(NULLIF(excluded.cmdline, ''), processes.cmdline), "
+      "exe=COALESCE(NULLIF(excluded.exe, ''), processes.exe), ppid=COALESCE(processes.ppid, excluded.ppid)");
+  process_exit_ = db_.prepare("UPDATE processes SET exit_ns=?2, exit_code=?3 WHERE pid=?1");
+  upsert_thread_ = db_.prepare("INSERT INTO threads(tid, pid, comm) VALUES(?1,?2,?3) "
+      "ON CONFLICT(tid) DO UPDATE SET pid=excluded.pid, comm=excluded.comm");
+  insert_library_ = db_.prepare("INSERT INTO libraries(pid, path, build_id, runtime_probes, driver_probes, ts_ns, error) "
+      "VALUES(?1,?2,?3,?4,?5,?6,?7)");
+  set_lost_ = db_.prepare("INSERT INTO lost(cause, count) VALUES(?1, ?2) "
+      "ON CONFLICT(cause) DO UPDATE SET count=excluded.count");
+  set_meta_ = db_.prepare("INSERT INTO meta(key, value) VALUES(?1, ?2) "
+      "ON CONFLICT(key) DO UPDATE SET value=excluded.value");
+  insert_sample_ = db_.prepare("INSERT INTO samples(ts_ns, pid, tid, cpu, stack_id, kernel_stack_id) "
+      "VALUES(?1,?2,?3,?4,?5,?6)");
+  insert_symbol_ = db_.prepare("INSERT OR IGNORE INTO symbols(module_id, offset, name) VALUES(?1,?2,?3)");
+  insert_python_frame_ = db_.prepare("INSERT INTO python_frames(id, function, file, line) VALUES(?1,?2,?3,?4)");
+  insert_gpu_ = db_.prepare("INSERT OR REPLACE INTO gpus(idx, uuid, name, memory_total, power_limit_mw) "
+      "VALUES(?1,?2,?3,?4,?5)");
+  insert_gpu_sample_ = db_.prepare(
+      "INSERT INTO gpu_samples(ts_ns, gpu, gpu_util, mem_util, mem_used, power_mw, temperature_c, sm_clock_mhz, "
+      "mem_clock_mhz, throttle_reasons, pcie_tx_kbs, pcie_rx_kbs, ecc_corrected, ecc_uncorrected) "
+      "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)");
+  insert_gpu_process_ = db_.prepare("INSERT INTO gpu_process_samples(ts_ns, gpu, pid, sm_util, mem_util, used_memory) "
+      "VALUES(?1,?2,?3,?4,?5,?6)");
+  insert_gpu_event_ = db_.prepare("INSERT INTO gpu_events(ts_ns, gpu, kind, value) VALUES(?1,?2,?3,?4)");
+}
+
 RecordWriter::RecordWriter(const std::string& path)
-    : db_(create_db(path)),
-      insert_call_(db_.prepare(
-          "INSERT INTO calls(id, ts_ns, duration_ns, pid, tid, func, ret, parent_id, stack_id, stream, ptr, src, bytes, "
-          "dir, host_mem, kernel_id, kernel_handle, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem, name, "
-          "driver_func, driver_handle, stack_weight, copies) "
-          "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,"
-          "?28,?29)")),
-      insert_kernel_(db_.prepare("INSERT INTO kernels(id, name, demangled) VALUES(?1, ?2, ?3)")),
-      insert_module_(db_.prepare("INSERT INTO modules(id, path, build_id) VALUES(?1, ?2, ?3)")),
-      insert_stack_(db_.prepare("INSERT INTO stacks(id, depth) VALUES(?1, ?2)")),
-      insert_frame_(db_.prepare("INSERT INTO stack_frames(stack_id, depth, module_id, offset, ip) VALUES(?1,?2,?3,?4,?5)")),
-      upsert_process_(db_.prepare(
-          "INSERT INTO processes(pid, ppid, comm, cmdline, exe, first_seen_ns) VALUES(?1,?2,?3,?4,?5,?6) "
-          // A record that arrives after its process has gone (a CPU sample taken during its exit)
-          // reads nothing from /proc: it must not blank what was read while the process ran.
-          "ON CONFLICT(pid) DO UPDATE SET comm=COALESCE(NULLIF(excluded.comm, ''), processes.comm), "
-          "cmdline=COALESCE(NULLIF(excluded.cmdline, ''), processes.cmdline), "
-          "exe=COALESCE(NULLIF(excluded.exe, ''), processes.exe), ppid=COALESCE(processes.ppid, excluded.ppid)")),
-      process_exit_(db_.prepare("UPDATE processes SET exit_ns=?2, exit_code=?3 WHERE pid=?1")),
-      upsert_thread_(db_.prepare("INSERT INTO threads(tid, pid, comm) VALUES(?1,?2,?3) "
-                                 "ON CONFLICT(tid) DO UPDATE SET pid=excluded.pid, comm=excluded.comm")),
-      insert_library_(db_.prepare("INSERT INTO libraries(pid, path, build_id, runtime_probes, driver_probes, ts_ns, error) "
-                                  "VALUES(?1,?2,?3,?4,?5,?6,?7)")),
-      set_lost_(db_.prepare("INSERT INTO lost(cause, count) VALUES(?1, ?2) "
-                            "ON CONFLICT(cause) DO UPDATE SET count=excluded.count")),
-      set_meta_(db_.prepare("INSERT INTO meta(key, value) VALUES(?1, ?2) "
-                            "ON CONFLICT(key) DO UPDATE SET value=excluded.value")),
-      insert_sample_(db_.prepare("INSERT INTO samples(ts_ns, pid, tid, cpu, stack_id, kernel_stack_id) "
-                                 "VALUES(?1,?2,?3,?4,?5,?6)")),
-      insert_symbol_(db_.prepare("INSERT OR IGNORE INTO symbols(module_id, offset, name) VALUES(?1,?2,?3)")),
-      insert_python_frame_(db_.prepare("INSERT INTO python_frames(id, function, file, line) VALUES(?1,?2,?3,?4)")),
-      insert_gpu_(db_.prepare("INSERT OR REPLACE INTO gpus(idx, uuid, name, memory_total, power_limit_mw) "
-                              "VALUES(?1,?2,?3,?4,?5)")),
-      insert_gpu_sample_(db_.prepare(
-          "INSERT INTO gpu_samples(ts_ns, gpu, gpu_util, mem_util, mem_used, power_mw, temperature_c, sm_clock_mhz, "
-          "mem_clock_mhz, throttle_reasons, pcie_tx_kbs, pcie_rx_kbs, ecc_corrected, ecc_uncorrected) "
-          "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)")),
-      insert_gpu_process_(db_.prepare("INSERT INTO gpu_process_samples(ts_ns, gpu, pid, sm_util, mem_util, used_memory) "
-                                      "VALUES(?1,?2,?3,?4,?5,?6)")),
-      insert_gpu_event_(db_.prepare("INSERT INTO gpu_events(ts_ns, gpu, kind, value) VALUES(?1,?2,?3,?4)")) {
+    : path_(checked_output(path).string()),
+      temp_{temporary_beside(path_)},
+      db_(create_db(temp_.path, path)) {
+  prepare_statements();
   // Written now, not with the first batch: a record killed at once must still say what it is.
   for (auto [key, value] : {std::pair{"format", std::string(kFormatName)},
                             std::pair{"schema_version", std::to_string(kSchemaVersion)}, std::pair{"complete", std::string("0")}})
@@ -93,8 +141,66 @@ RecordWriter::~RecordWriter() {
     try {
       commit();
       stop_writer();
+      // A recording under way keeps what it has; one that never began leaves -o as it was.
+      if (keep_.load()) place();
     } catch (...) {
     }
+    if (!placed_) temp_.remove = true;
+  }
+}
+
+RecordWriter::TempFile::~TempFile() {
+  if (remove) remove_db_files(path);
+}
+
+void RecordWriter::keep() {
+  keep_.store(true);
+  cv_.notify_all();
+}
+
+void RecordWriter::discard() { keep_.store(false); }
+
+void RecordWriter::place() {
+  if (placed_) return;
+  placed_ = true;
+  // SQLite refuses to write a database renamed while open (SQLITE_READONLY_DBMOVED): folded
+  // into one file, closed, renamed, and opened again at its place.
+  db_.exec("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;");
+  close_statements();
+  db_.close();
+  std::string at = path_;
+  if (std::rename(temp_.path.c_str(), path_.c_str()) != 0) {
+    fmt::print(stderr, "gpuscope: error: cannot move the record into place at {}: {}; it is at {}\n", path_,
+               std::strerror(errno), temp_.path);
+    at = temp_.path;
+  }
+  db_ = Db(at, Db::Mode::Create);
+  configure(db_);
+  prepare_statements();
+  last_checkpoint_ns_ = monotonic_ns();
+}
+
+void RecordWriter::close_statements() {
+  for (Stmt* st : {&insert_call_, &insert_kernel_, &insert_module_, &insert_stack_, &insert_frame_, &upsert_process_,
+                   &process_exit_, &upsert_thread_, &insert_library_, &set_lost_, &set_meta_, &insert_sample_,
+                   &insert_symbol_, &insert_python_frame_, &insert_gpu_, &insert_gpu_sample_, &insert_gpu_process_,
+                   &insert_gpu_event_})
+    *st = Stmt();
+}
+
+void RecordWriter::checkpoint() {
+  try {
+    if (keep_.load() && !placed_) {
+      place();  // with a checkpoint of its own
+    } else {
+      db_.exec("PRAGMA wal_checkpoint(PASSIVE);");
+      last_checkpoint_ns_ = monotonic_ns();
+    }
+    dirty_ = false;
+  } catch (const std::exception& e) {
+    // A reader holds a checkpoint back: the next one folds in more. A failed move is said once.
+    if (!error_reported_ && placed_) fmt::print(stderr, "gpuscope: error: writing the record failed: {}\n", e.what());
+    error_reported_ = error_reported_ || placed_;
   }
 }
 
@@ -203,8 +309,16 @@ void RecordWriter::write_loop() {
     Batch b;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
+      // Awake at least once a checkpoint's interval while batches came (a record killed after a
+      // quiet while has everything in its main file), and as soon as the record may take its place.
+      cv_.wait_for(lock, std::chrono::nanoseconds(kCheckpointNs),
+                   [this] { return stopping_ || !queue_.empty() || (keep_.load() && !placed_); });
+      if (queue_.empty()) {
+        if (stopping_) return;
+        lock.unlock();
+        if (dirty_ || (keep_.load() && !placed_)) checkpoint();
+        continue;
+      }
       b = std::move(queue_.front());
       queue_.pop_front();
     }
@@ -219,6 +333,8 @@ void RecordWriter::write_batch(Batch& b) {
     for (auto& op : b.ops) op();
     for (const auto& e : b.calls) insert_call(e);
     db_.exec("COMMIT");
+    dirty_ = true;
+    if ((keep_.load() && !placed_) || monotonic_ns() - last_checkpoint_ns_ >= kCheckpointNs) checkpoint();
   } catch (const std::exception& e) {
     if (!error_reported_) fmt::print(stderr, "gpuscope: error: writing the record failed: {}\n", e.what());
     error_reported_ = true;
@@ -339,6 +455,7 @@ void RecordWriter::finish() {
   commit();
   stop_writer();
   finished_ = true;
+  place();
   db_.exec(kIndexSql);
   // Back to a single file: a record is something people copy around.
   db_.exec("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;");

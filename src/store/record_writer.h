@@ -6,6 +6,7 @@
 // Errors on the writer thread (disk full) are reported once and the batch is dropped.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -25,7 +26,11 @@ namespace gpuscope::store {
 
 class RecordWriter final : public EventSink {
  public:
-  // Creates (replacing) the file at path. Throws Error when it cannot be written.
+  // A record for `path`, written first to a hidden temporary file beside it: `path` is replaced
+  // only once keep() was called (with the next batch written) or at finish, so that a recording
+  // that never began (a command that cannot run) leaves it as it was. Throws
+  // Error for an empty path, one that exists and is not a regular file (a device, a directory),
+  // or one that cannot be written.
   explicit RecordWriter(const std::string& path);
   ~RecordWriter();
 
@@ -53,6 +58,13 @@ class RecordWriter final : public EventSink {
   void add_gpu_batch(const gpu::NvmlSampler::Batch& b) override;
 
   void commit() override;
+  // The recording has begun: the record may take `path`'s place.
+  void keep();
+  // The recording never began: the temporary file goes at destruction; `path` is untouched.
+  void discard();
+  // Committed batches are folded from the write-ahead log into the main file this often: a
+  // record killed with kill -9 is readable from that one file, less its last interval.
+  static constexpr uint64_t kCheckpointNs = 1'000'000'000;
   // Writes what is queued, indexes, marks the record complete, folds the write-ahead log
   // into the one file.
   void finish();
@@ -74,6 +86,20 @@ class RecordWriter final : public EventSink {
   void write_batch(Batch& b);
   void stop_writer();
 
+  void prepare_statements();
+  void close_statements();
+  void checkpoint();  // on the writer thread
+  // The record takes -o's place (on the writer thread, or once it stopped).
+  void place();
+
+  // The temporary file, removed once the database is closed if the recording never began.
+  struct TempFile {
+    std::string path;
+    bool remove = false;
+    ~TempFile();
+  };
+  const std::string path_;
+  TempFile temp_;
   Db db_;
   Stmt insert_call_, insert_kernel_, insert_module_, insert_stack_, insert_frame_, upsert_process_, process_exit_,
       upsert_thread_, insert_library_, set_lost_, set_meta_, insert_sample_, insert_symbol_, insert_python_frame_, insert_gpu_, insert_gpu_sample_,
@@ -84,6 +110,10 @@ class RecordWriter final : public EventSink {
   std::unordered_map<std::vector<StoredFrame>, int64_t, FrameVecHash> stacks_;
   int64_t next_stack_id_ = 1, next_kernel_id_ = 1, next_module_id_ = 1, next_python_frame_id_ = 1;
   bool finished_ = false;
+  std::atomic<bool> keep_{false};
+  bool placed_ = false;         // the writer thread's, then finish's
+  bool dirty_ = false;          // committed since the last checkpoint
+  uint64_t last_checkpoint_ns_ = 0;
 
   Batch filling_;
   // Rows made by other threads (the recorder's), joined to the batch at commit.

@@ -22,6 +22,21 @@ Db::Db(const std::string& path, Mode mode) : path_(path) {
 
 Db::~Db() { sqlite3_close(db_); }
 
+void Db::close() {
+  sqlite3_close(db_);
+  db_ = nullptr;
+}
+
+Db& Db::operator=(Db&& o) noexcept {
+  if (this != &o) {
+    sqlite3_close(db_);
+    db_ = o.db_;
+    path_ = std::move(o.path_);
+    o.db_ = nullptr;
+  }
+  return *this;
+}
+
 void Db::exec(const std::string& sql) {
   char* err = nullptr;
   if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
@@ -40,6 +55,16 @@ Stmt::Stmt(sqlite3* db, std::string_view sql) : db_(db) {
 }
 
 Stmt::~Stmt() { sqlite3_finalize(st_); }
+
+Stmt& Stmt::operator=(Stmt&& o) noexcept {
+  if (this != &o) {
+    sqlite3_finalize(st_);
+    db_ = o.db_;
+    st_ = o.st_;
+    o.st_ = nullptr;
+  }
+  return *this;
+}
 
 Stmt& Stmt::bind(int i, int64_t v) {
   sqlite3_bind_int64(st_, i, v);

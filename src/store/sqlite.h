@@ -17,11 +17,13 @@ class Db {
   Db(const std::string& path, Mode mode);
   ~Db();
   Db(Db&& o) noexcept : db_(o.db_), path_(std::move(o.path_)) { o.db_ = nullptr; }
+  Db& operator=(Db&& o) noexcept;
   Db(const Db&) = delete;
   Db& operator=(const Db&) = delete;
 
   void exec(const std::string& sql);
   Stmt prepare(std::string_view sql);
+  void close();  // its statements finalized first
   int64_t last_insert_rowid() const { return sqlite3_last_insert_rowid(db_); }
   sqlite3* handle() const { return db_; }
   const std::string& path() const { return path_; }
@@ -33,9 +35,11 @@ class Db {
 
 class Stmt {
  public:
+  Stmt() = default;  // none yet: assign a prepared one
   Stmt(sqlite3* db, std::string_view sql);
   ~Stmt();
   Stmt(Stmt&& o) noexcept : db_(o.db_), st_(o.st_) { o.st_ = nullptr; }
+  Stmt& operator=(Stmt&& o) noexcept;
   Stmt(const Stmt&) = delete;
   Stmt& operator=(const Stmt&) = delete;
 
@@ -58,7 +62,7 @@ class Stmt {
   bool is_null(int col) const { return sqlite3_column_type(st_, col) == SQLITE_NULL; }
 
  private:
-  sqlite3* db_;
+  sqlite3* db_ = nullptr;
   sqlite3_stmt* st_ = nullptr;
 };
 

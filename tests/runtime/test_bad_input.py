@@ -87,6 +87,29 @@ def test_report_newer_version(record, gpuscope, tmp_path):
     assert "upgrade gpuscope" in single_error_line(gpuscope("report", rec.path))
 
 
+def test_output_that_is_not_a_regular_file_is_refused_and_left_alone(gpuscope, tmp_path):
+    # gpuscope runs as root: -o /dev/null once replaced the device node with a record.
+    before = os.stat("/dev/null")
+    line = single_error_line(gpuscope("record", "-o", "/dev/null", "--", "true"))
+    assert "'/dev/null' is not a regular file" in line
+    after = os.stat("/dev/null")
+    assert (after.st_ino, after.st_rdev, after.st_mode) == (before.st_ino, before.st_rdev, before.st_mode)
+    empty = tmp_path / "dir"
+    empty.mkdir()
+    line = single_error_line(gpuscope("record", "-o", empty, "--", "true"))
+    assert "is a directory" in line and empty.is_dir()
+    assert "-o needs a file name" in single_error_line(gpuscope("record", "-o", "", "--", "true"))
+
+
+def test_a_command_that_cannot_run_leaves_the_previous_record(gpuscope, tmp_path):
+    prev = tmp_path / "prev.gpuscope"
+    prev.write_bytes(b"an earlier record")
+    line = single_error_line(gpuscope("record", "-o", prev, "--", "/no/such/program"))
+    assert "cannot run" in line
+    assert prev.read_bytes() == b"an earlier record"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prev.gpuscope"]  # no temporary file left
+
+
 def test_duration_must_be_a_number_of_seconds(gpuscope, tmp_path):
     for bad in ("nan", "-1"):
         for cmd in (["record", "-o", tmp_path / "x", "--duration", bad, "--", "true"], ["agent", "--duration", bad]):

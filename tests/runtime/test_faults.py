@@ -2,6 +2,7 @@
 stopped, and what was recorded stays readable."""
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -76,3 +77,38 @@ def test_no_guardian_outlives_a_recording(record):
     left = subprocess.run(["pgrep", "-x", "gpuscope-guard"], capture_output=True, text=True).stdout.split()
     assert not left, left
 
+
+CUDA_THEN_SLEEP = ("import ctypes, sys, time\n"
+                   "rt = ctypes.CDLL(sys.argv[1])\n"
+                   "p = ctypes.c_void_p()\n"
+                   "for _ in range(3): rt.cudaMalloc(ctypes.byref(p), 4096)\n"
+                   "print('called', flush=True)\n"
+                   "time.sleep(60)\n")
+
+
+def test_a_record_killed_with_kill_9_is_readable_from_its_one_file(tmp_path):
+    # The main file alone, as a user copies it: every call made more than a checkpoint's interval
+    # (1 s) before the kill is in it, with the schema; no -wal file needed.
+    out = tmp_path / "r.gpuscope"
+    rec = subprocess.Popen([str(GPUSCOPE), "record", "-o", str(out), "--", sys.executable, "-c", CUDA_THEN_SLEEP,
+                            str(CUDART)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert rec.stdout.readline() == "called\n"
+        time.sleep(2.5)
+        rec.kill()
+        rec.wait()
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+            rec.wait()
+        subprocess.run(["pkill", "-KILL", "-f", "for _ in range\\(3\\)"])
+    copy = tmp_path / "copied" / "r.gpuscope"
+    copy.parent.mkdir()
+    copy.write_bytes(out.read_bytes())
+    with sqlite3.connect(f"file:{copy}?mode=ro", uri=True) as db:
+        n = db.execute("SELECT count(*) FROM calls c JOIN functions f ON f.id = c.func WHERE f.name = 'cudaMalloc'")
+        assert n.fetchone()[0] == 3
+        assert db.execute("SELECT value FROM meta WHERE key = 'complete'").fetchone() == ('0',)
+    report = subprocess.run([str(GPUSCOPE), "report", str(copy)], capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr
+    assert "cudaMalloc" in report.stdout

@@ -45,6 +45,7 @@ class Recording {
  public:
   // A recording killed before its end has no end_ns.
   explicit Recording(const std::string& path, bool ended = true) : w(path) {
+    w.keep();  // under way: a writer gone without finish() leaves what it wrote
     w.set_meta("mode", "command");
     w.set_meta("command", "./app --size 10");
     w.set_meta("host", "testhost");

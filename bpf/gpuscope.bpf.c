@@ -2170,7 +2170,7 @@ static __always_inline __u32 copy_user_stack(__u8 *dst, __u64 sp, __u16 *holes)
 	const __u32 first = GS_STACK_COPY_CHUNK - (sp & (GS_STACK_COPY_CHUNK - 1));
 	__u32 len = 0, off = 0;
 	__u16 missing = 0;
-#pragma unroll
+	/* A bounded loop (the asm barriers keep clang from unrolling it). */
 	for (__u32 i = 0; i <= GS_STACK_COPY / GS_STACK_COPY_CHUNK; i++) {
 		if (off >= want)
 			break;

@@ -9,6 +9,8 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <charconv>
+
 #include <condition_variable>
 #include <set>
 #include <fstream>
@@ -122,6 +124,8 @@ class Agent {
   std::string metrics_text();
   std::string profile_bytes(const std::string& type, int64_t pid, bool& found);
   bool authorized(const httplib::Request& req, bool profiles) const;
+  // Warns when the listen address or a missing token exposes more than this host sees.
+  void say_what_is_exposed() const;
 
   const AgentRun& run_;
   AgentConfig cfg_;
@@ -204,6 +208,20 @@ std::string Agent::profile_bytes(const std::string& type, int64_t pid, bool& fou
   return report::to_pprof(merged);
 }
 
+void Agent::say_what_is_exposed() const {
+  const std::string host = split_listen(cfg_.listen).first;
+  const bool local = host == "127.0.0.1" || host == "::1" || host == "localhost" || host.starts_with("127.");
+  if (host == "0.0.0.0" || host == "::")
+    log_warn("listen: '{}' serves /metrics and /debug/pprof/ on every interface of this host{}", cfg_.listen,
+             cfg_.listen.starts_with(":") ? " (no host given); write 127.0.0.1:PORT to keep it local" : "");
+  if (!local && token_.empty())
+    log_warn("profiles (/debug/pprof/, which name your code's functions and files) are served on {} to anyone "
+             "who can reach it: set bearer_token_file to ask for a token",
+             cfg_.listen);
+  else if (!local && !run_.quiet)
+    log_info("profiles are served on {}, behind the bearer token", cfg_.listen);
+}
+
 void Agent::start_server() {
   const auto [host, port] = split_listen(cfg_.listen);
   server_ = std::make_unique<httplib::Server>();
@@ -227,7 +245,16 @@ void Agent::start_server() {
         res.status = 401;
         return;
       }
-      const int64_t pid = req.has_param("pid") ? std::atoll(req.get_param_value("pid").c_str()) : 0;
+      int64_t pid = 0;
+      if (req.has_param("pid")) {
+        const std::string text = req.get_param_value("pid");
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), pid);
+        if (ec != std::errc() || end != text.data() + text.size() || pid <= 0) {
+          res.status = 400;
+          res.set_content("pid must be a process id, e.g. ?pid=1234 (leave it out for every process)\n", "text/plain");
+          return;
+        }
+      }
       bool found = false;
       std::string bytes = profile_bytes(type, pid, found);
       if (!found) {
@@ -488,13 +515,12 @@ void Agent::apply_live(AgentConfig c) {
 }
 
 int Agent::run() {
-  attach::check_can_trace();
+  attach::check_can_trace("gpuscope agent");
   // Few malloc arenas: each thread's own arena would keep its freed memory apart.
   mallopt(M_ARENA_MAX, 2);
   cfg_ = read_config();
   token_ = read_token(cfg_.bearer_token_file);
-  if (!token_.empty() && cfg_.listen.starts_with("0.0.0.0") && !run_.quiet)
-    log_info("profiles are served on all interfaces, behind the bearer token");
+  say_what_is_exposed();
   utsname u{};
   uname(&u);
   hostname_ = u.nodename;

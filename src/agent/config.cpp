@@ -29,6 +29,7 @@ void check_keys(const std::string& path, const std::string& where, const YAML::N
   if (!map.IsMap()) fail(path, map, where + " must be a mapping");
   for (const auto& kv : map) {
     const auto key = kv.first.as<std::string>();
+    if (kv.first.IsNull() || key.empty()) fail(path, kv.first, "an entry has no key name" + (where.empty() ? "" : " (in " + where + ")"));
     if (!known.contains(key)) fail(path, kv.first, "unknown key '" + (where.empty() ? "" : where + ".") + key + "'");
   }
 }

@@ -23,7 +23,7 @@ bool has_capability(int cap) {
 
 }  // namespace
 
-void check_can_trace() {
+void check_can_trace(std::string_view command) {
   namespace fs = std::filesystem;
   std::error_code ec;
   // CAP_BPF and CAP_PERFMON load and attach; SYS_PTRACE reads other processes' maps; KILL
@@ -31,7 +31,7 @@ void check_can_trace() {
   constexpr int kCapBpf = 39, kCapPerfmon = 38;
   if (geteuid() != 0 && !(has_capability(kCapBpf) && has_capability(kCapPerfmon) &&
                           has_capability(CAP_SYS_PTRACE) && has_capability(CAP_KILL)))
-    throw Error("gpuscope record needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and CAP_KILL): run it with sudo");
+    throw Error("{} needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and CAP_KILL): run it with sudo", command);
   if (!fs::exists("/sys/kernel/btf/vmlinux", ec))
     throw Error("this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); use a kernel built with CONFIG_DEBUG_INFO_BTF=y");
   if (!fs::exists("/sys/bus/event_source/devices/uprobe", ec))

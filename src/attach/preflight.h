@@ -2,8 +2,11 @@
 // a one-line Error that says what to do.
 #pragma once
 
+#include <string_view>
+
 namespace gpuscope::attach {
 
-void check_can_trace();
+// `command`: what the user ran ("gpuscope record", "gpuscope agent"), as the messages name it.
+void check_can_trace(std::string_view command);
 
 }  // namespace gpuscope::attach

@@ -1,12 +1,14 @@
 // gpuscope's command line: parses arguments and hands over to a stage. Errors end here, as
 // one line and a non-zero exit.
 #include <CLI/CLI.hpp>
+#include <signal.h>
 
+#include <cerrno>
 #include <charconv>
-#include <cstdio>
 #include <cmath>
-#include <iostream>
+#include <cstdio>
 #include <cstring>
+#include <iostream>
 #include <fstream>
 #include <map>
 
@@ -262,7 +264,11 @@ int main(int argc, char** argv) {
       const int modes = !ropts.command.empty() + !ropts.pids.empty() + ropts.all;
       if (modes != 1) throw Error("give exactly one of: a command after --, --pid PID, or --all");
       for (pid_t p : ropts.pids)
-        if (!discover::process_exists(p)) throw Error("no process with PID {} (check it with ps)", p);
+        if (!discover::process_exists(p)) {
+          if (kill(p, 0) == 0 || errno == EPERM)
+            throw Error("PID {} has exited (a zombie its parent has not waited for yet): nothing to record", p);
+          throw Error("no process with PID {} (check it with ps)", p);
+        }
       check_duration(ropts.duration_s);
       if (ropts.cpu_profile_hz < 0 || ropts.cpu_profile_hz > 10000)
         throw Error("--cpu-profile must be between 1 and 10000 samples per second");

@@ -145,7 +145,7 @@ FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, cons
   switch (opt.metric) {
     case Metric::Cpu: {
       if (!have_samples) throw Error("this record has no CPU samples: record with --cpu-profile 99");
-      const int64_t hz = std::stoll(rec.meta("cpu_profile_hz", "0"));
+      const int64_t hz = rec.meta_i64("cpu_profile_hz", 0);
       d.sample_type = "cpu";
       d.unit = "nanoseconds";
       d.period = hz > 0 ? 1'000'000'000 / hz : 1;

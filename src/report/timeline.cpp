@@ -108,11 +108,7 @@ std::string stack_text(const std::vector<std::string>& frames) {
 TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sym, const TimelineOptions& opt,
                              std::ostream& out) {
   Db& db = rec.db();
-  int64_t origin = 0;
-  try {
-    origin = std::stoll(rec.meta("start_ns", "0"));
-  } catch (const std::exception&) {
-  }
+  int64_t origin = rec.meta_i64("start_ns", 0);
   if (!origin) {
     auto q = db.prepare("SELECT min(ts_ns) FROM calls");
     if (q.step()) origin = q.i64(0);

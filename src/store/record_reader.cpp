@@ -1,5 +1,6 @@
 #include "store/record_reader.h"
 
+#include <charconv>
 #include <filesystem>
 
 #include "common/error.h"
@@ -20,14 +21,14 @@ Db open_db(const std::string& path) {
 
 }  // namespace
 
-RecordReader::RecordReader(const std::string& path) : db_(open_db(path)) {
+RecordReader::RecordReader(const std::string& path) : db_(open_db(path)), path_(path) {
   try {
     auto st = db_.prepare("SELECT key, value FROM meta");
     while (st.step()) meta_[st.str(0)] = st.str(1);
     db_.exec("SELECT count(*) FROM calls");
-  } catch (const Error& e) {
-    throw Error("'{}' is not a readable gpuscope record ({}); it may be truncated or another kind of file",
-                path, sqlite3_errmsg(db_.handle()));
+  } catch (const SqliteError& e) {
+    throw Error("'{}' is not a readable gpuscope record ({}); it may be truncated or another kind of file", path,
+                e.reason());
   }
   if (meta("format") != kFormatName)
     throw Error("'{}' is an SQLite file but not a gpuscope record (no format marker)", path);
@@ -40,6 +41,17 @@ RecordReader::RecordReader(const std::string& path) : db_(open_db(path)) {
     throw Error("'{}' uses record format {}, newer than this gpuscope reads ({}); upgrade gpuscope", path, version,
                 kSchemaVersion);
   if (version < 1) throw Error("'{}' has an invalid record format version '{}'", path, meta("schema_version"));
+}
+
+int64_t RecordReader::meta_i64(const std::string& key, int64_t fallback) const {
+  auto it = meta_.find(key);
+  if (it == meta_.end()) return fallback;
+  int64_t v = 0;
+  const auto& text = it->second;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size())
+    throw Error("'{}' is damaged: its meta value {} is '{}', not a whole number", path_, key, text.substr(0, 40));
+  return v;
 }
 
 std::string RecordReader::meta(const std::string& key, const std::string& fallback) const {

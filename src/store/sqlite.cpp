@@ -1,7 +1,5 @@
 #include "store/sqlite.h"
 
-#include "common/error.h"
-
 namespace gpuscope::store {
 
 Db::Db(const std::string& path, Mode mode) : path_(path) {
@@ -42,7 +40,7 @@ void Db::exec(const std::string& sql) {
   if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
     std::string msg = err ? err : sqlite3_errmsg(db_);
     sqlite3_free(err);
-    throw Error("record file '{}': {}", path_, msg);
+    throw SqliteError(fmt::format("record file '{}'", path_), msg);
   }
 }
 
@@ -51,7 +49,7 @@ Stmt Db::prepare(std::string_view sql) { return Stmt(db_, sql); }
 Stmt::Stmt(sqlite3* db, std::string_view sql) : db_(db) {
   if (sqlite3_prepare_v3(db, sql.data(), static_cast<int>(sql.size()), SQLITE_PREPARE_PERSISTENT, &st_, nullptr) !=
       SQLITE_OK)
-    throw Error("record file: {} (in: {})", sqlite3_errmsg(db), sql.substr(0, 80));
+    throw SqliteError("record file", sqlite3_errmsg(db));
 }
 
 Stmt::~Stmt() { sqlite3_finalize(st_); }
@@ -87,7 +85,7 @@ bool Stmt::step() {
   const int rc = sqlite3_step(st_);
   if (rc == SQLITE_ROW) return true;
   if (rc == SQLITE_DONE) return false;
-  throw Error("record file: {}", sqlite3_errmsg(db_));
+  throw SqliteError("record file", sqlite3_errmsg(db_));
 }
 
 void Stmt::run() {

@@ -7,9 +7,22 @@
 #include <string>
 #include <string_view>
 
+#include "common/error.h"
+
 namespace gpuscope::store {
 
 class Stmt;
+
+// An error SQLite reported, with its own words apart (reason) for messages that say more.
+class SqliteError : public Error {
+ public:
+  SqliteError(const std::string& where, std::string reason)
+      : Error("{}: {}", where, reason), reason_(std::move(reason)) {}
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string reason_;
+};
 
 class Db {
  public:

@@ -581,3 +581,17 @@ def test_busy_port_is_one_line_and_exit_1(tmp_path):
                              text=True, timeout=60)
     assert res.returncode == 1
     assert res.stderr.strip().count("\n") == 0 and f"cannot listen on 127.0.0.1:{port}" in res.stderr, res.stderr
+
+
+def test_what_is_exposed_is_said_and_a_bad_pid_is_refused(agent):
+    # listen: ':PORT' binds every interface: said, and that profiles go out without a token.
+    port = free_port()
+    a = agent("gpu_sample_hz: 0\n", args=("--listen", f":{port}"))
+    err = a.stderr()
+    assert f"listen: ':{port}' serves /metrics and /debug/pprof/ on every interface of this host (no host given)" in err
+    assert "are served on :%d to anyone who can reach it: set bearer_token_file" % port in err
+    # ?pid=abc once meant every process.
+    with pytest.raises(urllib.error.HTTPError) as e:
+        http_get(f"http://127.0.0.1:{port}/debug/pprof/profile?pid=abc")
+    assert e.value.code == 400
+    assert b"pid must be a process id" in e.value.read()

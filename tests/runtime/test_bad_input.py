@@ -126,3 +126,42 @@ def test_a_duration_past_what_the_clock_reaches_is_no_limit(record):
                      "p = ctypes.c_void_p(); rt.cudaMalloc(ctypes.byref(p), 64)", CUDART)
         assert rec.returncode == 0, rec.stderr
         assert rec.count("cudaMalloc") == 1, (value, rec.stderr)
+
+
+def test_messages_say_what_is_wrong(gpuscope, tmp_path):
+    # Not "(not an error)", "stoll" or SQL: what is wrong with the file, in SQLite's words or ours.
+    text = tmp_path / "notes.txt"
+    text.write_text("hello\n")
+    assert "is not a readable gpuscope record (file is not a database)" in single_error_line(gpuscope("report", text))
+    other = tmp_path / "other.db"
+    subprocess.run(["sqlite3", other, "CREATE TABLE meta(key, value); INSERT INTO meta VALUES('format', 'x')"], check=True)
+    assert "is not a readable gpuscope record (no such table: calls)" in single_error_line(gpuscope("report", other))
+    # A record whose meta was damaged by hand.
+    rec = tmp_path / "r.gpuscope"
+    assert gpuscope("record", "-o", rec, "--", "true").returncode == 0
+    subprocess.run(["sqlite3", rec, "UPDATE meta SET value = 'abc' WHERE key = 'start_ns'"], check=True)
+    line = single_error_line(gpuscope("timeline", rec, "-o", tmp_path / "t.json"))
+    assert "is damaged: its meta value start_ns is 'abc', not a whole number" in line
+    # A config entry without a key.
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(": 5\n")
+    assert f"{cfg}:1: an entry has no key name" in single_error_line(gpuscope("agent", "-c", cfg, "--duration", "1"))
+
+
+def test_a_zombie_is_said_to_have_exited(gpuscope, tmp_path):
+    p = subprocess.Popen(["true"])
+    try:
+        import time
+        time.sleep(0.3)  # exited, not waited for: a zombie
+        line = single_error_line(gpuscope("record", "-o", tmp_path / "x", "--pid", p.pid))
+        assert f"PID {p.pid} has exited (a zombie its parent has not waited for yet)" in line
+    finally:
+        p.wait()
+
+
+def test_the_agent_names_itself_when_not_root(tmp_path):
+    if shutil.which("setpriv") is None:
+        return
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+                           str(GPUSCOPE), "agent", "--duration", "1"], capture_output=True, text=True)
+    assert "gpuscope agent needs root" in single_error_line(proc)

@@ -261,25 +261,28 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       // Unwound now, while the process's mappings are as they were at the call; the call's
       // record follows (at the call's return, for calls with one).
       if (size < sizeof(gs_stack_copy_record)) return;
-      const auto* c = reinterpret_cast<const gs_stack_copy_record*>(data);
+      // Records sit at 4 mod 8 in a batch: fields are copied out, never read in place.
+      using R = gs_stack_copy_record;
       uint32_t pid, tid, len;
       uint16_t holes;
       uint64_t ts;
-      std::memcpy(&holes, &c->holes, sizeof(holes));
-      std::memcpy(&pid, &c->pid, sizeof(pid));
-      std::memcpy(&tid, &c->tid, sizeof(tid));
-      std::memcpy(&len, &c->stack_len, sizeof(len));
-      std::memcpy(&ts, &c->ts_ns, sizeof(ts));
+      std::memcpy(&holes, data + offsetof(R, holes), sizeof(holes));
+      std::memcpy(&pid, data + offsetof(R, pid), sizeof(pid));
+      std::memcpy(&tid, data + offsetof(R, tid), sizeof(tid));
+      std::memcpy(&len, data + offsetof(R, stack_len), sizeof(len));
+      std::memcpy(&ts, data + offsetof(R, ts_ns), sizeof(ts));
       note_process(pid, ts);
       // Bounded: a copy whose call record was lost must not stay forever.
       if (copied_stacks_.size() >= kMaxCopiedStacks) copied_stacks_.clear();
-      auto& unwound = copied_stacks_[{tid, ts}] = unwind_stack_copy(pid, tid, &c->regs, c->data, len, holes);
+      auto& unwound = copied_stacks_[{tid, ts}] = unwind_stack_copy(pid, tid, data + offsetof(R, regs), data + offsetof(R, data), len, holes);
       if (copy_unwound_) copy_unwound_(pid, unwound.ips);
       break;
     }
     case GS_REC_PY_CODE: {
       if (size < sizeof(gs_py_code_record)) return;
-      python_.on_code(*reinterpret_cast<const gs_py_code_record*>(data));
+      gs_py_code_record code;  // aligned: the record sits at 4 mod 8 in its batch
+      std::memcpy(&code, data, sizeof(code));
+      python_.on_code(code);
       break;
     }
     case GS_REC_PY_STACK:
@@ -315,12 +318,13 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       const uint16_t thread_handoff = handoff_thread(rec.comm, sizeof(rec.comm));
       if (size >= sizeof(gs_sample_stack_record)) {
         // The stack copy is read in place: it is most of the record.
-        const auto* full = reinterpret_cast<const gs_sample_stack_record*>(data);
+        using R = gs_sample_stack_record;
         uint32_t len;
         uint16_t holes;
-        std::memcpy(&len, &full->stack_len, sizeof(len));
-        std::memcpy(&holes, &full->holes, sizeof(holes));
-        const auto u = unwind_stack_copy(rec.pid, rec.tid, &full->regs, full->data, len, holes);
+        std::memcpy(&len, data + offsetof(R, stack_len), sizeof(len));
+        std::memcpy(&holes, data + offsetof(R, holes), sizeof(holes));
+        const auto u =
+            unwind_stack_copy(rec.pid, rec.tid, data + offsetof(R, regs), data + offsetof(R, data), len, holes);
         user_stack = store_user_stack(rec.pid, u.ips, u.truncated, rec.py_stack, thread_handoff);
       } else if (rec.native_stack) {
         user_stack = native_stack(rec.pid, rec.native_stack, rec.py_stack, thread_handoff);
@@ -587,7 +591,7 @@ void Pipeline::recycle_stacks(uint64_t taken_ns) {
   ++stack_recycles_;
 }
 
-Pipeline::Unwound Pipeline::unwind_stack_copy(uint32_t pid, uint32_t tid, const gs_user_regs* regs_in_record,
+Pipeline::Unwound Pipeline::unwind_stack_copy(uint32_t pid, uint32_t tid, const uint8_t* regs_in_record,
                                               const uint8_t* stack, uint32_t len, uint16_t holes) {
   gs_user_regs regs;
   std::memcpy(&regs, regs_in_record, sizeof(regs));  // records are not aligned in the batch

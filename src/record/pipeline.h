@@ -156,7 +156,8 @@ class Pipeline {
     std::vector<uint64_t> ips;
     bool truncated = false;
   };
-  Unwound unwind_stack_copy(uint32_t pid, uint32_t tid, const gs_user_regs* regs_in_record, const uint8_t* stack,
+  // regs_in_record: a gs_user_regs, unaligned (copied out).
+  Unwound unwind_stack_copy(uint32_t pid, uint32_t tid, const uint8_t* regs_in_record, const uint8_t* stack,
                             uint32_t len, uint16_t holes);
   struct PyFrameId {
     int64_t id;  // the sink's python frame

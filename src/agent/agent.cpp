@@ -19,6 +19,7 @@
 
 #include "agent/aggregator.h"
 #include "agent/budget.h"
+#include "agent/http_server.h"
 #include "agent/metrics.h"
 #include "attach/preflight.h"
 #include "common/clock.h"
@@ -123,7 +124,8 @@ class Agent {
   void enforce_memory_limit();
   std::string metrics_text();
   std::string profile_bytes(const std::string& type, int64_t pid, bool& found);
-  bool authorized(const httplib::Request& req, bool profiles) const;
+  bool authorized(const HttpRequest& req, bool profiles) const;
+  HttpResponse serve(const HttpRequest& req);
   // Warns when the listen address or a missing token exposes more than this host sees.
   void say_what_is_exposed() const;
 
@@ -149,8 +151,7 @@ class Agent {
   std::vector<ProcessProfile> profiles_;  // the last complete window
   std::map<std::string, double> export_errors_;
 
-  std::unique_ptr<httplib::Server> server_;
-  std::thread server_thread_;
+  std::unique_ptr<HttpServer> server_;
   std::thread exporter_;
   std::mutex exporter_mu_;
   std::condition_variable exporter_cv_;
@@ -169,10 +170,10 @@ AgentConfig Agent::read_config() const {
   return c;
 }
 
-bool Agent::authorized(const httplib::Request& req, bool profiles) const {
+bool Agent::authorized(const HttpRequest& req, bool profiles) const {
   std::lock_guard lock(mu_);
   if (token_.empty() || (!profiles && !cfg_.protect_metrics)) return true;
-  return req.get_header_value("Authorization") == "Bearer " + token_;
+  return req.authorization == "Bearer " + token_;
 }
 
 std::string Agent::metrics_text() {
@@ -224,75 +225,50 @@ void Agent::say_what_is_exposed() const {
 
 void Agent::start_server() {
   const auto [host, port] = split_listen(cfg_.listen);
-  server_ = std::make_unique<httplib::Server>();
-  // Two handler threads: scrapes are few, and memory is bounded.
-  server_->new_task_queue = [] { return new httplib::ThreadPool(2); };
-  server_->set_read_timeout(5);
-  server_->set_write_timeout(10);
-  server_->Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, false)) {
-      res.status = 401;
-      return;
-    }
-    res.set_content(metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  server_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  server_ = std::make_unique<HttpServer>(host, port, [this](const HttpRequest& req) { return serve(req); });
+  if (!run_.quiet) log_info("serving /metrics and /debug/pprof/ on http://{}", cfg_.listen);
+}
+
+HttpResponse Agent::serve(const HttpRequest& req) {
+  if (req.path == "/healthz") return {200, "text/plain", "ok\n"};
+  if (req.path == "/metrics") {
+    if (!authorized(req, false)) return {401, "text/plain", "a bearer token is required\n"};
+    return {200, "text/plain; version=0.0.4; charset=utf-8", metrics_text()};
+  }
   // pprof, as Parca and `go tool pprof` fetch it: the last complete window, one process
   // (?pid=) or all of them, each under a root frame naming the process.
-  auto serve_profile = [this](const std::string& type) {
-    return [this, type](const httplib::Request& req, httplib::Response& res) {
-      if (!authorized(req, true)) {
-        res.status = 401;
-        return;
-      }
-      int64_t pid = 0;
-      if (req.has_param("pid")) {
-        const std::string text = req.get_param_value("pid");
-        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), pid);
-        if (ec != std::errc() || end != text.data() + text.size() || pid <= 0) {
-          res.status = 400;
-          res.set_content("pid must be a process id, e.g. ?pid=1234 (leave it out for every process)\n", "text/plain");
-          return;
-        }
-      }
-      bool found = false;
-      std::string bytes = profile_bytes(type, pid, found);
-      if (!found) {
-        res.status = 404;
-        res.set_content(pid ? "no profile for this pid in the last window\n" : "no profile yet: wait one interval\n",
-                        "text/plain");
-        return;
-      }
-      res.set_content(std::move(bytes), "application/octet-stream");
-    };
-  };
-  server_->Get("/debug/pprof/profile", serve_profile("cpu"));
-  server_->Get("/debug/pprof/cuda_launches", serve_profile("launches"));
-  server_->Get("/debug/pprof/", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, true)) {
-      res.status = 401;
-      return;
+  const bool cpu = req.path == "/debug/pprof/profile", launches = req.path == "/debug/pprof/cuda_launches";
+  if (cpu || launches) {
+    if (!authorized(req, true)) return {401, "text/plain", "a bearer token is required\n"};
+    int64_t pid = 0;
+    if (req.has("pid")) {
+      const std::string& text = req.query.at("pid");
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), pid);
+      if (ec != std::errc() || end != text.data() + text.size() || pid <= 0)
+        return {400, "text/plain", "pid must be a process id, e.g. ?pid=1234 (leave it out for every process)\n"};
     }
-    std::string out = "profiles of the last window (pprof): /debug/pprof/profile (CPU), /debug/pprof/cuda_launches; ?pid=N for one process\n";
+    bool found = false;
+    std::string bytes = profile_bytes(cpu ? "cpu" : "launches", pid, found);
+    if (!found)
+      return {404, "text/plain",
+              pid ? "no profile for this pid in the last window\n" : "no profile yet: wait one interval\n"};
+    return {200, "application/octet-stream", std::move(bytes)};
+  }
+  if (req.path == "/debug/pprof/" || req.path == "/debug/pprof") {
+    if (!authorized(req, true)) return {401, "text/plain", "a bearer token is required\n"};
+    std::string out =
+        "profiles of the last window (pprof): /debug/pprof/profile (CPU), /debug/pprof/cuda_launches; ?pid=N for one "
+        "process\n";
     std::lock_guard lock(mu_);
     for (const auto& p : profiles_)
       out += fmt::format("pid {} ({}): {} CPU stacks, {} launch stacks\n", p.pid, p.comm, p.cpu.stacks.size(),
                          p.launches.stacks.size());
-    res.set_content(out, "text/plain");
-  });
-  if (!server_->bind_to_port(host, port))
-    throw Error("cannot listen on {}: {} (is another agent running? set listen: in the config)", cfg_.listen,
-                strerror(errno));
-  server_thread_ = std::thread([this] { server_->listen_after_bind(); });
-  if (!run_.quiet) log_info("serving /metrics and /debug/pprof/ on http://{}", cfg_.listen);
+    return {200, "text/plain", std::move(out)};
+  }
+  return {404, "text/plain", "not found: /metrics, /healthz, /debug/pprof/\n"};
 }
 
-void Agent::stop_server() {
-  if (!server_) return;
-  server_->stop();
-  if (server_thread_.joinable()) server_thread_.join();
-  server_.reset();
-}
+void Agent::stop_server() { server_.reset(); }
 
 void Agent::push_otlp() {
   std::vector<MetricFamily> extra;

@@ -595,3 +595,35 @@ def test_what_is_exposed_is_said_and_a_bad_pid_is_refused(agent):
         http_get(f"http://127.0.0.1:{port}/debug/pprof/profile?pid=abc")
     assert e.value.code == 400
     assert b"pid must be a process id" in e.value.read()
+
+
+def test_slow_clients_hold_neither_health_nor_metrics(agent):
+    # Clients that send their request's head a line at a time (one every second, within any
+    # per-read timeout) once held both handler threads of the old server: /healthz stopped
+    # answering and Kubernetes' liveness probe would restart the agent. Each now holds one
+    # connection slot, and a head not in whole within 10 s gets its connection shut.
+    a = agent("gpu_sample_hz: 0\n")
+    slow = [socket.create_connection(("127.0.0.1", a.port)) for _ in range(8)]
+    for s in slow:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+    start = time.monotonic()
+    while time.monotonic() - start < 13:
+        for s in slow:
+            try:
+                s.sendall(b"X-Drip: 1\r\n")
+            except OSError:
+                pass  # shut by the server
+        t0 = time.monotonic()
+        status, body = http_get(a.url + "/healthz", timeout=3)
+        assert (status, body) == (200, b"ok\n") and time.monotonic() - t0 < 1.5
+        assert http_get(a.url + "/metrics", timeout=3)[0] == 200
+        time.sleep(1)
+    # Past the deadline every slow connection was shut: reads see its end.
+    for s in slow:
+        s.settimeout(3)
+        try:
+            while s.recv(4096):
+                pass
+        except ConnectionResetError:
+            pass
+        s.close()

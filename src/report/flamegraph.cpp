@@ -15,6 +15,20 @@
 namespace gpuscope::report {
 namespace {
 
+// Weights from a record are summed without overflowing (a crafted record's can be anything).
+int64_t saturating_add(int64_t a, int64_t b) {
+  int64_t sum;
+  if (!__builtin_add_overflow(a, b, &sum)) return sum;
+  return b > 0 ? INT64_MAX : INT64_MIN;
+}
+
+int64_t saturating_sub(int64_t a, int64_t b) {
+  int64_t diff;
+  if (!__builtin_sub_overflow(a, b, &diff)) return diff;
+  return b < 0 ? INT64_MAX : INT64_MIN;
+}
+
+
 using store::Db;
 
 // The frames a view shows of stored stacks, outermost first, per (user stack, kernel stack):
@@ -97,7 +111,7 @@ std::string gzip(const std::string& in) {
 
 int64_t FlameData::total() const {
   int64_t t = 0;
-  for (const auto& [k, v] : stacks) t += v;
+  for (const auto& [k, v] : stacks) t = saturating_add(t, v);
   return t;
 }
 
@@ -136,7 +150,7 @@ FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, cons
     if (stack_id == 0) path.insert(path.end(), "[no stack]");
     path.insert(path.end(), frames.begin(), frames.end());
     path.insert(path.end(), leaf.begin(), leaf.end());
-    d.stacks[path] += value;
+    d.stacks[path] = saturating_add(d.stacks[path], value);
   };
   auto add = [&](int64_t pid, int64_t stack_id, const std::vector<std::string>& leaf, int64_t value) {
     add_with_kernel(pid, stack_id, 0, leaf, value);
@@ -221,15 +235,15 @@ FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, cons
             add(q.i64(0), q.i64(1), {q.str(2)}, bytes);
             continue;
           }
-          if (auto old = live.find(key); old != live.end()) in_use -= old->second.bytes;
+          if (auto old = live.find(key); old != live.end()) in_use = saturating_sub(in_use, old->second.bytes);
           live[key] = {q.i64(0), q.i64(1), bytes, q.str(2)};
-          in_use += bytes;
+          in_use = saturating_add(in_use, bytes);
           if (opt.inuse_at_peak && in_use > peak) {
             peak = in_use;
             at_peak = live;
           }
         } else if (auto it = live.find(key); it != live.end()) {
-          in_use -= it->second.bytes;
+          in_use = saturating_sub(in_use, it->second.bytes);
           live.erase(it);
         }
       }
@@ -405,6 +419,10 @@ draw();
 </script></body></html>
 )html";
 
+// Deeper stacks end in one frame that says how many were left out: the tree is built, written
+// and drawn recursively (a crafted 30,000-frame stack overflowed the stack writing it).
+constexpr size_t kMaxFlameDepth = 1024;
+
 // [name, value, [children...]], children by descending weight.
 nlohmann::json tree(const FlameData& d) {
   struct Node {
@@ -413,11 +431,13 @@ nlohmann::json tree(const FlameData& d) {
   };
   Node root;
   for (const auto& [path, value] : d.stacks) {
-    root.value += value;
+    root.value = saturating_add(root.value, value);
     Node* n = &root;
-    for (const auto& f : path) {
-      n = &n->children[f];
-      n->value += value;
+    const size_t depth = std::min(path.size(), kMaxFlameDepth);
+    for (size_t i = 0; i < depth; ++i) {
+      const bool cut = i + 1 == kMaxFlameDepth && path.size() > kMaxFlameDepth;
+      n = &n->children[cut ? fmt::format("[{} deeper frames]", path.size() - i) : path[i]];
+      n->value = saturating_add(n->value, value);
     }
   }
   auto to_json = [](auto&& self, const std::string& name, const Node& n) -> nlohmann::json {

@@ -263,8 +263,10 @@ json copies(const Record& r) {
   // copies: a batch call makes several; bytes_unknown: calls whose size could not be told (a
   // copy in the elements of an array whose creation was not seen), not in bytes.
   auto q = r.db.prepare(
-      "SELECT coalesce(dir, 'unknown'), coalesce(host_mem, ''), count(*), coalesce(sum(bytes), 0), "
-      "coalesce(sum(duration_ns), 0), coalesce(sum(ret != 0), 0), sum(" + call_copies_sql(r.db) + "), "
+      // total(), not sum(): a float that cannot overflow (sum() of crafted values stopped the
+      // report with "integer overflow"); read back as an integer, clamped.
+      "SELECT coalesce(dir, 'unknown'), coalesce(host_mem, ''), count(*), total(bytes), "
+      "total(duration_ns), coalesce(sum(ret != 0), 0), total(" + call_copies_sql(r.db) + "), "
       "sum(bytes IS NULL) FROM calls c WHERE parent_id IS NULL AND func IN (" +
       ids_of(r.functions, {"memcpy"}) + ") GROUP BY 1, 2 ORDER BY 4 DESC, 3 DESC, 1, 2");
   while (q.step()) {

@@ -35,9 +35,20 @@ void escape_into(std::string& out, std::string_view s) {
   out += '"';
 }
 
-std::string quoted(std::string_view s) {
+// Text from a record is cut to `limit` bytes (at a UTF-8 character's start), saying how much was
+// left out: it is repeated in every event that names it (a crafted 1 MB kernel name made an
+// 800 MB timeline). Names get 1 KiB; stacks and other arguments 16 KiB.
+constexpr size_t kMaxName = 1024, kMaxText = 16384;
+
+std::string quoted(std::string_view s, size_t limit = kMaxText) {
   std::string out;
-  escape_into(out, s);
+  if (s.size() <= limit) {
+    escape_into(out, s);
+    return out;
+  }
+  size_t keep = limit;
+  while (keep > 0 && (static_cast<unsigned char>(s[keep]) & 0xC0) == 0x80) --keep;
+  escape_into(out, fmt::format("{}… ({} bytes)", s.substr(0, keep), s.size()));
   return out;
 }
 
@@ -174,7 +185,8 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
       // Calls recorded at entry only (launches) are slices of no length: flow arrows to their
       // kernels start from a slice.
       w.event(fmt::format(R"({{"ph":"X","name":{},"cat":{},"ts":{},"dur":{:.3f},"pid":{},"tid":{},"args":{{{}}}}})",
-                          quoted(name), quoted(kind), us(q.i64(0)), q.i64(1) / 1e3, q.i64(2), q.i64(3), args));
+                          quoted(name, kMaxName), quoted(kind), us(q.i64(0)), q.i64(1) / 1e3, q.i64(2), q.i64(3),
+                          args));
     }
   }
 
@@ -248,7 +260,7 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
         args += fmt::format(",\"bytes\":{}", q.i64(7));
       }
       w.event(fmt::format(R"({{"ph":"X","name":{},"cat":"gpu","ts":{},"dur":{:.3f},"pid":{},"tid":{},"args":{{{}}}}})",
-                          quoted(name), us(q.i64(3)), (q.i64(4) - q.i64(3)) / 1e3, gpu_pid, stream, args));
+                          quoted(name, kMaxName), us(q.i64(3)), (q.i64(4) - q.i64(3)) / 1e3, gpu_pid, stream, args));
       if (!q.is_null(15)) {
         w.event(fmt::format(R"({{"ph":"s","id":{},"name":"launch","cat":"flow","ts":{},"pid":{},"tid":{}}})", q.i64(0),
                             us(q.i64(17)), q.i64(15), q.i64(16)));

@@ -373,7 +373,10 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       sent_stack_ids_.erase(rec.pid);
       forget_native_stacks(rec.pid);
       const bool known = known_processes_.erase(rec.pid) > 0;
-      if (known || cfg_.note_every_exec) note_process(rec.pid, rec.ts_ns);
+      // The record names the new program: a short one may be gone by now, and its name read
+      // before the exec ("gpuscope", for the command record starts) would stay.
+      if (known || cfg_.note_every_exec)
+        note_process(rec.pid, rec.ts_ns, std::string(rec.comm, strnlen(rec.comm, sizeof(rec.comm))));
       break;
     }
     default:
@@ -386,11 +389,13 @@ bool Pipeline::is_registration(const CallEvent& e) {
   return f && f->sig == decode::Signature::RegisterFunction;
 }
 
-void Pipeline::note_process(uint32_t pid, uint64_t ts_ns) {
+void Pipeline::note_process(uint32_t pid, uint64_t ts_ns, const std::string& comm_seen) {
   if (!known_processes_.insert(pid).second) return;
   maps_.refresh(pid);
-  sink_.upsert_process(pid, discover::read_ppid(pid), discover::read_comm(pid), discover::read_cmdline(pid),
-                         discover::read_exe(pid), ts_ns);
+  std::string comm = discover::read_comm(pid);
+  if (comm.empty()) comm = comm_seen;
+  sink_.upsert_process(pid, discover::read_ppid(pid), comm, discover::read_cmdline(pid), discover::read_exe(pid),
+                       ts_ns);
 }
 
 void Pipeline::emit(CallEvent& e) {

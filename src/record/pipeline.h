@@ -122,7 +122,8 @@ class Pipeline {
   void process_batch(const std::vector<uint8_t>& batch);
   void process_record(const uint8_t* data, size_t size);
   void emit(CallEvent& e);
-  void note_process(uint32_t pid, uint64_t ts_ns);
+  // comm_seen: its name as a record saw it, for a process gone before /proc could be read.
+  void note_process(uint32_t pid, uint64_t ts_ns, const std::string& comm_seen = {});
   void note_thread(uint32_t tid, uint32_t pid, const std::string& comm);
   // ts_ns: the record's, taken before its stacks were captured (see StackGenerations::expired).
   // A stack of Python frames alone (a call or sample whose native stack was not taken).

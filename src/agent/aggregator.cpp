@@ -645,8 +645,9 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
   for (auto& [file, frames] : by_file) {
     const auto& [open_path, path, build_id] = file;
     auto& known = known_functions_[{path, build_id}];
-    auto name_frame = [&](PendingFrame& f, const std::string& name) {
-      f.name = name.empty() ? fmt::format("{}+{:#x}", report::base_name(path), f.offset) : name;
+    // (clang 14, which builds the fuzz targets, cannot capture a structured binding)
+    auto name_frame = [&, &shown_path = path](PendingFrame& f, const std::string& name) {
+      f.name = name.empty() ? fmt::format("{}+{:#x}", report::base_name(shown_path), f.offset) : name;
     };
     std::vector<PendingFrame*> unknown;
     for (auto* f : frames) {

@@ -13,6 +13,20 @@ TARGETS = BUILD / "targets"
 CUDART = pathlib.Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "lib64" / "libcudart.so.13"
 
 
+# The copy family built with --default-stream per-thread (copy_family_ptds): no per-thread forms
+# exist of these.
+NO_PER_THREAD = {"cudaMemcpyPeer", "cudaMemcpyPeerAsync"}
+
+
+def per_thread(name):
+    """The symbol a call of `name` reaches when built with --default-stream per-thread."""
+    if name in NO_PER_THREAD:
+        return name
+    if name.startswith("cuda"):
+        return name + ("_ptsz" if name.endswith("Async") else "_ptds")
+    return name + ("_ptsz" if "Async" in name else "_ptds")
+
+
 def pytest_collection_modifyitems(config, items):
     if os.geteuid() != 0:
         skip = pytest.mark.skip(reason="runtime tests load BPF programs: run them as root")

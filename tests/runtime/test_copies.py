@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import CUDART, TARGETS, folded
+from conftest import CUDART, TARGETS, folded, per_thread
 
 ROOT = TARGETS.parent.parent
 
@@ -28,19 +28,6 @@ DRIVER = {
     "cuMemcpyAtoA_v2": 1, "cuMemcpy2D_v2": 1, "cuMemcpy2DUnaligned_v2": 1, "cuMemcpyBatchAsync_v2": 1,
     "cuMemcpyBatchAsync": 1, "cuMemcpy3DBatchAsync_v2": 1,
 }
-# No per-thread forms exist of these.
-NO_PER_THREAD = {"cudaMemcpyPeer", "cudaMemcpyPeerAsync"}
-
-
-def per_thread(name):
-    """The symbol a call of `name` reaches when built with --default-stream per-thread."""
-    if name in NO_PER_THREAD:
-        return name
-    if name.startswith("cuda"):
-        return name + ("_ptsz" if name.endswith("Async") else "_ptds")
-    return name + ("_ptsz" if "Async" in name else "_ptds")
-
-
 @pytest.fixture
 def stub_driver(tmp_path):
     """A directory whose libcuda.so.1 is the toolkit's driver stub: loadable, every call fails."""

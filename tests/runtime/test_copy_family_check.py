@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, per_thread
 
 sys.path.insert(0, str(ROOT / "bench" / "gpu"))
 import copy_family_check as check  # noqa: E402
@@ -61,18 +61,6 @@ H100 = [
     ("cuMemcpyBatchAsync", 600, "HtoD", "pinned", 1, [("HtoD", 600)]),
     ("cuMemcpy3DBatchAsync_v2", 512, "DtoH", "pinned", 1, [("AtoH", 512)]),
 ]
-NO_PER_THREAD = {"cudaMemcpyPeer", "cudaMemcpyPeerAsync"}
-
-
-def per_thread(name):
-    """The symbol copy_family_ptds reaches for `name` (as its ptds lines in the run say)."""
-    if name in NO_PER_THREAD:
-        return name
-    if name.startswith("cuda"):
-        return name + ("_ptsz" if name.endswith("Async") else "_ptds")
-    return name + ("_ptsz" if "Async" in name else "_ptds")
-
-
 def h100_record(ptds=False, nested=True, tie_inside=False, edit=None, inner_driver="known"):
     """The program's list and the record of the run. nested=False: as that run recorded it, with
     cudaMemcpyArrayToArray's cudaMemcpyFromArray and cudaMemcpyToArray as top-level copies of

@@ -19,6 +19,7 @@
 #include "decode/functions.h"
 #include "discover/container.h"
 #include "symbolize/elf_file.h"
+#include "snapshot_value.h"
 
 using namespace gpuscope;
 namespace fs = std::filesystem;
@@ -51,23 +52,7 @@ CallEvent call(uint32_t pid, const char* symbol) {
   return e;
 }
 
-double value(const agent::MetricSnapshot& s, const std::string& name,
-             std::initializer_list<std::pair<std::string, std::string>> match = {}) {
-  double total = 0;
-  bool found = false;
-  for (const auto& f : s.families) {
-    if (f.name != name) continue;
-    for (const auto& sample : f.samples) {
-      bool ok = true;
-      for (const auto& m : match) ok = ok && std::find(sample.labels.begin(), sample.labels.end(), m) != sample.labels.end();
-      if (ok) {
-        total += sample.value;
-        found = true;
-      }
-    }
-  }
-  return found ? total : -1;
-}
+using test::value;
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include "agent/aggregator.h"
 #include "agent/budget.h"
 #include "decode/functions.h"
+#include "snapshot_value.h"
 
 using namespace gpuscope;
 
@@ -25,23 +26,7 @@ CallEvent call_at(uint32_t pid, const char* symbol, uint64_t ts) {
   return e;
 }
 
-double value(const agent::MetricSnapshot& s, const std::string& name,
-             std::initializer_list<std::pair<std::string, std::string>> match = {}) {
-  double total = 0;
-  bool found = false;
-  for (const auto& f : s.families) {
-    if (f.name != name) continue;
-    for (const auto& sample : f.samples) {
-      bool ok = true;
-      for (const auto& m : match) ok = ok && std::find(sample.labels.begin(), sample.labels.end(), m) != sample.labels.end();
-      if (ok) {
-        total += sample.value;
-        found = true;
-      }
-    }
-  }
-  return found ? total : -1;
-}
+using test::value;
 
 // A process known to an aggregator whose clock the test moves.
 struct Traced {

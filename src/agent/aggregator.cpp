@@ -659,8 +659,9 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
     }
     if (unknown.empty()) continue;
     const uint64_t now_ns = monotonic_ns();
-    auto [last_pass, first_pass] = last_symbol_pass_ns_.try_emplace({path, build_id}, now_ns);
-    if (!first_pass && now_ns - last_pass->second < kSymbolPassIntervalNs) {
+    auto [last_pass, first_pass] = last_symbol_pass_.try_emplace({path, build_id});
+    const uint64_t wait_ns = std::min(kSymbolPassMaxWaitNs, last_pass->second.cost_ns * limits_.symbol_pass_spacing);
+    if (!first_pass && now_ns - last_pass->second.at_ns < wait_ns) {
       for (auto* f : unknown) {
         name_frame(*f, "");
         f->deferred = true;
@@ -668,7 +669,7 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
       deferred_frames_ += unknown.size();
       continue;
     }
-    last_pass->second = now_ns;
+    last_pass->second.at_ns = now_ns;
     std::vector<uint64_t> offsets;
     for (const auto* f : unknown) offsets.push_back(f->offset);
     std::vector<symbolize::OffsetName> names;
@@ -682,6 +683,7 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
         // The process is gone (its root with it), or the file changed: try the host's path.
       }
     }
+    last_pass->second.cost_ns = monotonic_ns() - now_ns;
     names.resize(unknown.size());
     for (size_t i = 0; i < unknown.size(); ++i) {
       auto& n = names[i];

@@ -29,6 +29,9 @@ struct AggregatorLimits {
   size_t max_stacks = 4096;             // distinct stacks held (all processes); the table is
                                         // emptied after an export once it is half full
   size_t max_live_allocations = 1u << 20;  // tracked for the memory-in-use gauges
+  // A file's next symbol pass waits this many times as long as its last pass took (see
+  // Aggregator::last_symbol_pass_), at most a minute.
+  uint64_t symbol_pass_spacing = 100;
 };
 
 // What the overhead budget needs of a process: its probe hits so far (observed, not scaled).
@@ -109,7 +112,7 @@ class Aggregator final : public store::EventSink {
 
   struct Shed {
     uint64_t kernel_names = 0, stacks = 0, processes = 0, allocations = 0;
-    uint64_t frame_names = 0;  // profile frames left file+offset for a window (kSymbolPassIntervalNs)
+    uint64_t frame_names = 0;  // profile frames left file+offset for a window (a symbol pass put off)
   };
   Shed shed() const;
   uint64_t lost_total() const;
@@ -191,11 +194,18 @@ class Aggregator final : public store::EventSink {
   std::map<std::pair<std::string, std::string>, std::map<uint64_t, std::pair<uint64_t, std::string>>> known_functions_;
   size_t known_function_count_ = 0;
   // A pass over libtorch's symbols costs tens of milliseconds, and frame-pointer walks through
-  // code built without frame pointers give ever new (garbage) offsets in it: so at most one pass
-  // per file per kSymbolPassIntervalNs. Offsets met in between that no known function covers
-  // are named file+offset in that window, and their stacks named again in the next one.
-  static constexpr uint64_t kSymbolPassIntervalNs = 60'000'000'000;
-  std::map<std::pair<std::string, std::string>, uint64_t> last_symbol_pass_ns_;
+  // code built without frame pointers give ever new (garbage) offsets in it: so a file's next
+  // pass waits limits_.symbol_pass_spacing times as long as its last one took (by default,
+  // passes over one file use at most ~1% of a thread), and never more than kSymbolPassMaxWaitNs.
+  // A small executable's pass (well under a millisecond) is hardly put off. Offsets met while a
+  // pass waits that no known function covers are named file+offset in that window, their
+  // stacks named again in the next one.
+  static constexpr uint64_t kSymbolPassMaxWaitNs = 60'000'000'000;
+  struct SymbolPass {
+    uint64_t at_ns = 0;
+    uint64_t cost_ns = 0;
+  };
+  std::map<std::pair<std::string, std::string>, SymbolPass> last_symbol_pass_;
   std::atomic<uint64_t> deferred_frames_{0};  // named file+offset while their file's pass waited
   std::atomic<uint64_t> stack_epoch_{0};
   int64_t kernel_module_ = 0, python_module_ = 0, truncated_module_ = 0;

@@ -3,15 +3,19 @@ each launching at every recursion depth below DEPTHS. The launch's grid says whi
 (grid x = i + 1) and its block which depth (block x = depth + 1), so a test can check that each
 launch's recorded stack has those frames.
 
-All of it twice: the second round's stacks are the first's again.
+All of it twice: the second round's stacks are the first's again. PAUSE seconds after each
+depth's launches (default 0.02) leave a recorder that lags behind (a loaded machine) time to
+catch up, so that it drops its older stacks more than once in a run.
 
-usage: py_many_stacks.py LIBCUDART [FUNCTIONS] [DEPTHS]"""
+usage: py_many_stacks.py LIBCUDART [FUNCTIONS] [DEPTHS] [PAUSE]"""
 import ctypes
 import sys
+import time
 
 cudart = ctypes.CDLL(sys.argv[1])
 functions = int(sys.argv[2]) if len(sys.argv) > 2 else 300
 depths = int(sys.argv[3]) if len(sys.argv) > 3 else 30
+pause = float(sys.argv[4]) if len(sys.argv) > 4 else 0.02
 launch = cudart.cudaLaunchKernel
 launch.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint32,
                    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
@@ -31,3 +35,4 @@ for _ in range(2):
         go.depth = depth
         for i in range(functions):
             namespace[f"f{i}"](depth)
+        time.sleep(pause)

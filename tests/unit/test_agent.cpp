@@ -465,16 +465,19 @@ TEST(NameOffsets, AgreesWithTheIndexedFileAndKeepsNothing) {
 
 extern "C" __attribute__((noinline, used)) int gpuscope_test_other_function(int x) { return x * 3 + 1; }
 
-TEST(Aggregator, OneSymbolPassPerLibraryPerMinute) {
+TEST(Aggregator, SymbolPassesOverOneLibraryAreSpacedByTheirCost) {
   // Frame-pointer walks through code without frame pointers give ever new offsets in a library:
   // after one pass over its symbols, an offset no known function covers waits for the next pass
   // (named file+offset for the window, counted) while offsets in known functions are named.
+  // Here the wait is at its cap (a minute): spacing far above what any pass costs.
   const std::string exe = fs::read_symlink("/proc/self/exe");
   auto elf = symbolize::ElfFile::open(exe);
   const auto offsets = elf->function_offsets({"main", "gpuscope_test_other_function"});
   ASSERT_EQ(offsets.size(), 2u);
   const uint64_t in_main = offsets.at("main") + 1, in_target = offsets.at("gpuscope_test_other_function") + 1;
-  agent::Aggregator agg(agent::AggregatorLimits{}, 100);
+  agent::AggregatorLimits limits;
+  limits.symbol_pass_spacing = 1'000'000'000'000;
+  agent::Aggregator agg(limits, 100);
   const uint32_t pid = static_cast<uint32_t>(getpid());
   const int64_t m = agg.intern_module(exe, elf->build_id());
   const auto leaf_of = [](const agent::ProcessProfile& p) {
@@ -501,6 +504,28 @@ TEST(Aggregator, OneSymbolPassPerLibraryPerMinute) {
   ASSERT_EQ(third.size(), 1u);
   EXPECT_EQ(leaf_of(third[0]), std::set<std::string>{unnamed});
   EXPECT_EQ(agg.shed().frame_names, 2u);
+}
+
+TEST(Aggregator, ACheapSymbolPassIsNotPutOff) {
+  // With no spacing, a function first met in a later window (a launch stack after a window of
+  // start-up samples, in a short-lived process) is named in that window.
+  const std::string exe = fs::read_symlink("/proc/self/exe");
+  auto elf = symbolize::ElfFile::open(exe);
+  const auto offsets = elf->function_offsets({"main", "gpuscope_test_other_function"});
+  ASSERT_EQ(offsets.size(), 2u);
+  agent::AggregatorLimits limits;
+  limits.symbol_pass_spacing = 0;
+  agent::Aggregator agg(limits, 100);
+  const uint32_t pid = static_cast<uint32_t>(getpid());
+  const int64_t m = agg.intern_module(exe, elf->build_id());
+  for (const char* fn : {"main", "gpuscope_test_other_function"}) {
+    agg.add_sample(0, pid, pid, 0, agg.intern_stack({{m, offsets.at(fn) + 1, 0}}), 0);
+    auto window = agg.take_profiles();
+    ASSERT_EQ(window.size(), 1u);
+    ASSERT_EQ(window[0].cpu.stacks.size(), 1u);
+    EXPECT_EQ(window[0].cpu.stacks.begin()->first.back(), fn);
+  }
+  EXPECT_EQ(agg.shed().frame_names, 0u);
 }
 
 TEST(Budget, KernelLookupsBeforeEachLaunchAreDutyCycledOthersStayOn) {

@@ -4,6 +4,7 @@
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace gpuscope::symbolize {
@@ -65,16 +66,57 @@ DebugInfo::~DebugInfo() {
   if (dwfl_) dwfl_end(dwfl_);
 }
 
+uint64_t DebugInfo::unit_by_ranges(uint64_t dwarf_addr) const {
+  if (!unit_ranges_built_) {
+    unit_ranges_built_ = true;
+    Dwarf_Addr bias = 0;
+    Dwarf* dw = dwfl_module_getdwarf(module_, &bias);
+    Dwarf_Off off = 0, next = 0;
+    size_t header_size = 0;
+    // Bounded: a crafted file must not make this unbounded work.
+    for (int units = 0; dw && units < 1'000'000 && dwarf_nextcu(dw, off, &next, &header_size, nullptr, nullptr, nullptr) == 0;
+         off = next, ++units) {
+      Dwarf_Die cu;
+      if (!dwarf_offdie(dw, off + header_size, &cu)) continue;
+      Dwarf_Addr base = 0, low = 0, high = 0;
+      ptrdiff_t at = 0;
+      while ((at = dwarf_ranges(&cu, at, &base, &low, &high)) > 0)
+        if (low < high) unit_ranges_.push_back({low, high, dwarf_dieoffset(&cu)});
+    }
+    std::sort(unit_ranges_.begin(), unit_ranges_.end(), [](const UnitRange& a, const UnitRange& b) { return a.low < b.low; });
+  }
+  auto it = std::upper_bound(unit_ranges_.begin(), unit_ranges_.end(), dwarf_addr,
+                             [](uint64_t a, const UnitRange& r) { return a < r.low; });
+  // Ranges of different units do not overlap in a sound file; look back a few in case they do.
+  for (int back = 0; back < 8 && it != unit_ranges_.begin(); ++back) {
+    --it;
+    if (dwarf_addr < it->high) return it->die_offset;
+  }
+  return 0;
+}
+
 std::optional<SourceInfo> DebugInfo::lookup(uint64_t vaddr) const {
-  Dwfl_Line* line = dwfl_module_getsrc(module_, vaddr);
-  if (!line) return std::nullopt;
   SourceInfo info;
   int lineno = 0;
-  if (const char* file = dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr)) {
-    info.location = {file, lineno};
-  }
   Dwarf_Addr bias = 0;
-  Dwarf_Die* cu = dwfl_module_addrdie(module_, vaddr, &bias);
+  Dwarf_Die* cu = nullptr;
+  Dwarf_Die found;
+  if (Dwfl_Line* line = dwfl_module_getsrc(module_, vaddr)) {
+    if (const char* file = dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr)) info.location = {file, lineno};
+    cu = dwfl_module_addrdie(module_, vaddr, &bias);
+  } else {
+    // No unit found through .debug_aranges: through the units' own ranges.
+    Dwarf* dw = dwfl_module_getdwarf(module_, &bias);
+    const uint64_t off = dw ? unit_by_ranges(vaddr - bias) : 0;
+    if (!off || !dwarf_offdie(dw, off, &found)) return std::nullopt;
+    cu = &found;
+    Dwarf_Line* l = dwarf_getsrc_die(cu, vaddr - bias);
+    if (!l) return std::nullopt;
+    if (const char* file = dwarf_linesrc(l, nullptr, nullptr)) {
+      dwarf_lineno(l, &lineno);
+      info.location = {file, lineno};
+    }
+  }
   Dwarf_Die* scopes = nullptr;
   const int n = cu ? dwarf_getscopes(cu, vaddr - bias, &scopes) : 0;
   // scopes[] is innermost first: the inlined instances, then the function they were inlined into.

@@ -41,8 +41,17 @@ class DebugInfo {
 
  private:
   DebugInfo() = default;
+  // The compile unit covering vaddr (in the DWARF's addresses), found from each unit's own
+  // ranges: clang writes no .debug_aranges, which libdw 0.188 needs to find a unit by address.
+  // Its DIE offset, or 0.
+  uint64_t unit_by_ranges(uint64_t dwarf_addr) const;
+  struct UnitRange {
+    uint64_t low, high, die_offset;
+  };
   Dwfl* dwfl_ = nullptr;
   Dwfl_Module* module_ = nullptr;
+  mutable std::vector<UnitRange> unit_ranges_;  // sorted by low; built at the first miss
+  mutable bool unit_ranges_built_ = false;
 };
 
 }  // namespace gpuscope::symbolize

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -271,6 +272,32 @@ TEST(Symbolizer, SourceLinesAndInlinedFunctionsFromDwarf) {
   EXPECT_TRUE(saw_line);
   // Without asking, no DWARF is read.
   EXPECT_FALSE(sym.resolve("/proc/self/exe", "", start, false).source);
+}
+
+TEST(Symbolizer, SourceLinesOfAClangBinaryWithoutAddressRanges) {
+  // clang writes no .debug_aranges, which libdw 0.188 needs to find a compile unit by address:
+  // every frame in code built by clang went without its line. Units are found from their ranges.
+  const auto dir = std::filesystem::temp_directory_path() / ("gpuscope_clang_lines_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream src(dir / "f.c");
+    src << "int unused(int x) { return x + 1; }\n"
+           "int gpuscope_clang_f(int x) {\n"
+           "  return x * 3;\n"
+           "}\n"
+           "int main(int c, char** v) { (void)v; return gpuscope_clang_f(c); }\n";
+  }
+  const std::string bin = (dir / "f").string();
+  if (std::system(("clang -g -O1 -o " + bin + " " + (dir / "f.c").string() + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "no clang here";
+  const uint64_t start = ElfFile::open(bin)->function_offsets({"gpuscope_clang_f"}).at("gpuscope_clang_f");
+  Symbolizer sym;
+  const auto f = sym.resolve(bin, "", start, true);
+  ASSERT_TRUE(f.source);
+  EXPECT_TRUE(f.source->location.file.ends_with("f.c")) << f.source->location.file;
+  EXPECT_GE(f.source->location.line, 2);
+  EXPECT_LE(f.source->location.line, 3);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ProcessMaps, AMissReReadsTheMapsOnlyWhenAFileMapsTheAddressNow) {

@@ -30,7 +30,8 @@ bool get_thread(Dwfl*, pid_t tid, void* arg, void** thread_arg) {
 bool memory_read(Dwfl*, Dwarf_Addr addr, Dwarf_Word* result, void* arg) {
   auto* cur = static_cast<Current*>(arg);
   const uint64_t sp = cur->regs->sp;
-  if (addr < sp || addr - sp + sizeof(Dwarf_Word) > cur->stack.size()) {
+  // (Checked without overflow: addr comes from the target's stack.)
+  if (addr < sp || cur->stack.size() < sizeof(Dwarf_Word) || addr - sp > cur->stack.size() - sizeof(Dwarf_Word)) {
     cur->read_outside_copy = true;
     return false;
   }

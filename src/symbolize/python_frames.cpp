@@ -3,7 +3,9 @@
 #include <sys/uio.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "discover/proc.h"
 
@@ -98,10 +100,17 @@ std::string valid_utf8(const std::string& s) {
 
 }  // namespace
 
+// Tables and first lines come from the target's memory: lines are summed wide and given back
+// within int's range.
+int as_line(int64_t line) {
+  return int(std::clamp<int64_t>(line, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+}
+
 int python310_line(const std::string& t, int firstlineno, int64_t index) {
   if (index < 0) return firstlineno;  // f_lasti is -1 before the first instruction
-  const int64_t offset = index * 2;     // the table counts bytes of bytecode
-  int line = firstlineno;
+  // The table counts bytes of bytecode (an index past any table's end is past its end).
+  const int64_t offset = index > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max() : index * 2;
+  int64_t line = firstlineno;
   int64_t end = 0;
   for (size_t at = 0; at + 1 < t.size(); at += 2) {
     const int64_t start = end;
@@ -109,14 +118,14 @@ int python310_line(const std::string& t, int firstlineno, int64_t index) {
     const int8_t delta = static_cast<int8_t>(t[at + 1]);
     // -128: these bytes have no line; the line goes on from where it was.
     if (delta != -128) line += delta;
-    if (offset >= start && offset < end) return delta == -128 ? firstlineno : line;
+    if (offset >= start && offset < end) return delta == -128 ? firstlineno : as_line(line);
   }
-  return line;
+  return as_line(line);
 }
 
 int python_line(const std::string& t, int firstlineno, int64_t index) {
   if (index < 0) return firstlineno;
-  int line = firstlineno;
+  int64_t line = firstlineno;
   int64_t at_unit = 0;
   size_t at = 0;
   while (at < t.size()) {
@@ -124,7 +133,7 @@ int python_line(const std::string& t, int firstlineno, int64_t index) {
     if (!(first & 0x80)) break;  // out of step with the table: keep the last line known
     const unsigned code = (first >> 3) & 15;
     const int64_t units = (first & 7) + 1;
-    int entry_line = line;
+    int64_t entry_line = line;
     bool has_line = true;
     switch (code) {
       case 15:  // no location
@@ -150,10 +159,10 @@ int python_line(const std::string& t, int firstlineno, int64_t index) {
         break;
     }
     if (has_line) line = entry_line;
-    if (index < at_unit + units) return has_line ? line : firstlineno;
+    if (index < at_unit + units) return has_line ? as_line(line) : firstlineno;
     at_unit += units;
   }
-  return line;
+  return as_line(line);
 }
 
 void PythonFrames::add_process(pid_t pid, const discover::PythonProcess& p) {
@@ -237,7 +246,7 @@ void PythonFrames::on_stack(const uint8_t* data, size_t size) {
   s.pid = static_cast<pid_t>(head.pid);
   s.truncated = head.flags & GS_PY_STACK_TRUNCATED;
   s.frames.resize(depth);
-  std::memcpy(s.frames.data(), data + head_size, depth * sizeof(gs_py_frame));
+  if (depth) std::memcpy(s.frames.data(), data + head_size, depth * sizeof(gs_py_frame));
   current_[head.id] = std::move(s);
 }
 

@@ -454,11 +454,15 @@ int Recorder::run() {
   for (int cause = 0; cause < GS_LOST_NR; ++cause)
     (cause >= GS_LOST_UNWIND_NO_ROW && cause <= GS_LOST_UNWIND_DEPTH ? stacks_cut : lost_total) +=
         cause == GS_LOST_UNWIND_NO_TABLE ? 0 : lost[cause];
+  lost_total += writer_->calls_dropped();
   if (!opts_.quiet) {
     log_info("recorded {} CUDA calls ({} kernel launches){} into {}; {} events lost", st.calls, st.launches,
              opts_.cpu_profile_hz ? fmt::format(" and {} CPU samples", st.samples) : "", opts_.output, lost_total);
     if (stacks_cut)
       log_info("{} user stacks walked from .eh_frame were cut short (see lost counters unwind_*)", stacks_cut);
+    if (writer_->disk_full())
+      log_warn("{} CUDA calls made after the disk filled are not in the record (lost counter disk_full)",
+               writer_->calls_dropped());
     if (st.calls == 0)
       log_info("{}", tracer_->libraries_attached() == 0 ? "no CUDA library was loaded by the target: nothing to record"
                                                         : "the target loaded CUDA but made no probed call");

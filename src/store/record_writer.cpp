@@ -3,9 +3,11 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -48,6 +50,22 @@ void remove_db_files(const std::string& path) {
   for (const char* suffix : {"", "-wal", "-shm", "-journal"}) std::filesystem::remove(path + suffix, ec);
 }
 
+// Temporary files of earlier recordings to the same path whose gpuscope died before the
+// record took its place (kill -9 during start-up): removed once no process has that PID.
+void remove_stale_temporaries(const std::filesystem::path& path) {
+  const std::string prefix = fmt::format(".{}.gpuscope-", path.filename().string());
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(path.parent_path(), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix) || !name.ends_with(".partial")) continue;
+    const std::string pid_text = name.substr(prefix.size(), name.size() - prefix.size() - std::strlen(".partial"));
+    pid_t pid = 0;
+    const auto [end, err] = std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
+    if (err != std::errc() || end != pid_text.data() + pid_text.size() || pid <= 0) continue;
+    if (::kill(pid, 0) != 0 && errno == ESRCH) remove_db_files(entry.path().string());
+  }
+}
+
 // Per connection (journal_mode=WAL also in the file).
 void configure(Db& db) {
   // A WAL keeps committed batches safe if we are killed; synchronous=OFF is durable across a
@@ -59,17 +77,52 @@ void configure(Db& db) {
 
 Db create_db(const std::string& path, const std::string& shown) {
   remove_db_files(path);
+  remove_stale_temporaries(std::filesystem::absolute(shown));
   try {
     Db db(path, Db::Mode::Create);
     db.exec("PRAGMA page_size=65536;");
     configure(db);
+    // One transaction: each statement on its own would append its pages to the write-ahead
+    // log again (64 KiB each), megabytes before the first call is recorded.
+    db.exec("BEGIN");
     db.exec(kSchemaSql);
+    db.exec("COMMIT");
     return db;
   } catch (const Error& e) {
     remove_db_files(path);
     throw Error("cannot write the record file '{}': {}; choose a writable path with -o", shown, e.what());
   }
 }
+
+// Space held aside in the record's directory: an unnamed file (O_TMPFILE; else one created and
+// unlinked at once) whose blocks go back to the file system when it is closed, even when
+// gpuscope is killed. -1 where the file system cannot hold one; Error when it has too little room.
+int make_reserve(const std::filesystem::path& record, off_t bytes) {
+  const auto dir = record.parent_path();
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const auto named = dir / fmt::format(".{}.gpuscope-{}.reserve", record.filename().string(), getpid());
+    fd = ::open(named.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return -1;
+    ::unlink(named.c_str());
+  }
+  if (const int err = posix_fallocate(fd, 0, bytes); err != 0) {
+    ::close(fd);
+    if (err == ENOSPC || err == EDQUOT)
+      throw Error("less than {} MiB is free in {} for the record '{}' (gpuscope keeps that much aside to close a "
+                  "record readable if the disk fills); free some space or choose another place with -o",
+                  bytes >> 20, dir.string(), record.string());
+    return -1;
+  }
+  return fd;
+}
+
+int on_wal_commit(void* arg, sqlite3*, const char*, int frames) {
+  static_cast<std::atomic<uint64_t>*>(arg)->store(uint64_t(frames), std::memory_order_relaxed);
+  return SQLITE_OK;
+}
+
+constexpr uint64_t kPageSize = 65536;  // create_db's
 
 }  // namespace
 
@@ -125,14 +178,29 @@ RecordWriter::RecordWriter(const std::string& path)
     : path_(checked_output(path).string()),
       temp_{temporary_beside(path_)},
       db_(create_db(temp_.path, path)) {
-  prepare_statements();
-  // Written now, not with the first batch: a record killed at once must still say what it is.
-  for (auto [key, value] : {std::pair{"format", std::string(kFormatName)},
-                            std::pair{"schema_version", std::to_string(kSchemaVersion)}, std::pair{"complete", std::string("0")}})
-    set_meta_.bind(1, key).bind(2, value).run();
-  auto fn = db_.prepare("INSERT INTO functions(id, name, api, kind) VALUES(?1,?2,?3,?4)");
-  for (const auto& f : decode::all_functions())
-    fn.bind(1, int64_t(f.id)).bind(2, f.symbol).bind(3, decode::to_string(f.api)).bind(4, decode::to_string(f.kind)).run();
+  try {
+    reserve_fd_ = make_reserve(path_, kReserveBytes);
+    sqlite3_wal_hook(db_.handle(), on_wal_commit, &wal_frames_);
+    prepare_statements();
+    // Written now, not with the first batch: a record killed at once must still say what it is.
+    db_.exec("BEGIN");
+    for (auto [key, value] : {std::pair{"format", std::string(kFormatName)},
+                              std::pair{"schema_version", std::to_string(kSchemaVersion)}, std::pair{"complete", std::string("0")}})
+      set_meta_.bind(1, key).bind(2, value).run();
+    auto fn = db_.prepare("INSERT INTO functions(id, name, api, kind) VALUES(?1,?2,?3,?4)");
+    for (const auto& f : decode::all_functions())
+      fn.bind(1, int64_t(f.id)).bind(2, f.symbol).bind(3, decode::to_string(f.api)).bind(4, decode::to_string(f.kind)).run();
+    db_.exec("COMMIT");
+  } catch (const Error& e) {
+    if (reserve_fd_ >= 0) ::close(reserve_fd_);
+    close_statements();
+    temp_.remove = true;  // after db_ is closed (declared after temp_)
+    const auto* sql = dynamic_cast<const SqliteError*>(&e);
+    if (sql && sql->disk_full())
+      throw Error("the disk holding '{}' is full; free some space or choose another place with -o", path_);
+    if (sql) throw Error("cannot write the record file '{}': {}; choose a writable path with -o", path_, sql->reason());
+    throw;
+  }
   writer_ = std::thread([this] { write_loop(); });
 }
 
@@ -147,6 +215,7 @@ RecordWriter::~RecordWriter() {
     }
     if (!placed_) temp_.remove = true;
   }
+  if (reserve_fd_ >= 0) ::close(reserve_fd_);
 }
 
 RecordWriter::TempFile::~TempFile() {
@@ -160,22 +229,45 @@ void RecordWriter::keep() {
 
 void RecordWriter::discard() { keep_.store(false); }
 
+bool RecordWriter::fold() {
+  for (int attempt = 0;; ++attempt) {
+    try {
+      db_.exec("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;");
+      return true;
+    } catch (const SqliteError& e) {
+      if (!e.disk_full()) throw;
+      if (attempt > 0 || reserve_fd_ < 0) return false;
+      ::close(reserve_fd_);  // what it was kept for
+      reserve_fd_ = -1;
+    }
+  }
+}
+
 void RecordWriter::place() {
   if (placed_) return;
   placed_ = true;
   // SQLite refuses to write a database renamed while open (SQLITE_READONLY_DBMOVED): folded
-  // into one file, closed, renamed, and opened again at its place.
-  db_.exec("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;");
+  // into one file, closed, renamed, and opened again at its place. An earlier record's log
+  // files at the place would be read as this one's: they go first. On a disk too full to fold,
+  // the log goes along with the file (path-wal), where SQLite reads it.
+  const bool folded = fold();
   close_statements();
   db_.close();
   std::string at = path_;
+  std::error_code ec;
+  for (const char* suffix : {"-shm", "-journal"}) std::filesystem::remove(path_ + suffix, ec);
+  if (folded) std::filesystem::remove(path_ + "-wal", ec);
   if (std::rename(temp_.path.c_str(), path_.c_str()) != 0) {
     fmt::print(stderr, "gpuscope: error: cannot move the record into place at {}: {}; it is at {}\n", path_,
                std::strerror(errno), temp_.path);
     at = temp_.path;
+  } else if (!folded) {
+    std::filesystem::rename(temp_.path + "-wal", path_ + "-wal", ec);
+    std::filesystem::remove(temp_.path + "-shm", ec);
   }
   db_ = Db(at, Db::Mode::Create);
   configure(db_);
+  sqlite3_wal_hook(db_.handle(), on_wal_commit, &wal_frames_);
   prepare_statements();
   last_checkpoint_ns_ = monotonic_ns();
 }
@@ -197,6 +289,13 @@ void RecordWriter::checkpoint() {
       last_checkpoint_ns_ = monotonic_ns();
     }
     dirty_ = false;
+  } catch (const SqliteError& e) {
+    if (e.disk_full()) {
+      on_disk_full(Batch{});
+      return;
+    }
+    if (!error_reported_ && placed_) fmt::print(stderr, "gpuscope: error: writing the record failed: {}\n", e.what());
+    error_reported_ = error_reported_ || placed_;
   } catch (const std::exception& e) {
     // A reader holds a checkpoint back: the next one folds in more. A failed move is said once.
     if (!error_reported_ && placed_) fmt::print(stderr, "gpuscope: error: writing the record failed: {}\n", e.what());
@@ -285,7 +384,10 @@ void RecordWriter::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
   });
 }
 
-void RecordWriter::commit() {
+void RecordWriter::commit() { push_batch(false); }
+
+void RecordWriter::push_batch(bool last) {
+  filling_.last = last;
   {
     std::lock_guard lock(cross_mu_);
     for (auto& op : cross_ops_) filling_.ops.push_back(std::move(op));
@@ -328,13 +430,24 @@ void RecordWriter::write_loop() {
 }
 
 void RecordWriter::write_batch(Batch& b) {
+  if (disk_full_.load()) return write_after_full(b);
   try {
     db_.exec("BEGIN");
     for (auto& op : b.ops) op();
     for (const auto& e : b.calls) insert_call(e);
     db_.exec("COMMIT");
     dirty_ = true;
-    if ((keep_.load() && !placed_) || monotonic_ns() - last_checkpoint_ns_ >= kCheckpointNs) checkpoint();
+    if ((keep_.load() && !placed_) || monotonic_ns() - last_checkpoint_ns_ >= kCheckpointNs ||
+        wal_frames_.load(std::memory_order_relaxed) * kPageSize >= kMaxWalBytes)
+      checkpoint();
+  } catch (const SqliteError& e) {
+    if (e.disk_full()) return on_disk_full(b);
+    if (!error_reported_) fmt::print(stderr, "gpuscope: error: writing the record failed: {}\n", e.what());
+    error_reported_ = true;
+    try {
+      db_.exec("ROLLBACK");
+    } catch (...) {
+    }
   } catch (const std::exception& e) {
     if (!error_reported_) fmt::print(stderr, "gpuscope: error: writing the record failed: {}\n", e.what());
     error_reported_ = true;
@@ -342,6 +455,51 @@ void RecordWriter::write_batch(Batch& b) {
       db_.exec("ROLLBACK");
     } catch (...) {
     }
+  }
+}
+
+void RecordWriter::on_disk_full(const Batch& b) {
+  try {
+    db_.exec("ROLLBACK");
+  } catch (...) {
+  }
+  calls_dropped_ += b.calls.size();
+  if (disk_full_.exchange(true)) return;
+  // What was committed goes into the record's one file now (the log's pages are folded into the
+  // main file with the reserve's room), at its place if the recording has begun.
+  try {
+    if (keep_.load() && !placed_)
+      place();
+    else
+      fold();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "gpuscope: error: closing the record on a full disk failed: {}\n", e.what());
+  }
+  fmt::print(stderr,
+             "gpuscope: warning: the disk holding {} is full: recording stops here; what was recorded until now is "
+             "kept (later calls are counted as lost, cause disk_full) and the command runs on\n",
+             path_);
+}
+
+void RecordWriter::write_after_full(Batch& b) {
+  calls_dropped_ += b.calls.size();
+  if (!b.last) return;
+  // The record's end: its metadata and lost counters (rows in pages it already has, mostly),
+  // without the calls and samples that came after the disk filled.
+  try {
+    db_.exec("BEGIN");
+    for (auto& op : b.ops) op();
+    db_.exec("COMMIT");
+  } catch (const std::exception&) {
+    try {
+      db_.exec("ROLLBACK");
+    } catch (...) {
+    }
+  }
+  try {
+    set_lost_.bind(1, "disk_full").bind(2, int64_t(calls_dropped_)).run();
+    set_meta_.bind(1, "disk_full").bind(2, "1").run();
+  } catch (const std::exception&) {
   }
 }
 
@@ -452,13 +610,29 @@ void RecordWriter::set_lost(const std::string& cause, uint64_t count) {
 
 void RecordWriter::finish() {
   set_meta("complete", "1");
-  commit();
+  push_batch(true);
   stop_writer();
   finished_ = true;
   place();
-  db_.exec(kIndexSql);
+  // Indexes are a convenience for readers: on a full disk the record goes without them.
+  if (!disk_full_.load()) {
+    try {
+      db_.exec(kIndexSql);
+    } catch (const SqliteError& e) {
+      if (!e.disk_full()) throw;
+      disk_full_.store(true);
+      fmt::print(stderr, "gpuscope: warning: the disk holding {} filled at the end of the recording: the record "
+                 "goes without its indexes (reading it is slower)\n", path_);
+    }
+  }
   // Back to a single file: a record is something people copy around.
-  db_.exec("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;");
+  if (!fold())
+    fmt::print(stderr, "gpuscope: warning: the disk holding {} is too full to fold the record into one file: its "
+               "end is in {}-wal, which must stay beside it\n", path_, path_);
+  if (reserve_fd_ >= 0) {
+    ::close(reserve_fd_);
+    reserve_fd_ = -1;
+  }
 }
 
 }  // namespace gpuscope::store

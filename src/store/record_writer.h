@@ -3,8 +3,13 @@
 // that commit() hands to the writer, which inserts it as one transaction: a recording cut
 // short keeps every committed batch. Ids are assigned here, not by SQLite, so nothing waits
 // for the writer; at most kMaxQueuedBatches wait for it (commit blocks past that).
-// Errors on the writer thread (disk full) are reported once and the batch is dropped.
+// A full disk stops the recording, not the program recorded: space kept aside at the start is
+// given back, what was committed is folded into the record, later batches are dropped (their
+// calls counted as lost, cause disk_full) and the record is closed readable at finish. Other
+// errors on the writer thread are reported once and the batch is dropped.
 #pragma once
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -69,6 +74,17 @@ class RecordWriter final : public EventSink {
   // into the one file.
   void finish();
 
+  // Space held aside for the end of a recording on a disk that fills: an unlinked file of this
+  // size, open until the disk fills (or gpuscope exits, even by kill -9). Folding the last
+  // second's write-ahead log into the record needs about as much as the log holds, which
+  // checkpoints keep under kMaxWalBytes.
+  static constexpr off_t kReserveBytes = 16 << 20;
+  static constexpr uint64_t kMaxWalBytes = 8 << 20;
+  // The disk filled: nothing more is written but the record's end (any thread may ask).
+  bool disk_full() const { return disk_full_.load(); }
+  // Calls not written because the disk was full (read after finish).
+  uint64_t calls_dropped() const { return calls_dropped_; }
+
  private:
   struct FrameVecHash {
     size_t operator()(const std::vector<StoredFrame>& v) const;
@@ -78,12 +94,18 @@ class RecordWriter final : public EventSink {
   struct Batch {
     std::vector<Op> ops;
     std::vector<CallEvent> calls;
+    bool last = false;  // finish's: after a full disk, its rows (meta, lost) are still tried
   };
   static constexpr size_t kMaxQueuedBatches = 4;
 
   void insert_call(const CallEvent& e);
   void write_loop();
   void write_batch(Batch& b);
+  // The disk filled while writing a batch (rolled back): stop, give the reserve back, fold.
+  void on_disk_full(const Batch& b);
+  // After the disk filled: only the last batch's rows are tried, one by one.
+  void write_after_full(Batch& b);
+  void push_batch(bool last);
   void stop_writer();
 
   void prepare_statements();
@@ -91,6 +113,9 @@ class RecordWriter final : public EventSink {
   void checkpoint();  // on the writer thread
   // The record takes -o's place (on the writer thread, or once it stopped).
   void place();
+  // The write-ahead log into the main file, back to one file; on a full disk the reserve is
+  // given back for it. False if the disk is too full even then.
+  bool fold();
 
   // The temporary file, removed once the database is closed if the recording never began.
   struct TempFile {
@@ -124,6 +149,10 @@ class RecordWriter final : public EventSink {
   std::deque<Batch> queue_;
   bool stopping_ = false;
   bool error_reported_ = false;
+  int reserve_fd_ = -1;
+  std::atomic<bool> disk_full_{false};
+  uint64_t calls_dropped_ = 0;  // the writer thread's: calls not written after the disk filled
+  std::atomic<uint64_t> wal_frames_{0};  // pages in the write-ahead log (SQLite's WAL hook)
   std::thread writer_;
 };
 

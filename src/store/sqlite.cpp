@@ -2,6 +2,8 @@
 
 namespace gpuscope::store {
 
+bool SqliteError::disk_full() const { return (code_ & 0xff) == SQLITE_FULL; }
+
 Db::Db(const std::string& path, Mode mode) : path_(path) {
   // Memory statistics take a global mutex on every allocation; nothing here reads them.
   static const bool configured = sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0) == SQLITE_OK;
@@ -37,10 +39,10 @@ Db& Db::operator=(Db&& o) noexcept {
 
 void Db::exec(const std::string& sql) {
   char* err = nullptr;
-  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+  if (const int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err); rc != SQLITE_OK) {
     std::string msg = err ? err : sqlite3_errmsg(db_);
     sqlite3_free(err);
-    throw SqliteError(fmt::format("record file '{}'", path_), msg);
+    throw SqliteError(fmt::format("record file '{}'", path_), msg, rc);
   }
 }
 
@@ -85,7 +87,7 @@ bool Stmt::step() {
   const int rc = sqlite3_step(st_);
   if (rc == SQLITE_ROW) return true;
   if (rc == SQLITE_DONE) return false;
-  throw SqliteError("record file", sqlite3_errmsg(db_));
+  throw SqliteError("record file", sqlite3_errmsg(db_), rc);
 }
 
 void Stmt::run() {

@@ -16,12 +16,15 @@ class Stmt;
 // An error SQLite reported, with its own words apart (reason) for messages that say more.
 class SqliteError : public Error {
  public:
-  SqliteError(const std::string& where, std::string reason)
-      : Error("{}: {}", where, reason), reason_(std::move(reason)) {}
+  SqliteError(const std::string& where, std::string reason, int code = 0)
+      : Error("{}: {}", where, reason), reason_(std::move(reason)), code_(code) {}
   const std::string& reason() const { return reason_; }
+  // SQLITE_FULL: the disk (or the user's quota) is full.
+  bool disk_full() const;
 
  private:
   std::string reason_;
+  int code_ = 0;  // SQLite's primary result code, 0 if not known
 };
 
 class Db {

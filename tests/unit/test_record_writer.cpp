@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <fmt/format.h>
 #include <sqlite3.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -86,5 +87,34 @@ TEST(RecordWriter, RefusesWhatIsNotARegularFile) {
   EXPECT_THROW(store::RecordWriter(dir.string()), Error);
   EXPECT_TRUE(std::filesystem::is_directory(dir));
   EXPECT_TRUE(std::filesystem::is_character_file("/dev/null"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(RecordWriter, TemporariesOfADeadRecorderGoAndAnEarlierRecordsLogIsNotReadAsOurs) {
+  const auto dir = fresh_dir("stale");
+  const auto path = dir / "run.gpuscope";
+  // A gpuscope killed before its record took the place left its temporary files: the PID in
+  // their name is no process's now (a child reaped). A live process's are left alone.
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  waitpid(dead, nullptr, 0);
+  const auto stale = dir / fmt::format(".run.gpuscope.gpuscope-{}.partial", dead);
+  const auto live = dir / fmt::format(".run.gpuscope.gpuscope-{}.partial", getppid());
+  for (const auto& p : {stale, live}) std::ofstream(p) << "x";
+  std::ofstream(stale.string() + "-wal") << "x";
+  // An earlier record killed with its log beside it: not to be applied to the new record.
+  std::ofstream(path) << "an earlier record";
+  std::ofstream(path.string() + "-wal") << "an earlier record's log";
+  {
+    store::RecordWriter w(path.string());
+    w.keep();
+    w.set_meta("mode", "command");
+    w.finish();
+  }
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_FALSE(std::filesystem::exists(stale.string() + "-wal"));
+  EXPECT_TRUE(std::filesystem::exists(live));
+  EXPECT_FALSE(std::filesystem::exists(path.string() + "-wal"));
+  EXPECT_EQ(count(path, "SELECT count(*) FROM meta WHERE key = 'mode'"), 1);
   std::filesystem::remove_all(dir);
 }

@@ -9,7 +9,9 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("GPUSCOPE_BUILD", ROOT / "build"))
 GPUSCOPE = BUILD / "gpuscope"
-TARGETS = BUILD / "targets"
+# The test programs (tests/targets): those of the build under test, or of another one (a
+# sanitized gpuscope is tested on the programs of the ordinary build: tests/sanitizers.sh).
+TARGETS = pathlib.Path(os.environ.get("GPUSCOPE_TARGETS", BUILD / "targets"))
 CUDART = pathlib.Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "lib64" / "libcudart.so.13"
 
 

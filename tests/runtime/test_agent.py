@@ -21,10 +21,10 @@ import pytest
 
 from agent_util import (fetch_profile, free_port, go_pprof_top, http_get, last_export_of, launch_profile_top,
                         process_churn, series)
-from conftest import BUILD, GPUSCOPE, ROOT, TARGETS
+from conftest import GPUSCOPE, ROOT, TARGETS
 
 MiB = 1 << 20
-FAKE_NVML = BUILD / "targets" / "fake-nvml"
+FAKE_NVML = TARGETS / "fake-nvml"
 PROTO = ROOT / "tests" / "proto"
 
 

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from conftest import BUILD, TARGETS
+from conftest import TARGETS
 
-FAKE_NVML = BUILD / "targets" / "fake-nvml"
+FAKE_NVML = TARGETS / "fake-nvml"
 
 
 def has_real_nvml():

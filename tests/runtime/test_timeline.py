@@ -3,11 +3,11 @@ with Python's json module (not gpuscope's writer) and checked against the format
 import json
 import os
 
-from conftest import BUILD, CUDART, ROOT
+from conftest import CUDART, ROOT, TARGETS
 
 from test_python import LIBCUDA_STUB, PYTHON, SCRIPTS, marked_lines
 
-FAKE_NVML = BUILD / "targets" / "fake-nvml"
+FAKE_NVML = TARGETS / "fake-nvml"
 
 
 def check_trace_event_format(doc):

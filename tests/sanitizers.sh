@@ -11,8 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-sanitize}
 FUZZ_SECONDS=${FUZZ_SECONDS:-5}
-FUZZ_TARGETS="fuzz_unwind_table fuzz_python_binary fuzz_record_reader fuzz_decode_call fuzz_python_records
-              fuzz_stack_copy fuzz_agent_config fuzz_agent_http"
+FUZZ_TARGETS="fuzz_unwind_table fuzz_debug_info fuzz_python_binary fuzz_record_reader fuzz_decode_call
+              fuzz_python_records fuzz_stack_copy fuzz_agent_config fuzz_agent_http"
 
 if [[ ! -f $BUILD/CMakeCache.txt ]]; then
   CC=clang CXX=clang++ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=None -DCMAKE_C_FLAGS="-O0 -g" -DCMAKE_CXX_FLAGS="-O0 -g" \

@@ -28,8 +28,10 @@ void check_keys(const std::string& path, const std::string& where, const YAML::N
                 const std::set<std::string>& known) {
   if (!map.IsMap()) fail(path, map, where + " must be a mapping");
   for (const auto& kv : map) {
-    const auto key = kv.first.as<std::string>();
-    if (kv.first.IsNull() || key.empty()) fail(path, kv.first, "an entry has no key name" + (where.empty() ? "" : " (in " + where + ")"));
+    if (!kv.first.IsNull() && !kv.first.IsScalar())
+      fail(path, kv.first, "a key must be a plain name, not a list or a mapping" + (where.empty() ? "" : " (in " + where + ")"));
+    const auto key = kv.first.IsNull() ? std::string() : kv.first.Scalar();
+    if (key.empty()) fail(path, kv.first, "an entry has no key name" + (where.empty() ? "" : " (in " + where + ")"));
     if (!known.contains(key)) fail(path, kv.first, "unknown key '" + (where.empty() ? "" : where + ".") + key + "'");
   }
 }
@@ -41,7 +43,10 @@ void read_push(const std::string& path, const std::string& name, const YAML::Nod
   if (node["interval"]) t.interval_s = parse_duration_s(scalar<std::string>(path, name + ".interval", node["interval"]));
   if (const auto h = node["headers"]) {
     if (!h.IsMap()) fail(path, h, name + ".headers must be a mapping");
-    for (const auto& kv : h) t.headers[kv.first.as<std::string>()] = scalar<std::string>(path, name + ".headers", kv.second);
+    for (const auto& kv : h) {
+      if (!kv.first.IsScalar()) fail(path, kv.first, name + ".headers: a header's name must be a plain name");
+      t.headers[kv.first.Scalar()] = scalar<std::string>(path, name + ".headers", kv.second);
+    }
   }
   if (!t.url.empty() && !t.url.starts_with("http://") && !t.url.starts_with("https://"))
     fail(path, node, name + " url must start with http:// or https://");
@@ -62,15 +67,26 @@ double parse_duration_s(const std::string& text) {
   throw Error("'{}' is not a duration (e.g. 15s, 2m, 500ms)", text);
 }
 
+namespace {
+
+AgentConfig read_config(const std::string& path, const YAML::Node& root, AgentConfig c);
+
+}  // namespace
+
 AgentConfig load_config(const std::string& path, AgentConfig c) {
   std::ifstream in(path);
   if (!in) throw Error("cannot read the config file {} (give --config a readable YAML file)", path);
-  YAML::Node root;
+  // Every error, yaml-cpp's too, is one line naming the file and line.
   try {
-    root = YAML::Load(in);
+    return read_config(path, YAML::Load(in), std::move(c));
   } catch (const YAML::Exception& e) {
     throw Error("{}:{}: {}", path, e.mark.line + 1, e.msg);
   }
+}
+
+namespace {
+
+AgentConfig read_config(const std::string& path, const YAML::Node& root, AgentConfig c) {
   if (root.IsNull()) return c;
   check_keys(path, "", root,
              {"listen", "bearer_token_file", "protect_metrics", "budget", "interval", "otlp", "pyroscope",
@@ -119,5 +135,7 @@ AgentConfig load_config(const std::string& path, AgentConfig c) {
     fail(path, at("stack_map_entries"), "stack_map_entries must be 256..1048576");
   return c;
 }
+
+}  // namespace
 
 }  // namespace gpuscope::agent

@@ -80,8 +80,9 @@ class ElfHandle {
         std::max(ehdr_.e_phoff + nphdr * ehdr_.e_phentsize, ehdr_.e_shoff + claimed_shdrs * ehdr_.e_shentsize);
     for (size_t i = 0; i < nphdr; ++i) {
       GElf_Phdr ph;
-      if (gelf_getphdr(elf_.get(), static_cast<int>(i), &ph) && ph.p_type == PT_LOAD)
-        needed = std::max(needed, ph.p_offset + ph.p_filesz);
+      // The first that cannot be read ends the table: a crafted count runs to 2^32.
+      if (!gelf_getphdr(elf_.get(), static_cast<int>(i), &ph)) break;
+      if (ph.p_type == PT_LOAD) needed = std::max(needed, ph.p_offset + ph.p_filesz);
     }
     for (Elf_Scn* scn = nullptr; (scn = elf_nextscn(elf_.get(), scn)) != nullptr;) {
       GElf_Shdr sh;
@@ -125,7 +126,8 @@ std::string build_id_of(Elf* elf) {
   if (elf_getphdrnum(elf, &nphdr) == 0) {
     for (size_t i = 0; i < nphdr; ++i) {
       GElf_Phdr ph;
-      if (!gelf_getphdr(elf, static_cast<int>(i), &ph) || ph.p_type != PT_NOTE) continue;
+      if (!gelf_getphdr(elf, static_cast<int>(i), &ph)) break;  // past the table (a crafted count)
+      if (ph.p_type != PT_NOTE) continue;
       const Elf_Type type = ph.p_align == 8 ? ELF_T_NHDR8 : ELF_T_NHDR;
       if (auto id = build_id_in(elf_getdata_rawchunk(elf, static_cast<int64_t>(ph.p_offset), ph.p_filesz, type));
           !id.empty())
@@ -301,8 +303,8 @@ std::vector<LoadSegment> load_segments(Elf* elf) {
   elf_getphdrnum(elf, &nphdr);
   for (size_t i = 0; i < nphdr; ++i) {
     GElf_Phdr ph;
-    if (gelf_getphdr(elf, static_cast<int>(i), &ph) && ph.p_type == PT_LOAD)
-      loads.push_back({ph.p_vaddr, ph.p_offset, ph.p_filesz});
+    if (!gelf_getphdr(elf, static_cast<int>(i), &ph)) break;  // past the table (a crafted count)
+    if (ph.p_type == PT_LOAD) loads.push_back({ph.p_vaddr, ph.p_offset, ph.p_filesz});
   }
   return loads;
 }
@@ -326,8 +328,8 @@ std::unique_ptr<ElfFile> ElfFile::open(const std::string& path) {
   elf_getphdrnum(elf, &nphdr);
   for (size_t i = 0; i < nphdr; ++i) {
     GElf_Phdr ph;
-    if (gelf_getphdr(elf, static_cast<int>(i), &ph) && ph.p_type == PT_LOAD)
-      f->segments_.push_back({ph.p_vaddr, ph.p_offset, ph.p_filesz});
+    if (!gelf_getphdr(elf, static_cast<int>(i), &ph)) break;  // past the table (a crafted count)
+    if (ph.p_type == PT_LOAD) f->segments_.push_back({ph.p_vaddr, ph.p_offset, ph.p_filesz});
   }
 
   struct Candidate {

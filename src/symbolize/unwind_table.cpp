@@ -131,13 +131,74 @@ std::optional<uint8_t> fde_encoding(const Dwarf_CIE& cie, bool eh_frame) {
   return enc;
 }
 
+// Do a CIE's or FDE's instructions name only registers x86-64 has (DWARF numbers up to 130:
+// the general registers, rip, the vector, x87, mask and segment registers)? libdw sizes each
+// frame state it builds for the highest register named and copies it at every row and
+// remember_state: a crafted FDE naming register 2^20 made each of its rows cost megabytes of
+// memset (a 35 KB file took 51 s to compile). False too for instructions that cannot be read.
+constexpr uint64_t kMaxCfiRegister = 130;
+bool cfi_registers_bounded(const uint8_t* p, const uint8_t* end, uint8_t pointer_encoding) {
+  auto reg_ok = [&] { return read_uleb(p, end) <= kMaxCfiRegister; };
+  auto skip_block = [&] {
+    const uint64_t n = read_uleb(p, end);
+    if (n > uint64_t(end - p)) return false;
+    p += n;
+    return true;
+  };
+  while (p < end) {
+    const uint8_t op = *p++;
+    switch (op >> 6) {
+      case 1: continue;                                      // advance_loc
+      case 2: (void)read_uleb(p, end); continue;             // offset(reg): reg < 64, then the offset
+      case 3: continue;                                      // restore(reg): reg < 64
+      default: break;
+    }
+    switch (op) {
+      case DW_CFA_nop: case DW_CFA_remember_state: case DW_CFA_restore_state: break;
+      case DW_CFA_set_loc: p += std::min<size_t>(encoded_size(pointer_encoding, p, end), size_t(end - p)); break;
+      case DW_CFA_advance_loc1: p += std::min<ptrdiff_t>(1, end - p); break;
+      case DW_CFA_advance_loc2: p += std::min<ptrdiff_t>(2, end - p); break;
+      case DW_CFA_advance_loc4: p += std::min<ptrdiff_t>(4, end - p); break;
+      case DW_CFA_def_cfa_offset: case DW_CFA_GNU_args_size: (void)read_uleb(p, end); break;
+      case DW_CFA_def_cfa_offset_sf: (void)read_sleb(p, end); break;
+      case DW_CFA_restore_extended: case DW_CFA_undefined: case DW_CFA_same_value: case DW_CFA_def_cfa_register:
+        if (!reg_ok()) return false;
+        break;
+      case DW_CFA_register:
+        if (!reg_ok() || !reg_ok()) return false;
+        break;
+      case DW_CFA_offset_extended: case DW_CFA_def_cfa: case DW_CFA_val_offset:
+      case DW_CFA_GNU_negative_offset_extended:
+        if (!reg_ok()) return false;
+        (void)read_uleb(p, end);
+        break;
+      case DW_CFA_offset_extended_sf: case DW_CFA_def_cfa_sf: case DW_CFA_val_offset_sf:
+        if (!reg_ok()) return false;
+        (void)read_sleb(p, end);
+        break;
+      case DW_CFA_def_cfa_expression:
+        if (!skip_block()) return false;
+        break;
+      case DW_CFA_expression: case DW_CFA_val_expression:
+        if (!reg_ok() || !skip_block()) return false;
+        break;
+      default: return false;  // an operation libdw would not run either
+    }
+  }
+  return true;
+}
+
 struct FdeRange {
   uint64_t lo, hi;
 };
 
 std::vector<FdeRange> fde_ranges(Elf* elf, Elf_Data* data, uint64_t section_vaddr, bool eh_frame) {
   const unsigned char* ident = reinterpret_cast<const unsigned char*>(elf_getident(elf, nullptr));
-  std::map<Dwarf_Off, std::optional<uint8_t>> cies;
+  struct Cie {
+    std::optional<uint8_t> encoding;  // nullopt: its FDEs cannot be read
+    bool augmented = false;           // 'z': FDEs have augmentation data before their instructions
+  };
+  std::map<Dwarf_Off, Cie> cies;
   struct Raw {
     Dwarf_Off cie;
     const uint8_t* start;
@@ -148,23 +209,34 @@ std::vector<FdeRange> fde_ranges(Elf* elf, Elf_Data* data, uint64_t section_vadd
     Dwarf_CFI_Entry e;
     const int rc = dwarf_next_cfi(ident, data, eh_frame, off, &next, &e);
     if (rc != 0) break;  // 1: the end; -1: a corrupt entry, and nothing after it can be found
-    if (dwarf_cfi_cie_p(&e))
-      cies[off] = fde_encoding(e.cie, eh_frame);
-    else
+    if (dwarf_cfi_cie_p(&e)) {
+      Cie& c = cies[off];
+      c.encoding = fde_encoding(e.cie, eh_frame);
+      c.augmented = eh_frame && e.cie.augmentation && e.cie.augmentation[0] == 'z';
+      if (c.encoding && !cfi_registers_bounded(e.cie.initial_instructions, e.cie.initial_instructions_end, *c.encoding))
+        c.encoding.reset();
+    } else {
       fdes.push_back({e.fde.CIE_pointer, e.fde.start, e.fde.end});
+    }
   }
   std::vector<FdeRange> out;
   out.reserve(fdes.size());
   const auto* base = static_cast<const uint8_t*>(data->d_buf);
   for (const auto& f : fdes) {
     auto cie = cies.find(f.cie);
-    if (cie == cies.end() || !cie->second) continue;
-    const uint8_t enc = *cie->second;
+    if (cie == cies.end() || !cie->second.encoding) continue;
+    const uint8_t enc = *cie->second.encoding;
     const uint8_t* p = f.start;
     uint64_t lo = 0, len = 0;
     if (!read_encoded(enc, p, f.end, section_vaddr + uint64_t(p - base), true, lo)) continue;
     if (!read_encoded(enc & 0x0f, p, f.end, 0, false, len)) continue;
     if (len == 0 || lo == 0) continue;  // discarded functions' FDEs point at 0
+    if (cie->second.augmented) {
+      const uint64_t n = read_uleb(p, f.end);
+      if (n > uint64_t(f.end - p)) continue;
+      p += n;
+    }
+    if (!cfi_registers_bounded(p, f.end, enc)) continue;  // left without rows: a gap
     out.push_back({lo, lo + len});
   }
   return out;
@@ -369,8 +441,8 @@ UnwindTable compile_unwind_table(const std::string& path, const std::atomic<bool
   elf_getphdrnum(elf.get(), &nphdr);
   for (size_t i = 0; i < nphdr; ++i) {
     GElf_Phdr ph;
-    if (gelf_getphdr(elf.get(), int(i), &ph) && ph.p_type == PT_LOAD)
-      t.segments.push_back({ph.p_offset, ph.p_vaddr, ph.p_filesz});
+    if (!gelf_getphdr(elf.get(), int(i), &ph)) break;  // past the table (a crafted count)
+    if (ph.p_type == PT_LOAD) t.segments.push_back({ph.p_offset, ph.p_vaddr, ph.p_filesz});
   }
 
   GElf_Shdr shdr{};
@@ -404,9 +476,20 @@ UnwindTable compile_unwind_table(const std::string& path, const std::atomic<bool
   };
   std::vector<At> at;
   at.reserve(ranges.size() * 6);
+  // libdw runs an FDE's program from its start for each row asked for: rows^2 / 2 steps per FDE.
+  // Real FDEs have tens of rows (574 at most in libLLVM, 322 in libcublasLt), a crafted one
+  // thousands in a few kilobytes (a 35 KB file took 51 s). Bounded by the section's size, far
+  // above what real files need (libLLVM's total is under a tenth of it).
+  const uint64_t work_limit = 64 * uint64_t(shdr.sh_size) + 1'000'000;
+  uint64_t work = 0;
   for (const auto& r : ranges) {
     if (cancel && cancel->load(std::memory_order_relaxed)) throw Error("{}: compile cancelled", path);
+    uint64_t rows_in_fde = 0;
     for (uint64_t a = r.lo; a < r.hi;) {
+      work += ++rows_in_fde;
+      if (work > work_limit)
+        throw Error("{}: its frame information takes too long to compile (rows of one function re-run {} times)",
+                    path, work);
       Dwarf_Frame* frame = nullptr;
       if (dwarf_cfi_addrframe(cfi, a, &frame) != 0) break;  // the rest of the FDE is unreadable: no info
       Dwarf_Addr start = 0, end = 0;

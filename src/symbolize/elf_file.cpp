@@ -255,12 +255,13 @@ void for_each_symbol(Elf* elf, bool objects, F&& f, const std::vector<std::strin
       continue;
     Elf_Data* syms = elf_getdata(scn, nullptr);
     Elf_Data* strs = elf_getdata(elf_getscn(elf, sh.sh_link), nullptr);
-    if (!syms || !strs) continue;
+    if (!syms || !strs || !syms->d_buf || !strs->d_buf) continue;  // a table without bytes (NOBITS)
     Elf_Data* versyms = sh.sh_type == SHT_DYNSYM ? first_section_data(elf, SHT_GNU_versym) : nullptr;
     // The string table is read directly: elf_strptr's checks per call dominate on large libraries.
     const auto* strtab = static_cast<const char*>(strs->d_buf);
     const size_t strtab_size = strs->d_size;
-    const size_t count = sh.sh_size / sh.sh_entsize;
+    // What the section holds, not what its header claims (a crafted sh_size runs to 2^64).
+    const size_t count = std::min<uint64_t>(sh.sh_size, syms->d_size) / sh.sh_entsize;
     const auto* table = static_cast<const char*>(syms->d_buf);
     const bool mapped = file && table >= file && table + syms->d_size <= file + file_size;
     const bool strtab_mapped = file && strtab >= file && strtab + strtab_size <= file + file_size;

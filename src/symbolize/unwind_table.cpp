@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -188,11 +190,24 @@ bool cfi_registers_bounded(const uint8_t* p, const uint8_t* end, uint8_t pointer
   return true;
 }
 
+uint64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
+}
+
 struct FdeRange {
   uint64_t lo, hi;
 };
 
-std::vector<FdeRange> fde_ranges(Elf* elf, Elf_Data* data, uint64_t section_vaddr, bool eh_frame) {
+struct FdeScan {
+  std::vector<FdeRange> ranges;
+  std::set<Dwarf_Off> offsets;  // of the FDEs whose instructions were checked and passed
+  bool unsafe = false;          // a CIE or FDE names a register x86-64 lacks, or an unknown operation
+};
+
+FdeScan fde_ranges(Elf* elf, Elf_Data* data, uint64_t section_vaddr, bool eh_frame) {
+  FdeScan scan;
   const unsigned char* ident = reinterpret_cast<const unsigned char*>(elf_getident(elf, nullptr));
   struct Cie {
     std::optional<uint8_t> encoding;  // nullopt: its FDEs cannot be read
@@ -200,7 +215,7 @@ std::vector<FdeRange> fde_ranges(Elf* elf, Elf_Data* data, uint64_t section_vadd
   };
   std::map<Dwarf_Off, Cie> cies;
   struct Raw {
-    Dwarf_Off cie;
+    Dwarf_Off off, cie;
     const uint8_t* start;
     const uint8_t* end;
   };
@@ -213,13 +228,17 @@ std::vector<FdeRange> fde_ranges(Elf* elf, Elf_Data* data, uint64_t section_vadd
       Cie& c = cies[off];
       c.encoding = fde_encoding(e.cie, eh_frame);
       c.augmented = eh_frame && e.cie.augmentation && e.cie.augmentation[0] == 'z';
-      if (c.encoding && !cfi_registers_bounded(e.cie.initial_instructions, e.cie.initial_instructions_end, *c.encoding))
+      // The return address's register, too, sizes libdw's frame states.
+      if (c.encoding && (e.cie.return_address_register > kMaxCfiRegister ||
+                         !cfi_registers_bounded(e.cie.initial_instructions, e.cie.initial_instructions_end, *c.encoding))) {
         c.encoding.reset();
+        scan.unsafe = true;
+      }
     } else {
-      fdes.push_back({e.fde.CIE_pointer, e.fde.start, e.fde.end});
+      fdes.push_back({off, e.fde.CIE_pointer, e.fde.start, e.fde.end});
     }
   }
-  std::vector<FdeRange> out;
+  auto& out = scan.ranges;
   out.reserve(fdes.size());
   const auto* base = static_cast<const uint8_t*>(data->d_buf);
   for (const auto& f : fdes) {
@@ -236,10 +255,47 @@ std::vector<FdeRange> fde_ranges(Elf* elf, Elf_Data* data, uint64_t section_vadd
       if (n > uint64_t(f.end - p)) continue;
       p += n;
     }
-    if (!cfi_registers_bounded(p, f.end, enc)) continue;  // left without rows: a gap
+    if (!cfi_registers_bounded(p, f.end, enc)) {
+      scan.unsafe = true;
+      continue;
+    }
+    scan.offsets.insert(f.off);
     out.push_back({lo, lo + len});
   }
-  return out;
+  return scan;
+}
+
+// libdw finds an address's FDE through .eh_frame_hdr's sorted table when the file has one: each
+// entry must name an FDE checked by fde_ranges, or libdw would run instructions nobody checked
+// (a crafted table pointing at an FDE that names register 2^28: a second of memset per row).
+// The table's entries are offsets from the header (datarel, sdata4), as every x86-64 linker
+// writes them; another encoding is refused too.
+Elf_Scn* section_named(Elf* elf, const char* name, GElf_Shdr& shdr);
+
+bool header_table_checked(Elf* elf, uint64_t eh_frame_vaddr, const std::set<Dwarf_Off>& fdes) {
+  GElf_Shdr shdr{};
+  Elf_Scn* scn = section_named(elf, ".eh_frame_hdr", shdr);
+  if (!scn) return true;  // libdw searches the FDEs themselves
+  Elf_Data* data = elf_getdata(scn, nullptr);
+  if (!data || !data->d_buf || data->d_size < 4) return false;
+  const auto* p = static_cast<const uint8_t*>(data->d_buf);
+  const uint8_t* end = p + data->d_size;
+  const uint8_t version = p[0], ptr_enc = p[1], count_enc = p[2], table_enc = p[3];
+  if (version != 1) return false;
+  if (table_enc == DW_EH_PE_omit) return true;
+  if (table_enc != (DW_EH_PE_datarel | DW_EH_PE_sdata4)) return false;
+  const uint8_t* at = p + 4;
+  uint64_t eh_frame_ptr = 0, count = 0;
+  if (!read_encoded(ptr_enc & 0x0f, at, end, 0, false, eh_frame_ptr)) return false;
+  if (!read_encoded(count_enc & 0x0f, at, end, 0, false, count)) return false;
+  if (count > uint64_t(end - at) / 8) return false;
+  for (uint64_t i = 0; i < count; ++i, at += 8) {
+    int32_t fde_rel;
+    std::memcpy(&fde_rel, at + 4, 4);
+    const uint64_t fde_vaddr = shdr.sh_addr + uint64_t(int64_t(fde_rel));
+    if (fde_vaddr < eh_frame_vaddr || !fdes.contains(fde_vaddr - eh_frame_vaddr)) return false;
+  }
+  return true;
 }
 
 // --- rules ---
@@ -467,7 +523,12 @@ UnwindTable compile_unwind_table(const std::string& path, const std::atomic<bool
   if (!data || !data->d_buf) return t;
   t.stats.source = eh_frame ? ".eh_frame" : ".debug_frame";
 
-  auto ranges = fde_ranges(elf.get(), data, shdr.sh_addr, eh_frame);
+  auto scan = fde_ranges(elf.get(), data, shdr.sh_addr, eh_frame);
+  if (scan.unsafe)
+    throw Error("{}: its frame information names registers x86-64 does not have, or operations unknown here", path);
+  if (eh_frame && !header_table_checked(elf.get(), shdr.sh_addr, scan.offsets))
+    throw Error("{}: its .eh_frame_hdr table names something other than the file's FDEs", path);
+  const auto& ranges = scan.ranges;
   t.stats.fdes = ranges.size();
   // Each range's frame states, then a NONE row where it ends (a gap until the next FDE).
   struct At {
@@ -482,6 +543,12 @@ UnwindTable compile_unwind_table(const std::string& path, const std::atomic<bool
   // above what real files need (libLLVM's total is under a tenth of it).
   const uint64_t work_limit = 64 * uint64_t(shdr.sh_size) + 1'000'000;
   uint64_t work = 0;
+  // And by this thread's CPU time: libdw finds an FDE through .eh_frame_hdr, whose table a
+  // crafted file can point anywhere, past the FDEs checked above (a 35 KB file made each row
+  // cost megabytes of memset that way: 50 s). Real files take well under a tenth of this
+  // (libcublasLt's 171,047 FDEs: 0.4 s).
+  const uint64_t cpu_limit_ns = 5'000'000'000 + 20'000'000 * (uint64_t(shdr.sh_size) >> 20);
+  const uint64_t cpu_start_ns = thread_cpu_ns();
   for (const auto& r : ranges) {
     if (cancel && cancel->load(std::memory_order_relaxed)) throw Error("{}: compile cancelled", path);
     uint64_t rows_in_fde = 0;
@@ -490,6 +557,9 @@ UnwindTable compile_unwind_table(const std::string& path, const std::atomic<bool
       if (work > work_limit)
         throw Error("{}: its frame information takes too long to compile (rows of one function re-run {} times)",
                     path, work);
+      if ((work & 63) == 0 && thread_cpu_ns() - cpu_start_ns > cpu_limit_ns)
+        throw Error("{}: its frame information takes too long to compile (over {:.1f} s of CPU)", path,
+                    double(cpu_limit_ns) / 1e9);
       Dwarf_Frame* frame = nullptr;
       if (dwarf_cfi_addrframe(cfi, a, &frame) != 0) break;  // the rest of the FDE is unreadable: no info
       Dwarf_Addr start = 0, end = 0;

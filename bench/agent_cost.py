@@ -44,9 +44,10 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15)
 
 
-def rss_mib(pid):
+def rss_mib(pid, field="VmRSS"):
+    """Resident memory now (VmRSS), or at its peak (field="VmHWM")."""
     for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
 

@@ -26,11 +26,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from agent_cost import ROOT, Agent, cpu_s, metrics, rss_mib, total  # noqa: E402
 
 
-def peak_rss_mib(pid):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+def stop_and_print(agent, summary):
+    """Stops the agent and prints the summary (and the agent's log if it had died)."""
+    log = agent.stop()
+    print(json.dumps(summary))
+    if not summary["agent_alive"]:
+        print(log)
 
 
 def flood(args):
@@ -66,14 +67,13 @@ def flood(args):
             "lost_per_second_mean": sum(r[1] for r in rates) / len(rates),
             "agent_cpu_cores": cpu, "agent_rss_mib_idle": rss0,
             "agent_rss_mib_first_half_max": max(samples[:half]), "agent_rss_mib_second_half_max": max(samples[half:]),
-            "agent_rss_mib_peak": peak_rss_mib(agent.proc.pid), "agent_rss_mib_after": rss_mib(agent.proc.pid),
+            "agent_rss_mib_peak": rss_mib(agent.proc.pid, "VmHWM"), "agent_rss_mib_after": rss_mib(agent.proc.pid),
             "agent_alive": agent.proc.poll() is None,
         }
-    finally:
-        log = agent.stop()
-    print(json.dumps(summary))
-    if not summary["agent_alive"]:
-        print(log)
+    except BaseException:
+        agent.stop()
+        raise
+    stop_and_print(agent, summary)
 
 
 class NoAgent:
@@ -118,17 +118,16 @@ def churn(args):
             "processes": args.processes, "parallel": args.parallel, "launches_each": args.launches,
             "failed": failed, "seconds": elapsed, "processes_per_second": args.processes / elapsed,
             "agent_cpu_seconds": cpu, "agent_cpu_share_of_a_core": cpu / elapsed,
-            "agent_rss_mib_start": rss0, "agent_rss_mib_peak": peak_rss_mib(agent.proc.pid),
+            "agent_rss_mib_start": rss0, "agent_rss_mib_peak": rss_mib(agent.proc.pid, "VmHWM"),
             "agent_rss_mib_max_sampled": max(samples, default=rss0), "agent_rss_mib_after": rss_mib(agent.proc.pid),
             "attached_processes_after": total(m, "gpuscope_agent_attached_processes"),
             "events": total(m, "gpuscope_agent_events_total"), "lost": total(m, "gpuscope_agent_lost_events_total"),
             "agent_alive": agent.proc.poll() is None,
         }
-    finally:
-        log = agent.stop()
-    print(json.dumps(summary))
-    if not summary["agent_alive"]:
-        print(log)
+    except BaseException:
+        agent.stop()
+        raise
+    stop_and_print(agent, summary)
 
 
 def main():

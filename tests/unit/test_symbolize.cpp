@@ -251,10 +251,13 @@ constexpr int kCallLine = __LINE__ - 2;
 TEST(Symbolizer, SourceLinesAndInlinedFunctionsFromDwarf) {
   auto elf = ElfFile::open("/proc/self/exe");
   const uint64_t start = elf->function_offsets({"gpuscope_test_calls_inline"}).at("gpuscope_test_calls_inline");
+  if (!elf->function_offsets({"_ZL28gpuscope_test_inlined_helperi"}).empty())
+    GTEST_SKIP() << "the helper was not inlined in this build (clang -O0 with ASan keeps it a function)";
   Symbolizer sym;
-  // Walk the function's bytes: some instruction comes from the inlined helper.
+  // Walk the function's bytes: some instruction comes from the inlined helper (past a longer
+  // prologue in a sanitized -O0 build).
   bool saw_inlined = false, saw_line = false;
-  for (uint64_t off = start; off < start + 64; ++off) {
+  for (uint64_t off = start; off < start + 1024; ++off) {
     auto f = sym.resolve("/proc/self/exe", "", off, true);
     if (f.function != "gpuscope_test_calls_inline") break;
     if (!f.source) GTEST_SKIP() << "this test binary has no DWARF line information (built without -g)";

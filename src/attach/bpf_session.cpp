@@ -281,11 +281,12 @@ BpfSession::~BpfSession() {
   if (walker_loader_.joinable()) walker_loader_.join();
   close_link_.reset();
   if (unwind_rows_) munmap(unwind_rows_, size_t(unwind_rows_cap_) * sizeof(gs_unwind_row));
+  for (auto& [pid, links] : high_rate_links_) retire(pid, std::move(links));
   high_rate_links_.clear();
   for (int fd : multi_links_) close(fd);
   for (int fd : runtime_launch_multi_links_) close(fd);
   runtime_launch_links_.clear();
-  for (auto& t : link_closers_) t.join();
+  closer_.drain();
   std::vector<int> function_fds;  // closed with links_ below: a link apiece, each waits
   for (auto& [id, fds] : runtime_function_multi_links_) function_fds.insert(function_fds.end(), fds.begin(), fds.end());
   for (auto& [id, links] : runtime_function_links_)
@@ -570,16 +571,25 @@ void BpfSession::attach_high_rate(pid_t pid, const HighRateSet& set, ProcessLink
     attach_probe(set.path, set.entry.offsets[i], set.entry.cookies[i], false, true, into.links, pid);
 }
 
+void BpfSession::retire(pid_t pid, ProcessLinks&& links) {
+  closer_.close(pid, [links = std::make_shared<ProcessLinks>(std::move(links))] {
+    for (int fd : links->fds) close(fd);
+    links->links.clear();
+  });
+}
+
 int BpfSession::set_high_rate_probes(pid_t pid, bool on) {
   auto it = high_rate_links_.find(pid);
   if (!on) {
     if (it == high_rate_links_.end()) return 0;
     const int n = static_cast<int>(it->second.fds.size() + it->second.links.size());
-    for (int fd : it->second.fds) close(fd);
+    retire(pid, std::move(it->second));
     high_rate_links_.erase(it);
     return n;
   }
   if (it != high_rate_links_.end()) return 0;
+  // Its links of an earlier on-period, if still closing, would see each call a second time.
+  closer_.wait_for(pid);
   ProcessLinks links;
   try {
     for (const auto& set : high_rate_sets_) attach_high_rate(pid, set, links);
@@ -673,7 +683,7 @@ int BpfSession::detach_runtime_functions(const std::vector<uint16_t>& funcs) {
     }
   }
   const int n = static_cast<int>(fds.size() + links->size());
-  if (n) link_closers_.emplace_back([fds = std::move(fds), links] {
+  if (n) closer_.close(0, [fds = std::move(fds), links] {
       for (int fd : fds) close(fd);
       links->clear();
     });

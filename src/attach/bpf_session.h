@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "attach/link_closer.h"
 #include "events.h"
 
 struct gpuscope_bpf;
@@ -161,11 +162,13 @@ class BpfSession {
   // Removes the probes of these runtime functions (decode::may_be_recorded_by_driver) from every
   // file attached so far, and attaches none to files found later: the driver calls they make
   // record them. The links close on a thread of their own, since each removal waits for an RCU
-  // grace period and the caller drains the ring buffer. Returns how many links go.
+  // grace period and the caller drains the ring buffer (see LinkCloser). Returns how many links
+  // go.
   int detach_runtime_functions(const std::vector<uint16_t>& funcs);
   // With high_rate_per_process: attaches (on) or removes (off) the process's high-rate probes
   // in every file attached so far and, while on, in files attached later. Returns the number
-  // of links made or removed; throws Error if the kernel refuses.
+  // of links made or removed; throws Error if the kernel refuses. Links removed close on the
+  // LinkCloser's threads: this returns without waiting for them.
   int set_high_rate_probes(pid_t pid, bool on);
   // Removes what a process that exited still holds.
   void forget_process(pid_t pid) { set_high_rate_probes(pid, false); }
@@ -270,7 +273,7 @@ class BpfSession {
   std::map<uint16_t, std::vector<int>> runtime_function_multi_links_;
   std::map<uint16_t, std::vector<std::unique_ptr<bpf_link, LinkDeleter>>> runtime_function_links_;
   std::set<uint16_t> detached_runtime_functions_;
-  std::vector<std::thread> link_closers_;
+  LinkCloser closer_;
   RecordHandler handler_;
   int stats_fd_ = -1;
   gs_unwind_row* unwind_rows_ = nullptr;  // mmapped unwind_rows, unwind_rows_cap_ rows
@@ -299,6 +302,8 @@ class BpfSession {
   std::vector<HighRateSet> high_rate_sets_;
   std::map<pid_t, ProcessLinks> high_rate_links_;
   void attach_high_rate(pid_t pid, const HighRateSet& set, ProcessLinks& into);
+  // Closes a process's links on the closer's threads.
+  void retire(pid_t pid, ProcessLinks&& links);
 };
 
 }  // namespace gpuscope::attach

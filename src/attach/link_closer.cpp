@@ -1,0 +1,65 @@
+#include "attach/link_closer.h"
+
+namespace gpuscope::attach {
+
+LinkCloser::LinkCloser(int threads, size_t max_pending) : max_pending_(max_pending) {
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
+}
+
+LinkCloser::~LinkCloser() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void LinkCloser::close(pid_t pid, std::function<void()> job) {
+  {
+    std::lock_guard lock(mu_);
+    if (jobs_.size() < max_pending_ && !threads_.empty()) {
+      jobs_.emplace_back(pid, std::move(job));
+      ++unfinished_[pid];
+      wake_.notify_one();
+      return;
+    }
+  }
+  job();
+}
+
+void LinkCloser::wait_for(pid_t pid) {
+  std::unique_lock lock(mu_);
+  done_.wait(lock, [&] { return !unfinished_.contains(pid); });
+}
+
+void LinkCloser::drain() {
+  std::unique_lock lock(mu_);
+  done_.wait(lock, [&] { return unfinished_.empty(); });
+}
+
+size_t LinkCloser::pending() const {
+  std::lock_guard lock(mu_);
+  return jobs_.size() + size_t(running_);
+}
+
+void LinkCloser::work() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    // Jobs still waiting at the end are run too: each holds links that must close.
+    wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;
+    auto [pid, job] = std::move(jobs_.front());
+    jobs_.pop_front();
+    ++running_;
+    lock.unlock();
+    job();
+    job = nullptr;  // what it captured (links) goes before the job counts as done
+    lock.lock();
+    --running_;
+    if (auto it = unfinished_.find(pid); it != unfinished_.end() && --it->second == 0) unfinished_.erase(it);
+    done_.notify_all();
+  }
+}
+
+}  // namespace gpuscope::attach

@@ -24,7 +24,7 @@ Pipeline::Pipeline(store::EventSink& sink, attach::BpfSession& bpf, symbolize::P
       stitcher_([this](const Stitcher::Frames& f) { return f.empty() ? 0 : sink_.intern_stack(f); },
                 [this](uint16_t handoff) { return handoff_separator(handoff); },
                 [this] { return truncated_frame(); }) {
-  filling_.reserve(1 << 20);
+  filling_.reserve(batch_capacity());
 }
 
 Pipeline::~Pipeline() {
@@ -41,25 +41,37 @@ void Pipeline::push(const void* data, size_t size) {
   if (filling_.size() >= cfg_.max_batch_bytes) end_batch();
 }
 
+size_t Pipeline::batch_capacity() const {
+  // A batch ends once past max_batch_bytes: room for one more record of any kind (the largest,
+  // a stack copy, is 16 KiB and a header) means a buffer never grows.
+  return cfg_.max_batch_bytes + (64u << 10);
+}
+
 void Pipeline::end_batch() {
   if (filling_.empty()) return;
   {
     std::lock_guard lock(mu_);
-    if (queued_bytes_ + filling_.size() > cfg_.max_queued_bytes) {
+    // The queue is bounded by the memory its buffers hold, not by what they contain: a flood
+    // polled in many small batches would otherwise hold a buffer apiece. Small batches join the
+    // last one still queued where it has room.
+    if (!queue_.empty() && queue_.back().capacity() - queue_.back().size() >= filling_.size()) {
+      queue_.back().insert(queue_.back().end(), filling_.begin(), filling_.end());
+    } else if (queued_bytes_ + filling_.capacity() > cfg_.max_queued_bytes) {
       dropped_ += filling_records_;
     } else {
-      queued_bytes_ += filling_.size();
+      queued_bytes_ += filling_.capacity();
       queue_.push_back(std::move(filling_));
-    }
-    // A buffer the pipeline is done with, rather than a new megabyte for each poll.
-    if (!spare_.empty()) {
-      filling_ = std::move(spare_.back());
-      spare_.pop_back();
+      filling_ = std::vector<uint8_t>();
+      // A buffer the pipeline is done with, rather than a new one for each batch.
+      if (!spare_.empty()) {
+        filling_ = std::move(spare_.back());
+        spare_.pop_back();
+      }
     }
   }
   cv_.notify_one();
   filling_.clear();
-  if (filling_.capacity() < (1 << 20)) filling_.reserve(1 << 20);
+  if (filling_.capacity() < batch_capacity()) filling_.reserve(batch_capacity());
   filling_records_ = 0;
 }
 
@@ -146,7 +158,7 @@ void Pipeline::run() {
     {
       std::lock_guard lock(mu_);
       for (auto& batch : work) {
-        if (spare_.size() >= kMaxSpareBatches || batch.capacity() > cfg_.max_batch_bytes * 2) break;
+        if (spare_.size() >= kMaxSpareBatches || batch.capacity() != batch_capacity()) break;
         batch.clear();
         spare_.push_back(std::move(batch));
       }

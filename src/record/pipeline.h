@@ -1,7 +1,8 @@
 // The stage between the ring buffer and the record file. The ring-buffer thread only copies
 // records into batches (push/end_batch never block); a pipeline thread decodes them, resolves
-// stacks and kernel names, and writes them. Memory is bounded: past `max_queued_bytes` whole
-// batches are dropped and counted as lost.
+// stacks and kernel names, and writes them. Memory is bounded: past `max_queued_bytes` of
+// buffers queued, whole batches are dropped and counted as lost (the pipeline thread holds as
+// much again while it works through the batches it took).
 #pragma once
 
 #include <sys/types.h>
@@ -191,7 +192,8 @@ class Pipeline {
   decode::Tracker tracker_;
 
   // Ring-buffer thread side.
-  std::vector<uint8_t> filling_;
+  std::vector<uint8_t> filling_;  // batch_capacity() reserved
+  size_t batch_capacity() const;
   static constexpr size_t kMaxSpareBatches = 4;
   std::vector<std::vector<uint8_t>> spare_;  // processed batches' buffers, for end_batch to refill (under mu_)
   uint64_t filling_records_ = 0;

@@ -11,7 +11,7 @@ from agent_util import launch_profile_top, series
 from conftest import TARGETS
 
 STACK_MAP_ENTRIES = 256  # the least the agent takes: recycled at 1/32 of it, 8 distinct stacks
-PROCESSES = 100  # ~20 user stacks each (cuda_ops --iterations 1)
+PROCESSES = 300  # ~20 user stacks each (cuda_ops --iterations 1)
 
 
 def assert_launches_all_from_work(top):
@@ -39,9 +39,9 @@ def test_short_lived_processes_do_not_fill_the_stack_maps(agent, tmp_path):
     records = sum(series(m, "gpuscope_agent_events_total"))
     lost = sum(series(m, "gpuscope_agent_lost_events_total", cause="stack"))
     expired = sum(series(m, "gpuscope_agent_lost_events_total", cause="stack_expired"))
-    # The maps were switched many times over (each process's start in the kernel brings new
-    # kernel stacks)...
-    assert recycles >= PROCESSES // 10, (recycles, a.stderr())
+    # The maps were switched many times over (a process's start and exit in the kernel bring
+    # kernel stacks: a few samples each, 8 distinct stacks a recycle)...
+    assert recycles >= 8, (recycles, a.stderr())
     # ...and kernel stacks are still captured: a new one is lost only when its bucket holds
     # another (-EEXIST), at the map's low occupancy.
     assert lost <= 0.1 * records, (lost, records)

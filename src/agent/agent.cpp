@@ -492,6 +492,7 @@ void Agent::apply_live(AgentConfig c) {
 
 int Agent::run() {
   attach::check_can_trace("gpuscope agent");
+  attach::raise_open_file_limit();
   // Few malloc arenas: each thread's own arena would keep its freed memory apart.
   mallopt(M_ARENA_MAX, 2);
   cfg_ = read_config();

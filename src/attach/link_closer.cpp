@@ -2,9 +2,7 @@
 
 namespace gpuscope::attach {
 
-LinkCloser::LinkCloser(int threads, size_t max_pending) : max_pending_(max_pending) {
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
-}
+LinkCloser::LinkCloser(int max_threads, size_t max_pending) : max_threads_(max_threads), max_pending_(max_pending) {}
 
 LinkCloser::~LinkCloser() {
   {
@@ -18,9 +16,13 @@ LinkCloser::~LinkCloser() {
 void LinkCloser::close(pid_t pid, std::function<void()> job) {
   {
     std::lock_guard lock(mu_);
-    if (jobs_.size() < max_pending_ && !threads_.empty()) {
+    if (jobs_.size() < max_pending_ && max_threads_ > 0) {
       jobs_.emplace_back(pid, std::move(job));
       ++unfinished_[pid];
+      if (idle_ < int(jobs_.size()) && int(threads_.size()) < max_threads_) {
+        ++idle_;  // until it takes its first job
+        threads_.emplace_back([this] { work(); });
+      }
       wake_.notify_one();
       return;
     }
@@ -51,12 +53,14 @@ void LinkCloser::work() {
     if (jobs_.empty()) return;
     auto [pid, job] = std::move(jobs_.front());
     jobs_.pop_front();
+    --idle_;
     ++running_;
     lock.unlock();
     job();
     job = nullptr;  // what it captured (links) goes before the job counts as done
     lock.lock();
     --running_;
+    ++idle_;
     if (auto it = unfinished_.find(pid); it != unfinished_.end() && --it->second == 0) unfinished_.erase(it);
     done_.notify_all();
   }

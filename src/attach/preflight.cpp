@@ -2,6 +2,7 @@
 
 #include <linux/capability.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -42,6 +43,13 @@ void check_can_trace(std::string_view command) {
       throw Error("tracefs is not mounted and could not be ({}); run: mount -t tracefs nodev /sys/kernel/tracing",
                   strerror(errno));
   }
+}
+
+void raise_open_file_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) return;
+  lim.rlim_cur = lim.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &lim);  // best effort: the limit as it was still works, only lower
 }
 
 }  // namespace gpuscope::attach

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 
 #include "common/clock.h"
 #include "common/error.h"
@@ -39,26 +40,35 @@ std::filesystem::path checked_output(const std::string& path) {
   return ec ? std::filesystem::absolute(path) : real;
 }
 
-// A hidden file beside the record, gpuscope's own (its PID in the name): written until it takes
-// the record's place.
-std::string temporary_beside(const std::filesystem::path& path) {
-  return (path.parent_path() / fmt::format(".{}.gpuscope-{}.partial", path.filename().string(), getpid())).string();
+// gpuscope's own hidden files beside a record: .NAME.gpuscope-PID.KIND, where KIND is
+// "partial" (the record written until it takes NAME's place) or "reserve" (space held aside,
+// unlinked as soon as made).
+std::string hidden_prefix(const std::filesystem::path& record) {
+  return fmt::format(".{}.gpuscope-", record.filename().string());
 }
+
+std::filesystem::path hidden_beside(const std::filesystem::path& record, std::string_view kind) {
+  return record.parent_path() / fmt::format("{}{}.{}", hidden_prefix(record), getpid(), kind);
+}
+
+std::string temporary_beside(const std::filesystem::path& path) { return hidden_beside(path, "partial").string(); }
 
 void remove_db_files(const std::string& path) {
   std::error_code ec;
   for (const char* suffix : {"", "-wal", "-shm", "-journal"}) std::filesystem::remove(path + suffix, ec);
 }
 
-// Temporary files of earlier recordings to the same path whose gpuscope died before the
-// record took its place (kill -9 during start-up): removed once no process has that PID.
+// Hidden files of earlier recordings to the same path whose gpuscope died before the record
+// took its place (kill -9 during start-up): removed once no process has that PID.
 void remove_stale_temporaries(const std::filesystem::path& path) {
-  const std::string prefix = fmt::format(".{}.gpuscope-", path.filename().string());
+  const std::string prefix = hidden_prefix(path);
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(path.parent_path(), ec)) {
     const std::string name = entry.path().filename().string();
-    if (!name.starts_with(prefix) || !name.ends_with(".partial")) continue;
-    const std::string pid_text = name.substr(prefix.size(), name.size() - prefix.size() - std::strlen(".partial"));
+    if (!name.starts_with(prefix)) continue;
+    const size_t dot = name.rfind('.');
+    if (dot < prefix.size() || (name.substr(dot) != ".partial" && name.substr(dot) != ".reserve")) continue;
+    const std::string pid_text = name.substr(prefix.size(), dot - prefix.size());
     pid_t pid = 0;
     const auto [end, err] = std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
     if (err != std::errc() || end != pid_text.data() + pid_text.size() || pid <= 0) continue;
@@ -101,7 +111,7 @@ int make_reserve(const std::filesystem::path& record, off_t bytes) {
   const auto dir = record.parent_path();
   int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
-    const auto named = dir / fmt::format(".{}.gpuscope-{}.reserve", record.filename().string(), getpid());
+    const auto named = hidden_beside(record, "reserve");
     fd = ::open(named.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) return -1;
     ::unlink(named.c_str());

@@ -100,7 +100,11 @@ TEST(RecordWriter, TemporariesOfADeadRecorderGoAndAnEarlierRecordsLogIsNotReadAs
   waitpid(dead, nullptr, 0);
   const auto stale = dir / fmt::format(".run.gpuscope.gpuscope-{}.partial", dead);
   const auto live = dir / fmt::format(".run.gpuscope.gpuscope-{}.partial", getppid());
-  for (const auto& p : {stale, live}) std::ofstream(p) << "x";
+  // Space held aside by a named file where O_TMPFILE is refused, killed before its unlink.
+  const auto stale_reserve = dir / fmt::format(".run.gpuscope.gpuscope-{}.reserve", dead);
+  // Not gpuscope's: kept whatever its PID.
+  const auto other = dir / fmt::format(".run.gpuscope.gpuscope-{}.mine", dead);
+  for (const auto& p : {stale, live, stale_reserve, other}) std::ofstream(p) << "x";
   std::ofstream(stale.string() + "-wal") << "x";
   // An earlier record killed with its log beside it: not to be applied to the new record.
   std::ofstream(path) << "an earlier record";
@@ -113,6 +117,8 @@ TEST(RecordWriter, TemporariesOfADeadRecorderGoAndAnEarlierRecordsLogIsNotReadAs
   }
   EXPECT_FALSE(std::filesystem::exists(stale));
   EXPECT_FALSE(std::filesystem::exists(stale.string() + "-wal"));
+  EXPECT_FALSE(std::filesystem::exists(stale_reserve));
+  EXPECT_TRUE(std::filesystem::exists(other));
   EXPECT_TRUE(std::filesystem::exists(live));
   EXPECT_FALSE(std::filesystem::exists(path.string() + "-wal"));
   EXPECT_EQ(count(path, "SELECT count(*) FROM meta WHERE key = 'mode'"), 1);

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "empty_probe.skel.h"
-#include "symbolize/elf_file.h"
+#include "elf/elf_file.h"
 
 int main(int argc, char** argv) {
   if (argc < 3) {
@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "empty_probe: cannot load (run as root)\n");
     return 1;
   }
-  auto elf = gpuscope::symbolize::ElfFile::open(argv[1]);
+  auto elf = gpuscope::elf::ElfFile::open(argv[1]);
   std::vector<std::string> names;
   std::vector<std::string> with_return;
   for (int i = 2; i < argc; ++i) {

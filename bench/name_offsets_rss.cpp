@@ -1,4 +1,4 @@
-// What one pass over a library's symbols (symbolize::name_offsets, the agent's profile naming)
+// What one pass over a library's symbols (elf::name_offsets, the agent's profile naming)
 // costs: time, and how far it raises the process's peak resident memory — the symbol and string
 // tables are read through a mapping of the file, and every page touched counts in RSS.
 //   name_offsets_rss FILE...
@@ -13,7 +13,7 @@
 #include <random>
 #include <string>
 
-#include "symbolize/elf_file.h"
+#include "elf/elf_file.h"
 
 namespace {
 
@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     size_t named = 0;
     try {
-      for (const auto& n : gpuscope::symbolize::name_offsets(argv[i], "", offsets)) named += !n.name.empty();
+      for (const auto& n : gpuscope::elf::name_offsets(argv[i], "", offsets)) named += !n.name.empty();
     } catch (const std::exception& e) {
       std::printf("%-36s error: %s\n", argv[i], e.what());
       continue;
@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
     std::ofstream("/proc/self/clear_refs") << "5";
     const long before_check = status_kb("VmHWM:");
     const auto t1 = std::chrono::steady_clock::now();
-    const bool defines = gpuscope::symbolize::defines_any_function(argv[i], {"cudaLaunchKernel", "cudaMalloc"});
+    const bool defines = gpuscope::elf::defines_any_function(argv[i], {"cudaLaunchKernel", "cudaMalloc"});
     const double check_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
     std::printf("%-36s %9.1f %9.1f %10zu %12.1f   %.1f ms, %.1f MiB%s\n", argv[i] + std::string(argv[i]).rfind('/') + 1,
                 double(st.st_size) / 1e6, ms, named, rss, check_ms, double(status_kb("VmHWM:") - before_check) / 1024,

@@ -7,6 +7,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "events.h"
+#include "call_record.bpf.h"
 
 const volatile __u64 wakeup_bytes = 16 << 20;
 
@@ -126,34 +127,23 @@ static __always_inline __u32 marks_and_sampling(__u64 id)
 	return flags;
 }
 
-/* gs_call_record's fields as call_entry_emit fills them, from FILL on up to `last`. */
+/* gs_call_record's fields as call_entry_emit fills them (its pieces: call_record.bpf.h), from
+ * FILL on up to `last`; before FILL only the head (no flags). */
 static __always_inline void fill(struct pt_regs *ctx, struct gs_call_record *r, __u64 id, __u64 cookie,
 				 __u64 ts, __u32 flags, enum stage last)
 {
-	r->kind = GS_REC_CALL;
-	r->func = cookie & 0xffff;
-	r->ts_ns = ts;
-	r->pid = id >> 32;
-	r->tid = (__u32)id;
+	call_record_head(r, id, cookie, last >= FILL ? flags : 0, ts, 0);
 	if (last >= FILL) {
-		r->flags = flags;
-		r->duration_ns = 0;
 		r->ret = 0;
 		r->out_value = 0;
+		read_reg_args(ctx, r->args);
 		r->deref_len = 0;
 		r->stack_weight = 0;
 		r->py_stack = 0;
 		r->native_stack = 0;
-		r->args[0] = ctx->di;
-		r->args[1] = ctx->si;
-		r->args[2] = ctx->dx;
-		r->args[3] = ctx->cx;
-		r->args[4] = ctx->r8;
-		r->args[5] = ctx->r9;
 	}
 	if (last >= STACK_ARGS)
-		bpf_probe_read_user(&r->args[GS_NUM_REG_ARGS], (GS_NUM_ARGS - GS_NUM_REG_ARGS) * sizeof(__u64),
-				    (void *)(ctx->sp + 8));
+		read_stack_args(ctx, r->args);
 	if (last >= COMM)
 		bpf_get_current_comm(r->comm, sizeof(r->comm));
 }

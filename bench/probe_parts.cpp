@@ -27,7 +27,7 @@
 
 #include "attach/bpf_session.h"
 #include "probe_parts.skel.h"
-#include "symbolize/elf_file.h"
+#include "elf/elf_file.h"
 
 namespace {
 
@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "probe_parts: cannot turn on BPF run-time statistics: %s\n", strerror(errno));
     return 1;
   }
-  auto elf = gpuscope::symbolize::ElfFile::open(file);
+  auto elf = gpuscope::elf::ElfFile::open(file);
   if (!elf) {
     fprintf(stderr, "probe_parts: cannot read %s\n", file.c_str());
     return 1;

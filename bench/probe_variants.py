@@ -11,19 +11,19 @@ variants record less (or wrongly): they are for measuring only, never for use.
   noquery  nodata, and the record is submitted without the wake-up check
 
 Each is built in --build (a configured build tree, e.g. the static one) from an edited copy of
-bpf/gpuscope.bpf.c, which is restored afterwards, and copied to OUT/gpuscope-NAME."""
+bpf/calls.bpf.c (the launch probe), which is restored afterwards, and copied to OUT/gpuscope-NAME."""
 import argparse
 import pathlib
 import shutil
 import subprocess
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "bpf" / "gpuscope.bpf.c"
+SOURCE = ROOT / "bpf" / "calls.bpf.c"
 
 NOMARKS = [("\t} else if (GS_COOKIE_DRV_LAUNCH(cookie)) {",
             "\t} else if (GS_COOKIE_DRV_LAUNCH(cookie) && !self_tgid) {")]
 NODATA = NOMARKS + [("""\tread_args(ctx, r->args);
-\tr->deref_len = GS_COOKIE_ENTRY_ARG(cookie) ? read_entry_deref(cookie, r->args, r->deref, &r->flags) : 0;
+\tr->deref_len = GS_COOKIE_ENTRY_ARG(cookie) ? read_entry_deref(cookie, r->args, r->deref, &r->flags, GS_DEREF_LEN) : 0;
 \tr->stack_weight = stack_weight;
 \tr->py_stack = st.py;
 \tr->native_stack = st.native;

@@ -1,4 +1,4 @@
-/* Wire format between the BPF programs (gpuscope.bpf.c) and user space.
+/* Wire format between the BPF programs (gpuscope.bpf.c and its parts) and user space.
  * This header is the one place where the layout of every ring-buffer record is defined;
  * both sides include it. Change it only together with src/decode. */
 #ifndef GPUSCOPE_BPF_EVENTS_H
@@ -60,7 +60,7 @@ enum gs_record_kind {
  *   bit  37      a high-rate call (launches, copies, memsets): its stack is one that
  *                --stack-every samples
  *   bit  38      entry only, its out-pointer (bits 32..35) read at the thread's next launch or
- *                lookup (struct thread_marks in gpuscope.bpf.c)
+ *                lookup (struct thread_marks in common.bpf.h)
  *   bit  39      a batch copy (dsts, srcs, sizes, count, ...): its entry data is a
  *                gs_batch_entry, not a copy of an argument's pointee (bits 16..31 unused)
  *   bit  40      a 3-D batch copy (numOps, opList, ...): its entry data is a gs_batch3d_entry
@@ -441,10 +441,9 @@ struct gs_stack_cost {
 };
 
 /* Targets' tgids in a .bss array indexed by tgid % GS_TARGET_SLOTS, ahead of the targets hash:
- * see is_target in gpuscope.bpf.c. */
+ * see is_target in common.bpf.h. */
 #define GS_TARGET_SLOTS 1024  /* a power of two */
 
-/* Causes of lost information, counted per CPU in the `lost` map. */
 /* What the BPF stack walks did, summed over CPUs (bpf: unwind_stats, one array of these per CPU):
  * for eh-frame walks, how often a frame's step came from the thread's last walk instead of the
  * tables, and how the rest found their rows; for both kinds, the pages of stack read. */
@@ -465,26 +464,84 @@ enum gs_unwind_stat {
 	GS_UNWIND_STAT_NR,
 };
 
+/* Causes of lost information, counted per CPU in the `lost` map: each cause's enum name and the
+ * name user space reports it by (attach::lost_cause_name, the record's `lost` table, the agent's
+ * cause label). */
+#define GS_LOST_CAUSES(X) \
+	X(GS_LOST_RINGBUF_FULL, "ringbuf_full")         /* no room to reserve a record */ \
+	X(GS_LOST_PENDING_FULL, "pending_full")         /* no slot to keep an entry until its return */ \
+	X(GS_LOST_RETURN_ORPHAN, "return_orphan")       /* return without a matching entry (attached mid-call) */ \
+	X(GS_LOST_STACK, "stack")                       /* a kernel stack's id unavailable (map full or hash collision) */ \
+	X(GS_LOST_DEREF, "deref")                       /* user memory behind an argument could not be read */ \
+	X(GS_LOST_TARGETS_FULL, "targets_full")         /* a target's child could not be followed */ \
+	X(GS_LOST_PY_STACK, "python_stack")             /* a Python stack could not be walked or sent */ \
+	/* An eh-frame walk cut short (the frames before the cut are kept), by why: a frame in code \
+	 * without a table (walked on with frame pointers), or a process without tables yet (the \
+	 * whole stack from frame pointers); */ \
+	X(GS_LOST_UNWIND_NO_TABLE, "unwind_no_table") \
+	X(GS_LOST_UNWIND_NO_ROW, "unwind_no_row")       /* an address without frame information (hand-written code) */ \
+	X(GS_LOST_UNWIND_UNSUPPORTED, "unwind_unsupported_rule")  /* a frame rule the walker does not know */ \
+	/* the stack could not be read where the rules point, or went backwards; */ \
+	X(GS_LOST_UNWIND_READ, "unwind_read_fault") \
+	X(GS_LOST_UNWIND_DEPTH, "unwind_depth")         /* deeper than GS_MAX_NATIVE_DEPTH */ \
+	X(GS_LOST_UNWIND_SEND, "unwind_stack_send")     /* a new stack found no room in the ring buffer */ \
+	/* A stack walked along frame pointers instead of sent as a copy while a table (or the \
+	 * walker) it needed was not there yet: copies past GS_STACK_COPIES_PER_S, or the ring half \
+	 * full. */ \
+	X(GS_LOST_UNWIND_COPY_LIMIT, "unwind_copy_limit")
+
+#define GS_LOST_ENUM_ENTRY(cause, name) cause,
 enum gs_lost_cause {
-	GS_LOST_RINGBUF_FULL = 0,  /* no room to reserve a record */
-	GS_LOST_PENDING_FULL,      /* no slot to keep an entry until its return */
-	GS_LOST_RETURN_ORPHAN,     /* return without a matching entry (attached mid-call) */
-	GS_LOST_STACK,             /* a kernel stack's id unavailable (map full or hash collision) */
-	GS_LOST_DEREF,             /* user memory behind an argument could not be read */
-	GS_LOST_TARGETS_FULL,      /* a target's child could not be followed */
-	GS_LOST_PY_STACK,          /* a Python stack could not be walked or sent */
-	/* An eh-frame walk cut short (the frames before the cut are kept), by why: */
-	GS_LOST_UNWIND_NO_TABLE,   /* a frame in code without a table (walked on with frame pointers), or a
-	                            * process without tables yet (the whole stack from frame pointers) */
-	GS_LOST_UNWIND_NO_ROW,     /* an address without frame information (hand-written code) */
-	GS_LOST_UNWIND_UNSUPPORTED,/* a frame rule the walker does not know */
-	GS_LOST_UNWIND_READ,       /* the stack could not be read where the rules point, or went backwards */
-	GS_LOST_UNWIND_DEPTH,      /* deeper than GS_MAX_NATIVE_DEPTH */
-	GS_LOST_UNWIND_SEND,       /* a new stack found no room in the ring buffer */
-	/* A stack walked along frame pointers instead of sent as a copy while a table (or the walker)
-	 * it needed was not there yet: copies past GS_STACK_COPIES_PER_S, or the ring half full. */
-	GS_LOST_UNWIND_COPY_LIMIT,
+	GS_LOST_CAUSES(GS_LOST_ENUM_ENTRY)
 	GS_LOST_NR,
 };
+#undef GS_LOST_ENUM_ENTRY
+
+/* The layout both sides agree on, checked by each side's compiler (clang for BPF, the host's for
+ * user space): a field added, removed or moved fails the build here first. Records sent cut short
+ * (after their used frames) still have these sizes in full. */
+#ifdef __cplusplus
+#define GS_ASSERT_SIZE(type, n) static_assert(sizeof(type) == (n), #type " changed size: update both sides")
+#define GS_ASSERT_AT(type, field, n) static_assert(__builtin_offsetof(type, field) == (n), #type "." #field " moved")
+#else
+#define GS_ASSERT_SIZE(type, n) _Static_assert(sizeof(type) == (n), #type " changed size: update both sides")
+#define GS_ASSERT_AT(type, field, n) _Static_assert(__builtin_offsetof(type, field) == (n), #type "." #field " moved")
+#endif
+GS_ASSERT_SIZE(struct gs_call_record, 296);
+GS_ASSERT_SIZE(struct gs_call_record_long, 424);
+GS_ASSERT_SIZE(struct gs_batch_entry, 32);
+GS_ASSERT_SIZE(struct gs_batch3d_entry, 80);
+GS_ASSERT_SIZE(struct gs_libload_record, 296);
+GS_ASSERT_SIZE(struct gs_file_key, 16);
+GS_ASSERT_SIZE(struct gs_proc_record, 40);
+GS_ASSERT_SIZE(struct gs_sample_record, 56);
+GS_ASSERT_SIZE(struct gs_user_regs, 64);
+GS_ASSERT_SIZE(struct gs_sample_stack_record, 16512);
+GS_ASSERT_SIZE(struct gs_stack_copy_record, 16472);
+GS_ASSERT_SIZE(struct gs_py_offsets, 38);
+GS_ASSERT_SIZE(struct gs_py_process, 48);
+GS_ASSERT_SIZE(struct gs_py_frame, 16);
+GS_ASSERT_SIZE(struct gs_py_stack_record, 2072);
+GS_ASSERT_SIZE(struct gs_py_code_record, 2456);
+GS_ASSERT_SIZE(struct gs_unwind_row, 8);
+GS_ASSERT_SIZE(struct gs_unwind_mapping, 40);
+GS_ASSERT_SIZE(struct gs_unwind_file_want, 16);
+GS_ASSERT_SIZE(struct gs_unwind_proc, 20488);
+GS_ASSERT_SIZE(struct gs_native_stack_record, 1040);
+GS_ASSERT_SIZE(struct gs_stack_cost, 24);
+/* Records are told apart by the kind at their start (and, for two, by their size). */
+GS_ASSERT_AT(struct gs_call_record, kind, 0);
+GS_ASSERT_AT(struct gs_libload_record, kind, 0);
+GS_ASSERT_AT(struct gs_proc_record, kind, 0);
+GS_ASSERT_AT(struct gs_sample_record, kind, 0);
+GS_ASSERT_AT(struct gs_sample_stack_record, s, 0);
+GS_ASSERT_AT(struct gs_stack_copy_record, kind, 0);
+GS_ASSERT_AT(struct gs_py_stack_record, kind, 0);
+GS_ASSERT_AT(struct gs_py_code_record, kind, 0);
+GS_ASSERT_AT(struct gs_native_stack_record, kind, 0);
+GS_ASSERT_AT(struct gs_call_record_long, r, 0);
+/* Variable-length records are cut after their last used entry: the array comes last. */
+GS_ASSERT_AT(struct gs_py_stack_record, frames, 24);
+GS_ASSERT_AT(struct gs_native_stack_record, ips, 24);
 
 #endif

@@ -599,9 +599,7 @@ int Agent::run() {
   while (running) {
     pollfd fds[2] = {{sfd, POLLIN, 0}, {tracer_->control_fd(), POLLIN, 0}};
     ::poll(fds, 2, tracer_->control_poll_ms());
-    if (fds[1].revents & POLLIN) tracer_->handle_control();
-    tracer_->update_unwind_tables();
-    tracer_->adjust_stack_rates();
+    tracer_->tick(fds[1].revents & POLLIN);
     signalfd_siginfo si{};
     while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
       if (si.ssi_signo == SIGHUP) {

@@ -8,20 +8,20 @@
 
 #include "attach/bpf_session.h"
 #include "common/clock.h"
-#include "decode/functions.h"
+#include "cuda/functions.h"
 #include "discover/proc.h"
 #include "report/stored_stacks.h"
-#include "symbolize/elf_file.h"
+#include "elf/elf_file.h"
 
 namespace gpuscope::agent {
 namespace {
 
-std::string_view direction_label(decode::CopyDir d) {
+std::string_view direction_label(cuda::CopyDir d) {
   switch (d) {
-    case decode::CopyDir::HostToDevice: return "h2d";
-    case decode::CopyDir::DeviceToHost: return "d2h";
-    case decode::CopyDir::DeviceToDevice: return "d2d";
-    case decode::CopyDir::HostToHost: return "h2h";
+    case cuda::CopyDir::HostToDevice: return "h2d";
+    case cuda::CopyDir::DeviceToHost: return "d2h";
+    case cuda::CopyDir::DeviceToDevice: return "d2d";
+    case cuda::CopyDir::HostToHost: return "h2h";
     default: return "unknown";
   }
 }
@@ -37,7 +37,7 @@ std::string_view host_memory_label(HostMem h) {
 }
 
 std::string function_name(uint16_t id) {
-  const auto* f = decode::function_by_id(id);
+  const auto* f = cuda::function_by_id(id);
   return f ? std::string(f->symbol) : fmt::format("function {}", id);
 }
 
@@ -144,7 +144,7 @@ void Aggregator::add_library(const store::LibraryRow& lib) {
 }
 
 void Aggregator::add_call(const CallEvent& e) {
-  const auto* f = decode::function_by_id(e.func);
+  const auto* f = cuda::function_by_id(e.func);
   if (!f) return;
   std::lock_guard lock(mu_);
   Process* p = process(e.pid);
@@ -154,7 +154,7 @@ void Aggregator::add_call(const CallEvent& e) {
   const uint64_t entries = e.driver_func ? 2 : 1, returns = e.has_return ? 1 : 0;
   p->hits.entries += entries;
   p->hits.returns += returns;
-  if (decode::is_high_rate(*f)) {
+  if (cuda::is_high_rate(*f)) {
     p->hits.high_rate_entries += entries;
     p->hits.high_rate_returns += returns;
     ++high_rate_calls_seen_;
@@ -166,12 +166,12 @@ void Aggregator::add_call(const CallEvent& e) {
   // A launch or copy counts once in its cycle's observed calls and, scaled by what that cycle
   // weighs so far, in the counters (which rise with the weight as the cycle goes on). Only
   // calls of the duty-cycled probes say when those were live.
-  const ObservedCycles::Slot slot = decode::is_high_rate(*f) ? p->cycles.slot(e.ts_ns) : ObservedCycles::Slot{};
+  const ObservedCycles::Slot slot = cuda::is_high_rate(*f) ? p->cycles.slot(e.ts_ns) : ObservedCycles::Slot{};
   const double w = slot.raw ? slot.weight : p->high_rate_weight;
   switch (f->kind) {
-    case decode::CallKind::Launch:
-    case decode::CallKind::GraphLaunch: {
-      const int64_t k = launch_key(*p, f->kind == decode::CallKind::GraphLaunch ? -1 : e.kernel_id);
+    case cuda::CallKind::Launch:
+    case cuda::CallKind::GraphLaunch: {
+      const int64_t k = launch_key(*p, f->kind == cuda::CallKind::GraphLaunch ? -1 : e.kernel_id);
       p->high.launches[k] += w;
       p->high.calls += w;
       if (slot.raw) {
@@ -182,7 +182,7 @@ void Aggregator::add_call(const CallEvent& e) {
       if (e.stack_id) p->launch_window[e.stack_id] += e.stack_weight;
       break;
     }
-    case decode::CallKind::Memcpy: {
+    case cuda::CallKind::Memcpy: {
       const CopyKey key{std::string(direction_label(e.dir)), std::string(host_memory_label(e.host_mem))};
       for (auto [counts, n] : {std::pair{&p->high, w}, std::pair{slot.raw, 1.0}}) {
         if (!counts) continue;
@@ -194,8 +194,8 @@ void Aggregator::add_call(const CallEvent& e) {
       }
       break;
     }
-    case decode::CallKind::Alloc: {
-      const bool pinned = f->mem == decode::MemKind::PinnedHost;
+    case cuda::CallKind::Alloc: {
+      const bool pinned = f->mem == cuda::MemKind::PinnedHost;
       if (failed) {
         if (!pinned) p->allocation_failures += 1;
         break;
@@ -213,7 +213,7 @@ void Aggregator::add_call(const CallEvent& e) {
       }
       break;
     }
-    case decode::CallKind::Free: {
+    case cuda::CallKind::Free: {
       auto it = p->live.find(e.ptr);
       if (it == p->live.end()) break;
       if (it->second.pinned_host) {
@@ -225,7 +225,7 @@ void Aggregator::add_call(const CallEvent& e) {
       p->live.erase(it);
       break;
     }
-    case decode::CallKind::Sync: {
+    case cuda::CallKind::Sync: {
       auto& t = p->syncs[e.func];
       t.count += 1;
       t.seconds += double(e.duration_ns) * 1e-9;
@@ -633,7 +633,7 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
       stack_epoch_.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  // Each file's addresses named in one pass over its symbols (see symbolize::name_offsets).
+  // Each file's addresses named in one pass over its symbols (see elf::name_offsets).
   std::map<std::tuple<std::string, std::string, std::string>, std::vector<PendingFrame*>> by_file;
   for (auto& [stack_id, frames] : pending)
     for (auto& f : frames)
@@ -672,11 +672,11 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
     last_pass->second.at_ns = now_ns;
     std::vector<uint64_t> offsets;
     for (const auto* f : unknown) offsets.push_back(f->offset);
-    std::vector<symbolize::OffsetName> names;
+    std::vector<elf::OffsetName> names;
     bool read = false;
     for (const auto& candidate : {open_path, path}) {
       try {
-        names = symbolize::name_offsets(candidate, build_id, offsets);
+        names = elf::name_offsets(candidate, build_id, offsets);
         read = true;
         break;
       } catch (const std::exception&) {

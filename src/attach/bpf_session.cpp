@@ -17,31 +17,19 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "decode/functions.h"
+#include "cuda/functions.h"
 #include "discover/proc.h"
 #include "gpuscope.skel.h"
-#include "symbolize/elf_file.h"
+#include "elf/elf_file.h"
 
 namespace gpuscope::attach {
 
 std::string_view lost_cause_name(int cause) {
-  switch (cause) {
-    case GS_LOST_RINGBUF_FULL: return "ringbuf_full";
-    case GS_LOST_PENDING_FULL: return "pending_full";
-    case GS_LOST_RETURN_ORPHAN: return "return_orphan";
-    case GS_LOST_STACK: return "stack";
-    case GS_LOST_DEREF: return "deref";
-    case GS_LOST_TARGETS_FULL: return "targets_full";
-    case GS_LOST_PY_STACK: return "python_stack";
-    case GS_LOST_UNWIND_NO_TABLE: return "unwind_no_table";
-    case GS_LOST_UNWIND_NO_ROW: return "unwind_no_row";
-    case GS_LOST_UNWIND_UNSUPPORTED: return "unwind_unsupported_rule";
-    case GS_LOST_UNWIND_READ: return "unwind_read_fault";
-    case GS_LOST_UNWIND_DEPTH: return "unwind_depth";
-    case GS_LOST_UNWIND_SEND: return "unwind_stack_send";
-    case GS_LOST_UNWIND_COPY_LIMIT: return "unwind_copy_limit";
-  }
-  return "unknown";
+#define GS_LOST_NAME(cause, name) name,
+  static constexpr std::string_view kNames[] = {GS_LOST_CAUSES(GS_LOST_NAME)};
+#undef GS_LOST_NAME
+  static_assert(std::size(kNames) == GS_LOST_NR);
+  return cause >= 0 && cause < GS_LOST_NR ? kNames[cause] : "unknown";
 }
 
 void BpfSession::LinkDeleter::operator()(bpf_link* l) const { bpf_link__destroy(l); }
@@ -200,7 +188,7 @@ int BpfSession::attach_multi(bpf_program* prog, const std::string& path, const P
 
 namespace {
 
-// The call programs the walker's load replaces, by their index in upgrade_calls (bpf/gpuscope.bpf.c:
+// The call programs the walker's load replaces, by their index in upgrade_calls (bpf/common.bpf.h:
 // UPGRADE_EMIT, UPGRADE_ENTRY).
 bpf_program* upgraded_program(gpuscope_bpf& s, uint32_t k) {
   return k == 0 ? s.progs.call_entry_emit : s.progs.call_entry;
@@ -492,10 +480,10 @@ AttachResult BpfSession::attach_file(const std::string& path) {
     return result;
   }
   try {
-    auto elf = symbolize::ElfFile::open(path);
+    auto elf = elf::ElfFile::open(path);
     result.build_id = elf->build_id();
     std::vector<std::string> names;
-    for (const auto& f : decode::all_functions()) names.emplace_back(f.symbol);
+    for (const auto& f : cuda::all_functions()) names.emplace_back(f.symbol);
     auto offsets = elf->function_offsets(names);
     ProbeSet emit, entry, rt_launch;  // entry-only probes, entries of calls with a return probe
     std::map<uint16_t, ProbeSet> by_driver;  // runtime functions the driver may record instead
@@ -503,30 +491,30 @@ AttachResult BpfSession::attach_file(const std::string& path) {
     // Two probed names at one address (an alias) would record each call twice: the first name
     // in the table's order is probed.
     std::unordered_set<uint64_t> probed_offsets;
-    for (const auto& f : decode::all_functions()) {
+    for (const auto& f : cuda::all_functions()) {
       auto it = offsets.find(std::string(f.symbol));
       if (it == offsets.end() || !probed_offsets.insert(it->second).second) continue;
-      const bool is_rt_launch = f.api == decode::Api::Runtime && f.kind == decode::CallKind::Launch;
+      const bool is_rt_launch = f.api == cuda::Api::Runtime && f.kind == cuda::CallKind::Launch;
       if (is_rt_launch && !runtime_launch_probes_) continue;
       if (detached_runtime_functions_.contains(f.id)) continue;
-      if (high_rate_per_process_ && decode::is_high_rate(f)) {
+      if (high_rate_per_process_ && cuda::is_high_rate(f)) {
         ProbeSet& set = f.has_return ? high_rate.entry : high_rate.emit;
         set.offsets.push_back(it->second);
-        set.cookies.push_back(decode::probe_cookie(f));
+        set.cookies.push_back(cuda::probe_cookie(f));
       } else if (multi_) {
         ProbeSet& set = is_rt_launch                          ? rt_launch
-                        : decode::may_be_recorded_by_driver(f) ? by_driver[f.id]
+                        : cuda::may_be_recorded_by_driver(f) ? by_driver[f.id]
                         : f.has_return                         ? entry
                                                                : emit;
         set.offsets.push_back(it->second);
-        set.cookies.push_back(decode::probe_cookie(f));
+        set.cookies.push_back(cuda::probe_cookie(f));
       } else {
-        attach_probe(path, it->second, decode::probe_cookie(f), !f.has_return, f.has_return,
+        attach_probe(path, it->second, cuda::probe_cookie(f), !f.has_return, f.has_return,
                      is_rt_launch                           ? runtime_launch_links_
-                     : decode::may_be_recorded_by_driver(f) ? runtime_function_links_[f.id]
+                     : cuda::may_be_recorded_by_driver(f) ? runtime_function_links_[f.id]
                                                             : links_);
       }
-      (f.api == decode::Api::Runtime ? result.runtime_probes : result.driver_probes)++;
+      (f.api == cuda::Api::Runtime ? result.runtime_probes : result.driver_probes)++;
     }
     if (multi_) {
       for (int fd : {attach_multi(emit_program(), path, emit, false),

@@ -159,7 +159,7 @@ class BpfSession {
   // probe alone, one trap instead of two. Returns how many runtime files lost their probes.
   int detach_runtime_launch_probes();
   bool runtime_launch_probes() const { return runtime_launch_probes_; }
-  // Removes the probes of these runtime functions (decode::may_be_recorded_by_driver) from every
+  // Removes the probes of these runtime functions (cuda::may_be_recorded_by_driver) from every
   // file attached so far, and attaches none to files found later: the driver calls they make
   // record them. The links close on a thread of their own, since each removal waits for an RCU
   // grace period and the caller drains the ring buffer (see LinkCloser). Returns how many links

@@ -107,19 +107,19 @@ int main(int argc, char** argv) {
   rec->add_option("-o,--output", ropts.output, "Record file to write")->capture_default_str();
   rec->add_option("-p,--pid", pid_args, "Attach to running process(es) and their children (comma-separated)")
       ->delimiter(',');
-  rec->add_flag("-a,--all", ropts.all, "Record every process on the host, including those that start later");
+  rec->add_flag("-a,--all", ropts.tracer.all, "Record every process on the host, including those that start later");
   rec->add_option("-d,--duration", ropts.duration_s, "Stop after this many seconds");
   rec->add_flag("--no-stacks", no_stacks, "Do not capture user stacks");
   std::map<std::string, record::LaunchProbes> launch_modes{
       {"auto", record::LaunchProbes::Auto}, {"driver", record::LaunchProbes::Driver}, {"both", record::LaunchProbes::Both}};
-  rec->add_option("--launch-probes", ropts.launch_probes,
+  rec->add_option("--launch-probes", ropts.tracer.launch_probes,
                   "Probes that record runtime launches: driver (one trap per launch), both (runtime and driver: "
                   "two), auto (driver once it is probed, when recording a command; both with --pid/--all). "
                   "Except with both, a runtime copy, memset or sync function is left to the "
                   "driver's probes once its calls were all seen to make one")
       ->transform(CLI::CheckedTransformer(launch_modes, CLI::ignore_case))
       ->capture_default_str();
-  rec->add_option("--cpu-profile", ropts.cpu_profile_hz,
+  rec->add_option("--cpu-profile", ropts.tracer.cpu_profile_hz,
                   "Sample the targets' on-CPU stacks (user and kernel) this many times per second, e.g. 99");
   std::string sample_unwind = "dwarf";
   rec->add_option("--sample-unwind", sample_unwind,
@@ -137,16 +137,16 @@ int main(int argc, char** argv) {
                   "per call, unwound from .eh_frame)")
       ->check(CLI::IsMember({"dwarf", "eh-frame", "fp"}))
       ->capture_default_str();
-  rec->add_option("--unwind-table-mb", ropts.unwind_table_mb,
+  rec->add_option("--unwind-table-mb", ropts.tracer.unwind_table_mb,
                   "Memory for the eh-frame tables of the files walks go through (8 bytes a row plus its page "
                   "index; libcublasLt needs 6 MiB), allocated whole at start, only in the eh-frame modes; tables "
                   "no process uses are evicted first, files that still do not fit are walked with frame pointers")
       ->capture_default_str();
-  rec->add_option("--unwind-cache", ropts.unwind_cache_dir,
+  rec->add_option("--unwind-cache", ropts.tracer.unwind_cache_dir,
                   "Where the eh-frame modes keep compiled tables between runs, by build id (1 GiB at most; "
                   "\"\" to compile every time): read back, libcufft's took 0.3 ms instead of 1.7 s on the H100")
       ->capture_default_str();
-  rec->add_option("--gpu-sample-hz", ropts.gpu_sample_hz,
+  rec->add_option("--gpu-sample-hz", ropts.tracer.gpu_sample_hz,
                   "Read the GPUs' NVML metrics (utilisation, memory, power, clocks, throttling, PCIe, per-process "
                   "use) this many times per second; 0: off (default: " +
                       fmt::format("{}", record::kDefaultGpuSampleHz) + ")");
@@ -161,13 +161,13 @@ int main(int argc, char** argv) {
                 "Do not walk Python frames (by default stacks of CPython 3.10 to 3.13 processes show the Python "
                 "functions and lines that made each call)");
   auto* every_opt = rec->add_option(
-      "--stack-every", ropts.stack_every,
+      "--stack-every", ropts.tracer.stack_every,
       "Take the stacks of one in N kernel launches, copies and memsets (the calls that come by the thousand a "
       "second), chosen at random; flame graphs and the report count each taken one N times. 1: every call's "
       "stack. Every call is still recorded, and allocations', frees' and synchronisations' stacks are always "
       "taken. On a launch-bound PyTorch training step on the H100 the stacks cost 4-5% of the step at 1, 0.7% "
       "at 16 (docs/performance.md). Default: N chosen by --stack-budget");
-  rec->add_option("--stack-budget", ropts.stack_budget,
+  rec->add_option("--stack-budget", ropts.tracer.stack_budget,
                   "Without --stack-every: the share of each process's elapsed time its launches', copies' and "
                   "memsets' stack walks may take; every call's stack is taken while they stay within it, one "
                   "in N (N per process, adjusted up to 10 times a second) once they would not. Deciding which "
@@ -175,18 +175,18 @@ int main(int argc, char** argv) {
                   "training step on the H100 and 0.96% of an eager loop of tiny ops (docs/performance.md)")
       ->capture_default_str()
       ->excludes(every_opt);
-  rec->add_flag("--bpf-stats", ropts.bpf_stats,
+  rec->add_flag("--bpf-stats", ropts.tracer.bpf_stats,
                  "Record each BPF program's run count and run time (costs two clock reads per probe hit)");
-  rec->add_option("--ringbuf-mb", ropts.ringbuf_mb, "Kernel ring buffer size in MiB")->capture_default_str();
-  rec->add_option("--stack-map-entries", ropts.stack_map_entries,
+  rec->add_option("--ringbuf-mb", ropts.tracer.ringbuf_mb, "Kernel ring buffer size in MiB")->capture_default_str();
+  rec->add_option("--stack-map-entries", ropts.tracer.stack_map_entries,
                   "Distinct kernel stacks of CPU samples the BPF stack map holds (they are recycled when it "
                   "fills)")
       ->capture_default_str();
-  rec->add_flag("--floor-probes", ropts.floor_probes,
+  rec->add_flag("--floor-probes", ropts.tracer.floor_probes,
                 "Benchmarks only: the same probes, running a BPF program that does nothing (records no calls): "
                 "what the traps alone cost the targets")
       ->group("");  // not in --help: it records nothing a user wants
-  rec->add_flag("-q,--quiet", ropts.quiet, "Print only errors");
+  rec->add_flag("-q,--quiet", ropts.tracer.quiet, "Print only errors");
   rec->add_flag("-v,--verbose", g_verbose, "Print debugging detail");
   rec->add_option("command", ropts.command, "Command to run under observation (after --)");
   rec->positionals_at_end();
@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
           throw Error("--pid '{}' is not a process id", p);
         ropts.pids.push_back(pid);
       }
-      const int modes = !ropts.command.empty() + !ropts.pids.empty() + ropts.all;
+      const int modes = !ropts.command.empty() + !ropts.pids.empty() + ropts.tracer.all;
       if (modes != 1) throw Error("give exactly one of: a command after --, --pid PID, or --all");
       for (pid_t p : ropts.pids)
         if (!discover::process_exists(p)) {
@@ -270,24 +270,26 @@ int main(int argc, char** argv) {
           throw Error("no process with PID {} (check it with ps)", p);
         }
       check_duration(ropts.duration_s);
-      if (ropts.cpu_profile_hz < 0 || ropts.cpu_profile_hz > 10000)
+      if (ropts.tracer.cpu_profile_hz < 0 || ropts.tracer.cpu_profile_hz > 10000)
         throw Error("--cpu-profile must be between 1 and 10000 samples per second");
-      if (ropts.ringbuf_mb < 1 || ropts.ringbuf_mb > 2048) throw Error("--ringbuf-mb must be between 1 and 2048");
-      if (ropts.stack_map_entries < 1 || ropts.stack_map_entries > (1u << 22))
+      if (ropts.tracer.ringbuf_mb < 1 || ropts.tracer.ringbuf_mb > 2048) throw Error("--ringbuf-mb must be between 1 and 2048");
+      if (ropts.tracer.stack_map_entries < 1 || ropts.tracer.stack_map_entries > (1u << 22))
         throw Error("--stack-map-entries must be between 1 and 4194304");
-      ropts.stacks = !no_stacks;
-      ropts.dwarf_unwind_samples = sample_unwind == "dwarf";
-      ropts.dwarf_unwind_calls = call_unwind == "dwarf";
-      ropts.table_unwind_calls = call_unwind == "eh-frame";
-      ropts.table_unwind_samples = sample_unwind == "eh-frame";
-      if (ropts.unwind_table_mb < 1 || ropts.unwind_table_mb > 4096)
+      ropts.tracer.stacks = !no_stacks;
+      ropts.tracer.dwarf_unwind_samples = sample_unwind == "dwarf";
+      ropts.tracer.dwarf_unwind_calls = call_unwind == "dwarf";
+      ropts.tracer.table_unwind_calls = call_unwind == "eh-frame";
+      ropts.tracer.table_unwind_samples = sample_unwind == "eh-frame";
+      if (ropts.tracer.unwind_table_mb < 1 || ropts.tracer.unwind_table_mb > 4096)
         throw Error("--unwind-table-mb must be between 1 and 4096");
-      ropts.python_stacks = !no_python;
-      if (every_opt->count() && (ropts.stack_every < 1 || ropts.stack_every > 1'000'000))
+      ropts.tracer.python_stacks = !no_python;
+      if (every_opt->count() && (ropts.tracer.stack_every < 1 || ropts.tracer.stack_every > 1'000'000))
         throw Error("--stack-every must be between 1 (every call) and 1000000");
-      if (!(ropts.stack_budget > 0 && ropts.stack_budget <= 1))
+      if (!(ropts.tracer.stack_budget > 0 && ropts.tracer.stack_budget <= 1))
         throw Error("--stack-budget must be in (0, 1], e.g. 0.005 for 0.5% (--stack-every 1 takes every stack)");
-      if (ropts.gpu_sample_hz > 1000) throw Error("--gpu-sample-hz must be at most 1000");
+      if (every_opt->count()) ropts.tracer.stack_budget = 0;  // N given: no budget
+      if (!(ropts.tracer.gpu_sample_hz >= 0 && ropts.tracer.gpu_sample_hz <= 1000))
+        throw Error("--gpu-sample-hz must be between 0 (off) and 1000");
       return record::run_record(ropts);
     }
     if (*ag) {

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "decode/functions.h"
+#include "cuda/functions.h"
 
 namespace gpuscope {
 
@@ -28,7 +28,7 @@ struct CallEvent {
   uint64_t ptr = 0;         // allocation result, freed/registered/set pointer, copy destination
   uint64_t src = 0;         // copy source
   uint64_t bytes = 0;
-  decode::CopyDir dir = decode::CopyDir::Unknown;
+  cuda::CopyDir dir = cuda::CopyDir::Unknown;
   HostMem host_mem = HostMem::NotApplicable;
   // Copies: the sides that are device memory whatever the tracked allocations say (a CUDA
   // array, a symbol): kSrcOnDevice, kDstOnDevice. They resolve cudaMemcpyDefault.

@@ -11,10 +11,10 @@ constexpr uint8_t kSrc = CallEvent::kSrcOnDevice, kDst = CallEvent::kDstOnDevice
 constexpr uint32_t kHost = 1, kArray = 3;
 char mem_side(uint32_t t) { return t == 1 ? 'H' : (t == 2 || t == 3) ? 'D' : '?'; }
 
-CopyDir dir_from_sides(char src, char dst) {
-  if (src == '?' || dst == '?') return CopyDir::Default;
-  if (src == 'H') return dst == 'H' ? CopyDir::HostToHost : CopyDir::HostToDevice;
-  return dst == 'H' ? CopyDir::DeviceToHost : CopyDir::DeviceToDevice;
+cuda::CopyDir dir_from_sides(char src, char dst) {
+  if (src == '?' || dst == '?') return cuda::CopyDir::Default;
+  if (src == 'H') return dst == 'H' ? cuda::CopyDir::HostToHost : cuda::CopyDir::HostToDevice;
+  return dst == 'H' ? cuda::CopyDir::DeviceToHost : cuda::CopyDir::DeviceToDevice;
 }
 
 // A descriptor's side (CUDA_MEMCPY2D, CUDA_MEMCPY3D): the pointer its memory type says is used,
@@ -34,7 +34,7 @@ void descriptor_copy(const EntryData& d, size_t src_type, size_t dst_type, CallE
   e.src = s.ptr;
   e.ptr = t.ptr;
   e.device_sides = (s.type == kArray ? kSrc : 0) | (t.type == kArray ? kDst : 0);
-  e.dir = d.ok() ? dir_from_sides(mem_side(s.type), mem_side(t.type)) : CopyDir::Unknown;
+  e.dir = d.ok() ? dir_from_sides(mem_side(s.type), mem_side(t.type)) : cuda::CopyDir::Unknown;
 }
 
 // cudaMemcpy3DParms and cudaMemcpy3DPeerParms: each side is an array or a pitched pointer, the
@@ -69,7 +69,7 @@ void batch_sizes(const EntryData& d, uint64_t count, CallEvent& e) {
   // The batch's direction is its first copy's, from the tracked allocations.
   e.ptr = b.dst0;
   e.src = b.src0;
-  e.dir = d.ok() ? CopyDir::Default : CopyDir::Unknown;
+  e.dir = d.ok() ? cuda::CopyDir::Default : cuda::CopyDir::Unknown;
 }
 
 void batch_3d_ops(const EntryData& d, uint64_t count, CallEvent& e) {
@@ -81,7 +81,7 @@ void batch_3d_ops(const EntryData& d, uint64_t count, CallEvent& e) {
   e.src = b.src0;
   e.ptr = b.dst0;
   e.device_sides = (b.src0_type == GS_MEMCPY_OPERAND_ARRAY ? kSrc : 0) | (b.dst0_type == GS_MEMCPY_OPERAND_ARRAY ? kDst : 0);
-  e.dir = d.ok() ? CopyDir::Default : CopyDir::Unknown;
+  e.dir = d.ok() ? cuda::CopyDir::Default : cuda::CopyDir::Unknown;
 }
 
 // The size of an array created with these extents (a 0 height or depth: a 1-D or 2-D array).
@@ -114,115 +114,115 @@ uint32_t array_format_element_size(uint32_t format, uint32_t channels) {
   }
 }
 
-CopyDir runtime_copy_dir(uint64_t kind, uint8_t device_sides) {
+cuda::CopyDir runtime_copy_dir(uint64_t kind, uint8_t device_sides) {
   static constexpr char kSides[5][2] = {{'H', 'H'}, {'H', 'D'}, {'D', 'H'}, {'D', 'D'}, {'?', '?'}};
-  if (kind > 4) return CopyDir::Unknown;
+  if (kind > 4) return cuda::CopyDir::Unknown;
   const char src = device_sides & kSrc ? 'D' : kSides[kind][0];
   const char dst = device_sides & kDst ? 'D' : kSides[kind][1];
   return dir_from_sides(src, dst);
 }
 
-bool decode_copy_family(const FunctionSpec& f, const __u64* a, const EntryData& d, CallEvent& e) {
+bool decode_copy_family(const cuda::FunctionSpec& f, const __u64* a, const EntryData& d, CallEvent& e) {
   // A copy whose direction is fixed by the function keeps it; else the runtime's kind at `kind`.
   auto runtime_kind_at = [&](int kind, uint8_t sides) {
     e.device_sides = sides;
-    e.dir = f.fixed_dir != CopyDir::Unknown ? f.fixed_dir : runtime_copy_dir(a[kind], sides);
+    e.dir = f.fixed_dir != cuda::CopyDir::Unknown ? f.fixed_dir : runtime_copy_dir(a[kind], sides);
   };
   auto stream_at = [&](int i) {
     if (f.async) e.stream = a[i];
   };
   switch (f.sig) {
-    case Signature::DrvMemcpy2D:
+    case cuda::Signature::DrvMemcpy2D:
       descriptor_copy(d, 16, 72, e);
       e.bytes = d.get<uint64_t>(112) * d.get<uint64_t>(120);
       e.bytes_known = d.ok();
       stream_at(1);
       return true;
-    case Signature::DrvMemcpy3D:  // CUDA_MEMCPY3D and CUDA_MEMCPY3D_PEER alike
+    case cuda::Signature::DrvMemcpy3D:  // CUDA_MEMCPY3D and CUDA_MEMCPY3D_PEER alike
       descriptor_copy(d, 32, 120, e);
       e.bytes = d.get<uint64_t>(176) * d.get<uint64_t>(184) * d.get<uint64_t>(192);
       e.bytes_known = d.ok();
-      if (f.fixed_dir != CopyDir::Unknown) e.dir = f.fixed_dir;
+      if (f.fixed_dir != cuda::CopyDir::Unknown) e.dir = f.fixed_dir;
       stream_at(1);
       return true;
-    case Signature::RtMemcpy3D:
+    case cuda::Signature::RtMemcpy3D:
       runtime_3d(d, kParms3D, e);
-      e.dir = d.ok() ? runtime_copy_dir(d.get<uint32_t>(152), e.device_sides) : CopyDir::Unknown;
+      e.dir = d.ok() ? runtime_copy_dir(d.get<uint32_t>(152), e.device_sides) : cuda::CopyDir::Unknown;
       stream_at(1);
       return true;
-    case Signature::RtMemcpy3DPeer:
+    case cuda::Signature::RtMemcpy3DPeer:
       runtime_3d(d, kPeerParms3D, e);
       e.dir = f.fixed_dir;
       stream_at(1);
       return true;
-    case Signature::RtMemcpyToArray:
+    case cuda::Signature::RtMemcpyToArray:
       e.ptr = a[0], e.src = a[3], e.bytes = a[4];
       runtime_kind_at(5, kDst);
       stream_at(6);
       return true;
-    case Signature::RtMemcpyFromArray:
+    case cuda::Signature::RtMemcpyFromArray:
       e.ptr = a[0], e.src = a[1], e.bytes = a[4];
       runtime_kind_at(5, kSrc);
       stream_at(6);
       return true;
-    case Signature::RtMemcpyArrayToArray:
+    case cuda::Signature::RtMemcpyArrayToArray:
       e.ptr = a[0], e.src = a[3], e.bytes = a[6];
       runtime_kind_at(7, kSrc | kDst);
       return true;
-    case Signature::RtMemcpy2DToArray:
+    case cuda::Signature::RtMemcpy2DToArray:
       e.ptr = a[0], e.src = a[3], e.bytes = a[5] * a[6];
       runtime_kind_at(7, kDst);
       stream_at(8);
       return true;
-    case Signature::RtMemcpy2DFromArray:
+    case cuda::Signature::RtMemcpy2DFromArray:
       e.ptr = a[0], e.src = a[2], e.bytes = a[5] * a[6];
       runtime_kind_at(7, kSrc);
       stream_at(8);
       return true;
-    case Signature::RtMemcpy2DArrayToArray:
+    case cuda::Signature::RtMemcpy2DArrayToArray:
       e.ptr = a[0], e.src = a[3], e.bytes = a[6] * a[7];
       runtime_kind_at(8, kSrc | kDst);
       return true;
-    case Signature::RtMemcpyToSymbol:
+    case cuda::Signature::RtMemcpyToSymbol:
       e.ptr = a[0], e.src = a[1], e.bytes = a[2];
       runtime_kind_at(4, kDst);
       stream_at(5);
       return true;
-    case Signature::RtMemcpyFromSymbol:
+    case cuda::Signature::RtMemcpyFromSymbol:
       e.ptr = a[0], e.src = a[1], e.bytes = a[2];
       runtime_kind_at(4, kSrc);
       stream_at(5);
       return true;
-    case Signature::MemcpyPairs:
+    case cuda::Signature::MemcpyPairs:
       e.ptr = a[0], e.src = a[2], e.bytes = a[4];
       e.dir = f.fixed_dir;
       e.device_sides = kSrc | kDst;
       stream_at(5);
       return true;
-    case Signature::DrvMemcpyToArray:
+    case cuda::Signature::DrvMemcpyToArray:
       e.ptr = a[0], e.src = a[2], e.bytes = a[3];
       e.dir = f.fixed_dir;
       e.device_sides = kDst;
       stream_at(4);
       return true;
-    case Signature::DrvMemcpyFromArray:
+    case cuda::Signature::DrvMemcpyFromArray:
       e.ptr = a[0], e.src = a[1], e.bytes = a[3];
       e.dir = f.fixed_dir;
       e.device_sides = kSrc;
       stream_at(4);
       return true;
-    case Signature::MemcpyBatch:
-    case Signature::MemcpyBatchFailIdx:
+    case cuda::Signature::MemcpyBatch:
+    case cuda::Signature::MemcpyBatchFailIdx:
       batch_sizes(d, a[3], e);
-      stream_at(f.sig == Signature::MemcpyBatch ? 7 : 8);
+      stream_at(f.sig == cuda::Signature::MemcpyBatch ? 7 : 8);
       return true;
-    case Signature::Memcpy3DBatch:
-    case Signature::Memcpy3DBatchFailIdx:
+    case cuda::Signature::Memcpy3DBatch:
+    case cuda::Signature::Memcpy3DBatchFailIdx:
       batch_3d_ops(d, a[0], e);
-      stream_at(f.sig == Signature::Memcpy3DBatch ? 3 : 4);
+      stream_at(f.sig == cuda::Signature::Memcpy3DBatch ? 3 : 4);
       return true;
-    case Signature::RtArrayAlloc:
-    case Signature::RtArray3DAlloc: {
+    case cuda::Signature::RtArrayAlloc:
+    case cuda::Signature::RtArray3DAlloc: {
       struct {
         int32_t x, y, z, w, kind;
       } desc{};
@@ -230,22 +230,22 @@ bool decode_copy_family(const FunctionSpec& f, const __u64* a, const EntryData& 
       e.elem_size = channel_desc_element_size(desc.x, desc.y, desc.z, desc.w, desc.kind);
       // cudaMallocArray(out, desc, width, height, flags); the others pass a cudaExtent by value,
       // on the stack past the return address (args 6..8).
-      e.bytes = f.sig == Signature::RtArrayAlloc ? array_bytes(e.elem_size, a[2], a[3], 0)
+      e.bytes = f.sig == cuda::Signature::RtArrayAlloc ? array_bytes(e.elem_size, a[2], a[3], 0)
                                                  : array_bytes(e.elem_size, a[6], a[7], a[8]);
       if (e.out_valid) e.ptr = e.out_handle;
       return true;
     }
-    case Signature::DrvArrayCreate:
+    case cuda::Signature::DrvArrayCreate:
       e.elem_size = array_format_element_size(d.get<uint32_t>(16), d.get<uint32_t>(20));
       e.bytes = array_bytes(e.elem_size, d.get<uint64_t>(0), d.get<uint64_t>(8), 0);
       if (e.out_valid) e.ptr = e.out_handle;
       return true;
-    case Signature::DrvArray3DCreate:
+    case cuda::Signature::DrvArray3DCreate:
       e.elem_size = array_format_element_size(d.get<uint32_t>(24), d.get<uint32_t>(28));
       e.bytes = array_bytes(e.elem_size, d.get<uint64_t>(0), d.get<uint64_t>(8), d.get<uint64_t>(16));
       if (e.out_valid) e.ptr = e.out_handle;
       return true;
-    case Signature::MipmapLevel:
+    case cuda::Signature::MipmapLevel:
       e.src = a[1];  // the mipmapped array; its level takes its element size
       if (e.out_valid) e.ptr = e.out_handle;
       return true;

@@ -7,12 +7,12 @@
 
 #include "common/model.h"
 #include "decode/entry_data.h"
-#include "decode/functions.h"
+#include "cuda/functions.h"
 
 namespace gpuscope::decode {
 
 // Fills e from a call of one of these signatures; false for any other signature.
-bool decode_copy_family(const FunctionSpec& f, const __u64* args, const EntryData& entry, CallEvent& e);
+bool decode_copy_family(const cuda::FunctionSpec& f, const __u64* args, const EntryData& entry, CallEvent& e);
 
 // Bytes per element of an array, 0 where the format's element is not a whole number of bytes
 // per texel (block-compressed and YUV formats): from a cudaChannelFormatDesc (bits per channel
@@ -24,6 +24,6 @@ uint32_t array_format_element_size(uint32_t format, uint32_t channels);
 // The direction of a runtime copy from its cudaMemcpyKind, with a side that is device memory
 // whatever the kind says (CallEvent::device_sides: an array, a symbol) taken as such, as the
 // runtime corrects the kind itself. Default where a side is left to the tracked allocations.
-CopyDir runtime_copy_dir(uint64_t kind, uint8_t device_sides);
+cuda::CopyDir runtime_copy_dir(uint64_t kind, uint8_t device_sides);
 
 }  // namespace gpuscope::decode

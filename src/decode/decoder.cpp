@@ -17,12 +17,12 @@ std::string deref_string(const gs_call_record& r) {
   return std::string(s, strnlen(s, sizeof(r.deref)));
 }
 
-CopyDir runtime_kind(uint64_t kind) { return kind <= 4 ? static_cast<CopyDir>(kind) : CopyDir::Unknown; }
+cuda::CopyDir runtime_kind(uint64_t kind) { return kind <= 4 ? static_cast<cuda::CopyDir>(kind) : cuda::CopyDir::Unknown; }
 
 }  // namespace
 
 bool decode_call(const gs_call_record& r, CallEvent& e, std::span<const uint8_t> deref_more) {
-  const FunctionSpec* f = function_by_id(r.func);
+  const cuda::FunctionSpec* f = cuda::function_by_id(r.func);
   if (!f) return false;
   const __u64* a = r.args;
   const EntryData d(r, deref_more);
@@ -43,15 +43,15 @@ bool decode_call(const gs_call_record& r, CallEvent& e, std::span<const uint8_t>
 
   if (decode_copy_family(*f, a, d, e)) return true;
   switch (f->sig) {
-    case Signature::RtLaunch:
+    case cuda::Signature::RtLaunch:
       e.kernel_handle = a[0];
       e.grid[0] = lo(a[1]), e.grid[1] = hi(a[1]), e.grid[2] = lo(a[2]);
       e.block[0] = lo(a[3]), e.block[1] = hi(a[3]), e.block[2] = lo(a[4]);
       e.shared_mem = lo(a[6]);
       e.stream = a[7];
       break;
-    case Signature::RtLaunchExC:
-    case Signature::DrvLaunchEx:
+    case cuda::Signature::RtLaunchExC:
+    case cuda::Signature::DrvLaunchEx:
       e.kernel_handle = a[1];
       for (int i = 0; i < 3; ++i) {
         e.grid[i] = d.get<uint32_t>(4 * i);
@@ -60,68 +60,68 @@ bool decode_call(const gs_call_record& r, CallEvent& e, std::span<const uint8_t>
       e.shared_mem = d.get<uint32_t>(24);
       e.stream = d.get<uint64_t>(32);
       break;
-    case Signature::DrvLaunch:
+    case cuda::Signature::DrvLaunch:
       e.kernel_handle = a[0];
       e.grid[0] = lo(a[1]), e.grid[1] = lo(a[2]), e.grid[2] = lo(a[3]);
       e.block[0] = lo(a[4]), e.block[1] = lo(a[5]), e.block[2] = lo(a[6]);
       e.shared_mem = lo(a[7]);
       e.stream = a[8];
       break;
-    case Signature::GraphArgs:
+    case cuda::Signature::GraphArgs:
       e.kernel_handle = a[0];
       e.stream = a[1];
       break;
-    case Signature::AllocOut:
+    case cuda::Signature::AllocOut:
       e.bytes = a[1];
       if (f->async) e.stream = a[2];
       if (e.out_valid) e.ptr = e.out_handle;
       break;
-    case Signature::RegisterArgs:
+    case cuda::Signature::RegisterArgs:
       e.ptr = a[0];
       e.bytes = a[1];
       break;
-    case Signature::PtrOnly:
+    case cuda::Signature::PtrOnly:
       e.ptr = a[0];
       if (f->async) e.stream = a[1];
       break;
-    case Signature::RtMemcpy:
+    case cuda::Signature::RtMemcpy:
       e.ptr = a[0], e.src = a[1], e.bytes = a[2];
       e.dir = runtime_kind(a[3]);
       if (f->async) e.stream = a[4];
       break;
-    case Signature::RtMemcpy2D:
+    case cuda::Signature::RtMemcpy2D:
       e.ptr = a[0], e.src = a[2];
       e.bytes = a[4] * a[5];
       e.dir = runtime_kind(a[6]);
       if (f->async) e.stream = a[7];
       break;
-    case Signature::DrvMemcpy:
+    case cuda::Signature::DrvMemcpy:
       e.ptr = a[0], e.src = a[1], e.bytes = a[2];
       e.dir = f->fixed_dir;
       if (f->async) e.stream = a[3];
       break;
-    case Signature::MemsetArgs:
+    case cuda::Signature::MemsetArgs:
       e.ptr = a[0];
       e.bytes = a[2] * f->elem_size;
       if (f->async) e.stream = a[3];
       break;
-    case Signature::StreamArg:
+    case cuda::Signature::StreamArg:
       e.stream = a[0];
       break;
-    case Signature::NoArgs:
+    case cuda::Signature::NoArgs:
       break;
-    case Signature::RegisterFunction:
-    case Signature::NamedLookup:
+    case cuda::Signature::RegisterFunction:
+    case cuda::Signature::NamedLookup:
       e.kernel_handle = a[1];
       e.name = deref_string(r);
       // Not copied, or cut at the copy's size (C++ template kernels run to kilobytes): user
       // space reads it whole from the process.
       if (e.name.empty() || e.name.size() >= sizeof(r.deref) - 1) e.name_addr = a[2];
       break;
-    case Signature::KernelGetFunction:
+    case cuda::Signature::KernelGetFunction:
       e.kernel_handle = a[1];
       break;
-    case Signature::GlobalLookup:
+    case cuda::Signature::GlobalLookup:
       // The address and the size it wrote, read at return (the size as the entry data; not read
       // where its pointer was NULL, which the API allows).
       if (e.out_valid) e.ptr = e.out_handle;

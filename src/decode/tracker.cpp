@@ -17,20 +17,20 @@ bool encloses(const CallEvent& outer, const CallEvent& inner) {
 
 constexpr uint8_t kSrc = CallEvent::kSrcOnDevice, kDst = CallEvent::kDstOnDevice;
 
-bool is_resolved(CopyDir d) { return d <= CopyDir::DeviceToDevice; }
+bool is_resolved(cuda::CopyDir d) { return d <= cuda::CopyDir::DeviceToDevice; }
 
 // The sides of a resolved direction that are device memory (kSrc, kDst), and back.
-uint8_t device_sides_of(CopyDir d) {
+uint8_t device_sides_of(cuda::CopyDir d) {
   switch (d) {
-    case CopyDir::HostToDevice: return kDst;
-    case CopyDir::DeviceToHost: return kSrc;
-    case CopyDir::DeviceToDevice: return kSrc | kDst;
+    case cuda::CopyDir::HostToDevice: return kDst;
+    case cuda::CopyDir::DeviceToHost: return kSrc;
+    case cuda::CopyDir::DeviceToDevice: return kSrc | kDst;
     default: return 0;
   }
 }
-CopyDir dir_of(uint8_t device) {
-  static constexpr CopyDir kDirs[4] = {CopyDir::HostToHost, CopyDir::DeviceToHost, CopyDir::HostToDevice,
-                                       CopyDir::DeviceToDevice};
+cuda::CopyDir dir_of(uint8_t device) {
+  static constexpr cuda::CopyDir kDirs[4] = {cuda::CopyDir::HostToHost, cuda::CopyDir::DeviceToHost, cuda::CopyDir::HostToDevice,
+                                       cuda::CopyDir::DeviceToDevice};
   return kDirs[device & (kSrc | kDst)];
 }
 
@@ -42,26 +42,26 @@ void take_sides(CallEvent& to, const CallEvent& from, uint8_t sides) {
 
 }  // namespace
 
-void AllocationMap::add(uint64_t ptr, uint64_t size, MemKind kind) {
+void AllocationMap::add(uint64_t ptr, uint64_t size, cuda::MemKind kind) {
   if (ptr == 0) return;
   ranges_[ptr] = Range{size, kind};
 }
 
 void AllocationMap::remove(uint64_t ptr) { ranges_.erase(ptr); }
 
-MemKind AllocationMap::lookup(uint64_t addr) const {
+cuda::MemKind AllocationMap::lookup(uint64_t addr) const {
   auto it = ranges_.upper_bound(addr);
-  if (it == ranges_.begin()) return MemKind::None;
+  if (it == ranges_.begin()) return cuda::MemKind::None;
   --it;
-  return addr - it->first < std::max<uint64_t>(it->second.size, 1) ? it->second.kind : MemKind::None;
+  return addr - it->first < std::max<uint64_t>(it->second.size, 1) ? it->second.kind : cuda::MemKind::None;
 }
 
 HostMem Tracker::host_kind(const ProcessState& p, uint64_t addr) const {
   switch (p.allocations.lookup(addr)) {
-    case MemKind::PinnedHost:
-    case MemKind::RegisteredHost:
+    case cuda::MemKind::PinnedHost:
+    case cuda::MemKind::RegisteredHost:
       return HostMem::Pinned;
-    case MemKind::None:
+    case cuda::MemKind::None:
       return complete_history_ || p.complete_history ? HostMem::Pageable : HostMem::Unknown;
     default:
       return HostMem::Unknown;
@@ -79,16 +79,16 @@ void Tracker::resolve_copy(ProcessState& p, CallEvent& e) const {
     else
       e.bytes += elems * it->second;
   }
-  if (e.dir == CopyDir::Default) {
+  if (e.dir == cuda::CopyDir::Default) {
     // A side known to be device memory (an array, a symbol) whatever the allocations say; one
     // that no tracked allocation or lookup contains is taken as host memory, a guess.
     uint8_t device = e.device_sides & (kSrc | kDst);
     for (auto [side, addr] : {std::pair{kSrc, e.src}, std::pair{kDst, e.ptr}}) {
       if (device & side) continue;
-      const MemKind k = p.allocations.lookup(addr);
-      if (k == MemKind::Device || k == MemKind::Managed)
+      const cuda::MemKind k = p.allocations.lookup(addr);
+      if (k == cuda::MemKind::Device || k == cuda::MemKind::Managed)
         device |= side;
-      else if (k == MemKind::None)
+      else if (k == cuda::MemKind::None)
         e.guessed_sides |= side;
     }
     e.dir = dir_of(device);
@@ -98,51 +98,51 @@ void Tracker::resolve_copy(ProcessState& p, CallEvent& e) const {
 
 void Tracker::set_host_mem(const ProcessState& p, CallEvent& e) const {
   switch (e.dir) {
-    case CopyDir::HostToDevice: e.host_mem = host_kind(p, e.src); break;
-    case CopyDir::DeviceToHost: e.host_mem = host_kind(p, e.ptr); break;
-    case CopyDir::HostToHost: e.host_mem = host_kind(p, e.src); break;
+    case cuda::CopyDir::HostToDevice: e.host_mem = host_kind(p, e.src); break;
+    case cuda::CopyDir::DeviceToHost: e.host_mem = host_kind(p, e.ptr); break;
+    case cuda::CopyDir::HostToHost: e.host_mem = host_kind(p, e.src); break;
     default: e.host_mem = HostMem::NotApplicable; break;
   }
 }
 
 void Tracker::update_state(ProcessState& p, const CallEvent& e) {
-  const FunctionSpec* f = function_by_id(e.func);
+  const cuda::FunctionSpec* f = cuda::function_by_id(e.func);
   if (!f || (e.has_return && e.ret != 0)) return;
   switch (f->kind) {
-    case CallKind::Alloc:
+    case cuda::CallKind::Alloc:
       if (e.ptr) p.allocations.add(e.ptr, e.bytes, f->mem);
       break;
-    case CallKind::Free:
+    case cuda::CallKind::Free:
       p.allocations.remove(e.ptr);
       break;
-    case CallKind::HostRegister:
-      p.allocations.add(e.ptr, e.bytes, MemKind::RegisteredHost);
+    case cuda::CallKind::HostRegister:
+      p.allocations.add(e.ptr, e.bytes, cuda::MemKind::RegisteredHost);
       break;
-    case CallKind::HostUnregister:
+    case cuda::CallKind::HostUnregister:
       p.allocations.remove(e.ptr);
       break;
-    case CallKind::ArrayCreate:
+    case cuda::CallKind::ArrayCreate:
       if (!e.ptr) break;
-      if (f->sig == Signature::MipmapLevel) {  // a level has its mipmapped array's format
+      if (f->sig == cuda::Signature::MipmapLevel) {  // a level has its mipmapped array's format
         auto it = p.mipmap_elem_size.find(e.src);
         p.array_elem_size[e.ptr] = it == p.mipmap_elem_size.end() ? 0 : it->second;
       } else {
-        (f->mem == MemKind::MipmappedArray ? p.mipmap_elem_size : p.array_elem_size)[e.ptr] = e.elem_size;
+        (f->mem == cuda::MemKind::MipmappedArray ? p.mipmap_elem_size : p.array_elem_size)[e.ptr] = e.elem_size;
       }
       break;
-    case CallKind::ArrayDestroy:
-      (f->mem == MemKind::MipmappedArray ? p.mipmap_elem_size : p.array_elem_size).erase(e.ptr);
+    case cuda::CallKind::ArrayDestroy:
+      (f->mem == cuda::MemKind::MipmappedArray ? p.mipmap_elem_size : p.array_elem_size).erase(e.ptr);
       break;
-    case CallKind::SymbolLookup:
+    case cuda::CallKind::SymbolLookup:
       // A module global is device (or managed) memory for as long as its module is loaded;
       // module unloads are not probed, and a later allocation at its address replaces it. A size
       // not read leaves the address alone known.
       if (e.ptr) p.allocations.add(e.ptr, e.bytes_known ? e.bytes : 0, f->mem);
       break;
-    case CallKind::KernelLookup:
-      if (f->sig == Signature::RegisterFunction) {
+    case cuda::CallKind::KernelLookup:
+      if (f->sig == cuda::Signature::RegisterFunction) {
         if (!e.name.empty() || e.name_addr) p.stub_names[e.kernel_handle] = {e.name, e.name.empty() ? e.name_addr : 0};
-      } else if (f->sig == Signature::NamedLookup) {
+      } else if (f->sig == cuda::Signature::NamedLookup) {
         if (e.out_valid && !e.name.empty()) p.handle_names[e.out_handle] = {e.name, 0};
       } else if (e.out_valid) {  // cuKernelGetFunction: the function is named as its kernel
         auto it = p.handle_names.find(e.kernel_handle);
@@ -164,8 +164,8 @@ void Tracker::update_state(ProcessState& p, const CallEvent& e) {
 const Tracker::KernelName* Tracker::find_kernel_name(const CallEvent& e) const {
   auto pit = processes_.find(e.pid);
   if (pit == processes_.end()) return nullptr;
-  const FunctionSpec* f = function_by_id(e.func);
-  const auto& names = (f && f->api == Api::Runtime) ? pit->second.stub_names : pit->second.handle_names;
+  const cuda::FunctionSpec* f = cuda::function_by_id(e.func);
+  const auto& names = (f && f->api == cuda::Api::Runtime) ? pit->second.stub_names : pit->second.handle_names;
   auto it = names.find(e.kernel_handle);
   return it == names.end() ? nullptr : &it->second;
 }
@@ -202,26 +202,26 @@ void Tracker::settle_runtime_launch(ThreadState& t, CallEvent* driver_launch,
 }
 
 void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) {
-  const FunctionSpec* f = function_by_id(e.func);
+  const cuda::FunctionSpec* f = cuda::function_by_id(e.func);
   if (!f) return;
   e.call_id = next_call_id_++;
   ProcessState& p = processes_[e.pid];
   ThreadState& t = threads_[e.tid];
   t.pid = e.pid;
 
-  if (f->kind == CallKind::Memcpy) resolve_copy(p, e);
+  if (f->kind == cuda::CallKind::Memcpy) resolve_copy(p, e);
   update_state(p, e);
 
-  const bool driver_launch = f->api == Api::Driver && f->kind == CallKind::Launch;
+  const bool driver_launch = f->api == cuda::Api::Driver && f->kind == cuda::CallKind::Launch;
   if (driver_launch && t.held_runtime_launch) {
     settle_runtime_launch(t, &e, emit);
     return;  // folded into the runtime launch's row
   }
   // Driver calls before the driver launch are the runtime launch's own (its kernel's function
   // looked up, its module loaded on first use): they leave it waiting for its driver launch.
-  if (f->api != Api::Driver) settle_runtime_launch(t, nullptr, emit);
+  if (f->api != cuda::Api::Driver) settle_runtime_launch(t, nullptr, emit);
 
-  if (f->api == Api::Runtime) {
+  if (f->api == cuda::Api::Runtime) {
     if (e.has_return) {
       nest_inner_calls(p, t, *f, e);
       if (e.under_runtime) {
@@ -238,7 +238,7 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
       }
       t.held_calls.clear();
     }
-    if (f->kind == CallKind::Launch)
+    if (f->kind == cuda::CallKind::Launch)
       t.held_runtime_launch = std::move(e);
     else
       emit(e);
@@ -260,7 +260,7 @@ void Tracker::hold(ThreadState& t, CallEvent e, const std::function<void(CallEve
   }
 }
 
-void Tracker::nest_inner_calls(const ProcessState& p, ThreadState& t, const FunctionSpec& f, CallEvent& e) {
+void Tracker::nest_inner_calls(const ProcessState& p, ThreadState& t, const cuda::FunctionSpec& f, CallEvent& e) {
   // Inner calls return first: a held call enclosed by `e` with a parent already is inside a
   // runtime call that `e` encloses too.
   int same_kind = 0;  // calls of e's kind made directly inside it, driver or runtime
@@ -271,19 +271,19 @@ void Tracker::nest_inner_calls(const ProcessState& p, ThreadState& t, const Func
   for (CallEvent& d : t.held_calls) {
     if (!encloses(e, d) || d.parent_id) continue;
     d.parent_id = e.call_id;
-    const FunctionSpec* df = function_by_id(d.func);
+    const cuda::FunctionSpec* df = cuda::function_by_id(d.func);
     if (!df || df->kind != f.kind) continue;
     ++same_kind;
-    if (f.kind == CallKind::Memcpy) inner_copies.push_back(&d);
-    if (df->api != Api::Driver) continue;
+    if (f.kind == cuda::CallKind::Memcpy) inner_copies.push_back(&d);
+    if (df->api != cuda::Api::Driver) continue;
     by_driver = true;
-    if (f.kind == CallKind::Memcpy) {
+    if (f.kind == cuda::CallKind::Memcpy) {
       inner_bytes += d.bytes;
       inner_bytes_known &= d.bytes_known;
     }
   }
   bool carried = by_driver && same_kind == 1;
-  if (f.kind == CallKind::Memcpy) {
+  if (f.kind == cuda::CallKind::Memcpy) {
     // A runtime copy in the elements of an array not seen created (cudaMemcpy3D of an array
     // made before gpuscope came): the driver copies it made say it in bytes.
     if (!e.bytes_known && by_driver && inner_bytes_known) {
@@ -320,7 +320,7 @@ void Tracker::settle_sides(const ProcessState& p, ThreadState& t, const CallEven
   // Its guesses stay marked: the copies inside it are settled again from it, and it from a
   // runtime call around it.
   if (!is_resolved(outer.dir) || !is_resolved(d.dir) || !d.guessed_sides) return;
-  const CopyDir before = d.dir;
+  const cuda::CopyDir before = d.dir;
   take_sides(d, outer, d.guessed_sides);
   if (d.dir == before) return;
   set_host_mem(p, d);
@@ -328,9 +328,9 @@ void Tracker::settle_sides(const ProcessState& p, ThreadState& t, const CallEven
     if (c.parent_id == d.call_id && c.guessed_sides) settle_sides(p, t, d, c);
 }
 
-void Tracker::weigh_runtime_call(const ProcessState& p, const FunctionSpec& f, const CallEvent& e,
+void Tracker::weigh_runtime_call(const ProcessState& p, const cuda::FunctionSpec& f, const CallEvent& e,
                                  bool through_driver) {
-  if (!may_be_recorded_by_driver(f)) return;
+  if (!cuda::may_be_recorded_by_driver(f)) return;
   RuntimeEvidence& ev = runtime_evidence_[f.id];
   if (ev.alone || ev.through_driver >= kRedundantAfter) return;  // decided
   if (!through_driver) {

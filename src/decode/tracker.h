@@ -12,19 +12,19 @@
 #include <vector>
 
 #include "common/model.h"
-#include "decode/functions.h"
+#include "cuda/functions.h"
 
 namespace gpuscope::decode {
 
 class AllocationMap {
  public:
-  void add(uint64_t ptr, uint64_t size, MemKind kind);
+  void add(uint64_t ptr, uint64_t size, cuda::MemKind kind);
   void remove(uint64_t ptr);
   // The kind of the allocation containing addr, MemKind::None if none does.
-  MemKind lookup(uint64_t addr) const;
+  cuda::MemKind lookup(uint64_t addr) const;
 
  private:
-  struct Range { uint64_t size; MemKind kind; };
+  struct Range { uint64_t size; cuda::MemKind kind; };
   std::map<uint64_t, Range> ranges_;
 };
 
@@ -59,7 +59,7 @@ class Tracker {
   // without a driver call inside it may have made one that was not probed yet, and shows nothing.
   void note_driver_probed(uint32_t pid, uint64_t ts_ns);
 
-  // Runtime functions (decode::may_be_recorded_by_driver) found to record nothing that the
+  // Runtime functions (cuda::may_be_recorded_by_driver) found to record nothing that the
   // driver call they make does not: every call of theirs seen (at least kRedundantAfter, failed
   // ones included) enclosed exactly one call of the same kind, a probed driver call
   // (cudaMemsetAsync -> cuMemsetD8Async). Their probes only add traps, so the tracer may remove
@@ -121,7 +121,7 @@ class Tracker {
   void settle_sides(const ProcessState& p, ThreadState& t, const CallEvent& outer, CallEvent& d) const;
   // A runtime call `e` that returned: the held calls it encloses become its children (those
   // without a parent yet) and what they say about it is used (see take_redundant_runtime_functions).
-  void nest_inner_calls(const ProcessState& p, ThreadState& t, const FunctionSpec& f, CallEvent& e);
+  void nest_inner_calls(const ProcessState& p, ThreadState& t, const cuda::FunctionSpec& f, CallEvent& e);
   void hold(ThreadState& t, CallEvent e, const std::function<void(CallEvent&)>& emit);
   void settle_runtime_launch(ThreadState& t, CallEvent* driver_launch, const std::function<void(CallEvent&)>& emit);
   void update_state(ProcessState& p, const CallEvent& e);
@@ -131,7 +131,7 @@ class Tracker {
     uint64_t through_driver = 0;  // calls that enclosed one driver call of their kind, up to kRedundantAfter
     bool alone = false;           // a call that did not: never redundant
   };
-  void weigh_runtime_call(const ProcessState& p, const FunctionSpec& f, const CallEvent& e, bool through_driver);
+  void weigh_runtime_call(const ProcessState& p, const cuda::FunctionSpec& f, const CallEvent& e, bool through_driver);
 
   bool complete_history_;
   std::unordered_map<uint16_t, RuntimeEvidence> runtime_evidence_;

@@ -8,7 +8,7 @@
 #include <memory>
 #include <regex>
 
-#include "symbolize/elf_file.h"
+#include "elf/elf_file.h"
 
 namespace gpuscope::discover {
 namespace {
@@ -53,7 +53,7 @@ constexpr std::array kLayouts = {
 std::string base_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
 
 // Py_Version (3.11+) holds PY_VERSION_HEX: major, minor and micro in its top three bytes.
-bool read_py_version(const std::string& open_path, const symbolize::ElfFile& elf, const symbolize::ElfObject& sym,
+bool read_py_version(const std::string& open_path, const elf::ElfFile& elf, const elf::ElfObject& sym,
                      PythonBinary& out) {
   auto off = elf.vaddr_to_offset(sym.vaddr);
   if (!off) return false;
@@ -167,10 +167,10 @@ bool looks_like_python(const std::string& path) {
 
 std::optional<PythonBinary> inspect_python_binary(const std::string& open_path, const std::string& path) {
   try {
-    auto objects = symbolize::object_symbols(open_path, {"_PyRuntime", "Py_Version"});
+    auto objects = elf::object_symbols(open_path, {"_PyRuntime", "Py_Version"});
     auto runtime = objects.find("_PyRuntime");
     if (runtime == objects.end()) return std::nullopt;
-    auto elf = symbolize::ElfFile::open(open_path);
+    auto elf = elf::ElfFile::open(open_path);
     PythonBinary b;
     b.path = path;
     auto version = objects.find("Py_Version");

@@ -11,9 +11,9 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "decode/decoder.h"
-#include "decode/handoffs.h"
+#include "cuda/handoffs.h"
 #include "discover/proc.h"
-#include "symbolize/elf_file.h"
+#include "elf/elf_file.h"
 
 namespace gpuscope::record {
 
@@ -244,7 +244,7 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
       gs_call_record rec;
       std::memcpy(&rec, data, sizeof(rec));
       newest_ts_ns_ = std::max<uint64_t>(newest_ts_ns_, rec.ts_ns);
-      if (decode::handoff_by_id(rec.func)) {
+      if (cuda::handoff_by_id(rec.func)) {
         on_handoff(rec);
         break;
       }
@@ -397,8 +397,8 @@ void Pipeline::process_record(const uint8_t* data, size_t size) {
 }
 
 bool Pipeline::is_registration(const CallEvent& e) {
-  const auto* f = decode::function_by_id(e.func);
-  return f && f->sig == decode::Signature::RegisterFunction;
+  const auto* f = cuda::function_by_id(e.func);
+  return f && f->sig == cuda::Signature::RegisterFunction;
 }
 
 void Pipeline::note_process(uint32_t pid, uint64_t ts_ns, const std::string& comm_seen) {
@@ -415,8 +415,8 @@ void Pipeline::emit(CallEvent& e) {
   note_thread(e.tid, e.pid, e.comm);
   if (!e.stack_id) e.stack_id = python_only_stack(e.pid, e.py_stack);
   e.stack_id = stitcher_.stitch(e.pid, e.tid, e.stack_id);
-  const auto* f = decode::function_by_id(e.func);
-  if (f && f->kind == decode::CallKind::Launch) {
+  const auto* f = cuda::function_by_id(e.func);
+  if (f && f->kind == cuda::CallKind::Launch) {
     e.kernel_id = resolve_kernel(e);
     if (!e.parent_id) ++launches_;
   }
@@ -430,7 +430,7 @@ const std::string& Pipeline::build_id_of(uint32_t pid, const symbolize::ModuleAd
   auto it = ids.find(m.open_path);
   // Asked again, not m.open_path: ProcessMaps reuses its answer for a while, so a process that
   // has just exited may still be given its root's path.
-  if (it == ids.end()) it = ids.emplace(m.open_path, symbolize::read_build_id(symbolize::openable_path(pid, m.path))).first;
+  if (it == ids.end()) it = ids.emplace(m.open_path, elf::read_build_id(symbolize::openable_path(pid, m.path))).first;
   return it->second;
 }
 
@@ -813,7 +813,7 @@ uint16_t Pipeline::handoff_thread(const char* comm, size_t len) const {
   if (handoffs_probed_.empty()) return 0;
   const std::string_view name(comm, strnlen(comm, len));
   for (uint16_t id : handoffs_probed_) {
-    const auto* h = decode::handoff_by_id(id);
+    const auto* h = cuda::handoff_by_id(id);
     if (h && !h->thread_name.empty() && name.starts_with(h->thread_name)) return id;
   }
   return 0;
@@ -830,12 +830,12 @@ store::StoredFrame Pipeline::truncated_frame() {
 store::StoredFrame Pipeline::handoff_separator(uint16_t handoff) {
   if (!handoff_module_id_) handoff_module_id_ = sink_.intern_module("[handoff]", "");
   if (handoff_labels_named_.insert(handoff).second)
-    if (const auto* h = decode::handoff_by_id(handoff)) sink_.add_symbol(handoff_module_id_, handoff, std::string(h->label));
+    if (const auto* h = cuda::handoff_by_id(handoff)) sink_.add_symbol(handoff_module_id_, handoff, std::string(h->label));
   return {handoff_module_id_, handoff, 0};
 }
 
 int64_t Pipeline::resolve_kernel(const CallEvent& e) {
-  const auto* f = decode::function_by_id(e.func);
+  const auto* f = cuda::function_by_id(e.func);
   auto& ids = kernel_ids_[e.pid];
   const uint64_t key = e.kernel_handle ^ (uint64_t(f->api) << 63);  // handles are user addresses: bit 63 is free
   auto cached = ids.find(key);
@@ -851,7 +851,7 @@ int64_t Pipeline::resolve_kernel(const CallEvent& e) {
     if (cached != ids.end()) return 0;  // the symbol table was already asked
     // No registration or lookup seen (attached to a running process): the runtime's host
     // stub is a function of the program, named like the kernel.
-    if (f->api == decode::Api::Runtime) {
+    if (f->api == cuda::Api::Runtime) {
       if (auto m = maps_.resolve(e.pid, e.kernel_handle)) {
         auto frame = symbolizer_.resolve(symbolize::openable_path(e.pid, m->path), build_id_of(e.pid, *m), m->file_offset);
         if (!frame.function.empty() && frame.offset_in_function == 0) name = frame.raw_function;
@@ -862,7 +862,7 @@ int64_t Pipeline::resolve_kernel(const CallEvent& e) {
       return 0;
     }
   }
-  const int64_t id = sink_.intern_kernel(name, symbolize::demangle(name));
+  const int64_t id = sink_.intern_kernel(name, elf::demangle(name));
   ids[key] = id;
   return id;
 }

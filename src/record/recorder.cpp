@@ -27,7 +27,7 @@
 #include "gpu/gpu_times.h"
 #include "inject/gpu_trace.h"
 #include "store/record_writer.h"
-#include "symbolize/elf_file.h"
+#include "elf/elf_file.h"
 
 namespace gpuscope::record {
 namespace {
@@ -182,7 +182,7 @@ void Recorder::store_gpu_times(uint64_t start_ns, uint64_t end_ns) {
         insert.bind(5, r.start).bind(6, r.end);
         if (r.kind != GS_GPU_KERNEL) insert.bind(7, r.bytes);
         if (r.kind == GS_GPU_MEMCPY) insert.bind(8, uint32_t(r.detail));
-        if (!t.names[i].empty()) insert.bind(9, std::string_view(symbolize::demangle(t.names[i])));
+        if (!t.names[i].empty()) insert.bind(9, std::string_view(elf::demangle(t.names[i])));
         if (ids[i]) insert.bind(10, ids[i]);
         if (r.kind == GS_GPU_KERNEL)
           for (int k = 0; k < 3; ++k) insert.bind(11 + k, r.grid[k]).bind(14 + k, r.block[k]);
@@ -211,7 +211,7 @@ void Recorder::store_gpu_times(uint64_t start_ns, uint64_t end_ns) {
     db.exec("COMMIT");
     if (!coverage.empty())
       log_warn("GPU times: {}", summary);
-    else if (!opts_.quiet)
+    else if (!opts_.tracer.quiet)
       log_info("GPU times: {}", summary);
   } catch (const std::exception& e) {
     log_error("could not store GPU times: {}", e.what());
@@ -225,7 +225,7 @@ void Recorder::record_own_cost() {
   auto ns = [](const timeval& tv) { return static_cast<uint64_t>(tv.tv_sec) * 1'000'000'000 + tv.tv_usec * 1000ull; };
   writer_->set_meta("recorder_cpu_ns", std::to_string(ns(ru.ru_utime) + ns(ru.ru_stime)));
   writer_->set_meta("recorder_max_rss_kb", std::to_string(ru.ru_maxrss));
-  if (!opts_.bpf_stats) return;
+  if (!opts_.tracer.bpf_stats) return;
   nlohmann::json progs = nlohmann::json::object();
   for (const auto& p : tracer_->bpf().program_stats())
     if (p.runs) progs[p.name] = {{"runs", p.runs}, {"run_time_ns", p.run_time_ns}};
@@ -315,7 +315,7 @@ int Recorder::run() {
 
   utsname u{};
   uname(&u);
-  const std::string mode = opts_.all ? "all" : !opts_.pids.empty() ? "pid" : "command";
+  const std::string mode = opts_.tracer.all ? "all" : !opts_.pids.empty() ? "pid" : "command";
   std::string what = join(opts_.command);
   for (pid_t p : opts_.pids) what += (what.empty() ? "" : " ") + std::to_string(p);
   writer_->set_meta("gpuscope_version", GPUSCOPE_VERSION);
@@ -326,31 +326,12 @@ int Recorder::run() {
   writer_->set_meta("clock", "CLOCK_MONOTONIC");
   writer_->set_meta("realtime_offset_ns", std::to_string(realtime_ns() - monotonic_ns()));
   writer_->set_meta("cuda_driver_version", driver_version());
-  writer_->set_meta("stacks", opts_.stacks ? "1" : "0");
+  writer_->set_meta("stacks", opts_.tracer.stacks ? "1" : "0");
 
-  TracerOptions topts;
-  topts.all = opts_.all;
+  TracerOptions topts = opts_.tracer;
   // Kernels loaded before gpuscope started are named only by their runtime registration, so
   // the runtime's launch probes stay where processes are joined late.
-  topts.whole_history = opts_.pids.empty() && !opts_.all;
-  topts.stacks = opts_.stacks;
-  topts.python_stacks = opts_.python_stacks;
-  topts.stack_every = std::max<uint32_t>(opts_.stack_every, 1);
-  topts.stack_budget = opts_.stack_every ? 0 : opts_.stack_budget;
-  topts.dwarf_unwind_samples = opts_.dwarf_unwind_samples;
-  topts.dwarf_unwind_calls = opts_.dwarf_unwind_calls;
-  topts.table_unwind_calls = opts_.table_unwind_calls;
-  topts.table_unwind_samples = opts_.table_unwind_samples;
-  topts.unwind_table_mb = opts_.unwind_table_mb;
-  topts.unwind_cache_dir = opts_.unwind_cache_dir;
-  topts.launch_probes = opts_.launch_probes;
-  topts.bpf_stats = opts_.bpf_stats;
-  topts.floor_probes = opts_.floor_probes;
-  topts.cpu_profile_hz = opts_.cpu_profile_hz;
-  topts.ringbuf_mb = opts_.ringbuf_mb;
-  topts.stack_map_entries = opts_.stack_map_entries;
-  topts.gpu_sample_hz = opts_.gpu_sample_hz < 0 ? kDefaultGpuSampleHz : opts_.gpu_sample_hz;
-  topts.quiet = opts_.quiet;
+  topts.whole_history = opts_.pids.empty() && !opts_.tracer.all;
   tracer_ = std::make_unique<Tracer>(topts, *writer_);
   tracer_->start();
 
@@ -358,7 +339,7 @@ int Recorder::run() {
   writer_->set_meta("start_ns", std::to_string(start_ns));
   int exit_code = 0;
   try {
-    if (opts_.all) {
+    if (opts_.tracer.all) {
       for (pid_t p : discover::list_pids())
         if (p != getpid()) tracer_->attach_mapped_libraries(p);
     } else if (!opts_.pids.empty()) {
@@ -377,8 +358,8 @@ int Recorder::run() {
     // From here the record replaces what -o named (until now a command that cannot run, or an
     // error attaching, left it as it was).
     writer_->keep();
-    if (!opts_.quiet)
-      log_info("recording {} into {}{}", opts_.all ? "every process" : mode == "pid" ? "PID " + what : what,
+    if (!opts_.tracer.quiet)
+      log_info("recording {} into {}{}", opts_.tracer.all ? "every process" : mode == "pid" ? "PID " + what : what,
                opts_.output, opts_.duration_s > 0 ? fmt::format(" for {}s", opts_.duration_s) : "");
     // After the command has started: a command that cannot run fails with its own error alone.
     tracer_->start_gpu_metrics();
@@ -388,10 +369,7 @@ int Recorder::run() {
     while (running) {
       pollfd fds[2] = {{sfd, POLLIN, 0}, {tracer_->control_fd(), POLLIN, 0}};
       ::poll(fds, 2, tracer_->control_poll_ms());
-      if (fds[1].revents & POLLIN) tracer_->handle_control();
-      tracer_->update_unwind_tables();
-      tracer_->adjust_stack_rates();
-      tracer_->drop_redundant_runtime_probes();
+      tracer_->tick(fds[1].revents & POLLIN);
       signalfd_siginfo si{};
       while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
         if (si.ssi_signo == SIGCHLD) continue;
@@ -411,7 +389,7 @@ int Recorder::run() {
         }
       }
       if (mode == "pid" && !targets_alive()) {
-        if (!opts_.quiet) log_info("the target process exited");
+        if (!opts_.tracer.quiet) log_info("the target process exited");
         running = false;
       }
       if (deadline && monotonic_ns() >= deadline) running = false;
@@ -419,7 +397,7 @@ int Recorder::run() {
     tracer_->handle_control();
   } catch (...) {
     tracer_->stop();
-    if (child_ || opts_.all || !opts_.pids.empty()) {
+    if (child_ || opts_.tracer.all || !opts_.pids.empty()) {
       writer_->set_meta("end_ns", std::to_string(monotonic_ns()));
       writer_->finish();
     } else {
@@ -455,9 +433,9 @@ int Recorder::run() {
     (cause >= GS_LOST_UNWIND_NO_ROW && cause <= GS_LOST_UNWIND_DEPTH ? stacks_cut : lost_total) +=
         cause == GS_LOST_UNWIND_NO_TABLE ? 0 : lost[cause];
   lost_total += writer_->calls_dropped();
-  if (!opts_.quiet) {
+  if (!opts_.tracer.quiet) {
     log_info("recorded {} CUDA calls ({} kernel launches){} into {}; {} events lost", st.calls, st.launches,
-             opts_.cpu_profile_hz ? fmt::format(" and {} CPU samples", st.samples) : "", opts_.output, lost_total);
+             opts_.tracer.cpu_profile_hz ? fmt::format(" and {} CPU samples", st.samples) : "", opts_.output, lost_total);
     if (stacks_cut)
       log_info("{} user stacks walked from .eh_frame were cut short (see lost counters unwind_*)", stacks_cut);
     if (writer_->disk_full())

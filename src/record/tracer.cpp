@@ -12,10 +12,10 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "decode/functions.h"
-#include "decode/handoffs.h"
+#include "cuda/functions.h"
+#include "cuda/handoffs.h"
 #include "discover/proc.h"
-#include "symbolize/elf_file.h"
+#include "elf/elf_file.h"
 
 namespace gpuscope::record {
 
@@ -263,25 +263,25 @@ bool Tracer::check_static_runtime(pid_t pid, const std::string& exe_path, const 
   if (stat(exe_path.c_str(), &st) != 0 || !checked_executables_.insert({st.st_dev, st.st_ino}).second) return false;
   if (discover::is_cuda_runtime_library(shown) || discover::is_cuda_driver_library(shown)) return false;
   // A file that is not ELF (a script) defines nothing.
-  if (!symbolize::defines_any_function(exe_path, {"cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMalloc"}))
+  if (!elf::defines_any_function(exe_path, {"cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMalloc"}))
     return false;
   attach_library(pid, exe_path, shown + " (static CUDA runtime)", monotonic_ns(), at_load);
   return true;
 }
 
 void Tracer::attach_handoffs(pid_t pid, const std::string& open_path, const std::string& shown) {
-  if (!opts_.stacks || !decode::may_define_handoffs(shown)) return;
+  if (!opts_.stacks || !cuda::may_define_handoffs(shown)) return;
   struct stat st{};
   if (stat(open_path.c_str(), &st) != 0 || !handoff_files_.insert({st.st_dev, st.st_ino}).second) return;
-  for (const auto& h : decode::all_handoffs()) {
-    if (!decode::may_define(h, shown)) continue;
+  for (const auto& h : cuda::all_handoffs()) {
+    if (!cuda::may_define(h, shown)) continue;
     std::vector<std::string> prefixes{std::string(h.caller)};
     for (auto w : h.workers) prefixes.emplace_back(w);
     std::vector<Pipeline::WorkerRange> workers;
     std::vector<uint64_t> callers;
     const uint64_t t0 = monotonic_ns();
     try {
-      for (const auto& f : symbolize::functions_with_prefixes(open_path, prefixes)) {
+      for (const auto& f : elf::functions_with_prefixes(open_path, prefixes)) {
         if (f.name.starts_with(h.caller))
           callers.push_back(f.start);
         else
@@ -292,7 +292,7 @@ void Tracer::attach_handoffs(pid_t pid, const std::string& open_path, const std:
         continue;
       }
       // The workers first: the pipeline knows them before any handoff comes.
-      pipeline_->add_handoff_workers(symbolize::read_build_id(open_path), shown, std::move(workers));
+      pipeline_->add_handoff_workers(elf::read_build_id(open_path), shown, std::move(workers));
       for (uint64_t off : callers) bpf_->attach_entry_probe(open_path, off, h.id);
     } catch (const std::exception& e) {
       log_warn("cannot probe {} in {} (PID {}): {}; its threads' stacks stay unstitched", h.label, shown, pid, e.what());
@@ -348,7 +348,7 @@ void Tracer::attach_mapped_libraries(pid_t pid) {
       has_cuda = true;
       attach_library(pid, discover::path_in_target(pid, m.path), m.path, monotonic_ns(), false);
     }
-    if (decode::may_define_handoffs(m.path)) handoff_files.push_back(m.path);
+    if (cuda::may_define_handoffs(m.path)) handoff_files.push_back(m.path);
   }
   if (has_cuda || !opts_.all)
     check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid), false);
@@ -402,6 +402,13 @@ void Tracer::handle_control() {
   }
 }
 
+void Tracer::tick(bool control_readable) {
+  if (control_readable) handle_control();
+  update_unwind_tables();
+  adjust_stack_rates();
+  drop_redundant_runtime_probes();
+}
+
 void Tracer::update_unwind_tables() {
   if (!unwind_) return;
   for (pid_t pid : control_->take_unwind_exits()) unwind_->forget(pid);
@@ -434,7 +441,7 @@ void Tracer::drop_redundant_runtime_probes() {
   const int links = bpf_->detach_runtime_functions(funcs);
   const uint64_t now = monotonic_ns();
   for (uint16_t id : funcs)
-    if (const auto* f = decode::function_by_id(id))
+    if (const auto* f = cuda::function_by_id(id))
       runtime_probes_removed_.push_back(fmt::format("{} at {}", f->symbol, now));
   sink_.set_meta("runtime_probes_removed", fmt::format("{}", fmt::join(runtime_probes_removed_, ", ")));
   log_debug("{} runtime function(s) recorded by the driver's probes from now on ({} links removed)", funcs.size(),

@@ -112,18 +112,10 @@ class Tracer {
   // load_walker), so that its stacks are walked from its first call, and records when it was in.
   void wait_for_stack_walker();
   void handle_control();
-  // Answers the BPF walker's requests for tables (a process walking through code its tables
-  // lack, such as a library mapped after they were made) and lets go of exited processes'
-  // tables: the control loop calls it at each poll, after handle_control.
-  void update_unwind_tables();
-  // With a stack budget: sets each process's N from what its walks cost (record/stack_budget.h)
-  // and lets go of exited processes'; the control loop calls it at each poll.
-  void adjust_stack_rates();
-  // Removes the probes of runtime functions whose calls the driver's probes were seen to record
-  // (decode::Tracker::take_redundant_runtime_functions), unless --launch-probes both; meta
-  // runtime_probes_removed names them. The control loop calls it at each poll.
-  void drop_redundant_runtime_probes();
-  // How long the control loop may wait for control_fd() between those calls.
+  // The control loop's work after each poll of control_fd() (record's and the agent's):
+  // handle_control if it was readable, then the periodic chores below.
+  void tick(bool control_readable);
+  // How long the control loop may wait for control_fd() between ticks.
   int control_poll_ms() const { return stack_budget_ ? StackBudget::kPollMs : 100; }
   // Stops the threads: everything already in the ring buffer is decoded and handed to the sink.
   void stop();
@@ -150,6 +142,18 @@ class Tracer {
   std::function<void(pid_t, bool at_load)> on_cuda_process;
 
  private:
+  // tick's chores. Answers the BPF walker's requests for tables (a process walking through code
+  // its tables lack, such as a library mapped after they were made) and lets go of exited
+  // processes' tables.
+  void update_unwind_tables();
+  // With a stack budget: sets each process's N from what its walks cost (record/stack_budget.h)
+  // and lets go of exited processes'.
+  void adjust_stack_rates();
+  // Removes the probes of runtime functions whose calls the driver's probes were seen to record
+  // (decode::Tracker::take_redundant_runtime_functions), unless --launch-probes both; meta
+  // runtime_probes_removed names them.
+  void drop_redundant_runtime_probes();
+
   class ControlQueue;
   void attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns,
                       bool at_load = true);

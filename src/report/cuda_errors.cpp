@@ -263,8 +263,8 @@ std::string_view find(const ErrorName (&table)[N], int64_t code) {
 
 }  // namespace
 
-std::string_view cuda_error_name(int64_t code, decode::Api api) {
-  return api == decode::Api::Runtime ? find(kRuntimeErrors, code) : find(kDriverErrors, code);
+std::string_view cuda_error_name(int64_t code, cuda::Api api) {
+  return api == cuda::Api::Runtime ? find(kRuntimeErrors, code) : find(kDriverErrors, code);
 }
 
 }  // namespace gpuscope::report

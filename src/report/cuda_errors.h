@@ -4,11 +4,11 @@
 #include <cstdint>
 #include <string_view>
 
-#include "decode/functions.h"
+#include "cuda/functions.h"
 
 namespace gpuscope::report {
 
 // The cudaError_t (runtime) or CUresult (driver) name of a code; "" when unknown.
-std::string_view cuda_error_name(int64_t code, decode::Api api);
+std::string_view cuda_error_name(int64_t code, cuda::Api api);
 
 }  // namespace gpuscope::report

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "decode/functions.h"
+#include "cuda/functions.h"
 #include "discover/python.h"
 
 namespace gpuscope::report {
@@ -75,7 +75,7 @@ const std::vector<NamedFrame>& FrameNamer::operator()(int64_t stack_id) {
       if (fresh) known->second = discover::looks_like_python(row.path);
       f.interpreter = known->second;
       f.cuda = in_cuda_library(row.path) || f.function.starts_with("__device_stub_") ||
-               decode::function_by_symbol(declared_name(f.function)) != nullptr;
+               cuda::function_by_symbol(declared_name(f.function)) != nullptr;
     }
     it->second.push_back(std::move(f));
   }

@@ -13,7 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "decode/functions.h"
+#include "cuda/functions.h"
 #include "report/call_sites.h"
 #include "report/cuda_errors.h"
 #include "report/flamegraph.h"
@@ -46,17 +46,17 @@ std::optional<int64_t> to_i64(const std::string& s) {
 
 struct Function {
   std::string name;
-  decode::Api api;
+  cuda::Api api;
   std::string kind;
 };
 using Functions = std::map<int64_t, Function>;
 
-// Read from the record, not decode::all_functions(): a newer gpuscope may have probed more.
+// Read from the record, not cuda::all_functions(): a newer gpuscope may have probed more.
 Functions read_functions(Db& db) {
   Functions fns;
   auto q = db.prepare("SELECT id, name, api, kind FROM functions");
   while (q.step())
-    fns[q.i64(0)] = {q.str(1), q.str(2) == "driver" ? decode::Api::Driver : decode::Api::Runtime, q.str(3)};
+    fns[q.i64(0)] = {q.str(1), q.str(2) == "driver" ? cuda::Api::Driver : cuda::Api::Runtime, q.str(3)};
   return fns;
 }
 
@@ -168,7 +168,7 @@ json summary(store::RecordReader& rec, const Record& r, const std::map<int64_t, 
     const Function* f = r.function(func);
     nested += st.nested;
     if (!f || !st.calls) continue;
-    by_kind[f->kind][f->api == decode::Api::Driver] += st.calls;
+    by_kind[f->kind][f->api == cuda::Api::Driver] += st.calls;
     total += st.calls;
   }
   json kinds = json::array();
@@ -336,7 +336,7 @@ MemoryReport memory(const Record& r, CallSites& stacks, size_t top) {
       "WHERE parent_id IS NULL AND func IN (" +
       ids_of(r.functions, {"alloc", "free"}) + ") ORDER BY id");
   while (q.step()) {
-    const auto* f = decode::function_by_id(uint16_t(q.i64(2)));
+    const auto* f = cuda::function_by_id(uint16_t(q.i64(2)));
     if (!f) continue;
     const int64_t pid = q.i64(0), t = q.i64(1) - r.origin, ret = q.i64(3), ptr = q.i64(4);
     auto [it, added] = procs.try_emplace(pid, ProcessMemory{0, r.end - r.origin});
@@ -348,9 +348,9 @@ MemoryReport memory(const Record& r, CallSites& stacks, size_t top) {
       }
     }
     p.sample_before(t);
-    if (f->kind == decode::CallKind::Alloc) {
-      const bool pinned = f->mem == decode::MemKind::PinnedHost;
-      if (!pinned && f->mem != decode::MemKind::Device && f->mem != decode::MemKind::Managed) continue;
+    if (f->kind == cuda::CallKind::Alloc) {
+      const bool pinned = f->mem == cuda::MemKind::PinnedHost;
+      if (!pinned && f->mem != cuda::MemKind::Device && f->mem != cuda::MemKind::Managed) continue;
       Usage& u = pinned ? p.pinned : p.device;
       if (ret != 0) {
         ++u.failed;
@@ -411,7 +411,7 @@ MemoryReport memory(const Record& r, CallSites& stacks, size_t top) {
   json lj = json::array();
   for (const auto& [key, l] : order) {
     const auto [stack_id, func] = key;
-    const auto* f = decode::function_by_id(uint16_t(func));
+    const auto* f = cuda::function_by_id(uint16_t(func));
     json frames = json::array();
     for (const auto& fr : stacks.frames(stack_id)) {
       if (frames.size() == kStackFrames) break;
@@ -419,7 +419,7 @@ MemoryReport memory(const Record& r, CallSites& stacks, size_t top) {
     }
     json leak{{"site", stacks.site(stack_id)},
               {"function", f->symbol},
-              {"memory", decode::to_string(f->mem)},
+              {"memory", cuda::to_string(f->mem)},
               {"allocations", l.allocations},
               {"bytes", l.bytes},
               {"stack", frames}};
@@ -435,10 +435,10 @@ MemoryReport memory(const Record& r, CallSites& stacks, size_t top) {
   if (sites.size() > top) sites.resize(top);
   out.allocation_sites = json::array();
   for (const auto& [key, n] : sites) {
-    const auto* f = decode::function_by_id(uint16_t(key.second));
+    const auto* f = cuda::function_by_id(uint16_t(key.second));
     json site{{"site", stacks.site(key.first)},
               {"function", f->symbol},
-              {"memory", decode::to_string(f->mem)},
+              {"memory", cuda::to_string(f->mem)},
               {"allocations", n.first},
               {"bytes", n.second}};
     if (auto py = stacks.python_site(key.first); !py.empty()) site["python"] = py;

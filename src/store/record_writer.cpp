@@ -16,7 +16,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
-#include "decode/functions.h"
+#include "cuda/functions.h"
 #include "store/schema.h"
 
 namespace gpuscope::store {
@@ -198,8 +198,8 @@ RecordWriter::RecordWriter(const std::string& path)
                               std::pair{"schema_version", std::to_string(kSchemaVersion)}, std::pair{"complete", std::string("0")}})
       set_meta_.bind(1, key).bind(2, value).run();
     auto fn = db_.prepare("INSERT INTO functions(id, name, api, kind) VALUES(?1,?2,?3,?4)");
-    for (const auto& f : decode::all_functions())
-      fn.bind(1, int64_t(f.id)).bind(2, f.symbol).bind(3, decode::to_string(f.api)).bind(4, decode::to_string(f.kind)).run();
+    for (const auto& f : cuda::all_functions())
+      fn.bind(1, int64_t(f.id)).bind(2, f.symbol).bind(3, cuda::to_string(f.api)).bind(4, cuda::to_string(f.kind)).run();
     db_.exec("COMMIT");
   } catch (const Error& e) {
     if (reserve_fd_ >= 0) ::close(reserve_fd_);
@@ -527,8 +527,8 @@ void RecordWriter::insert_call(const CallEvent& e) {
   auto opt = [&](int i, uint64_t v) {
     if (v) s.bind(i, v); else s.bind_null(i);
   };
-  const auto* f = decode::function_by_id(e.func);
-  const bool launch = f && f->kind == decode::CallKind::Launch;
+  const auto* f = cuda::function_by_id(e.func);
+  const bool launch = f && f->kind == cuda::CallKind::Launch;
   s.bind(1, e.call_id).bind(2, e.ts_ns);
   if (e.has_return) s.bind(3, e.duration_ns).bind(7, e.ret);
   s.bind(4, e.pid).bind(5, e.tid).bind(6, int64_t(e.func));
@@ -538,10 +538,10 @@ void RecordWriter::insert_call(const CallEvent& e) {
   opt(11, e.ptr);
   opt(12, e.src);
   // NULL where the size could not be told (a copy in the elements of an array not seen created).
-  if (e.bytes_known && (e.bytes || (f && (f->kind == decode::CallKind::Memcpy || f->kind == decode::CallKind::Alloc))))
+  if (e.bytes_known && (e.bytes || (f && (f->kind == cuda::CallKind::Memcpy || f->kind == cuda::CallKind::Alloc))))
     s.bind(13, e.bytes);
-  if (f && f->kind == decode::CallKind::Memcpy) {
-    s.bind(14, decode::to_string(e.dir));
+  if (f && f->kind == cuda::CallKind::Memcpy) {
+    s.bind(14, cuda::to_string(e.dir));
     if (e.host_mem != HostMem::NotApplicable) s.bind(15, to_string(e.host_mem));
   }
   opt(16, e.kernel_id);

@@ -7,9 +7,9 @@ Symbolizer::Entry* Symbolizer::entry(const std::string& path) {
     lru_.splice(lru_.begin(), lru_, it->second.lru);
     return &it->second;
   }
-  std::unique_ptr<ElfFile> elf;
+  std::unique_ptr<elf::ElfFile> elf;
   try {
-    elf = ElfFile::open(path);
+    elf = elf::ElfFile::open(path);
   } catch (const std::exception&) {
     // Remembered as unreadable: a report asks about the same files many times.
   }
@@ -27,10 +27,10 @@ Frame Symbolizer::resolve(const std::string& path, const std::string& expected_b
   f.module = path;
   f.file_offset = file_offset;
   Entry* e = entry(path);
-  const ElfFile* elf = e->elf.get();
+  const elf::ElfFile* elf = e->elf.get();
   if (!elf || (!expected_build_id.empty() && elf->build_id() != expected_build_id)) return f;
   if (auto s = elf->symbolize(file_offset)) {
-    f.function = demangle(s->first.name);
+    f.function = elf::demangle(s->first.name);
     f.offset_in_function = s->second;
     f.raw_function = std::move(s->first.name);
   }
@@ -45,7 +45,7 @@ Frame Symbolizer::resolve(const std::string& path, const std::string& expected_b
     if (auto vaddr = e->debug ? elf->offset_to_vaddr(in_call ? file_offset - 1 : file_offset) : std::nullopt) {
       f.source = e->debug->lookup(*vaddr);
       if (f.source)
-        for (auto& name : f.source->inlined) name = demangle(name);
+        for (auto& name : f.source->inlined) name = elf::demangle(name);
     }
   }
   return f;

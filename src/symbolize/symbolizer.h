@@ -11,7 +11,7 @@
 #include <unordered_map>
 
 #include "symbolize/debug_info.h"
-#include "symbolize/elf_file.h"
+#include "elf/elf_file.h"
 
 namespace gpuscope::symbolize {
 
@@ -38,7 +38,7 @@ class Symbolizer {
 
  private:
   struct Entry {
-    std::unique_ptr<ElfFile> elf;  // null: could not be opened
+    std::unique_ptr<elf::ElfFile> elf;  // null: could not be opened
     std::unique_ptr<DebugInfo> debug;
     bool debug_tried = false;
     std::list<std::string>::iterator lru;

@@ -16,7 +16,7 @@
 #include <memory>
 
 #include "common/error.h"
-#include "symbolize/elf_file.h"
+#include "elf/elf_file.h"
 
 namespace gpuscope::symbolize {
 namespace {
@@ -697,7 +697,7 @@ namespace {
 // The cache file of the file at `path` (by build id and size); empty without a build id.
 std::filesystem::path cache_file(const std::string& path, const std::string& cache_dir) {
   if (cache_dir.empty()) return {};
-  const std::string build_id = read_build_id(path);
+  const std::string build_id = elf::read_build_id(path);
   std::error_code ec;
   const uint64_t size = std::filesystem::file_size(path, ec);
   if (build_id.empty() || ec) return {};

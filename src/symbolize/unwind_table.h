@@ -53,7 +53,7 @@ struct UnwindTable {
 inline constexpr uint32_t kIndexRowsPerBucket = 4;
 void build_index(UnwindTable& t);
 // The range [lo, hi) of rows that holds the last row at or below pc (relative to t.base): the
-// search the BPF walker does (bpf/gpuscope.bpf.c: unwind_frame), before its binary search.
+// search the BPF walker does (bpf/unwind_ehframe.bpf.c: unwind_frame), before its binary search.
 std::pair<uint32_t, uint32_t> index_range(const UnwindTable& t, uint32_t pc);
 
 // Throws Error naming the path and the reason when the file cannot be read or its frame
@@ -79,7 +79,7 @@ std::optional<UnwindTable> load_cached_unwind_table(const std::string& path, con
 inline uint8_t cfa_rule(const gs_unwind_row& r) { return r.rules & 0xf; }
 inline uint8_t rbp_rule(const gs_unwind_row& r) { return r.rules >> 4; }
 
-// One step of the walk the BPF side does (bpf/gpuscope.bpf.c: unwind_frame), over a table in
+// One step of the walk the BPF side does (bpf/unwind_ehframe.bpf.c: unwind_frame), over a table in
 // user space: the unit tests check it against libgcc's and libdw's unwinders.
 struct UnwindRegs {
   uint64_t ip = 0, sp = 0, bp = 0;

@@ -16,9 +16,9 @@
 #include "agent/budget.h"
 #include "agent/config.h"
 #include "common/error.h"
-#include "decode/functions.h"
+#include "cuda/functions.h"
 #include "discover/container.h"
-#include "symbolize/elf_file.h"
+#include "elf/elf_file.h"
 #include "snapshot_value.h"
 
 using namespace gpuscope;
@@ -41,14 +41,14 @@ void write(const fs::path& p, const std::string& text) {
   std::ofstream(p) << text;
 }
 
-uint16_t id_of(const char* symbol) { return decode::function_by_symbol(symbol)->id; }
+uint16_t id_of(const char* symbol) { return cuda::function_by_symbol(symbol)->id; }
 
 CallEvent call(uint32_t pid, const char* symbol) {
   CallEvent e;
   e.pid = pid;
   e.tid = pid;
   e.func = id_of(symbol);
-  e.has_return = decode::function_by_symbol(symbol)->has_return;
+  e.has_return = cuda::function_by_symbol(symbol)->has_return;
   return e;
 }
 
@@ -200,7 +200,7 @@ TEST(Aggregator, CountsCallsByWhatTheyDid) {
   }
   auto copy = call(pid, "cudaMemcpy");
   copy.bytes = 1000;
-  copy.dir = decode::CopyDir::HostToDevice;
+  copy.dir = cuda::CopyDir::HostToDevice;
   copy.host_mem = HostMem::Pinned;
   copy.duration_ns = 2'000'000;
   agg.add_call(copy);
@@ -446,24 +446,24 @@ TEST(Budget, SlowSwitchesLengthenTheOffPeriodNotTheShareObserved) {
 TEST(NameOffsets, AgreesWithTheIndexedFileAndKeepsNothing) {
   // This test binary: its own functions, named by the full index and by the one-pass reader.
   const std::string exe = fs::read_symlink("/proc/self/exe");
-  auto elf = symbolize::ElfFile::open(exe);
+  auto elf = elf::ElfFile::open(exe);
   const auto offsets = elf->function_offsets({"main", "gpuscope_calibration_target"});
   std::vector<uint64_t> wanted;
   for (const auto& [name, off] : offsets) wanted.push_back(off + 1);
   ASSERT_FALSE(wanted.empty());
   wanted.push_back(1);  // the ELF header: in no function
-  const auto names = symbolize::name_offsets(exe, elf->build_id(), wanted);
+  const auto names = elf::name_offsets(exe, elf->build_id(), wanted);
   ASSERT_EQ(names.size(), wanted.size());
   for (size_t i = 0; i + 1 < wanted.size(); ++i) {
     const auto indexed = elf->symbolize(wanted[i]);
     ASSERT_TRUE(indexed);
-    EXPECT_EQ(names[i].name, symbolize::demangle(indexed->first.name));
+    EXPECT_EQ(names[i].name, elf::demangle(indexed->first.name));
     EXPECT_EQ(names[i].start, indexed->first.file_offset);
     EXPECT_EQ(names[i].start, wanted[i] - 1);
     EXPECT_GT(names[i].end, wanted[i]);
   }
   EXPECT_EQ(names.back().name, "");
-  EXPECT_THROW(symbolize::name_offsets(exe, "00ff", wanted), std::runtime_error);  // another build
+  EXPECT_THROW(elf::name_offsets(exe, "00ff", wanted), std::runtime_error);  // another build
 }
 
 extern "C" __attribute__((noinline, used)) int gpuscope_test_other_function(int x) { return x * 3 + 1; }
@@ -474,7 +474,7 @@ TEST(Aggregator, SymbolPassesOverOneLibraryAreSpacedByTheirCost) {
   // (named file+offset for the window, counted) while offsets in known functions are named.
   // Here the wait is at its cap (a minute): spacing far above what any pass costs.
   const std::string exe = fs::read_symlink("/proc/self/exe");
-  auto elf = symbolize::ElfFile::open(exe);
+  auto elf = elf::ElfFile::open(exe);
   const auto offsets = elf->function_offsets({"main", "gpuscope_test_other_function"});
   ASSERT_EQ(offsets.size(), 2u);
   const uint64_t in_main = offsets.at("main") + 1, in_target = offsets.at("gpuscope_test_other_function") + 1;
@@ -513,7 +513,7 @@ TEST(Aggregator, ACheapSymbolPassIsNotPutOff) {
   // With no spacing, a function first met in a later window (a launch stack after a window of
   // start-up samples, in a short-lived process) is named in that window.
   const std::string exe = fs::read_symlink("/proc/self/exe");
-  auto elf = symbolize::ElfFile::open(exe);
+  auto elf = elf::ElfFile::open(exe);
   const auto offsets = elf->function_offsets({"main", "gpuscope_test_other_function"});
   ASSERT_EQ(offsets.size(), 2u);
   agent::AggregatorLimits limits;
@@ -532,13 +532,13 @@ TEST(Aggregator, ACheapSymbolPassIsNotPutOff) {
 }
 
 TEST(Budget, KernelLookupsBeforeEachLaunchAreDutyCycledOthersStayOn) {
-  auto spec = [](const char* s) { return *decode::function_by_symbol(s); };
-  EXPECT_TRUE(decode::is_high_rate(spec("cuLaunchKernel")));
-  EXPECT_TRUE(decode::is_high_rate(spec("cuKernelGetFunction")));  // cuBLASLt: one per launch
-  EXPECT_FALSE(decode::is_high_rate(spec("cuModuleGetFunction")));  // once per kernel
-  EXPECT_FALSE(decode::is_high_rate(spec("cuLibraryGetKernel")));
-  EXPECT_FALSE(decode::is_high_rate(spec("cudaMalloc")));
-  EXPECT_FALSE(decode::is_high_rate(spec("cudaStreamSynchronize")));
+  auto spec = [](const char* s) { return *cuda::function_by_symbol(s); };
+  EXPECT_TRUE(cuda::is_high_rate(spec("cuLaunchKernel")));
+  EXPECT_TRUE(cuda::is_high_rate(spec("cuKernelGetFunction")));  // cuBLASLt: one per launch
+  EXPECT_FALSE(cuda::is_high_rate(spec("cuModuleGetFunction")));  // once per kernel
+  EXPECT_FALSE(cuda::is_high_rate(spec("cuLibraryGetKernel")));
+  EXPECT_FALSE(cuda::is_high_rate(spec("cudaMalloc")));
+  EXPECT_FALSE(cuda::is_high_rate(spec("cudaStreamSynchronize")));
 }
 
 TEST(NameOffsets, DefinesAnyFunctionMatchesWholeNamesOnly) {
@@ -546,12 +546,12 @@ TEST(NameOffsets, DefinesAnyFunctionMatchesWholeNamesOnly) {
   // are found in the string tables first, then only their symbols are looked at.
   const std::string exe = fs::read_symlink("/proc/self/exe");
   EXPECT_EQ(gpuscope_test_other_function(1), 4);
-  EXPECT_TRUE(symbolize::defines_any_function(exe, {"nothing_by_this_name", "gpuscope_test_other_function"}));
-  EXPECT_TRUE(symbolize::defines_any_function(exe, {"main"}));
-  EXPECT_FALSE(symbolize::defines_any_function(exe, {"gpuscope_test_other_functio"}));  // a prefix
-  EXPECT_FALSE(symbolize::defines_any_function(exe, {"test_other_function"}));          // a tail
-  EXPECT_FALSE(symbolize::defines_any_function(exe, {"sqlite3_open_v2"}));  // imported, not defined
-  EXPECT_FALSE(symbolize::defines_any_function("/nonexistent", {"main"}));
+  EXPECT_TRUE(elf::defines_any_function(exe, {"nothing_by_this_name", "gpuscope_test_other_function"}));
+  EXPECT_TRUE(elf::defines_any_function(exe, {"main"}));
+  EXPECT_FALSE(elf::defines_any_function(exe, {"gpuscope_test_other_functio"}));  // a prefix
+  EXPECT_FALSE(elf::defines_any_function(exe, {"test_other_function"}));          // a tail
+  EXPECT_FALSE(elf::defines_any_function(exe, {"sqlite3_open_v2"}));  // imported, not defined
+  EXPECT_FALSE(elf::defines_any_function("/nonexistent", {"main"}));
 }
 
 TEST(Budget, ProcessCpuTimeReadsStatPastACommandWithParentheses) {

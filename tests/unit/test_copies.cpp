@@ -12,6 +12,7 @@
 
 using namespace gpuscope;
 using namespace gpuscope::decode;
+using namespace gpuscope::cuda;
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <sstream>
 
-#include "decode/functions.h"
+#include "cuda/functions.h"
 #include "report/flamegraph.h"
 #include "report/report.h"
 #include "report/timeline.h"
@@ -26,7 +26,7 @@ std::string temp_path(const std::string& name) {
 
 CallEvent call(std::string_view fn, int64_t id, uint64_t bytes = 0, int64_t stack = 0) {
   CallEvent e;
-  e.func = decode::function_by_symbol(fn)->id;
+  e.func = cuda::function_by_symbol(fn)->id;
   e.call_id = id;
   e.ts_ns = uint64_t(id) * 1000;
   e.pid = e.tid = 7;

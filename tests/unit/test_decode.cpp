@@ -11,6 +11,7 @@
 
 using namespace gpuscope;
 using namespace gpuscope::decode;
+using namespace gpuscope::cuda;
 
 namespace {
 

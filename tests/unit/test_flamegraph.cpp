@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "common/error.h"
-#include "decode/functions.h"
+#include "cuda/functions.h"
 #include "report/flamegraph.h"
 #include "store/record_writer.h"
 #include "symbolize/kallsyms.h"
@@ -45,7 +45,7 @@ class FlameTest : public ::testing::Test {
     auto call = [&](std::string_view fn, uint64_t ptr, uint64_t bytes, int64_t stack, int64_t ret = 0,
                     int64_t parent = 0) {
       CallEvent e;
-      e.func = decode::function_by_symbol(fn)->id;
+      e.func = cuda::function_by_symbol(fn)->id;
       e.call_id = id++;
       e.ts_ns = uint64_t(e.call_id) * 1000;
       e.pid = e.tid = kPid;

@@ -8,7 +8,7 @@
 
 #include <filesystem>
 
-#include "decode/functions.h"
+#include "cuda/functions.h"
 #include "report/gpu_time.h"
 #include "report/report.h"
 #include "store/record_writer.h"
@@ -46,7 +46,7 @@ class GpuRecord {
       int64_t id = 1;
       for (const auto& k : kernels) {
         CallEvent e;
-        e.func = decode::function_by_symbol("cudaLaunchKernel")->id;
+        e.func = cuda::function_by_symbol("cudaLaunchKernel")->id;
         e.call_id = id++;
         e.ts_ns = uint64_t(kStart + k.start - 10'000);
         e.pid = e.tid = k.pid;

@@ -6,7 +6,7 @@
 
 #include "agent/aggregator.h"
 #include "agent/budget.h"
-#include "decode/functions.h"
+#include "cuda/functions.h"
 #include "snapshot_value.h"
 
 using namespace gpuscope;
@@ -17,7 +17,7 @@ constexpr uint64_t kMs = 1'000'000, kS = 1'000'000'000;
 constexpr uint64_t kLag = agent::ObservedCycles::kRecordLagNs;
 
 CallEvent call_at(uint32_t pid, const char* symbol, uint64_t ts) {
-  const auto* f = decode::function_by_symbol(symbol);
+  const auto* f = cuda::function_by_symbol(symbol);
   CallEvent e;
   e.pid = e.tid = pid;
   e.func = f->id;

@@ -11,7 +11,7 @@
 #include "report/report.h"
 #include "store/record_writer.h"
 #include "symbolize/debug_info.h"
-#include "symbolize/elf_file.h"
+#include "elf/elf_file.h"
 
 using namespace gpuscope;
 using nlohmann::json;
@@ -55,7 +55,7 @@ class Recording {
 
   // A call at t_ms after the start; launches carry no return, as their probes have none.
   CallEvent call(std::string_view symbol, int64_t t_ms, int64_t ret = 0, int64_t duration_ns = 1000) {
-    const auto* f = decode::function_by_symbol(symbol);
+    const auto* f = cuda::function_by_symbol(symbol);
     EXPECT_NE(f, nullptr) << symbol;
     CallEvent e;
     e.func = f->id;
@@ -99,7 +99,7 @@ class ReportTest : public ::testing::Test {
     w.add_library({kPid, "/usr/lib/x86_64-linux-gnu/libcudart.so.13", "aa", 54, 0, kStart, ""});
     w.add_library({kPid, "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "bb", 0, 0, kStart, "no symbols"});
 
-    auto exe = symbolize::ElfFile::open("/proc/self/exe");
+    auto exe = elf::ElfFile::open("/proc/self/exe");
     auto off = exe->function_offsets({"gs_report_test_site_a", "gs_report_test_site_b", "_Z6vecaddPfi"});
     ASSERT_EQ(off.size(), 3u);
     const int64_t me = w.intern_module("/proc/self/exe", exe->build_id());
@@ -140,24 +140,24 @@ class ReportTest : public ::testing::Test {
     r.add(unnamed);
 
     // Copies.
-    auto copy = [&](int64_t t, decode::CopyDir dir, HostMem mem, uint64_t bytes, int64_t dur_us, int64_t ret = 0) {
+    auto copy = [&](int64_t t, cuda::CopyDir dir, HostMem mem, uint64_t bytes, int64_t dur_us, int64_t ret = 0) {
       auto e = r.call("cudaMemcpy", t, ret, dur_us * 1000);
       e.dir = dir;
       e.host_mem = mem;
       e.bytes = bytes;
       return r.add(e);
     };
-    const int64_t pinned_copy = copy(900, decode::CopyDir::HostToDevice, HostMem::Pinned, kMiB, 100);
+    const int64_t pinned_copy = copy(900, cuda::CopyDir::HostToDevice, HostMem::Pinned, kMiB, 100);
     auto inner = r.call("cuMemcpyHtoD_v2", 900, 0, 90'000);
-    inner.dir = decode::CopyDir::HostToDevice;
+    inner.dir = cuda::CopyDir::HostToDevice;
     inner.host_mem = HostMem::Pinned;
     inner.bytes = kMiB;
     r.add(inner, pinned_copy);
-    copy(901, decode::CopyDir::HostToDevice, HostMem::Pageable, 2 * kMiB, 300);
-    copy(902, decode::CopyDir::HostToDevice, HostMem::Pageable, 2 * kMiB, 500);
-    copy(903, decode::CopyDir::HostToDevice, HostMem::Pageable, 16, 5, 1);
-    copy(904, decode::CopyDir::DeviceToHost, HostMem::Pageable, 4096, 50);
-    copy(905, decode::CopyDir::DeviceToDevice, HostMem::NotApplicable, 8 * kMiB, 10);
+    copy(901, cuda::CopyDir::HostToDevice, HostMem::Pageable, 2 * kMiB, 300);
+    copy(902, cuda::CopyDir::HostToDevice, HostMem::Pageable, 2 * kMiB, 500);
+    copy(903, cuda::CopyDir::HostToDevice, HostMem::Pageable, 16, 5, 1);
+    copy(904, cuda::CopyDir::DeviceToHost, HostMem::Pageable, 4096, 50);
+    copy(905, cuda::CopyDir::DeviceToDevice, HostMem::NotApplicable, 8 * kMiB, 10);
 
     // Memory: the same address allocated twice, a leak, pinned memory, failures.
     auto mem = [&](std::string_view fn, int64_t t, uint64_t ptr, uint64_t bytes, int64_t stack, int64_t ret = 0) {
@@ -197,13 +197,13 @@ class ReportTest : public ::testing::Test {
 };
 
 TEST(CudaErrors, NamesRuntimeAndDriverCodes) {
-  EXPECT_EQ(report::cuda_error_name(0, decode::Api::Runtime), "cudaSuccess");
-  EXPECT_EQ(report::cuda_error_name(35, decode::Api::Runtime), "cudaErrorInsufficientDriver");
-  EXPECT_EQ(report::cuda_error_name(719, decode::Api::Runtime), "cudaErrorLaunchFailure");
-  EXPECT_EQ(report::cuda_error_name(2, decode::Api::Driver), "CUDA_ERROR_OUT_OF_MEMORY");
-  EXPECT_EQ(report::cuda_error_name(999, decode::Api::Driver), "CUDA_ERROR_UNKNOWN");
-  EXPECT_EQ(report::cuda_error_name(123456, decode::Api::Runtime), "");
-  EXPECT_EQ(report::cuda_error_name(-1, decode::Api::Driver), "");
+  EXPECT_EQ(report::cuda_error_name(0, cuda::Api::Runtime), "cudaSuccess");
+  EXPECT_EQ(report::cuda_error_name(35, cuda::Api::Runtime), "cudaErrorInsufficientDriver");
+  EXPECT_EQ(report::cuda_error_name(719, cuda::Api::Runtime), "cudaErrorLaunchFailure");
+  EXPECT_EQ(report::cuda_error_name(2, cuda::Api::Driver), "CUDA_ERROR_OUT_OF_MEMORY");
+  EXPECT_EQ(report::cuda_error_name(999, cuda::Api::Driver), "CUDA_ERROR_UNKNOWN");
+  EXPECT_EQ(report::cuda_error_name(123456, cuda::Api::Runtime), "");
+  EXPECT_EQ(report::cuda_error_name(-1, cuda::Api::Driver), "");
 }
 
 TEST_F(ReportTest, Summary) {

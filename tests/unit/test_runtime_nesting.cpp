@@ -13,6 +13,7 @@
 
 using namespace gpuscope;
 using namespace gpuscope::decode;
+using namespace gpuscope::cuda;
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <list>
 
 #include "common/error.h"
-#include "decode/functions.h"
+#include "cuda/functions.h"
 #include "report/flamegraph.h"
 #include "report/stack_view.h"
 #include "store/record_writer.h"
@@ -201,7 +201,7 @@ class PythonFlame : public ::testing::Test {
     const int64_t sample = w.intern_stack({in(py, 0x80), step, in(py, 0x50), module, in(py, 0x70)});
     const int64_t ksample = w.intern_stack({store::StoredFrame{k, 1, 1}});
     CallEvent e;
-    e.func = decode::function_by_symbol("cudaLaunchKernel")->id;
+    e.func = cuda::function_by_symbol("cudaLaunchKernel")->id;
     e.pid = e.tid = kPid;
     e.stack_id = launch;
     for (int i = 1; i <= 3; ++i) {

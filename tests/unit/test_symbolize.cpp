@@ -15,11 +15,12 @@
 #include <map>
 #include <sstream>
 
-#include "symbolize/elf_file.h"
+#include "elf/elf_file.h"
 #include "symbolize/process_maps.h"
 #include "symbolize/symbolizer.h"
 
 using namespace gpuscope::symbolize;
+using namespace gpuscope::elf;
 
 // Big enough that an offset into its middle is still inside it.
 extern "C" __attribute__((noinline, used)) int gpuscope_test_marker(int n) {

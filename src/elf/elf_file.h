@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-namespace gpuscope::symbolize {
+namespace gpuscope::elf {
 
 struct ElfSymbol {
   std::string name;
@@ -99,4 +99,4 @@ std::vector<OffsetName> name_offsets(const std::string& path, const std::string&
 // The GNU build id of a file as hex, "" if it has none or cannot be read. Cheap: no symbols read.
 std::string read_build_id(const std::string& path);
 
-}  // namespace gpuscope::symbolize
+}  // namespace gpuscope::elf

@@ -11,7 +11,7 @@
 #include <span>
 #include <string_view>
 
-namespace gpuscope::decode {
+namespace gpuscope::cuda {
 
 struct HandoffSpec {
   uint16_t id;                   // the probe cookie's function id: past every CUDA function's
@@ -32,4 +32,4 @@ const HandoffSpec* handoff_by_id(uint16_t id);
 bool may_define(const HandoffSpec& h, std::string_view path);
 bool may_define_handoffs(std::string_view path);
 
-}  // namespace gpuscope::decode
+}  // namespace gpuscope::cuda

@@ -1,4 +1,4 @@
-#include "symbolize/elf_file.h"
+#include "elf/elf_file.h"
 
 #include <cxxabi.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include <string_view>
 #include <unordered_set>
 
-namespace gpuscope::symbolize {
+namespace gpuscope::elf {
 namespace {
 
 [[noreturn]] void fail(const std::string& path, const std::string& why) {
@@ -546,4 +546,4 @@ std::string read_build_id(const std::string& path) {
   }
 }
 
-}  // namespace gpuscope::symbolize
+}  // namespace gpuscope::elf

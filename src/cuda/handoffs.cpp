@@ -1,8 +1,8 @@
-#include "decode/handoffs.h"
+#include "cuda/handoffs.h"
 
 #include <algorithm>
 
-namespace gpuscope::decode {
+namespace gpuscope::cuda {
 namespace {
 
 constexpr std::array kHandoffs{
@@ -39,4 +39,4 @@ bool may_define_handoffs(std::string_view path) {
   return std::any_of(kHandoffs.begin(), kHandoffs.end(), [&](const HandoffSpec& h) { return may_define(h, path); });
 }
 
-}  // namespace gpuscope::decode
+}  // namespace gpuscope::cuda

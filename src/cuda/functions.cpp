@@ -1,11 +1,11 @@
-#include "decode/functions.h"
+#include "cuda/functions.h"
 
 #include <array>
 #include <unordered_map>
 
 #include "events.h"
 
-namespace gpuscope::decode {
+namespace gpuscope::cuda {
 namespace {
 
 constexpr uint8_t kLaunchConfigLen = 56;  // cudaLaunchConfig_t and CUlaunchConfig up to numAttrs
@@ -413,4 +413,4 @@ std::string_view to_string(MemKind m) {
   return "?";
 }
 
-}  // namespace gpuscope::decode
+}  // namespace gpuscope::cuda

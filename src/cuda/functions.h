@@ -6,7 +6,7 @@
 #include <span>
 #include <string_view>
 
-namespace gpuscope::decode {
+namespace gpuscope::cuda {
 
 enum class Api : uint8_t { Runtime, Driver };
 
@@ -145,4 +145,4 @@ std::string_view to_string(CallKind);
 std::string_view to_string(CopyDir);
 std::string_view to_string(MemKind);
 
-}  // namespace gpuscope::decode
+}  // namespace gpuscope::cuda

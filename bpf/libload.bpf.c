@@ -105,8 +105,15 @@ struct {
 	__type(value, __u8);
 } stopped_held SEC(".maps");
 
-/* Set by user space once the guardian is running: until then (or without one) nothing is stopped. */
-volatile bool stops_guarded;
+/* Element 0: 1 while a guardian runs and gpuscope lives; until then (or without one) nothing is
+ * stopped. A map, not a global: the guardian holds it too, and sets it to 0 when gpuscope dies,
+ * since the programs stay attached until the kernel has released gpuscope's links (seconds). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} stop_guard SEC(".maps");
 
 SEC("tracepoint/syscalls/sys_enter_close")
 int on_close(struct trace_event_raw_sys_enter *ctx)
@@ -146,9 +153,10 @@ int on_close(struct trace_event_raw_sys_enter *ctx)
 		/* Stop first: the signal is delivered when close returns, before the loader
 		 * can run the library's code. User space continues the process. Only a process the
 		 * guardian knows of is stopped: none is left stopped if gpuscope dies. */
-		__u32 tgid = id >> 32;
+		__u32 tgid = id >> 32, zero = 0;
 		__u8 held = 1;
-		if (r->stopped && (!stops_guarded || bpf_map_update_elem(&stopped_held, &tgid, &held, BPF_ANY)))
+		__u32 *guarded = bpf_map_lookup_elem(&stop_guard, &zero);
+		if (r->stopped && (!guarded || !*guarded || bpf_map_update_elem(&stopped_held, &tgid, &held, BPF_ANY)))
 			r->stopped = 0;
 		if (r->stopped)
 			bpf_send_signal(SIGSTOP);

@@ -785,8 +785,11 @@ void BpfSession::forget_stack_budget(pid_t pid) {
 
 int BpfSession::stopped_held_fd() const { return bpf_map__fd(skel_->maps.stopped_held); }
 
+int BpfSession::stop_guard_fd() const { return bpf_map__fd(skel_->maps.stop_guard); }
+
 void BpfSession::set_stops_guarded(bool guarded) {
-  __atomic_store_n(&skel_->bss->stops_guarded, guarded, __ATOMIC_SEQ_CST);
+  const uint32_t key = 0, value = guarded;
+  bpf_map_update_elem(stop_guard_fd(), &key, &value, BPF_ANY);
 }
 
 void BpfSession::release_stopped(pid_t pid) {

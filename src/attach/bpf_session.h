@@ -139,8 +139,10 @@ class BpfSession {
   // Empties the map of Python stacks sent: each is sent again when next walked.
   void forget_python_stacks();
   // Processes the BPF side stops at a CUDA library's load (stop_guardian.h): the map a guardian
-  // holds; stops allowed once it runs; a process continued is taken off the map.
+  // holds with stop_guard_fd(); set_stops_guarded(true) once it runs; a process continued is
+  // taken off the map.
   int stopped_held_fd() const;
+  int stop_guard_fd() const;  // whether processes may be stopped (see bpf: stop_guard)
   void set_stops_guarded(bool guarded);
   void release_stopped(pid_t pid);
   // Tells the BPF side not to stop processes again for this file (see bpf: checked_files).

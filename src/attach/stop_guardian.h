@@ -5,9 +5,13 @@
 //
 // The guardian is a small process forked at start that holds the BPF map of the processes held
 // stopped (stopped_held: the BPF side adds a process before stopping it, user space deletes it as
-// it continues it) and a pipe whose write end only gpuscope holds. When gpuscope is gone, however
-// it went, the kernel closes that end; the guardian reads end-of-file, sends SIGCONT to every
-// process still listed and exits. The BPF side stops nothing until the guardian runs.
+// it continues it), the map that allows stopping (stop_guard), and a pipe whose write end only
+// gpuscope holds. When gpuscope is gone, however it went, the kernel closes that end; the
+// guardian reads end-of-file, forbids further stops (the probes stay attached for seconds while
+// the kernel releases a dead gpuscope's links, and would go on stopping processes that load a
+// CUDA library), sends SIGCONT to every process listed, and again over the next seconds (a
+// program that passed the check just before, a SIGSTOP delivered after the first SIGCONT), then
+// exits. The BPF side stops nothing until the guardian runs.
 #pragma once
 
 #include <sys/types.h>
@@ -16,8 +20,9 @@ namespace gpuscope::attach {
 
 class StopGuardian {
  public:
-  // Forks the guardian, which keeps `held_map_fd`. Throws Error if it cannot be started.
-  explicit StopGuardian(int held_map_fd);
+  // Forks the guardian, which keeps `held_map_fd` and `guard_map_fd`. Throws Error if it cannot
+  // be started.
+  StopGuardian(int held_map_fd, int guard_map_fd);
   // Closes the pipe and waits for the guardian, which continues any process still listed.
   ~StopGuardian();
   StopGuardian(const StopGuardian&) = delete;

@@ -136,7 +136,7 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   // Processes are stopped at their CUDA library's load only with a guardian to continue them if
   // gpuscope dies holding one.
   try {
-    guardian_ = std::make_unique<attach::StopGuardian>(bpf_->stopped_held_fd());
+    guardian_ = std::make_unique<attach::StopGuardian>(bpf_->stopped_held_fd(), bpf_->stop_guard_fd());
     stopped_.set_session(bpf_.get());
     bpf_->set_stops_guarded(true);
   } catch (const Error& e) {

@@ -501,12 +501,12 @@ enum gs_lost_cause {
  * user space): a field added, removed or moved fails the build here first. Records sent cut short
  * (after their used frames) still have these sizes in full. */
 #ifdef __cplusplus
-#define GS_ASSERT_SIZE(type, n) static_assert(sizeof(type) == (n), #type " changed size: update both sides")
-#define GS_ASSERT_AT(type, field, n) static_assert(__builtin_offsetof(type, field) == (n), #type "." #field " moved")
+#define GS_STATIC_ASSERT static_assert
 #else
-#define GS_ASSERT_SIZE(type, n) _Static_assert(sizeof(type) == (n), #type " changed size: update both sides")
-#define GS_ASSERT_AT(type, field, n) _Static_assert(__builtin_offsetof(type, field) == (n), #type "." #field " moved")
+#define GS_STATIC_ASSERT _Static_assert
 #endif
+#define GS_ASSERT_SIZE(type, n) GS_STATIC_ASSERT(sizeof(type) == (n), #type " changed size: update both sides")
+#define GS_ASSERT_AT(type, field, n) GS_STATIC_ASSERT(__builtin_offsetof(type, field) == (n), #type "." #field " moved")
 GS_ASSERT_SIZE(struct gs_call_record, 296);
 GS_ASSERT_SIZE(struct gs_call_record_long, 424);
 GS_ASSERT_SIZE(struct gs_batch_entry, 32);

@@ -42,9 +42,12 @@ void Pipeline::push(const void* data, size_t size) {
 }
 
 size_t Pipeline::batch_capacity() const {
-  // A batch ends once past max_batch_bytes: room for one more record of any kind (the largest,
-  // a stack copy, is 16 KiB and a header) means a buffer never grows.
-  return cfg_.max_batch_bytes + (64u << 10);
+  // A batch ends once past max_batch_bytes: room for one more record of any kind (with its
+  // length) means a buffer never grows.
+  constexpr size_t kRoom = 64u << 10;
+  static_assert(sizeof(uint32_t) + sizeof(gs_sample_stack_record) <= kRoom &&
+                sizeof(uint32_t) + sizeof(gs_stack_copy_record) <= kRoom);
+  return cfg_.max_batch_bytes + kRoom;
 }
 
 void Pipeline::end_batch() {

@@ -380,7 +380,7 @@ void Agent::update_health() {
     if (cause != GS_LOST_RETURN_ORPHAN)
       lost_samples.push_back({{{"cause", std::string(attach::lost_cause_name(cause))}}, double(lost[cause])});
   lost_samples.push_back({{{"cause", "queue_full"}}, double(st.queue_dropped_records)});
-  lost_samples.push_back({{{"cause", "stack_expired"}}, double(st.stacks_expired)});
+  lost_samples.push_back({{{"cause", "stack_expired"}}, double(st.stacks.stacks_expired)});
   add("gpuscope_agent_lost_events_total", "Events that could not be recorded, by cause", "", MetricType::Counter,
       std::move(lost_samples));
   // The budget attaches a process's probes while calls are in flight: their returns come
@@ -389,10 +389,10 @@ void Agent::update_health() {
       "Returns of calls entered while their probes were off (switched on during the call)", "", MetricType::Counter,
       {{{}, double(lost[GS_LOST_RETURN_ORPHAN])}});
   add("gpuscope_agent_stack_map_recycles_total", "Times the BPF stack maps were switched and the old one emptied", "",
-      MetricType::Counter, {{{}, double(st.stack_recycles)}});
+      MetricType::Counter, {{{}, double(st.stacks.stack_recycles)}});
   add("gpuscope_agent_python_stack_generations_total",
       "Times the Python stacks held were dropped and the BPF side made to send them again", "", MetricType::Counter,
-      {{{}, double(st.python_stack_generations)}});
+      {{{}, double(st.stacks.python_stack_generations)}});
   add("gpuscope_agent_attached_processes", "Processes whose CUDA libraries are probed", "", MetricType::Gauge,
       {{{}, double(budget_->processes().size())}});
   add("gpuscope_agent_cpu_seconds_total", "CPU time the agent used", "seconds", MetricType::Counter, {{{}, self_cpu_s()}});
@@ -577,6 +577,14 @@ int Agent::run() {
       return false;
     }
   });
+  // Exits from exit records (in tick) and from the sweep below; the tracer lets go of the
+  // process's probes itself.
+  tracer_->lifetime().on_exit([this](uint32_t pid, uint64_t) {
+    if (!budget_->processes().contains(pid_t(pid))) return;
+    budget_->remove_process(pid_t(pid), monotonic_ns());
+    probe_errors_said_.erase(pid_t(pid));
+    log_debug("PID {} exited", pid);
+  });
   tracer_->on_cuda_process = [this](pid_t pid, bool at_load) {
     budget_->add_process(pid, monotonic_ns(), at_load);
     log_debug("tracing PID {} ({})", pid, discover::read_comm(pid));
@@ -614,18 +622,13 @@ int Agent::run() {
       }
     }
     const uint64_t now = monotonic_ns();
-    // Exits: from exit records, and once a second a sweep of /proc for any whose record was lost.
-    std::vector<pid_t> gone = tracer_->take_exited();
-    if (now >= next_health)
+    // Once a second, a sweep of /proc for processes whose exit record was lost.
+    if (now >= next_health) {
+      std::vector<pid_t> gone;
       for (const auto& [pid, st] : budget_->processes())
         if (!discover::process_exists(pid)) gone.push_back(pid);
-    for (pid_t pid : gone)
-      if (budget_->processes().contains(pid)) {
-        budget_->remove_process(pid, now);
-        tracer_->forget_process(pid);
-        probe_errors_said_.erase(pid);
-        log_debug("PID {} exited", pid);
-      }
+      for (pid_t pid : gone) tracer_->process_gone(pid);
+    }
     budget_->tick(now);
     if (now >= next_health) {
       // The agent's own CPU over the last seconds steers how much of every process it observes:

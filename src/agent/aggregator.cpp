@@ -135,7 +135,6 @@ void Aggregator::set_process_exit(uint32_t pid, uint64_t ts_ns, int) {
   if (it == processes_.end() || it->second.exited) return;
   it->second.exited = true;
   it->second.cycles.exited(ts_ns, true);
-  exited_.push_back(pid);
 }
 
 void Aggregator::add_library(const store::LibraryRow& lib) {
@@ -365,11 +364,6 @@ std::map<uint32_t, ProbeHits> Aggregator::probe_hits() const {
   for (const auto& [pid, p] : processes_)
     if (!p.exited) out[pid] = p.hits;
   return out;
-}
-
-std::vector<uint32_t> Aggregator::take_exited() {
-  std::lock_guard lock(mu_);
-  return std::exchange(exited_, {});
 }
 
 Labels Aggregator::labels_of(uint32_t pid) const {

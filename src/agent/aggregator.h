@@ -99,8 +99,6 @@ class Aggregator final : public store::EventSink {
   // work on them grows with.
   uint64_t high_rate_calls_seen() const;
   std::map<uint32_t, ProbeHits> probe_hits() const;
-  // Processes that exited, so that the agent lets go of them; each is reported once.
-  std::vector<uint32_t> take_exited();
   // The process's labels (empty if unknown).
   Labels labels_of(uint32_t pid) const;
 
@@ -163,7 +161,6 @@ class Aggregator final : public store::EventSink {
   mutable std::mutex mu_;
   uint64_t high_rate_calls_seen_ = 0;
   std::unordered_map<uint32_t, Process> processes_;
-  std::vector<uint32_t> exited_;
   std::vector<std::string> kernel_names_;  // id - 1 -> label
   std::unordered_map<std::string, int64_t> kernel_ids_;
   struct Module {

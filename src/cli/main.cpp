@@ -186,6 +186,10 @@ int main(int argc, char** argv) {
                 "Benchmarks only: the same probes, running a BPF program that does nothing (records no calls): "
                 "what the traps alone cost the targets")
       ->group("");  // not in --help: it records nothing a user wants
+  rec->add_option("--capture-records", ropts.tracer.pipeline.capture_path,
+                  "Developers only: also write every ring-buffer record, as the pipeline receives it, to this file "
+                  "(the pipeline's tests replay such captures)")
+      ->group("");
   rec->add_flag("-q,--quiet", ropts.tracer.quiet, "Print only errors");
   rec->add_flag("-v,--verbose", g_verbose, "Print debugging detail");
   rec->add_option("command", ropts.command, "Command to run under observation (after --)");

@@ -411,10 +411,10 @@ int Recorder::run() {
   tracer_->report_stack_walks();
   const uint64_t end_ns = monotonic_ns();
   writer_->set_meta("end_ns", std::to_string(end_ns));
-  writer_->set_meta("python_stack_generations", std::to_string(tracer_->stats().python_stack_generations));
-  if (const auto st = tracer_->stats(); st.handoffs)
+  writer_->set_meta("python_stack_generations", std::to_string(tracer_->stats().stacks.python_stack_generations));
+  if (const auto st = tracer_->stats().stacks; st.handoffs)
     writer_->set_meta("handoffs", fmt::format("{} calls; {} calls and samples stored below one", st.handoffs, st.stitched));
-  if (const auto st = tracer_->stats(); st.copy_holes_read || st.copy_holes_zeroed)
+  if (const auto st = tracer_->stats().stacks; st.copy_holes_read || st.copy_holes_zeroed)
     writer_->set_meta("stack_copy_holes",
                       fmt::format("{} pieces of stack copies not mapped at the probe: {} read from the live stack, {} "
                                   "taken as zeros (the process was gone)",

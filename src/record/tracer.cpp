@@ -37,19 +37,11 @@ class Tracer::ControlQueue {
     execs_.push_back(pid);
     wake();
   }
-  void push_exit(pid_t pid) {
+  // wake: now (the agent lets go of an exited process at once); otherwise at the next wake-up.
+  void push_exit(pid_t pid, uint64_t ts_ns, bool wake_now) {
     std::lock_guard lock(mu_);
-    exits_.push_back(pid);
-    wake();
-  }
-  // Exits for the unwind tables: no wake-up (freeing them can wait for the next one).
-  void push_unwind_exit(pid_t pid) {
-    std::lock_guard lock(mu_);
-    unwind_exits_.push_back(pid);
-  }
-  std::vector<pid_t> take_unwind_exits() {
-    std::lock_guard lock(mu_);
-    return std::exchange(unwind_exits_, {});
+    exits_.emplace_back(pid, ts_ns);
+    if (wake_now) wake();
   }
   void take(std::vector<gs_libload_record>& libloads, std::vector<pid_t>& execs) {
     uint64_t v;
@@ -58,7 +50,7 @@ class Tracer::ControlQueue {
     libloads.swap(libloads_);
     execs.swap(execs_);
   }
-  std::vector<pid_t> take_exits() {
+  std::vector<std::pair<pid_t, uint64_t>> take_exits() {
     std::lock_guard lock(mu_);
     return std::exchange(exits_, {});
   }
@@ -72,7 +64,8 @@ class Tracer::ControlQueue {
   int fd_;
   std::mutex mu_;
   std::vector<gs_libload_record> libloads_;
-  std::vector<pid_t> execs_, exits_, unwind_exits_;
+  std::vector<pid_t> execs_;
+  std::vector<std::pair<pid_t, uint64_t>> exits_;
 };
 
 void StoppedProcesses::resume(pid_t pid) {
@@ -155,31 +148,25 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   PipelineConfig pcfg = opts_.pipeline;
   pcfg.complete_history = opts_.whole_history;
   if (!cfg.stack_generations) pcfg.recycle_stacks_at = 0;
-  pipeline_ = std::make_unique<Pipeline>(sink_, *bpf_, maps_, pcfg);
+  stack_maps_ = std::make_unique<BpfStackMaps>(*bpf_);
+  pipeline_ = std::make_unique<Pipeline>(sink_, *stack_maps_, [b = bpf_.get()] { return b->lost(); }, maps_, pcfg);
   if (bpf_->unwind_tables_enabled()) {
     unwind_ = std::make_unique<UnwindTables>(*bpf_, opts_.unwind_cache_dir, [q = control_.get()] { q->wake(); });
     // A copy's frames name every file its walk would need at once, where the walk stops at the
     // first: all of their tables are made in one round.
-    pipeline_->on_copy_unwound(
+    pipeline_->stacks().on_copy_unwound(
         [u = unwind_.get()](uint32_t pid, const std::vector<uint64_t>& ips) { u->note_frames(pid, ips); });
+    lifetime_.on_exit([u = unwind_.get()](uint32_t pid, uint64_t) { u->forget(static_cast<pid_t>(pid)); });
   }
-  bpf_->set_handler([this](const void* data, size_t size) {
-    uint16_t kind;
-    std::memcpy(&kind, data, sizeof(kind));
-    if (kind == GS_REC_LIBLOAD && size >= sizeof(gs_libload_record)) {
-      control_->push_libload(*static_cast<const gs_libload_record*>(data));
-      return;
-    }
-    // A new program is looked at now (static CUDA runtime, Python interpreter), not when the
-    // pipeline gets to it: it may lag behind by more than the program takes to start.
-    if (kind == GS_REC_EXEC && size >= sizeof(gs_proc_record))
-      control_->push_exec(static_cast<pid_t>(static_cast<const gs_proc_record*>(data)->pid));
-    if (kind == GS_REC_EXIT && opts_.all && size >= sizeof(gs_proc_record))
-      control_->push_exit(static_cast<pid_t>(static_cast<const gs_proc_record*>(data)->pid));
-    if (kind == GS_REC_EXIT && unwind_ && size >= sizeof(gs_proc_record))
-      control_->push_unwind_exit(static_cast<pid_t>(static_cast<const gs_proc_record*>(data)->pid));
-    pipeline_->push(data, size);
+  lifetime_.on_exit([this](uint32_t pid, uint64_t) { forget_process(static_cast<pid_t>(pid)); });
+  // Records the pipeline routes to the control loop (Pipeline's kRoutes), from the ring-buffer thread.
+  pipeline_->on_control_record([this](uint16_t kind, const void* data) {
+    if (kind == GS_REC_LIBLOAD) control_->push_libload(*static_cast<const gs_libload_record*>(data));
+    const auto* proc = static_cast<const gs_proc_record*>(data);
+    if (kind == GS_REC_EXEC) control_->push_exec(static_cast<pid_t>(proc->pid));
+    if (kind == GS_REC_EXIT) control_->push_exit(static_cast<pid_t>(proc->pid), proc->ts_ns, opts_.all);
   });
+  bpf_->set_handler([p = pipeline_.get()](const void* data, size_t size) { p->push(data, size); });
 }
 
 Tracer::~Tracer() {
@@ -219,7 +206,7 @@ void Tracer::wait_for_stack_walker() {
   bpf_->wait_for_walker(10'000'000'000);
 }
 
-std::vector<pid_t> Tracer::take_exited() { return control_->take_exits(); }
+void Tracer::process_gone(pid_t pid) { lifetime_.exited(static_cast<uint32_t>(pid), 0); }
 
 void Tracer::add_target(pid_t pid) { bpf_->add_target(pid); }
 
@@ -277,7 +264,7 @@ void Tracer::attach_handoffs(pid_t pid, const std::string& open_path, const std:
     if (!cuda::may_define(h, shown)) continue;
     std::vector<std::string> prefixes{std::string(h.caller)};
     for (auto w : h.workers) prefixes.emplace_back(w);
-    std::vector<Pipeline::WorkerRange> workers;
+    std::vector<StackResolver::WorkerRange> workers;
     std::vector<uint64_t> callers;
     const uint64_t t0 = monotonic_ns();
     try {
@@ -292,7 +279,7 @@ void Tracer::attach_handoffs(pid_t pid, const std::string& open_path, const std:
         continue;
       }
       // The workers first: the pipeline knows them before any handoff comes.
-      pipeline_->add_handoff_workers(elf::read_build_id(open_path), shown, std::move(workers));
+      pipeline_->stacks().add_handoff_workers(elf::read_build_id(open_path), shown, std::move(workers));
       for (uint64_t off : callers) bpf_->attach_entry_probe(open_path, off, h.id);
     } catch (const std::exception& e) {
       log_warn("cannot probe {} in {} (PID {}): {}; its threads' stacks stay unstitched", h.label, shown, pid, e.what());
@@ -331,7 +318,7 @@ void Tracer::find_python(pid_t pid) {
     log_warn("too many Python processes: PID {}'s stacks stay native", pid);
     return;
   }
-  pipeline_->add_python_process(pid, *py);
+  pipeline_->stacks().add_python_process(pid, *py);
   if (python_versions_said_.insert(version).second && !opts_.quiet)
     log_info("PID {} runs Python {} ({}): its stacks show Python functions and lines", pid, version, b.path);
   else
@@ -404,6 +391,7 @@ void Tracer::handle_control() {
 
 void Tracer::tick(bool control_readable) {
   if (control_readable) handle_control();
+  for (auto [pid, ts_ns] : control_->take_exits()) lifetime_.exited(static_cast<uint32_t>(pid), ts_ns);
   update_unwind_tables();
   adjust_stack_rates();
   drop_redundant_runtime_probes();
@@ -411,7 +399,6 @@ void Tracer::tick(bool control_readable) {
 
 void Tracer::update_unwind_tables() {
   if (!unwind_) return;
-  for (pid_t pid : control_->take_unwind_exits()) unwind_->forget(pid);
   unwind_->update_wanted();
 }
 

@@ -21,6 +21,8 @@
 #include "discover/python.h"
 #include "gpu/nvml.h"
 #include "record/pipeline.h"
+#include "record/process_lifetime.h"
+#include "record/stack_maps.h"
 #include "record/stack_budget.h"
 #include "record/unwind_tables.h"
 #include "store/sink.h"
@@ -129,10 +131,11 @@ class Tracer {
   // stack_budget_result, stack_every_max).
   void report_stack_budget();
   int libraries_attached() const { return libraries_attached_; }
-  // Processes that exited since the last call (when tracing every process; from exit records).
-  std::vector<pid_t> take_exited();
-  // Lets go of a process that exited: its per-process probes and state.
-  void forget_process(pid_t pid);
+  // Processes' exits as the control loop learns of them (from their records, in tick(), or from
+  // process_gone): subscribe to let go of what is kept per process on the control thread.
+  ProcessLifetime& lifetime() { return lifetime_; }
+  // A process found gone by a sweep of /proc (its exit record was lost): as if its record came.
+  void process_gone(pid_t pid);
   // Processes with at least one probed CUDA library.
   const std::set<pid_t>& cuda_processes() const { return cuda_processes_; }
   // With only_cuda_processes: called (on the control thread) when a process's first CUDA
@@ -142,6 +145,8 @@ class Tracer {
   std::function<void(pid_t, bool at_load)> on_cuda_process;
 
  private:
+  // Lets go of a process that exited: its per-process probes and state.
+  void forget_process(pid_t pid);
   // tick's chores. Answers the BPF walker's requests for tables (a process walking through code
   // its tables lack, such as a library mapped after they were made) and lets go of exited
   // processes' tables.
@@ -167,7 +172,9 @@ class Tracer {
   store::EventSink& sink_;
   std::unique_ptr<attach::BpfSession> bpf_;
   symbolize::ProcessMaps maps_;
+  std::unique_ptr<StackMaps> stack_maps_;
   std::unique_ptr<Pipeline> pipeline_;
+  ProcessLifetime lifetime_;  // the control thread's
   std::unique_ptr<StackBudget> stack_budget_;
   uint64_t stack_budget_checked_ns_ = 0;
   uint64_t stack_rates_refused_ = 0;  // N not set: the process's slot was another's

@@ -1,5 +1,5 @@
 // Text of the report's sections: numbers, sizes and times as people read them, and aligned tables.
-// Shared by report.cpp and the sections that live in files of their own (gpu_time.cpp).
+// Shared by the sections (sections/), each in a file of its own.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -16,7 +16,7 @@ struct Options {
 };
 
 // The whole report: sections summary, kernels, copies, memory, leaks, allocation_sites, errors, sync,
-// cpu (null without CPU samples), gpus (NVML), gpu_time (null without GPU times; gpu_time.h), lost.
+// cpu (null without CPU samples), gpus (NVML), gpu_time (null without GPU times; sections/gpu_time.h), lost.
 // Times are nanoseconds; instants (`*_at_ns`, `t_ns`) count from the start of the recording.
 // Reads the calls table a few times in aggregate, never whole; symbolises only stacks it shows.
 nlohmann::json build_report(store::RecordReader& rec, symbolize::Symbolizer& sym, const Options& opt);

@@ -9,8 +9,8 @@
 #include <filesystem>
 
 #include "cuda/functions.h"
-#include "report/gpu_time.h"
 #include "report/report.h"
+#include "report/sections/gpu_time.h"
 #include "store/record_writer.h"
 
 using namespace gpuscope;

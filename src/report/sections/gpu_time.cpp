@@ -1,4 +1,4 @@
-#include "report/gpu_time.h"
+#include "report/sections/gpu_time.h"
 
 #include <fmt/format.h>
 

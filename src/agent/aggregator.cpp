@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "cuda/functions.h"
 #include "discover/proc.h"
+#include "report/frame_names.h"
 #include "report/stored_stacks.h"
 #include "elf/elf_file.h"
 
@@ -254,9 +255,7 @@ int64_t Aggregator::intern_module(const std::string& path, const std::string& bu
     if (modules_[i].path == path && modules_[i].build_id == build_id) return int64_t(i + 1);
   modules_.push_back({path, build_id});
   const int64_t id = int64_t(modules_.size());
-  if (path == "[kernel]") kernel_module_ = id;
   if (path == "[python]") python_module_ = id;
-  if (path == "[truncated]") truncated_module_ = id;
   return id;
 }
 
@@ -276,11 +275,12 @@ int64_t Aggregator::intern_stack(const std::vector<store::StoredFrame>& frames) 
 
 int64_t Aggregator::intern_python_frame(const std::string& function, const std::string& file, int line) {
   std::lock_guard lock(mu_);
-  std::string text = fmt::format("{} ({}:{})", function, report::short_python_path(file), line);
+  report::PythonFrameRow row{function, file, line};
+  std::string text = row.text();
   auto it = python_ids_.find(text);
   if (it != python_ids_.end()) return it->second;
   const int64_t id = next_python_id_++;
-  python_frames_.emplace(id, PythonFrame{text, file, line});
+  python_frames_.emplace(id, std::move(row));
   return python_ids_[std::move(text)] = id;
 }
 
@@ -550,26 +550,33 @@ std::vector<Aggregator::PendingFrame> Aggregator::pending_frames(uint32_t pid, i
   if (stack == stacks_.end()) return out;
   const auto& frames = stack->second;
   for (auto f = frames.rbegin(); f != frames.rend(); ++f) {  // outermost first
-    PendingFrame p;
-    if (f->module_id == 0 || size_t(f->module_id) > modules_.size()) {
-      p.name = fmt::format("{:#x}", f->ip);
-    } else if (f->module_id == python_module_) {
-      const auto py = python_frames_.find(int64_t(f->offset));
-      p.name = py == python_frames_.end() ? "[python frame]" : py->second.text;
-      if (py != python_frames_.end()) {
-        p.python_file = py->second.file;
-        p.python_line = py->second.line;
-      }
-    } else if (auto sym = symbols_.find({f->module_id, f->offset}); sym != symbols_.end()) {
-      p.name = sym->second + (f->module_id == kernel_module_ ? "_[k]" : "");
-    } else if (f->module_id == kernel_module_) {
-      p.name = fmt::format("{:#x}_[k]", f->ip);
-    } else {
+    // Named as the report names a stored frame (report::classify_frame); native frames are
+    // symbolised after, in one pass per file.
+    report::StoredFrameRow row;
+    row.ip = f->ip;
+    row.offset = f->offset;
+    if (f->module_id > 0 && size_t(f->module_id) <= modules_.size()) {
       const Module& m = modules_[size_t(f->module_id) - 1];
-      p.open_path = discover::path_in_target(static_cast<pid_t>(pid), m.path);
-      p.path = m.path;
-      p.build_id = m.build_id;
-      p.offset = f->offset;
+      row.in_file = true;
+      row.path = m.path;
+      row.build_id = m.build_id;
+      if (auto sym = symbols_.find({f->module_id, f->offset}); sym != symbols_.end()) row.recorded_name = &sym->second;
+      if (f->module_id == python_module_)
+        if (auto py = python_frames_.find(int64_t(f->offset)); py != python_frames_.end()) row.python = &py->second;
+    }
+    const report::NamedFrame named = report::classify_frame(row);
+    PendingFrame p;
+    if (named.kind == report::NamedFrame::Kind::Native) {
+      p.open_path = discover::path_in_target(static_cast<pid_t>(pid), row.path);
+      p.path = row.path;
+      p.build_id = row.build_id;
+      p.offset = row.offset;
+    } else {
+      p.name = report::frame_label(named, true, /*addresses=*/true);
+      if (row.python) {
+        p.python_file = row.python->file;
+        p.python_line = row.python->line;
+      }
     }
     out.push_back(std::move(p));
   }
@@ -641,7 +648,7 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
     auto& known = known_functions_[{path, build_id}];
     // (clang 14, which builds the fuzz targets, cannot capture a structured binding)
     auto name_frame = [&, &shown_path = path](PendingFrame& f, const std::string& name) {
-      f.name = name.empty() ? fmt::format("{}+{:#x}", report::base_name(shown_path), f.offset) : name;
+      f.name = report::native_label(name, shown_path, f.offset);
     };
     std::vector<PendingFrame*> unknown;
     for (auto* f : frames) {

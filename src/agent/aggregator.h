@@ -19,6 +19,7 @@
 #include "agent/observed_cycles.h"
 #include "discover/container.h"
 #include "report/flamegraph.h"
+#include "report/stored_stacks.h"
 #include "store/sink.h"
 
 namespace gpuscope::agent {
@@ -172,12 +173,7 @@ class Aggregator final : public store::EventSink {
   // Ids are never reused, so that one handed out before is simply not found after.
   std::unordered_map<int64_t, std::vector<store::StoredFrame>> stacks_;
   std::unordered_map<std::string, int64_t> stack_ids_;  // frames' bytes -> id
-  struct PythonFrame {
-    std::string text;  // "qualname (file:line)"
-    std::string file;
-    int64_t line = 0;
-  };
-  std::unordered_map<int64_t, PythonFrame> python_frames_;
+  std::unordered_map<int64_t, report::PythonFrameRow> python_frames_;
   std::unordered_map<std::string, int64_t> python_ids_;
   int64_t next_stack_id_ = 1, next_python_id_ = 1;
   std::mutex profile_mu_;  // take_profiles; guards names_cache_
@@ -205,7 +201,7 @@ class Aggregator final : public store::EventSink {
   std::map<std::pair<std::string, std::string>, SymbolPass> last_symbol_pass_;
   std::atomic<uint64_t> deferred_frames_{0};  // named file+offset while their file's pass waited
   std::atomic<uint64_t> stack_epoch_{0};
-  int64_t kernel_module_ = 0, python_module_ = 0, truncated_module_ = 0;
+  int64_t python_module_ = 0;
   std::map<uint32_t, GpuLatest> gpus_;
   std::map<std::pair<uint32_t, uint32_t>, gpu::GpuProcessSample> gpu_processes_;  // (gpu, pid)
   std::map<std::string, uint64_t> lost_;

@@ -26,7 +26,11 @@ std::string NamedFrame::module() const {
   return row && row->in_file && kind == Kind::Native ? base_name(row->path) : std::string();
 }
 
-std::string frame_label(const NamedFrame& f, bool kernel_suffix) {
+std::string native_label(const std::string& function, const std::string& path, uint64_t offset) {
+  return function.empty() ? fmt::format("{}+{:#x}", base_name(path), offset) : function;
+}
+
+std::string frame_label(const NamedFrame& f, bool kernel_suffix, bool addresses) {
   switch (f.kind) {
     case NamedFrame::Kind::Python:
     case NamedFrame::Kind::Marker:
@@ -34,33 +38,45 @@ std::string frame_label(const NamedFrame& f, bool kernel_suffix) {
     case NamedFrame::Kind::Kernel:
       return (f.symbolised() ? f.function : fmt::format("{:#x}", f.row->ip)) + (kernel_suffix ? "_[k]" : "");
     case NamedFrame::Kind::Native:
+      if (addresses) return native_label(f.function, f.row->path, f.row->offset);
       return f.symbolised() ? f.function : f.module();
     case NamedFrame::Kind::Unknown:
+      if (addresses) return fmt::format("{:#x}", f.row->ip);
       break;
   }
   return "[unknown]";
+}
+
+NamedFrame classify_frame(const StoredFrameRow& row) {
+  NamedFrame f;
+  f.row = &row;
+  if (!row.in_file) {
+    f.kind = NamedFrame::Kind::Unknown;
+  } else if (row.python) {
+    f.kind = NamedFrame::Kind::Python;
+    f.function = row.python->text();
+    f.python_library = short_python_path(row.python->file) != row.python->file;
+  } else if (row.kernel()) {
+    f.kind = NamedFrame::Kind::Kernel;
+    if (row.recorded_name) f.function = *row.recorded_name;
+  } else if (row.recorded_name) {
+    f.kind = NamedFrame::Kind::Marker;
+    f.function = *row.recorded_name;
+  } else if (row.path == "[python]") {
+    f.kind = NamedFrame::Kind::Marker;  // its Python frame is not in the record (or no longer held)
+    f.function = "[python frame]";
+  } else {
+    f.kind = NamedFrame::Kind::Native;
+  }
+  return f;
 }
 
 const std::vector<NamedFrame>& FrameNamer::operator()(int64_t stack_id) {
   auto [it, added] = cache_.try_emplace(stack_id);
   if (!added || stack_id == 0) return it->second;
   for (const auto& row : stored_(stack_id)) {
-    NamedFrame f;
-    f.row = &row;
-    if (!row.in_file) {
-      f.kind = NamedFrame::Kind::Unknown;
-    } else if (row.python) {
-      f.kind = NamedFrame::Kind::Python;
-      f.function = row.python->text();
-      f.python_library = short_python_path(row.python->file) != row.python->file;
-    } else if (row.kernel()) {
-      f.kind = NamedFrame::Kind::Kernel;
-      if (row.recorded_name) f.function = *row.recorded_name;
-    } else if (row.recorded_name) {
-      f.kind = NamedFrame::Kind::Marker;
-      f.function = *row.recorded_name;
-    } else {
-      f.kind = NamedFrame::Kind::Native;
+    NamedFrame f = classify_frame(row);
+    if (f.kind == NamedFrame::Kind::Native) {
       // Frames above the innermost are return addresses: their line is the call's.
       auto s = sym_.resolve(row.path, row.build_id, row.offset, with_source_, row.depth > 0);
       f.function = std::move(s.function);

@@ -45,10 +45,19 @@ struct NamedFrame {
   std::string module() const;
 };
 
+// A stored frame's kind and the names the record already holds (Python frames, kernel functions,
+// the recorder's markers). A native frame's function is left empty, for a symbolizer to fill:
+// FrameNamer's, or the agent's passes over each file's symbols.
+NamedFrame classify_frame(const StoredFrameRow& row);
+
 // A frame's name in a flame graph or a short stack: the function; for an unsymbolised native
 // frame its library's name (a run of them is one box: stack_view groups them); "[unknown]" for an
-// address in no file; kernel frames end in "_[k]" with kernel_suffix.
-std::string frame_label(const NamedFrame& f, bool kernel_suffix = true);
+// address in no file; kernel frames end in "_[k]" with kernel_suffix. With `addresses` (the
+// agent's live profiles, merged by name across windows), an unsymbolised frame keeps its place:
+// "libfoo.so+0x1a2b" (native_label), and one in no file its address.
+std::string frame_label(const NamedFrame& f, bool kernel_suffix = true, bool addresses = false);
+// A native frame as the agent names it: its function, or without one its file and offset.
+std::string native_label(const std::string& function, const std::string& path, uint64_t offset);
 
 class FrameNamer {
  public:

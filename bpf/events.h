@@ -44,6 +44,7 @@ enum gs_record_kind {
 	/* 10: once a user stack its stack map could not take; user stacks are walked in BPF now */
 	GS_REC_NATIVE_STACK = 11, /* a user stack walked in BPF (frame pointers or .eh_frame tables),
 	                           * sent once per process ahead of the first record naming it */
+	GS_REC_THREAD_TIME = 12,  /* how a target thread spent a window of time (host_events.h) */
 };
 
 /* The BPF cookie of each uprobe, set by user space at attach time:
@@ -543,5 +544,8 @@ GS_ASSERT_AT(struct gs_call_record_long, r, 0);
 /* Variable-length records are cut after their last used entry: the array comes last. */
 GS_ASSERT_AT(struct gs_py_stack_record, frames, 24);
 GS_ASSERT_AT(struct gs_native_stack_record, ips, 24);
+
+/* Each feature's records beside its part: host telemetry (host.bpf.c). */
+#include "host_events.h"
 
 #endif

@@ -18,6 +18,7 @@
 #include "python.bpf.c"
 #include "calls.bpf.c"
 #include "procs.bpf.c"
+#include "host.bpf.c"
 #include "samples.bpf.c"
 #include "libload.bpf.c"
 

@@ -82,6 +82,9 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
     bpf_map__set_max_entries(skel_->maps.unwind_files_wanted, 1);
   }
   skel_->rodata->wakeup_bytes = cfg.wakeup_bytes;
+  skel_->rodata->host_telemetry = cfg.host_telemetry;
+  // Off: not even loaded (nothing runs at each context switch).
+  for (bpf_program* p : host_programs()) bpf_program__set_autoload(p, cfg.host_telemetry);
   skel_->rodata->self_tgid = static_cast<uint32_t>(getpid());
   bpf_map__set_max_entries(skel_->maps.events, round_up_pow2(cfg.ringbuf_bytes));
   stack_map_entries_ = std::max<uint32_t>(cfg.stack_map_entries, 1);
@@ -118,11 +121,27 @@ BpfSession::BpfSession(const SessionConfig& cfg)
   libbpf_set_print(libbpf_print);
   // Kernels before 6.6 refuse uprobe-multi programs: fall back to one perf link per probe.
   libbpf_set_print(nullptr);
+  // A first try with host telemetry is quiet: where its programs are refused, the load without
+  // them says what else is wrong.
+  auto load = [&](const SessionConfig& c) {
+    try {
+      open_and_load(c, true);
+    } catch (const Error&) {
+      if (!c.host_telemetry) libbpf_set_print(libbpf_print);
+      open_and_load(c, false);
+    }
+  };
+  SessionConfig effective = cfg;
   try {
-    open_and_load(cfg, true);
+    load(effective);
   } catch (const Error&) {
-    libbpf_set_print(libbpf_print);
-    open_and_load(cfg, false);
+    if (!cfg.host_telemetry) throw;
+    // A kernel without BTF tracepoints (or task storage) refuses the host telemetry part: go on without.
+    effective.host_telemetry = false;
+    libbpf_set_print(nullptr);
+    load(effective);
+    log_warn("host telemetry is off: this kernel refused its programs (tp_btf and task storage need Linux 5.11+ "
+             "with BTF); `diagnose` will have only the CUDA calls to go on");
   }
   libbpf_set_print(libbpf_print);
   loaded_ns_ = monotonic_ns();
@@ -139,6 +158,21 @@ BpfSession::BpfSession(const SessionConfig& cfg)
       throw Error("cannot attach tracepoint program '{}' ({}); is tracefs available?", bpf_program__name(prog),
                   strerror(errno));
     (prog == skel_->progs.on_close ? close_link_ : links_.emplace_back()).reset(link);
+  }
+  if (effective.host_telemetry) {
+    host_telemetry_ = true;
+    const size_t first = links_.size();
+    for (bpf_program* prog : host_programs()) {
+      bpf_link* link = bpf_program__attach(prog);
+      if (!link) {
+        log_warn("host telemetry is off: its program '{}' could not be attached ({})", bpf_program__name(prog),
+                 strerror(errno));
+        links_.resize(first);
+        host_telemetry_ = false;
+        break;
+      }
+      links_.emplace_back().reset(link);
+    }
   }
 
   ring_.reset(ring_buffer__new(bpf_map__fd(skel_->maps.events), &BpfSession::on_record, this, nullptr));
@@ -327,11 +361,30 @@ void BpfSession::add_target(pid_t pid) {
   // After the hash: a slot may only name a target. It takes the slot from any other target
   // there, which is then found in the hash.
   __atomic_store_n(&skel_->bss->target_slots[key & (GS_TARGET_SLOTS - 1)], key, __ATOMIC_SEQ_CST);
+  set_host_pid(pid, true);
+}
+
+void BpfSession::add_host_process(pid_t pid) { set_host_pid(pid, true); }
+
+void BpfSession::set_host_pid(pid_t pid, bool on) {
+  const uint32_t p = static_cast<uint32_t>(pid);
+  if (!host_telemetry_ || p >= GS_HOST_PIDS) return;
+  auto* word = const_cast<uint64_t*>(reinterpret_cast<volatile uint64_t*>(&skel_->bss->host_pids[p / 64]));
+  if (on)
+    __atomic_fetch_or(word, uint64_t(1) << (p % 64), __ATOMIC_SEQ_CST);
+  else
+    __atomic_fetch_and(word, ~(uint64_t(1) << (p % 64)), __ATOMIC_SEQ_CST);
+}
+
+std::vector<bpf_program*> BpfSession::host_programs() const {
+  return {skel_->progs.host_switch, skel_->progs.host_waking, skel_->progs.host_fault, skel_->progs.host_fork,
+          skel_->progs.host_exit};
 }
 
 void BpfSession::remove_target(pid_t pid) {
   uint32_t key = static_cast<uint32_t>(pid);
   uint32_t expected = key;
+  set_host_pid(pid, false);
   __atomic_compare_exchange_n(&skel_->bss->target_slots[key & (GS_TARGET_SLOTS - 1)], &expected, 0u, false,
                               __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   bpf_map__delete_elem(skel_->maps.targets, &key, sizeof(key), 0);

@@ -73,6 +73,10 @@ struct SessionConfig {
   // Benchmarks: every CUDA probe (entry and return) runs a program that does nothing, so that
   // a run measures the traps alone, on exactly the functions the real probes would take.
   bool floor_probes = false;
+  // Host telemetry (bpf/host.bpf.c): where each target thread's time goes, from the scheduler's
+  // tracepoints. With filter_targets off, only the processes given to add_host_process (and
+  // their children) are followed.
+  bool host_telemetry = false;
 };
 
 struct AttachResult {
@@ -109,6 +113,9 @@ class BpfSession {
 
   void add_target(pid_t pid);
   void remove_target(pid_t pid);
+  // Host telemetry with filter_targets off: the process (and its children from now on) is followed.
+  void add_host_process(pid_t pid);
+  bool host_telemetry() const { return host_telemetry_; }
   // The process runs CPython: where its runtime state is and how that version lays it out.
   // Forked children inherit it on the BPF side; exec and exit remove it. False if the map is full.
   bool set_python_process(pid_t pid, const gs_py_process& proc);
@@ -254,6 +261,9 @@ class BpfSession {
 
   std::unique_ptr<gpuscope_bpf, SkelDeleter> skel_;
   std::unique_ptr<ring_buffer, RingDeleter> ring_;
+  std::vector<bpf_program*> host_programs() const;
+  void set_host_pid(pid_t pid, bool on);
+  bool host_telemetry_ = false;
   std::vector<std::unique_ptr<bpf_link, LinkDeleter>> links_;
   std::unique_ptr<bpf_link, LinkDeleter> close_link_;
   // One uprobe-multi link (kernel 6.6+) per program and file: attaching and detaching a whole

@@ -175,6 +175,10 @@ int main(int argc, char** argv) {
                   "training step on the H100 and 0.96% of an eager loop of tiny ops (docs/performance.md)")
       ->capture_default_str()
       ->excludes(every_opt);
+  rec->add_flag("!--no-host-telemetry", ropts.tracer.host_telemetry,
+                "Do not record where the targets' threads spend their time (on a CPU, waiting for one, blocked "
+                "on I/O, locks, pipes or sockets): the evidence `diagnose` works from; costs every context switch "
+                "on the host a lookup");
   rec->add_flag("--bpf-stats", ropts.tracer.bpf_stats,
                  "Record each BPF program's run count and run time (costs two clock reads per probe hit)");
   rec->add_option("--ringbuf-mb", ropts.tracer.ringbuf_mb, "Kernel ring buffer size in MiB")->capture_default_str();

@@ -55,6 +55,7 @@ const Pipeline::Route* Pipeline::route_of(uint16_t kind) {
       {GS_REC_PY_STACK, 0, false, &Pipeline::on_python_stack},  // sized by PythonFrames::on_stack
       {GS_REC_PY_CODE, sizeof(gs_py_code_record), false, &Pipeline::on_python_code},
       {GS_REC_NATIVE_STACK, kNativeStackHeader, false, &Pipeline::on_native_stack},
+      {GS_REC_THREAD_TIME, sizeof(gs_thread_time_record), false, &Pipeline::on_thread_time},
   };
   for (const auto& r : kRoutes)
     if (r.kind == kind) return &r;
@@ -181,8 +182,8 @@ void Pipeline::stop() {
 }
 
 PipelineStats Pipeline::stats() const {
-  return PipelineStats{records_.load(), calls_.load(),   launches_.load(),
-                       samples_.load(), dropped_.load(), stacks_.stats()};
+  return PipelineStats{records_.load(), calls_.load(),   launches_.load(),      samples_.load(),
+                       dropped_.load(), stacks_.stats(), thread_times_.load()};
 }
 
 void Pipeline::capture(uint32_t type, const void* data, size_t size) {
@@ -361,6 +362,42 @@ void Pipeline::on_sample(const uint8_t* data, size_t size) {
   sink_.add_sample(rec.ts_ns, rec.pid, rec.tid, rec.cpu, st.user, st.kernel);
   ++samples_;
   ++calls_since_commit_;
+}
+
+void Pipeline::on_thread_time(const uint8_t* data, size_t) {
+  gs_thread_time_record r;
+  std::memcpy(&r, data, sizeof(r));
+  auto text = [](const char* s) { return std::string(s, strnlen(s, GS_COMM_LEN)); };
+  // Threads that make no CUDA call (a DataLoader worker) are named here.
+  note_process(r.pid, r.start_ns);
+  note_thread(r.tid, r.pid, text(r.comm));
+  store::ThreadTimeRow row;
+  row.pid = r.pid;
+  row.tid = r.tid;
+  row.start_ns = r.start_ns;
+  row.end_ns = r.end_ns;
+  row.on_cpu_ns = r.ns[GS_TS_ON_CPU];
+  row.runnable_ns = r.ns[GS_TS_RUNNABLE];
+  row.io_ns = r.ns[GS_TS_BLOCKED_IO];
+  row.lock_ns = r.ns[GS_TS_BLOCKED_LOCK];
+  row.fd_ns = r.ns[GS_TS_BLOCKED_FD];
+  row.sleep_ns = r.ns[GS_TS_BLOCKED_SLEEP];
+  row.other_ns = r.ns[GS_TS_BLOCKED_OTHER];
+  row.waited_ns = r.waited_ns;
+  row.waited_for_tid = r.waited_for_tid;
+  row.waited_for_pid = r.waited_for_pid;
+  row.waited_for_comm = text(r.waited_for_comm);
+  row.blocked_ns = r.blocked_ns;
+  row.waker_tid = r.waker_tid;
+  row.waker_pid = r.waker_pid;
+  row.waker_comm = text(r.waker_comm);
+  row.switches = r.switches;
+  row.preempted = r.preempted;
+  row.faults = r.faults;
+  static constexpr const char* kStates[GS_TS_NR] = {"on_cpu", "runnable", "io", "lock", "fd", "sleep", "other"};
+  row.state = (r.flags & GS_TT_EXITED) ? "exited" : r.state < GS_TS_NR ? kStates[r.state] : "other";
+  sink_.add_thread_time(row);
+  ++thread_times_;
 }
 
 void Pipeline::on_exit(const uint8_t* data, size_t) {

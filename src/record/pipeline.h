@@ -63,6 +63,7 @@ struct PipelineStats {
   uint64_t samples = 0;
   uint64_t queue_dropped_records = 0;
   StackStats stacks;
+  uint64_t thread_times = 0;  // host telemetry's windows
 };
 
 class Pipeline {
@@ -113,6 +114,7 @@ class Pipeline {
   void on_native_stack(const uint8_t* data, size_t size);
   void on_fork(const uint8_t* data, size_t size);
   void on_sample(const uint8_t* data, size_t size);
+  void on_thread_time(const uint8_t* data, size_t size);
   void on_exit(const uint8_t* data, size_t size);
   void on_exec(const uint8_t* data, size_t size);
   struct Route;
@@ -168,7 +170,7 @@ class Pipeline {
   uint64_t calls_since_commit_ = 0;
   uint64_t last_commit_ns_ = 0;
 
-  std::atomic<uint64_t> records_{0}, calls_{0}, launches_{0}, samples_{0}, dropped_{0};
+  std::atomic<uint64_t> records_{0}, calls_{0}, launches_{0}, samples_{0}, dropped_{0}, thread_times_{0};
 };
 
 // Replays a file written with PipelineConfig::capture_path into a pipeline not started: every

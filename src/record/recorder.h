@@ -22,6 +22,7 @@ inline TracerOptions record_tracer_defaults() {
   t.unwind_cache_dir = "/var/cache/gpuscope/unwind-tables";  // "": compile every time
   t.stack_map_entries = 32768;
   t.gpu_sample_hz = kDefaultGpuSampleHz;
+  t.host_telemetry = true;
   return t;
 }
 

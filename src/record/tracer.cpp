@@ -125,7 +125,9 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   cfg.stack_map_entries = opts_.cpu_profile_hz > 0 ? opts_.stack_map_entries : 0;
   cfg.stack_generations = opts_.cpu_profile_hz > 0 && opts_.pipeline.recycle_stacks_at > 0;
   cfg.wakeup_bytes = cfg.ringbuf_bytes / 4;
+  cfg.host_telemetry = opts_.host_telemetry;
   bpf_ = std::make_unique<attach::BpfSession>(cfg);
+  sink_.set_meta("host_telemetry", bpf_->host_telemetry() ? "1" : "0");
   // Processes are stopped at their CUDA library's load only with a guardian to continue them if
   // gpuscope dies holding one.
   try {
@@ -219,6 +221,7 @@ void Tracer::forget_process(pid_t pid) {
 void Tracer::attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns,
                             bool at_load) {
   auto res = bpf_->attach_file(open_path);
+  if (res.error.empty() && opts_.all && !cuda_processes_.contains(pid)) bpf_->add_host_process(pid);
   if (res.error.empty() && cuda_processes_.insert(pid).second && opts_.only_cuda_processes) {
     bpf_->add_target(pid);  // sampled from now on
     if (on_cuda_process) on_cuda_process(pid, at_load);

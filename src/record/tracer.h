@@ -65,6 +65,8 @@ struct TracerOptions {
   // can be switched on and off (the agent's overhead budget); low-rate ones stay on for all.
   bool high_rate_per_process = false;
   int cpu_profile_hz = 0;  // 0: no CPU sampling
+  // Where each target thread's time goes (bpf/host.bpf.c): the evidence `diagnose` works from.
+  bool host_telemetry = false;
   uint32_t ringbuf_mb = 64;
   // How long the ring buffer's reader sleeps when no one wakes it: the BPF side wakes it once
   // the buffer holds a share of its size (submit_flags), so this bounds only how late a

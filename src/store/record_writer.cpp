@@ -171,6 +171,11 @@ void RecordWriter::prepare_statements() {
       "ON CONFLICT(key) DO UPDATE SET value=excluded.value");
   insert_sample_ = db_.prepare("INSERT INTO samples(ts_ns, pid, tid, cpu, stack_id, kernel_stack_id) "
       "VALUES(?1,?2,?3,?4,?5,?6)");
+  insert_thread_time_ = db_.prepare(
+      "INSERT INTO thread_times(pid, tid, start_ns, end_ns, on_cpu_ns, runnable_ns, io_ns, lock_ns, fd_ns, sleep_ns, "
+      "other_ns, waited_ns, waited_for_tid, waited_for_pid, waited_for_comm, blocked_ns, waker_tid, waker_pid, "
+      "waker_comm, switches, preempted, faults, state) "
+      "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23)");
   insert_symbol_ = db_.prepare("INSERT OR IGNORE INTO symbols(module_id, offset, name) VALUES(?1,?2,?3)");
   insert_python_frame_ = db_.prepare("INSERT INTO python_frames(id, function, file, line) VALUES(?1,?2,?3,?4)");
   insert_gpu_ = db_.prepare("INSERT OR REPLACE INTO gpus(idx, uuid, name, memory_total, power_limit_mw) "
@@ -327,6 +332,23 @@ void RecordWriter::add_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, uint32
     if (stack_id) insert_sample_.bind(5, stack_id);
     if (kernel_stack_id) insert_sample_.bind(6, kernel_stack_id);
     insert_sample_.run();
+  });
+}
+
+void RecordWriter::add_thread_time(const ThreadTimeRow& r) {
+  filling_.ops.push_back([r, this] {
+    auto& q = insert_thread_time_;
+    q.bind(1, int64_t(r.pid)).bind(2, int64_t(r.tid)).bind(3, int64_t(r.start_ns)).bind(4, int64_t(r.end_ns));
+    q.bind(5, int64_t(r.on_cpu_ns)).bind(6, int64_t(r.runnable_ns)).bind(7, int64_t(r.io_ns)).bind(8, int64_t(r.lock_ns));
+    q.bind(9, int64_t(r.fd_ns)).bind(10, int64_t(r.sleep_ns)).bind(11, int64_t(r.other_ns));
+    q.bind(12, int64_t(r.waited_ns));
+    if (r.waited_ns) {
+      q.bind(13, int64_t(r.waited_for_tid)).bind(14, int64_t(r.waited_for_pid)).bind(15, r.waited_for_comm);
+    }
+    q.bind(16, int64_t(r.blocked_ns));
+    if (r.blocked_ns) q.bind(17, int64_t(r.waker_tid)).bind(18, int64_t(r.waker_pid)).bind(19, r.waker_comm);
+    q.bind(20, int64_t(r.switches)).bind(21, int64_t(r.preempted)).bind(22, int64_t(r.faults)).bind(23, r.state);
+    q.run();
   });
 }
 

@@ -42,6 +42,12 @@ CREATE TABLE gpu_samples(ts_ns INTEGER NOT NULL, gpu INTEGER NOT NULL, gpu_util 
 CREATE TABLE gpu_process_samples(ts_ns INTEGER NOT NULL, gpu INTEGER NOT NULL, pid INTEGER NOT NULL, sm_util INTEGER,
                                  mem_util INTEGER, used_memory INTEGER);
 CREATE TABLE gpu_events(ts_ns INTEGER NOT NULL, gpu INTEGER NOT NULL, kind TEXT NOT NULL, value INTEGER);
+CREATE TABLE thread_times(pid INTEGER NOT NULL, tid INTEGER NOT NULL, start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL,
+                          on_cpu_ns INTEGER, runnable_ns INTEGER, io_ns INTEGER, lock_ns INTEGER, fd_ns INTEGER,
+                          sleep_ns INTEGER, other_ns INTEGER, waited_ns INTEGER, waited_for_tid INTEGER,
+                          waited_for_pid INTEGER, waited_for_comm TEXT, blocked_ns INTEGER, waker_tid INTEGER,
+                          waker_pid INTEGER, waker_comm TEXT, switches INTEGER, preempted INTEGER, faults INTEGER,
+                          state TEXT);
 CREATE TABLE gpu_activities(id INTEGER PRIMARY KEY, pid INTEGER NOT NULL, kind TEXT NOT NULL, gpu INTEGER, stream INTEGER,
                             start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, bytes INTEGER, copy_kind INTEGER,
                             name TEXT, call_id INTEGER, grid_x INTEGER, grid_y INTEGER, grid_z INTEGER,
@@ -54,6 +60,7 @@ CREATE INDEX IF NOT EXISTS calls_by_time ON calls(ts_ns);
 CREATE INDEX IF NOT EXISTS calls_by_func ON calls(func);
 CREATE INDEX IF NOT EXISTS calls_by_kernel ON calls(kernel_id);
 CREATE INDEX IF NOT EXISTS samples_by_thread ON samples(tid, ts_ns);
+CREATE INDEX IF NOT EXISTS thread_times_by_thread ON thread_times(tid, start_ns);
 )sql";
 
 }  // namespace gpuscope::store

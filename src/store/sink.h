@@ -18,6 +18,25 @@ struct StoredFrame {
   bool operator==(const StoredFrame&) const = default;
 };
 
+// How a thread spent a window of time (host telemetry, bpf/host_events.h): nanoseconds on a CPU,
+// runnable, and blocked by kind; the longest wait for a CPU and whom it waited behind; the longest
+// blocked stretch and who woke it.
+struct ThreadTimeRow {
+  uint32_t pid = 0, tid = 0;
+  uint64_t start_ns = 0, end_ns = 0;
+  uint64_t on_cpu_ns = 0, runnable_ns = 0, io_ns = 0, lock_ns = 0, fd_ns = 0, sleep_ns = 0, other_ns = 0;
+  uint64_t waited_ns = 0;
+  uint32_t waited_for_tid = 0, waited_for_pid = 0;
+  std::string waited_for_comm;
+  uint64_t blocked_ns = 0;
+  uint32_t waker_tid = 0, waker_pid = 0;
+  std::string waker_comm;
+  uint32_t switches = 0, preempted = 0, faults = 0;
+  // Its state at end_ns, kept until its next window ("on_cpu", "runnable", "io", "lock", "fd",
+  // "sleep", "other"); "exited" in its last window.
+  std::string state;
+};
+
 struct LibraryRow {
   uint32_t pid = 0;
   std::string path;
@@ -51,6 +70,7 @@ class EventSink {
   // A CPU profile sample; stack ids from intern_stack (0: none).
   virtual void add_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, uint32_t cpu, int64_t stack_id,
                           int64_t kernel_stack_id) = 0;
+  virtual void add_thread_time(const ThreadTimeRow&) {}
   // A frame's name known only while tracing (kernel frames, from /proc/kallsyms).
   virtual void add_symbol(int64_t module_id, uint64_t offset, const std::string& name) = 0;
   virtual void set_lost(const std::string& cause, uint64_t count) = 0;

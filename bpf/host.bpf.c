@@ -1,0 +1,263 @@
+// SPDX-License-Identifier: GPL-2.0
+/* Part of gpuscope.bpf.c, which includes every part into one object and one skeleton; not
+ * compiled on its own. Host telemetry: where each target thread's time goes (on a CPU, waiting
+ * for one and behind whom, blocked and on what, woken by whom), summed here per thread and sent
+ * once per window (host_events.h). Every context switch on the host runs this part's programs: for
+ * a task that is not followed they test one bit (host_pids) and return. */
+
+const volatile bool host_telemetry = false;
+
+/* The processes whose threads are followed, a bit per tgid (GS_HOST_PIDS: the kernel's largest
+ * pid_max): one load decides at every context switch, where a hash lookup for each of the two
+ * tasks cost more than the rest of the program. Set by user space for the targets (with
+ * filter_targets off, for the processes that use CUDA), here for their children, cleared at exit. */
+volatile __u64 host_pids[GS_HOST_PIDS / 64];
+
+/* The word of a pid's bit, masked in a register the compiler cannot reason about: it drops a
+ * mask it proves redundant after a bounds check, and the verifier then sees no bound. */
+static __always_inline volatile __u64 *host_word(__u32 pid)
+{
+	__u32 idx = pid / 64;
+	asm volatile("" : "+r"(idx));
+	return &host_pids[idx & (GS_HOST_PIDS / 64 - 1)];
+}
+
+static __always_inline bool host_followed(__u32 tgid)
+{
+	return tgid < GS_HOST_PIDS && (*host_word(tgid) & (1ULL << (tgid % 64)));
+}
+
+struct thread_time {
+	__u64 start_ns;   /* the window's start */
+	__u64 since_ns;   /* when `state` began */
+	__u64 ns[GS_TS_NR];
+	__u64 waited_ns;
+	__u64 blocked_ns;
+	__u32 waited_for_tid, waited_for_pid;
+	__u32 waker_tid, waker_pid;
+	__u32 switches, preempted, faults;
+	__u32 state;
+	__u16 flags;
+	char waited_for_comm[GS_COMM_LEN];
+	char waker_comm[GS_COMM_LEN];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct thread_time);
+} thread_times SEC(".maps");
+
+/* A followed thread's state (NULL for any other task); made when it is first seen, its first
+ * window starting then (its time before is unknown). */
+static __always_inline struct thread_time *thread_time_of(struct task_struct *task)
+{
+	if (!host_followed(task->tgid))
+		return NULL;
+	struct thread_time *t = bpf_task_storage_get(&thread_times, task, 0, 0);
+	if (t)
+		return t;
+	t = bpf_task_storage_get(&thread_times, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (t) {
+		__u64 now = bpf_ktime_get_ns();
+		t->start_ns = now;
+		t->since_ns = now;
+		t->state = GS_TS_ON_CPU;
+		t->flags = GS_TT_JOINED;
+	}
+	return t;
+}
+
+/* A followed thread's state, without making one. */
+static __always_inline struct thread_time *tracked_thread(struct task_struct *task)
+{
+	if (!host_followed(task->tgid))
+		return NULL;
+	return bpf_task_storage_get(&thread_times, task, 0, 0);
+}
+
+static __always_inline void charge(struct thread_time *t, __u64 now)
+{
+	__u32 s = t->state;
+	if (s < GS_TS_NR && now > t->since_ns)
+		t->ns[s] += now - t->since_ns;
+	t->since_ns = now;
+}
+
+/* Sends the window [start_ns, now) once it is long enough (or the thread is gone), and starts the
+ * next. `now` has been charged. */
+static __always_inline void send_window(struct thread_time *t, struct task_struct *task, __u64 now, bool exited)
+{
+	if (!exited && now - t->start_ns < GS_THREAD_WINDOW_NS)
+		return;
+	struct gs_thread_time_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+	if (r) {
+		r->kind = GS_REC_THREAD_TIME;
+		r->flags = t->flags | (exited ? GS_TT_EXITED : 0);
+		r->pid = BPF_CORE_READ(task, tgid);
+		r->tid = BPF_CORE_READ(task, pid);
+		r->switches = t->switches;
+		r->start_ns = t->start_ns;
+		r->end_ns = now;
+		for (int i = 0; i < GS_TS_NR; i++)
+			r->ns[i] = t->ns[i];
+		r->waited_ns = t->waited_ns;
+		r->waited_for_tid = t->waited_for_tid;
+		r->waited_for_pid = t->waited_for_pid;
+		r->blocked_ns = t->blocked_ns;
+		r->waker_tid = t->waker_tid;
+		r->waker_pid = t->waker_pid;
+		r->preempted = t->preempted;
+		r->faults = t->faults;
+		r->state = t->state;
+		r->pad = 0;
+		BPF_CORE_READ_STR_INTO(&r->comm, task, comm);
+		__builtin_memcpy(r->waited_for_comm, t->waited_for_comm, GS_COMM_LEN);
+		__builtin_memcpy(r->waker_comm, t->waker_comm, GS_COMM_LEN);
+		bpf_ringbuf_submit(r, submit_flags());
+	} else {
+		count_lost(GS_LOST_RINGBUF_FULL);
+	}
+	/* The state in progress carries over; the sums start again. */
+	__u32 state = t->state;
+	__builtin_memset(t, 0, sizeof(*t));
+	t->start_ns = now;
+	t->since_ns = now;
+	t->state = state;
+}
+
+/* x86-64 system call numbers a thread sleeps in, by what it waits for. */
+static __always_inline __u32 blocked_state(struct task_struct *task, unsigned int prev_state)
+{
+	if (prev_state & 0x2 /* TASK_UNINTERRUPTIBLE */)
+		return GS_TS_BLOCKED_IO;
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	long nr = regs ? BPF_CORE_READ(regs, orig_ax) : -1;
+	switch (nr) {
+	case 202: /* futex */
+	case 449: /* futex_waitv */
+		return GS_TS_BLOCKED_LOCK;
+	case 0: case 1: case 7: case 17: case 18: case 19: case 20: case 23: /* read write poll pread pwrite readv writev select */
+	case 42: case 43: case 44: case 45: case 46: case 47: /* connect accept sendto recvfrom sendmsg recvmsg */
+	case 232: case 270: case 271: case 281: case 288: case 295: case 296: case 299: case 441:
+		/* epoll_wait pselect6 ppoll epoll_pwait accept4 preadv pwritev recvmmsg epoll_pwait2 */
+		return GS_TS_BLOCKED_FD;
+	case 35:  /* nanosleep */
+	case 230: /* clock_nanosleep */
+		return GS_TS_BLOCKED_SLEEP;
+	}
+	return GS_TS_BLOCKED_OTHER;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(host_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
+{
+	if (!host_telemetry)
+		return 0;
+	struct thread_time *t = thread_time_of(prev);
+	struct thread_time *n = thread_time_of(next);
+	__u64 now = 0;  /* read only for a target's thread */
+	if (t) {
+		now = bpf_ktime_get_ns();
+		charge(t, now);
+		t->switches++;
+		if (preempt || prev_state == 0 /* TASK_RUNNING */) {
+			t->state = GS_TS_RUNNABLE;
+			t->preempted++;
+		} else {
+			t->state = blocked_state(prev, prev_state);
+		}
+		send_window(t, prev, now, false);
+	}
+	t = n;
+	if (t) {
+		if (!now)
+			now = bpf_ktime_get_ns();
+		__u64 waited = now - t->since_ns;
+		bool was_runnable = t->state == GS_TS_RUNNABLE;
+		charge(t, now);
+		/* The longest wait is charged to the task it got its CPU back from. */
+		if (was_runnable && waited > t->waited_ns) {
+			t->waited_ns = waited;
+			t->waited_for_tid = BPF_CORE_READ(prev, pid);
+			t->waited_for_pid = BPF_CORE_READ(prev, tgid);
+			BPF_CORE_READ_STR_INTO(&t->waited_for_comm, prev, comm);
+		}
+		t->state = GS_TS_ON_CPU;
+		send_window(t, next, now, false);
+	}
+	return 0;
+}
+
+/* A blocked thread becomes runnable; the running task woke it (or an interrupt did, on its CPU). */
+static __always_inline void woken(struct task_struct *p)
+{
+	struct thread_time *t = tracked_thread(p);
+	if (!t || t->state < GS_TS_BLOCKED_IO)
+		return;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 blocked = now - t->since_ns;
+	charge(t, now);
+	if (blocked > t->blocked_ns) {
+		struct task_struct *waker = bpf_get_current_task_btf();
+		t->blocked_ns = blocked;
+		t->waker_tid = BPF_CORE_READ(waker, pid);
+		t->waker_pid = BPF_CORE_READ(waker, tgid);
+		BPF_CORE_READ_STR_INTO(&t->waker_comm, waker, comm);
+	}
+	t->state = GS_TS_RUNNABLE;
+	send_window(t, p, now, false);
+}
+
+SEC("tp_btf/sched_waking")
+int BPF_PROG(host_waking, struct task_struct *p)
+{
+	if (host_telemetry)
+		woken(p);
+	return 0;
+}
+
+SEC("tp_btf/page_fault_user")
+int BPF_PROG(host_fault, unsigned long address, struct pt_regs *regs, unsigned long error_code)
+{
+	if (!host_telemetry)
+		return 0;
+	struct thread_time *t = tracked_thread(bpf_get_current_task_btf());
+	if (t)
+		t->faults++;
+	return 0;
+}
+
+/* A followed process's child is followed too (a DataLoader worker), before it first runs. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(host_fork, struct task_struct *parent, struct task_struct *child)
+{
+	if (!host_telemetry)
+		return 0;
+	__u32 ptgid = parent->tgid, ctgid = child->tgid;
+	if (ptgid == ctgid || !host_followed(ptgid) || ctgid >= GS_HOST_PIDS)
+		return 0;
+	__sync_fetch_and_or(host_word(ctgid), 1ULL << (ctgid % 64));
+	return 0;
+}
+
+/* The tracepoint's later arguments differ between kernels; only the task is read. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(host_exit, struct task_struct *task)
+{
+	if (!host_telemetry)
+		return 0;
+	struct thread_time *t = tracked_thread(task);
+	if (t) {
+		__u64 now = bpf_ktime_get_ns();
+		charge(t, now);
+		send_window(t, task, now, true);
+	}
+	/* The process's last thread (signal->live was counted down before this tracepoint): before
+	 * its pid can be given to another process. */
+	__u32 tgid = task->tgid;
+	if (BPF_CORE_READ(task, signal, live.counter) == 0 && tgid < GS_HOST_PIDS)
+		__sync_fetch_and_and(host_word(tgid), ~(1ULL << (tgid % 64)));
+	return 0;
+}

@@ -1,9 +1,10 @@
-// Record files (SQLite) as `report`, `flamegraph` and `timeline` read them: records are passed
+// Record files (SQLite) as `report`, `flamegraph`, `timeline` and `diagnose` read them: records are passed
 // around and may be damaged or made to hurt.
 #include <sstream>
 
 #include "fuzz/fuzz_common.h"
 #include "common/error.h"
+#include "diagnose/output.h"
 #include "report/flamegraph.h"
 #include "report/report.h"
 #include "report/timeline.h"
@@ -28,6 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     std::ostringstream out;
     gpuscope::report::write_timeline(reader, sym, {}, out);
+    (void)gpuscope::diagnose::render_text(gpuscope::diagnose::to_json(gpuscope::diagnose::diagnose(reader)));
   } catch (const gpuscope::Error&) {
   }
   return 0;

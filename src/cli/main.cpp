@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "discover/proc.h"
 #include "record/recorder.h"
+#include "diagnose/output.h"
 #include "report/flamegraph.h"
 #include "report/report.h"
 #include "report/timeline.h"
@@ -44,6 +45,16 @@ int run_report(const std::string& path, bool json, size_t top) {
     std::cout << doc.dump(2) << "\n";
   else
     std::cout << report::render_text(doc);
+  return 0;
+}
+
+int run_diagnose(const std::string& path, bool json) {
+  store::RecordReader reader(path);
+  const auto doc = diagnose::to_json(diagnose::diagnose(reader));
+  if (json)
+    std::cout << doc.dump(2) << "\n";
+  else
+    std::cout << diagnose::render_text(doc);
   return 0;
 }
 
@@ -207,6 +218,12 @@ int main(int argc, char** argv) {
   rep->add_flag("--json", json, "Print JSON instead of text");
   rep->add_option("--top", top, "Rows per table")->capture_default_str();
 
+  std::string diag_path;
+  bool diag_json = false;
+  auto* diag = app.add_subcommand("diagnose", "Say why the GPU waited: the causes of slow steps, ranked, with evidence and fixes");
+  diag->add_option("file", diag_path, "Record file")->required();
+  diag->add_flag("--json", diag_json, "Print JSON instead of text");
+
   std::string flame_path, metric = "cpu", flame_out, native = "auto";
   int64_t flame_pid = 0;
   bool peak = false;
@@ -319,6 +336,7 @@ int main(int argc, char** argv) {
         throw Error("--from must be >= 0 and --to after it");
       return run_timeline(tl_path, tl_out, tl_opt);
     }
+    if (*diag) return run_diagnose(diag_path, diag_json);
     if (*flame) return run_flamegraph(flame_path, metric, flame_out, flame_pid, peak, native);
     return run_report(report_path, json, top);
   } catch (const std::exception& e) {

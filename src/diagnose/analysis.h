@@ -1,0 +1,66 @@
+// What `diagnose` concludes from a record: per process, its steps, where the thread that feeds
+// the GPU spent each step (host telemetry and its CUDA calls), and findings ranked by the share of
+// step time they explain, each with its evidence and the fix in the user's terms.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "diagnose/steps.h"
+#include "store/record_reader.h"
+
+namespace gpuscope::diagnose {
+
+// Where the feeding thread's time went in some steps (nanoseconds, summed over them).
+struct Breakdown {
+  double steps = 0;  // how many
+  double window_ns = 0;
+  double on_cpu = 0, runnable = 0, io = 0, lock = 0, fd = 0, sleep = 0, other = 0;
+  double unseen = 0;        // no host telemetry covers it
+  double runnable_idle = 0; // waiting for a CPU that had gone idle: a CPU quota's throttling
+  double in_sync = 0, in_pageable_copy = 0, in_copy = 0, in_cuda = 0;  // in CUDA calls (in_cuda: all)
+  double syncs = 0, pageable_copies = 0;
+  double pageable_bytes = 0;
+  double gpu_busy = 0;
+  bool gpu_known = false;   // GPU times (record --gpu-times) cover these steps
+  std::map<uint32_t, double> waited_for;  // pid -> runnable time spent behind it
+  std::map<uint32_t, double> woken_by;    // pid -> blocked time (I/O, lock, fd) it ended
+  void add(const Breakdown& o);
+};
+
+struct Finding {
+  std::string cause;       // cpu_contention, cpu_throttling, io_wait, input_wait, lock_wait, sleep,
+                           // pageable_copies, none
+  std::string title;
+  double share = 0;        // of step time
+  double ms_per_step = 0;
+  uint64_t from_ns = 0, to_ns = 0;  // the window it was seen in (from the recording's start)
+  std::string evidence;
+  std::string fix;
+  std::string confidence;  // high, medium, low
+};
+
+struct ProcessDiagnosis {
+  uint32_t pid = 0, feeding_tid = 0;
+  std::string comm, cmdline;
+  Steps steps;
+  std::vector<double> step_ms;
+  double p50_ms = 0, p90_ms = 0;
+  size_t slow_steps = 0;   // longer than 1.25x the median
+  Breakdown all, slow;
+  std::vector<Finding> findings;  // ranked; a single `none` when nothing explains 5% of a step
+};
+
+struct Diagnosis {
+  bool host_telemetry = false;
+  bool gpu_times = false;
+  uint64_t origin_ns = 0;
+  std::vector<ProcessDiagnosis> processes;  // those that launched kernels or copied, busiest first
+  std::vector<std::string> notes;           // what the record could not tell (no host telemetry...)
+};
+
+Diagnosis diagnose(store::RecordReader& rec);
+
+}  // namespace gpuscope::diagnose

@@ -1,0 +1,90 @@
+"""`gpuscope diagnose` on real processes making real (failing) CUDA calls: tests/targets/diag_steps, a
+training loop in miniature, slowed the ways jobs are slowed; diagnose must name each cause (and the
+process or worker behind it) and nothing on a clean run."""
+import json
+import subprocess
+
+from conftest import BUILD, TARGETS
+
+STEPS = "60"
+
+
+def diagnosis(gpuscope, rec):
+    out = gpuscope("diagnose", "--json", rec.path)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    [proc] = [p for p in doc["processes"] if p["comm"] == "diag_steps"]
+    # The loop's steps are found from its calls: 60 steps, each starting at the same call.
+    assert 55 <= proc["steps"]["count"] <= 60, proc["steps"]
+    assert proc["steps"]["found"]
+    return doc, proc
+
+
+def causes(proc):
+    return [f["cause"] for f in proc["findings"]]
+
+
+def test_clean_run_has_no_finding(record, gpuscope):
+    rec = record("--", TARGETS / "diag_steps", "clean", STEPS)
+    assert rec.returncode == 0, rec.stderr
+    doc, proc = diagnosis(gpuscope, rec)
+    assert doc["host_telemetry"] is True
+    assert causes(proc) == ["none"], proc["findings"]
+    # Its 10 ms of computation a step, on a CPU.
+    assert proc["breakdown"]["feeding_thread_ms"]["on_cpu"] >= 8, proc["breakdown"]
+
+
+def test_sleep_is_named(record, gpuscope):
+    rec = record("--", TARGETS / "diag_steps", "sleep", STEPS)
+    _, proc = diagnosis(gpuscope, rec)
+    assert causes(proc)[0] == "sleep", proc["findings"]
+    assert proc["findings"][0]["share_of_step"] > 0.4
+
+
+def test_slow_worker_on_a_pipe_is_input_wait_naming_the_worker(record, gpuscope):
+    rec = record("--", TARGETS / "diag_steps", "pipe", STEPS)
+    _, proc = diagnosis(gpuscope, rec)
+    top = proc["findings"][0]
+    assert top["cause"] == "input_wait", proc["findings"]
+    worker = rec.scalar("SELECT pid FROM processes WHERE ppid = ? AND comm = 'diag_steps'", proc["pid"])
+    assert f"(pid {worker}), a child of the job" in top["evidence"], top
+    assert "num_workers" in top["fix"]
+
+
+def test_synchronous_fsync_is_io_wait(record, gpuscope):
+    # On the build's disk, not a tmpfs, where fsync would return at once.
+    rec = record("--", TARGETS / "diag_steps", "fsync", STEPS, BUILD)
+    _, proc = diagnosis(gpuscope, rec)
+    assert "io_wait" in causes(proc)[:2], proc["findings"]
+    assert proc["breakdown"]["feeding_thread_ms"]["io"] > 0
+
+
+def test_cpu_hog_on_the_same_cpu_is_named(record, gpuscope):
+    hog = subprocess.Popen(["taskset", "-c", "0", "python3", "-c", "while True: pass"])
+    try:
+        rec = record("--", "taskset", "-c", "0", TARGETS / "diag_steps", "clean", STEPS)
+    finally:
+        hog.kill()
+        hog.wait()
+    _, proc = diagnosis(gpuscope, rec)
+    top = proc["findings"][0]
+    assert top["cause"] == "cpu_contention", proc["findings"]
+    assert f"(pid {hog.pid})" in top["evidence"], top
+    assert top["share_of_step"] > 0.2
+
+
+def test_without_host_telemetry_it_says_so(record, gpuscope):
+    rec = record("--no-host-telemetry", "--", TARGETS / "diag_steps", "sleep", "20")
+    out = gpuscope("diagnose", rec.path)
+    assert out.returncode == 0, out.stderr
+    assert "host telemetry was off" in out.stdout
+    # Its steps are still found, from the calls alone; the sleep cannot be seen.
+    assert "steps:" in out.stdout
+
+
+def test_not_a_record_is_one_line(gpuscope, tmp_path):
+    bad = tmp_path / "bad.gpuscope"
+    bad.write_text("hello")
+    out = gpuscope("diagnose", bad)
+    assert out.returncode != 0
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -26,7 +26,7 @@ struct Segment {
   uint64_t start = 0, end = 0;
   double on_cpu = 0, runnable = 0, io = 0, lock = 0, fd = 0, sleep = 0, other = 0;
   double runnable_idle = 0;
-  uint32_t waited_for_pid = 0, waker_pid = 0;
+  uint32_t waited_for_pid = 0, waker_pid = 0, waker_tid = 0;
 };
 
 struct Call {
@@ -44,7 +44,7 @@ std::vector<Segment> thread_segments(store::Db& db, uint32_t tid, uint64_t until
   std::vector<Segment> out;
   auto q = db.prepare(
       "SELECT start_ns, end_ns, on_cpu_ns, runnable_ns, io_ns, lock_ns, fd_ns, sleep_ns, other_ns, waited_ns, "
-      "waited_for_tid, waited_for_pid, waker_pid, state FROM thread_times WHERE tid = ?1 ORDER BY start_ns");
+      "waited_for_tid, waited_for_pid, waker_pid, state, waker_tid FROM thread_times WHERE tid = ?1 ORDER BY start_ns");
   q.bind(1, int64_t(tid));
   std::string state;
   while (q.step()) {
@@ -73,6 +73,7 @@ std::vector<Segment> thread_segments(store::Db& db, uint32_t tid, uint64_t until
     if (q.i64(9) > 0 && !q.is_null(10) && q.i64(10) == 0) s.runnable_idle = s.runnable;
     s.waited_for_pid = q.is_null(11) ? 0 : uint32_t(q.i64(11));
     s.waker_pid = q.is_null(12) ? 0 : uint32_t(q.i64(12));
+    s.waker_tid = q.is_null(14) ? 0 : uint32_t(q.i64(14));
     state = q.str(13);
     out.push_back(s);
   }
@@ -115,6 +116,7 @@ void Breakdown::add(const Breakdown& o) {
   sleep += o.sleep;
   other += o.other;
   unseen += o.unseen;
+  handoff += o.handoff;
   runnable_idle += o.runnable_idle;
   in_sync += o.in_sync;
   in_pageable_copy += o.in_pageable_copy;
@@ -140,9 +142,30 @@ struct Names {
   }
 };
 
-void findings_from(const Breakdown& b, const Names& names, uint32_t pid, uint64_t from, uint64_t to,
-                   bool telemetry, std::vector<Finding>& out, const std::set<std::string>& have) {
+// Kernel threads that end waits for disk I/O (writeback, the journal): a wait they end is I/O,
+// whatever the thread slept in.
+bool io_kernel_thread(const std::string& comm) {
+  return comm.starts_with("kworker/") || comm.starts_with("jbd2/") || comm.starts_with("kblockd") ||
+         comm.starts_with("xfs") || comm.starts_with("btrfs");
+}
+
+void findings_from(Breakdown b, const Names& names, uint32_t pid, uint64_t from, uint64_t to, bool telemetry,
+                   std::vector<Finding>& out, const std::set<std::string>& have) {
   if (b.window_ns <= 0 || b.steps <= 0) return;
+  for (auto it = b.woken_by.begin(); it != b.woken_by.end();) {
+    const auto c = names.comm.find(it->first);
+    if (it->first && c != names.comm.end() && io_kernel_thread(c->second)) {
+      // Its share of the lock and pipe waits it ended moves to I/O.
+      const double moved = std::min(it->second, b.lock + b.fd);
+      const double from_lock = b.lock + b.fd > 0 ? moved * b.lock / (b.lock + b.fd) : 0;
+      b.lock -= from_lock;
+      b.fd -= moved - from_lock;
+      b.io += moved;
+      it = b.woken_by.erase(it);
+    } else {
+      ++it;
+    }
+  }
   auto add = [&](std::string cause, std::string title, double ns, std::string evidence, std::string fix,
                  std::string confidence) {
     const double share = ns / b.window_ns;
@@ -297,6 +320,7 @@ Diagnosis diagnose(store::RecordReader& rec) {
     // The process's calls, as the steps' pattern; the feeding thread's, for where its time went.
     std::vector<Token> tokens;
     std::vector<Call> calls;
+    std::set<uint32_t> cuda_threads;  // its threads that made CUDA calls
     {
       auto q = db.prepare(
           "SELECT c.ts_ns, coalesce(c.duration_ns, 0), f.kind, coalesce(c.host_mem, ''), coalesce(c.bytes, 0), "
@@ -309,6 +333,7 @@ Diagnosis diagnose(store::RecordReader& rec) {
           const uint64_t key = std::hash<std::string>{}(fmt::format("{}:{}:{}", q.i64(5), q.i64(6), q.str(7)));
           tokens.push_back({uint64_t(q.i64(0)), key});
         }
+        cuda_threads.insert(uint32_t(q.i64(8)));
         if (uint32_t(q.i64(8)) == p.feeding_tid)
           calls.push_back({uint64_t(q.i64(0)), uint64_t(q.i64(1)), kind, q.str(3), q.i64(4)});
       }
@@ -354,13 +379,14 @@ Diagnosis diagnose(store::RecordReader& rec) {
         b.on_cpu += g.on_cpu * f;
         b.runnable += g.runnable * f;
         b.io += g.io * f;
-        b.lock += g.lock * f;
-        b.fd += g.fd * f;
+        const bool handoff = g.waker_pid == pid && g.waker_tid != p.feeding_tid && cuda_threads.contains(g.waker_tid);
+        (handoff ? b.handoff : b.lock) += g.lock * f;
+        (handoff ? b.handoff : b.fd) += g.fd * f;
         b.sleep += g.sleep * f;
         b.other += g.other * f;
         b.runnable_idle += g.runnable_idle * f;
         if (g.runnable > 0) b.waited_for[g.waited_for_pid] += (g.runnable - g.runnable_idle) * f;
-        if (g.io + g.lock + g.fd > 0) b.woken_by[g.waker_pid] += (g.io + g.lock + g.fd) * f;
+        if (g.io + g.lock + g.fd > 0 && !handoff) b.woken_by[g.waker_pid] += (g.io + g.lock + g.fd) * f;
       }
       b.unseen = std::max(0.0, b.window_ns - seen);
       while (call < calls.size() && calls[call].ts < s) ++call;

@@ -19,6 +19,10 @@ struct Breakdown {
   double window_ns = 0;
   double on_cpu = 0, runnable = 0, io = 0, lock = 0, fd = 0, sleep = 0, other = 0;
   double unseen = 0;        // no host telemetry covers it
+  // Blocked until another of its threads that makes CUDA calls woke it: its GPU work carried on
+  // there (PyTorch's autograd engine runs the backward pass while the main thread waits). Not in
+  // lock or fd.
+  double handoff = 0;
   double runnable_idle = 0; // waiting for a CPU that had gone idle: a CPU quota's throttling
   double in_sync = 0, in_pageable_copy = 0, in_copy = 0, in_cuda = 0;  // in CUDA calls (in_cuda: all)
   double syncs = 0, pageable_copies = 0;
@@ -26,7 +30,7 @@ struct Breakdown {
   double gpu_busy = 0;
   bool gpu_known = false;   // GPU times (record --gpu-times) cover these steps
   std::map<uint32_t, double> waited_for;  // pid -> runnable time spent behind it
-  std::map<uint32_t, double> woken_by;    // pid -> blocked time (I/O, lock, fd) it ended
+  std::map<uint32_t, double> woken_by;    // pid -> blocked time (I/O, lock, fd) it ended, handoffs aside
   void add(const Breakdown& o);
 };
 

@@ -21,6 +21,7 @@ json breakdown_json(const Breakdown& b) {
            {"fd", per_step_ms(b.fd)},
            {"sleep", per_step_ms(b.sleep)},
            {"other", per_step_ms(b.other)},
+           {"handoff", per_step_ms(b.handoff)},
            {"unseen", per_step_ms(b.unseen)}}},
          {"cuda_ms",
           {{"all", per_step_ms(b.in_cuda)},
@@ -82,10 +83,11 @@ std::string render_text(const json& doc) {
       const auto& t = b.at("feeding_thread_ms");
       out += fmt::format(
           "A step of the thread that feeds the GPU (tid {}): on a CPU {:.1f} ms, waiting for a CPU {:.1f}, I/O {:.1f}, "
-          "lock {:.1f}, pipe/socket {:.1f}, sleep {:.1f}, other {:.1f}, not seen {:.1f}; in CUDA calls {:.1f} ms "
-          "(syncs {:.1f}, copies {:.1f})\n",
+          "lock {:.1f}, pipe/socket {:.1f}, sleep {:.1f}, for its other CUDA threads {:.1f}, other {:.1f}, not seen "
+          "{:.1f}; in CUDA calls {:.1f} ms (syncs {:.1f}, copies {:.1f})\n",
           p.at("feeding_tid").get<int64_t>(), t.at("on_cpu").get<double>(), t.at("runnable").get<double>(),
           t.at("io").get<double>(), t.at("lock").get<double>(), t.at("fd").get<double>(), t.at("sleep").get<double>(),
+          t.at("handoff").get<double>(),
           t.at("other").get<double>(), t.at("unseen").get<double>(), b.at("cuda_ms").at("all").get<double>(),
           b.at("cuda_ms").at("sync").get<double>(), b.at("cuda_ms").at("copies").get<double>());
       if (b.contains("gpu_busy_share"))

@@ -2,7 +2,11 @@
 training loop in miniature, slowed the ways jobs are slowed; diagnose must name each cause (and the
 process or worker behind it) and nothing on a clean run."""
 import json
+import os
+import pathlib
 import subprocess
+
+import pytest
 
 from conftest import BUILD, TARGETS
 
@@ -88,3 +92,38 @@ def test_not_a_record_is_one_line(gpuscope, tmp_path):
     out = gpuscope("diagnose", bad)
     assert out.returncode != 0
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def cpu_quota_cgroup(tmp_name, quota_us, period_us=100000):
+    """A cgroup with a CPU quota (v2 cpu.max, or v1 cpu.cfs_quota_us): (its procs file, cleanup)."""
+    v2 = pathlib.Path("/sys/fs/cgroup")
+    controllers = v2 / "cgroup.controllers"
+    if controllers.exists() and "cpu" in controllers.read_text().split():
+        d = v2 / tmp_name
+        d.mkdir(exist_ok=True)
+        (d / "cpu.max").write_text(f"{quota_us} {period_us}")
+    elif (v2 / "cpu" / "cpu.cfs_quota_us").exists():
+        d = v2 / "cpu" / tmp_name
+        d.mkdir(exist_ok=True)
+        (d / "cpu.cfs_period_us").write_text(str(period_us))
+        (d / "cpu.cfs_quota_us").write_text(str(quota_us))
+    else:
+        return None, lambda: None
+    return d / "cgroup.procs", lambda: os.rmdir(d)
+
+
+def test_cpu_quota_throttling_is_named(record, gpuscope):
+    procs, cleanup = cpu_quota_cgroup("gpuscope_test_quota", 5000)
+    if procs is None:
+        pytest.skip("no cgroup CPU controller here")
+    try:
+        rec = record("--", "sh", "-c", f"echo $$ > {procs}; exec {TARGETS / 'diag_steps'} clean 20")
+    finally:
+        cleanup()
+    assert rec.returncode == 0, rec.stderr
+    out = gpuscope("diagnose", "--json", rec.path)
+    [proc] = [p for p in json.loads(out.stdout)["processes"] if p["comm"] == "diag_steps"]
+    top = proc["findings"][0]
+    # 5 ms of CPU every 100 ms for 10 ms of work a step: most of each step held back.
+    assert top["cause"] == "cpu_throttling", proc["findings"]
+    assert top["share_of_step"] > 0.5

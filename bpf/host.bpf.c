@@ -38,6 +38,8 @@ struct thread_time {
 	__u32 switches, preempted, faults;
 	__u32 state;
 	__u16 flags;
+	__u64 reclaim_ns;
+	__u64 reclaim_since;  /* in a direct reclaim since then (0: not) */
 	char waited_for_comm[GS_COMM_LEN];
 	char waker_comm[GS_COMM_LEN];
 };
@@ -112,6 +114,7 @@ static __always_inline void send_window(struct thread_time *t, struct task_struc
 		r->faults = t->faults;
 		r->state = t->state;
 		r->pad = 0;
+		r->reclaim_ns = t->reclaim_ns;
 		BPF_CORE_READ_STR_INTO(&r->comm, task, comm);
 		__builtin_memcpy(r->waited_for_comm, t->waited_for_comm, GS_COMM_LEN);
 		__builtin_memcpy(r->waker_comm, t->waker_comm, GS_COMM_LEN);
@@ -121,7 +124,9 @@ static __always_inline void send_window(struct thread_time *t, struct task_struc
 	}
 	/* The state in progress carries over; the sums start again. */
 	__u32 state = t->state;
+	__u64 reclaim_since = t->reclaim_since;
 	__builtin_memset(t, 0, sizeof(*t));
+	t->reclaim_since = reclaim_since;
 	t->start_ns = now;
 	t->since_ns = now;
 	t->state = state;
@@ -215,6 +220,56 @@ int BPF_PROG(host_waking, struct task_struct *p)
 {
 	if (host_telemetry)
 		woken(p);
+	return 0;
+}
+
+/* Direct reclaim by a followed thread: the memory it asked for had to be freed first, by itself
+ * (the host short of memory, or its cgroup at its limit). Rare; a few hundred ns each. */
+static __always_inline void reclaim_begin(void)
+{
+	struct thread_time *t = tracked_thread(bpf_get_current_task_btf());
+	if (t)
+		t->reclaim_since = bpf_ktime_get_ns();
+}
+
+static __always_inline void reclaim_end(void)
+{
+	struct thread_time *t = tracked_thread(bpf_get_current_task_btf());
+	if (t && t->reclaim_since) {
+		t->reclaim_ns += bpf_ktime_get_ns() - t->reclaim_since;
+		t->reclaim_since = 0;
+	}
+}
+
+SEC("tp_btf/mm_vmscan_direct_reclaim_begin")
+int BPF_PROG(host_reclaim_begin, int order, gfp_t gfp)
+{
+	if (host_telemetry)
+		reclaim_begin();
+	return 0;
+}
+
+SEC("tp_btf/mm_vmscan_direct_reclaim_end")
+int BPF_PROG(host_reclaim_end, unsigned long reclaimed)
+{
+	if (host_telemetry)
+		reclaim_end();
+	return 0;
+}
+
+SEC("tp_btf/mm_vmscan_memcg_reclaim_begin")
+int BPF_PROG(host_memcg_reclaim_begin, int order, gfp_t gfp)
+{
+	if (host_telemetry)
+		reclaim_begin();
+	return 0;
+}
+
+SEC("tp_btf/mm_vmscan_memcg_reclaim_end")
+int BPF_PROG(host_memcg_reclaim_end, unsigned long reclaimed)
+{
+	if (host_telemetry)
+		reclaim_end();
 	return 0;
 }
 

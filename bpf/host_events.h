@@ -47,6 +47,9 @@ struct gs_thread_time_record {
 	 * that runs without ever leaving its CPU sends none meanwhile. */
 	__u32 state;
 	__u32 pad;
+	/* Reclaiming memory itself (direct reclaim: the host, or its cgroup, short of memory), on a
+	 * CPU or blocked: part of the states' time, not beside it. */
+	__u64 reclaim_ns;
 	char comm[GS_COMM_LEN];
 	char waited_for_comm[GS_COMM_LEN];
 	char waker_comm[GS_COMM_LEN];
@@ -57,7 +60,7 @@ enum gs_thread_time_flags {
 	GS_TT_JOINED = 1 << 1,   /* its first window: its time before start_ns was not seen */
 };
 
-GS_ASSERT_SIZE(struct gs_thread_time_record, 184);
+GS_ASSERT_SIZE(struct gs_thread_time_record, 192);
 GS_ASSERT_AT(struct gs_thread_time_record, ns, 32);
 
 #endif

@@ -377,8 +377,10 @@ void BpfSession::set_host_pid(pid_t pid, bool on) {
 }
 
 std::vector<bpf_program*> BpfSession::host_programs() const {
-  return {skel_->progs.host_switch, skel_->progs.host_waking, skel_->progs.host_fault, skel_->progs.host_fork,
-          skel_->progs.host_exit};
+  return {skel_->progs.host_switch,         skel_->progs.host_waking,        skel_->progs.host_fault,
+          skel_->progs.host_fork,           skel_->progs.host_exit,          skel_->progs.host_reclaim_begin,
+          skel_->progs.host_reclaim_end,    skel_->progs.host_memcg_reclaim_begin,
+          skel_->progs.host_memcg_reclaim_end};
 }
 
 void BpfSession::remove_target(pid_t pid) {

@@ -25,7 +25,7 @@ void add_map(std::map<uint32_t, double>& to, const std::map<uint32_t, double>& f
 struct Segment {
   uint64_t start = 0, end = 0;
   double on_cpu = 0, runnable = 0, io = 0, lock = 0, fd = 0, sleep = 0, other = 0;
-  double runnable_idle = 0;
+  double runnable_idle = 0, reclaim = 0;
   uint32_t waited_for_pid = 0, waker_pid = 0, waker_tid = 0;
 };
 
@@ -44,7 +44,8 @@ std::vector<Segment> thread_segments(store::Db& db, uint32_t tid, uint64_t until
   std::vector<Segment> out;
   auto q = db.prepare(
       "SELECT start_ns, end_ns, on_cpu_ns, runnable_ns, io_ns, lock_ns, fd_ns, sleep_ns, other_ns, waited_ns, "
-      "waited_for_tid, waited_for_pid, waker_pid, state, waker_tid FROM thread_times WHERE tid = ?1 ORDER BY start_ns");
+      "waited_for_tid, waited_for_pid, waker_pid, state, waker_tid, coalesce(reclaim_ns, 0) FROM thread_times "
+      "WHERE tid = ?1 ORDER BY start_ns");
   q.bind(1, int64_t(tid));
   std::string state;
   while (q.step()) {
@@ -74,6 +75,7 @@ std::vector<Segment> thread_segments(store::Db& db, uint32_t tid, uint64_t until
     s.waited_for_pid = q.is_null(11) ? 0 : uint32_t(q.i64(11));
     s.waker_pid = q.is_null(12) ? 0 : uint32_t(q.i64(12));
     s.waker_tid = q.is_null(14) ? 0 : uint32_t(q.i64(14));
+    s.reclaim = double(q.i64(15));
     state = q.str(13);
     out.push_back(s);
   }
@@ -118,6 +120,7 @@ void Breakdown::add(const Breakdown& o) {
   unseen += o.unseen;
   handoff += o.handoff;
   runnable_idle += o.runnable_idle;
+  reclaim += o.reclaim;
   in_sync += o.in_sync;
   in_pageable_copy += o.in_pageable_copy;
   in_copy += o.in_copy;
@@ -197,8 +200,18 @@ void findings_from(Breakdown b, const Names& names, uint32_t pid, uint64_t from,
         fmt::format("runnable {} a step while its CPU had gone idle: the scheduler held it back (cgroup cpu.max)",
                     ms(b.runnable_idle / b.steps)),
         "Raise the job's CPU limit (cpu.max; a Kubernetes CPU limit), or remove it", "high");
-    const auto [io_waker, io_of] = top(b.woken_by);
-    (void)io_of;
+    // Reclaiming memory itself, the thread also waits for the pages evicted to be read back: the
+    // I/O is the memory's doing.
+    const bool memory = b.reclaim / b.window_ns >= kMinShare;
+    add("memory_pressure", "The thread that feeds the GPU is short of memory", b.reclaim + (memory ? b.io : 0),
+        fmt::format("reclaiming memory itself (direct reclaim) {} a step and waiting for I/O {} a step ({} of the "
+                    "step together): its cgroup is at its memory limit or the host is short of memory, and pages "
+                    "it needs are evicted and read back",
+                    ms(b.reclaim / b.steps), ms(b.io / b.steps), pct((b.reclaim + b.io) / b.window_ns)),
+        "Raise the job's memory limit (memory.high/max; a Kubernetes memory limit), or use less host memory: "
+        "fewer DataLoader workers or a smaller prefetch_factor, memory-mapped datasets instead of copies",
+        "high");
+    if (memory) b.io = 0;
     add("io_wait", "The thread that feeds the GPU waits for disk I/O", b.io,
         fmt::format("blocked in uninterruptible I/O {} a step ({} of the step), e.g. writing and fsyncing a "
                     "checkpoint, or reading data from disk",
@@ -385,6 +398,7 @@ Diagnosis diagnose(store::RecordReader& rec) {
         b.sleep += g.sleep * f;
         b.other += g.other * f;
         b.runnable_idle += g.runnable_idle * f;
+        b.reclaim += g.reclaim * f;
         if (g.runnable > 0) b.waited_for[g.waited_for_pid] += (g.runnable - g.runnable_idle) * f;
         if (g.io + g.lock + g.fd > 0 && !handoff) b.woken_by[g.waker_pid] += (g.io + g.lock + g.fd) * f;
       }

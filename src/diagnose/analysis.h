@@ -24,6 +24,7 @@ struct Breakdown {
   // lock or fd.
   double handoff = 0;
   double runnable_idle = 0; // waiting for a CPU that had gone idle: a CPU quota's throttling
+  double reclaim = 0;       // in direct reclaim (within the states above)
   double in_sync = 0, in_pageable_copy = 0, in_copy = 0, in_cuda = 0;  // in CUDA calls (in_cuda: all)
   double syncs = 0, pageable_copies = 0;
   double pageable_bytes = 0;
@@ -35,8 +36,8 @@ struct Breakdown {
 };
 
 struct Finding {
-  std::string cause;       // cpu_contention, cpu_throttling, io_wait, input_wait, lock_wait, sleep,
-                           // pageable_copies, none
+  std::string cause;       // cpu_contention, cpu_throttling, memory_pressure, io_wait, input_wait,
+                           // lock_wait, sleep, pageable_copies, none
   std::string title;
   double share = 0;        // of step time
   double ms_per_step = 0;

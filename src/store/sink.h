@@ -32,6 +32,7 @@ struct ThreadTimeRow {
   uint32_t waker_tid = 0, waker_pid = 0;
   std::string waker_comm;
   uint32_t switches = 0, preempted = 0, faults = 0;
+  uint64_t reclaim_ns = 0;  // in direct reclaim (part of the states' time)
   // Its state at end_ns, kept until its next window ("on_cpu", "runnable", "io", "lock", "fd",
   // "sleep", "other"); "exited" in its last window.
   std::string state;

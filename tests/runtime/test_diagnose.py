@@ -127,3 +127,36 @@ def test_cpu_quota_throttling_is_named(record, gpuscope):
     # 5 ms of CPU every 100 ms for 10 ms of work a step: most of each step held back.
     assert top["cause"] == "cpu_throttling", proc["findings"]
     assert top["share_of_step"] > 0.5
+
+
+def memory_limit_cgroup(tmp_name, limit_bytes):
+    """A cgroup with a memory limit (v2 memory.max, or v1 memory.limit_in_bytes): (its procs file, cleanup)."""
+    root = pathlib.Path("/sys/fs/cgroup")
+    controllers = root / "cgroup.controllers"
+    if controllers.exists() and "memory" in controllers.read_text().split():
+        d = root / tmp_name
+        d.mkdir(exist_ok=True)
+        (d / "memory.max").write_text(str(limit_bytes))
+    elif (root / "memory" / "memory.limit_in_bytes").exists():
+        d = root / "memory" / tmp_name
+        d.mkdir(exist_ok=True)
+        (d / "memory.limit_in_bytes").write_text(str(limit_bytes))
+    else:
+        return None, lambda: None
+    return d / "cgroup.procs", lambda: os.rmdir(d)
+
+
+def test_memory_limit_is_memory_pressure(record, gpuscope):
+    procs, cleanup = memory_limit_cgroup("gpuscope_test_memory", 48 << 20)
+    if procs is None:
+        pytest.skip("no cgroup memory controller here")
+    try:
+        # A 256 MiB file read on through, 16 MiB a step, in 48 MiB: every read evicts and reclaims.
+        rec = record("--", "sh", "-c", f"echo $$ > {procs}; exec {TARGETS / 'diag_steps'} memory 40 {BUILD}")
+    finally:
+        cleanup()
+    assert rec.returncode == 0, rec.stderr
+    out = gpuscope("diagnose", "--json", rec.path)
+    [proc] = [p for p in json.loads(out.stdout)["processes"] if p["comm"] == "diag_steps"]
+    assert proc["findings"][0]["cause"] == "memory_pressure", proc["findings"]
+    assert "direct reclaim" in proc["findings"][0]["evidence"]

@@ -6,6 +6,8 @@
 //   pipe   5 ms of computation, then the next input read from a pipe that a child process (a
 //          data loader worker) fills at one item every 15 ms
 //   sleep  5 ms of computation, then 10 ms asleep
+//   memory 5 ms of computation, then 16 MiB read on through a 256 MiB file in DIR (written first):
+//          run in a memory cgroup smaller than the file, every read must reclaim page cache
 // (A CPU hog is brought from outside: run it and this on one CPU.) Without a GPU every CUDA call
 // fails at once, but each is a real call into the real libcudart, so its probes fire.
 //   diag_steps MODE STEPS [DIR]
@@ -69,6 +71,18 @@ int main(int argc, char** argv) {
     close(pipe_fd[1]);
   }
   std::vector<char> block(8 << 20, 'x');
+  int data_fd = -1;
+  const size_t data_bytes = size_t(256) << 20, chunk = size_t(16) << 20;
+  size_t data_at = 0;
+  if (mode == "memory") {
+    const std::string path = dir + "/diag_steps.data";
+    data_fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    for (size_t done = 0; data_fd >= 0 && done < data_bytes; done += block.size())
+      if (write(data_fd, block.data(), block.size()) != ssize_t(block.size())) return 1;
+    if (data_fd < 0) return 1;
+    unlink(path.c_str());
+  }
+  std::vector<char> chunk_buf(mode == "memory" ? chunk : 0);
   for (int s = 0; s < steps; ++s) {
     cudaMemcpy(dev, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
     for (int k = 0; k < 8; ++k) step_kernel<<<256, 1024>>>(dev, int(host.size()));
@@ -86,6 +100,10 @@ int main(int argc, char** argv) {
       compute(5);
       char item;
       if (read(pipe_fd[0], &item, 1) != 1) return 1;
+    } else if (mode == "memory") {
+      compute(5);
+      if (pread(data_fd, chunk_buf.data(), chunk, off_t(data_at)) != ssize_t(chunk)) return 1;
+      data_at = (data_at + chunk) % data_bytes;
     } else if (mode == "sleep") {
       compute(5);
       std::this_thread::sleep_for(std::chrono::milliseconds(10));

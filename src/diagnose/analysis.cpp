@@ -29,65 +29,49 @@ struct Segment {
   uint32_t waited_for_pid = 0, waker_pid = 0, waker_tid = 0;
 };
 
-struct Call {
-  uint64_t ts = 0, dur = 0;
-  std::string kind, host_mem;
-  int64_t bytes = 0;
-};
-
 double overlap(uint64_t a0, uint64_t a1, uint64_t b0, uint64_t b1) {
   const uint64_t lo = std::max(a0, b0), hi = std::min(a1, b1);
   return hi > lo ? double(hi - lo) : 0;
 }
 
-std::vector<Segment> thread_segments(store::Db& db, uint32_t tid, uint64_t until_ns) {
+// A stretch of time in one state (between two windows: the state the first ended in).
+Segment in_state(uint64_t start, uint64_t end, const std::string& state) {
+  Segment g;
+  g.start = start;
+  g.end = end;
+  const double d = double(end - start);
+  (state == "on_cpu" ? g.on_cpu : state == "runnable" ? g.runnable : state == "io" ? g.io
+   : state == "lock" ? g.lock : state == "fd" ? g.fd : state == "sleep" ? g.sleep : g.other) = d;
+  return g;
+}
+
+std::vector<Segment> thread_segments(const std::vector<ThreadWindow>& windows, uint64_t until_ns) {
   std::vector<Segment> out;
-  auto q = db.prepare(
-      "SELECT start_ns, end_ns, on_cpu_ns, runnable_ns, io_ns, lock_ns, fd_ns, sleep_ns, other_ns, waited_ns, "
-      "waited_for_tid, waited_for_pid, waker_pid, state, waker_tid, coalesce(reclaim_ns, 0) FROM thread_times "
-      "WHERE tid = ?1 ORDER BY start_ns");
-  q.bind(1, int64_t(tid));
   std::string state;
-  while (q.step()) {
+  for (const auto& w : windows) {
+    if (!out.empty() && w.start_ns > out.back().end && state != "exited")
+      out.push_back(in_state(out.back().end, w.start_ns, state));
     Segment s;
-    s.start = uint64_t(q.i64(0));
-    s.end = uint64_t(q.i64(1));
-    // The time since the last window, in the state that window ended in.
-    if (!out.empty() && s.start > out.back().end && state != "exited") {
-      Segment gap;
-      gap.start = out.back().end;
-      gap.end = s.start;
-      const double d = double(gap.end - gap.start);
-      (state == "on_cpu" ? gap.on_cpu : state == "runnable" ? gap.runnable : state == "io" ? gap.io
-       : state == "lock" ? gap.lock : state == "fd" ? gap.fd : state == "sleep" ? gap.sleep : gap.other) = d;
-      out.push_back(gap);
-    }
-    s.on_cpu = double(q.i64(2));
-    s.runnable = double(q.i64(3));
-    s.io = double(q.i64(4));
-    s.lock = double(q.i64(5));
-    s.fd = double(q.i64(6));
-    s.sleep = double(q.i64(7));
-    s.other = double(q.i64(8));
+    s.start = w.start_ns;
+    s.end = w.end_ns;
+    s.on_cpu = w.on_cpu;
+    s.runnable = w.runnable;
+    s.io = w.io;
+    s.lock = w.lock;
+    s.fd = w.fd;
+    s.sleep = w.sleep;
+    s.other = w.other;
+    s.reclaim = w.reclaim;
     // The longest wait's culprit stands for the window's waits: the CPU gone idle (tid 0) means
     // throttling.
-    if (q.i64(9) > 0 && !q.is_null(10) && q.i64(10) == 0) s.runnable_idle = s.runnable;
-    s.waited_for_pid = q.is_null(11) ? 0 : uint32_t(q.i64(11));
-    s.waker_pid = q.is_null(12) ? 0 : uint32_t(q.i64(12));
-    s.waker_tid = q.is_null(14) ? 0 : uint32_t(q.i64(14));
-    s.reclaim = double(q.i64(15));
-    state = q.str(13);
+    if (w.waited_ns > 0 && w.waited_for_tid == 0) s.runnable_idle = s.runnable;
+    s.waited_for_pid = w.waited_for_pid;
+    s.waker_pid = w.waker_pid;
+    s.waker_tid = w.waker_tid;
+    state = w.state;
     out.push_back(s);
   }
-  if (!out.empty() && state != "exited" && until_ns > out.back().end) {
-    Segment tail;
-    tail.start = out.back().end;
-    tail.end = until_ns;
-    const double d = double(tail.end - tail.start);
-    (state == "on_cpu" ? tail.on_cpu : state == "runnable" ? tail.runnable : state == "io" ? tail.io
-     : state == "lock" ? tail.lock : state == "fd" ? tail.fd : state == "sleep" ? tail.sleep : tail.other) = d;
-    out.push_back(tail);
-  }
+  if (!out.empty() && state != "exited" && until_ns > out.back().end) out.push_back(in_state(out.back().end, until_ns, state));
   return out;
 }
 
@@ -136,14 +120,6 @@ void Breakdown::add(const Breakdown& o) {
 
 namespace {
 
-struct Names {
-  std::map<uint32_t, std::string> comm;     // by pid, from the record's processes and telemetry
-  std::map<uint32_t, uint32_t> ppid;
-  std::string of(uint32_t pid) const {
-    auto it = comm.find(pid);
-    return it == comm.end() || it->second.empty() ? fmt::format("pid {}", pid) : fmt::format("{} (pid {})", it->second, pid);
-  }
-};
 
 // Kernel threads that end waits for disk I/O (writeback, the journal): a wait they end is I/O,
 // whatever the thread slept in.
@@ -152,7 +128,7 @@ bool io_kernel_thread(const std::string& comm) {
          comm.starts_with("xfs") || comm.starts_with("btrfs");
 }
 
-void findings_from(Breakdown b, const Names& names, uint32_t pid, uint64_t from, uint64_t to, bool telemetry,
+void findings_from(Breakdown b, const ProcessNames& names, uint32_t pid, uint64_t from, uint64_t to, bool telemetry,
                    std::vector<Finding>& out, const std::set<std::string>& have) {
   if (b.window_ns <= 0 || b.steps <= 0) return;
   for (auto it = b.woken_by.begin(); it != b.woken_by.end();) {
@@ -265,6 +241,143 @@ void findings_from(Breakdown b, const Names& names, uint32_t pid, uint64_t from,
 
 }  // namespace
 
+std::string ProcessNames::of(uint32_t pid) const {
+  auto it = comm.find(pid);
+  return it == comm.end() || it->second.empty() ? fmt::format("pid {}", pid) : fmt::format("{} (pid {})", it->second, pid);
+}
+
+ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bool telemetry, uint64_t origin_ns) {
+  ProcessDiagnosis p;
+  p.pid = e.pid;
+  p.comm = e.comm;
+  p.cmdline = e.cmdline;
+  const uint32_t pid = e.pid;
+  // The thread that feeds the GPU: the main thread when it makes a share of the calls (PyTorch
+  // launches the backward pass from its autograd threads, but the loop is the main thread's).
+  std::map<uint32_t, size_t> per_thread;
+  for (const auto& c : e.calls) ++per_thread[c.tid];
+  {
+    size_t top_calls = 0;
+    uint32_t top_tid = pid;
+    for (const auto& [tid, n] : per_thread)
+      if (n > top_calls) top_calls = n, top_tid = tid;
+    p.feeding_tid = per_thread.contains(pid) && per_thread[pid] * 10 >= e.calls.size() ? pid : top_tid;
+  }
+  std::set<uint32_t> cuda_threads;  // its threads that made CUDA calls
+  for (const auto& [tid, n] : per_thread) cuda_threads.insert(tid);
+  // The process's calls, as the steps' pattern; the feeding thread's, for where its time went.
+  std::vector<Token> tokens;
+  std::vector<const CudaCall*> calls;
+  for (const auto& c : e.calls) {
+    if (c.kind == "launch" || c.kind == "graph_launch" || c.kind == "memcpy" || c.kind == "memset" || c.kind == "sync")
+      tokens.push_back({c.ts_ns, c.key});
+    if (c.tid == p.feeding_tid) calls.push_back(&c);
+  }
+  if (tokens.empty()) return p;
+  p.steps = find_steps(tokens);
+  std::vector<uint64_t> starts = p.steps.starts;
+  if (p.steps.count() == 0) {
+    // No loop found: fixed windows over the span of its calls.
+    starts.clear();
+    for (uint64_t t = tokens.front().ts_ns; t < tokens.back().ts_ns + kFallbackWindowNs; t += kFallbackWindowNs)
+      starts.push_back(t);
+  }
+  static const std::vector<ThreadWindow> none;
+  const auto w = e.windows.find(p.feeding_tid);
+  const auto segments = telemetry ? thread_segments(w == e.windows.end() ? none : w->second, e.until_ns)
+                                  : std::vector<Segment>{};
+  const auto& kernels = e.kernels;
+
+  std::vector<Breakdown> per_step;
+  size_t seg = 0, call = 0, kern = 0;
+  for (size_t i = 0; i + 1 < starts.size(); ++i) {
+    const uint64_t s = starts[i], end = starts[i + 1];
+    Breakdown b;
+    b.steps = 1;
+    b.window_ns = double(end - s);
+    while (seg < segments.size() && segments[seg].end <= s) ++seg;
+    double seen = 0;
+    for (size_t j = seg; j < segments.size() && segments[j].start < end; ++j) {
+      const auto& g = segments[j];
+      const double len = double(g.end - g.start);
+      if (len <= 0) continue;
+      const double f = overlap(g.start, g.end, s, end) / len;
+      seen += overlap(g.start, g.end, s, end);
+      b.on_cpu += g.on_cpu * f;
+      b.runnable += g.runnable * f;
+      b.io += g.io * f;
+      const bool handoff = g.waker_pid == pid && g.waker_tid != p.feeding_tid && cuda_threads.contains(g.waker_tid);
+      (handoff ? b.handoff : b.lock) += g.lock * f;
+      (handoff ? b.handoff : b.fd) += g.fd * f;
+      b.sleep += g.sleep * f;
+      b.other += g.other * f;
+      b.runnable_idle += g.runnable_idle * f;
+      b.reclaim += g.reclaim * f;
+      if (g.runnable > 0) b.waited_for[g.waited_for_pid] += (g.runnable - g.runnable_idle) * f;
+      if (g.io + g.lock + g.fd > 0 && !handoff) b.woken_by[g.waker_pid] += (g.io + g.lock + g.fd) * f;
+    }
+    b.unseen = std::max(0.0, b.window_ns - seen);
+    while (call < calls.size() && calls[call]->ts_ns < s) ++call;
+    for (size_t j = call; j < calls.size() && calls[j]->ts_ns < end; ++j) {
+      const auto& c = *calls[j];
+      b.in_cuda += double(c.duration_ns);
+      if (c.kind == "sync") {
+        b.in_sync += double(c.duration_ns);
+        ++b.syncs;
+      } else if (c.kind == "memcpy") {
+        b.in_copy += double(c.duration_ns);
+        if (c.host_mem == "pageable") {
+          b.in_pageable_copy += double(c.duration_ns);
+          ++b.pageable_copies;
+          b.pageable_bytes += double(c.bytes);
+        }
+      }
+    }
+    if (!kernels.empty()) {
+      b.gpu_known = true;
+      while (kern < kernels.size() && kernels[kern].second <= s) ++kern;
+      uint64_t covered_to = s;
+      for (size_t j = kern; j < kernels.size() && kernels[j].first < end; ++j) {
+        const uint64_t a = std::max({kernels[j].first, covered_to, s}), z = std::min(kernels[j].second, end);
+        if (z > a) b.gpu_busy += double(z - a);
+        covered_to = std::max(covered_to, z);
+      }
+    }
+    per_step.push_back(std::move(b));
+    p.step_ms.push_back(double(end - s) / 1e6);
+  }
+  if (per_step.empty()) return p;
+  std::vector<double> sorted = p.step_ms;
+  std::sort(sorted.begin(), sorted.end());
+  p.p50_ms = sorted[sorted.size() / 2];
+  p.p90_ms = sorted[std::min(sorted.size() - 1, sorted.size() * 9 / 10)];
+  uint64_t slow_from = 0, slow_to = 0;
+  for (size_t i = 0; i < per_step.size(); ++i) {
+    p.all.add(per_step[i]);
+    if (p.step_ms[i] > kSlowStep * p.p50_ms) {
+      ++p.slow_steps;
+      p.slow.add(per_step[i]);
+      if (!slow_from) slow_from = starts[i];
+      slow_to = starts[i + 1];
+    }
+  }
+  auto since_origin = [&](uint64_t t) { return t - std::min(t, origin_ns); };
+  const uint64_t from = since_origin(starts.front()), to = since_origin(starts.back());
+  findings_from(p.all, names, pid, from, to, telemetry, p.findings, {});
+  // Causes of the slow steps alone (a hog that came for a while), in their window.
+  if (p.slow_steps >= 2) {
+    std::set<std::string> have;
+    for (const auto& f : p.findings) have.insert(f.cause);
+    findings_from(p.slow, names, pid, since_origin(slow_from), since_origin(slow_to), telemetry, p.findings, have);
+  }
+  std::stable_sort(p.findings.begin(), p.findings.end(),
+                   [](const Finding& a, const Finding& b) { return a.share > b.share; });
+  if (p.findings.empty())
+    p.findings.push_back({"none", "No problem found", 0, 0, from, to,
+                          fmt::format("no cause explains {} of a step or more", pct(kMinShare)), "", "medium"});
+  return p;
+}
+
 Diagnosis diagnose(store::RecordReader& rec) {
   Diagnosis d;
   store::Db& db = rec.db();
@@ -281,7 +394,7 @@ Diagnosis diagnose(store::RecordReader& rec) {
                 db.prepare("SELECT 1 FROM gpu_activities WHERE kind = 'kernel' LIMIT 1").step();
   const uint64_t end_ns = uint64_t(rec.meta_i64("end_ns", 0));
 
-  Names names;
+  ProcessNames names;
   {
     auto q = db.prepare("SELECT pid, comm, ppid FROM processes");
     while (q.step()) {
@@ -297,172 +410,73 @@ Diagnosis diagnose(store::RecordReader& rec) {
   }
 
   // The processes that drive a GPU: those that launched kernels or copied, busiest first.
-  std::vector<std::pair<uint32_t, int64_t>> procs;
+  std::vector<uint32_t> procs;
   {
     auto q = db.prepare(
         "SELECT c.pid, count(*) FROM calls c JOIN functions f ON f.id = c.func WHERE c.parent_id IS NULL AND "
         "f.kind IN ('launch', 'graph_launch', 'memcpy') GROUP BY c.pid ORDER BY 2 DESC LIMIT 8");
-    while (q.step()) procs.emplace_back(uint32_t(q.i64(0)), q.i64(1));
+    while (q.step()) procs.push_back(uint32_t(q.i64(0)));
   }
-  for (const auto& [pid, n] : procs) {
-    ProcessDiagnosis p;
-    p.pid = pid;
-    p.comm = names.comm.count(pid) ? names.comm[pid] : "";
+  for (uint32_t pid : procs) {
+    ProcessEvidence e;
+    e.pid = pid;
+    e.comm = names.comm.count(pid) ? names.comm[pid] : "";
+    e.until_ns = end_ns;
     {
-      auto q = db.prepare("SELECT cmdline FROM processes WHERE pid = ?1");
+      auto q = db.prepare("SELECT cmdline, exit_ns FROM processes WHERE pid = ?1");
       q.bind(1, int64_t(pid));
-      if (q.step()) p.cmdline = q.str(0);
-    }
-    // The thread that feeds the GPU: the main thread when it makes a share of the calls (PyTorch
-    // launches the backward pass from its autograd threads, but the loop is the main thread's).
-    {
-      auto q = db.prepare("SELECT tid, count(*) FROM calls WHERE pid = ?1 AND parent_id IS NULL GROUP BY tid ORDER BY 2 DESC");
-      q.bind(1, int64_t(pid));
-      int64_t total = 0, main_calls = 0, top_calls = 0;
-      uint32_t top_tid = pid;
-      while (q.step()) {
-        if (!top_calls) {
-          top_tid = uint32_t(q.i64(0));
-          top_calls = q.i64(1);
-        }
-        if (uint32_t(q.i64(0)) == pid) main_calls = q.i64(1);
-        total += q.i64(1);
+      if (q.step()) {
+        e.cmdline = q.str(0);
+        if (!q.is_null(1)) e.until_ns = uint64_t(q.i64(1));
       }
-      p.feeding_tid = main_calls * 10 >= total ? pid : top_tid;
     }
-    // The process's calls, as the steps' pattern; the feeding thread's, for where its time went.
-    std::vector<Token> tokens;
-    std::vector<Call> calls;
-    std::set<uint32_t> cuda_threads;  // its threads that made CUDA calls
     {
       auto q = db.prepare(
           "SELECT c.ts_ns, coalesce(c.duration_ns, 0), f.kind, coalesce(c.host_mem, ''), coalesce(c.bytes, 0), "
           "c.func, coalesce(c.kernel_id, c.kernel_handle, 0), coalesce(c.dir, ''), c.tid FROM calls c "
           "JOIN functions f ON f.id = c.func WHERE c.pid = ?1 AND c.parent_id IS NULL ORDER BY c.ts_ns");
       q.bind(1, int64_t(pid));
+      while (q.step())
+        e.calls.push_back({uint64_t(q.i64(0)), uint64_t(q.i64(1)), uint32_t(q.i64(8)), q.str(2), q.str(3), q.i64(4),
+                           std::hash<std::string>{}(fmt::format("{}:{}:{}", q.i64(5), q.i64(6), q.str(7)))});
+    }
+    if (d.host_telemetry) {
+      // reclaim_ns came after the table: older records go without.
+      bool has_reclaim = false;
+      for (auto c = db.prepare("PRAGMA table_info(thread_times)"); c.step();) has_reclaim |= c.str(1) == "reclaim_ns";
+      auto q = db.prepare(std::string(
+          "SELECT tid, start_ns, end_ns, on_cpu_ns, runnable_ns, io_ns, lock_ns, fd_ns, sleep_ns, other_ns, ") +
+          (has_reclaim ? "coalesce(reclaim_ns, 0)" : "0") + ", waited_ns, coalesce(waited_for_tid, 0), coalesce(waited_for_pid, 0), "
+          "coalesce(waker_tid, 0), coalesce(waker_pid, 0), state FROM thread_times WHERE pid = ?1 ORDER BY tid, start_ns");
+      q.bind(1, int64_t(pid));
       while (q.step()) {
-        const std::string kind = q.str(2);
-        if (kind == "launch" || kind == "graph_launch" || kind == "memcpy" || kind == "memset" || kind == "sync") {
-          const uint64_t key = std::hash<std::string>{}(fmt::format("{}:{}:{}", q.i64(5), q.i64(6), q.str(7)));
-          tokens.push_back({uint64_t(q.i64(0)), key});
-        }
-        cuda_threads.insert(uint32_t(q.i64(8)));
-        if (uint32_t(q.i64(8)) == p.feeding_tid)
-          calls.push_back({uint64_t(q.i64(0)), uint64_t(q.i64(1)), kind, q.str(3), q.i64(4)});
+        ThreadWindow w;
+        w.start_ns = uint64_t(q.i64(1));
+        w.end_ns = uint64_t(q.i64(2));
+        w.on_cpu = double(q.i64(3));
+        w.runnable = double(q.i64(4));
+        w.io = double(q.i64(5));
+        w.lock = double(q.i64(6));
+        w.fd = double(q.i64(7));
+        w.sleep = double(q.i64(8));
+        w.other = double(q.i64(9));
+        w.reclaim = double(q.i64(10));
+        w.waited_ns = uint64_t(q.i64(11));
+        w.waited_for_tid = uint32_t(q.i64(12));
+        w.waited_for_pid = uint32_t(q.i64(13));
+        w.waker_tid = uint32_t(q.i64(14));
+        w.waker_pid = uint32_t(q.i64(15));
+        w.state = q.str(16);
+        e.windows[uint32_t(q.i64(0))].push_back(std::move(w));
       }
     }
-    if (tokens.empty()) continue;
-    p.steps = find_steps(tokens);
-    std::vector<uint64_t> starts = p.steps.starts;
-    if (p.steps.count() == 0) {
-      // No loop found: fixed windows over the span of its calls.
-      starts.clear();
-      for (uint64_t t = tokens.front().ts_ns; t < tokens.back().ts_ns + kFallbackWindowNs; t += kFallbackWindowNs)
-        starts.push_back(t);
-    }
-    uint64_t until = end_ns;
-    {
-      auto q = db.prepare("SELECT exit_ns FROM processes WHERE pid = ?1");
-      q.bind(1, int64_t(pid));
-      if (q.step() && !q.is_null(0)) until = uint64_t(q.i64(0));
-    }
-    const auto segments = d.host_telemetry ? thread_segments(db, p.feeding_tid, until) : std::vector<Segment>{};
-    std::vector<std::pair<uint64_t, uint64_t>> kernels;
     if (d.gpu_times) {
       auto q = db.prepare("SELECT start_ns, end_ns FROM gpu_activities WHERE pid = ?1 AND kind = 'kernel' ORDER BY start_ns");
       q.bind(1, int64_t(pid));
-      while (q.step()) kernels.emplace_back(uint64_t(q.i64(0)), uint64_t(q.i64(1)));
+      while (q.step()) e.kernels.emplace_back(uint64_t(q.i64(0)), uint64_t(q.i64(1)));
     }
-
-    std::vector<Breakdown> per_step;
-    size_t seg = 0, call = 0, kern = 0;
-    for (size_t i = 0; i + 1 < starts.size(); ++i) {
-      const uint64_t s = starts[i], e = starts[i + 1];
-      Breakdown b;
-      b.steps = 1;
-      b.window_ns = double(e - s);
-      while (seg < segments.size() && segments[seg].end <= s) ++seg;
-      double seen = 0;
-      for (size_t j = seg; j < segments.size() && segments[j].start < e; ++j) {
-        const auto& g = segments[j];
-        const double len = double(g.end - g.start);
-        if (len <= 0) continue;
-        const double f = overlap(g.start, g.end, s, e) / len;
-        seen += overlap(g.start, g.end, s, e);
-        b.on_cpu += g.on_cpu * f;
-        b.runnable += g.runnable * f;
-        b.io += g.io * f;
-        const bool handoff = g.waker_pid == pid && g.waker_tid != p.feeding_tid && cuda_threads.contains(g.waker_tid);
-        (handoff ? b.handoff : b.lock) += g.lock * f;
-        (handoff ? b.handoff : b.fd) += g.fd * f;
-        b.sleep += g.sleep * f;
-        b.other += g.other * f;
-        b.runnable_idle += g.runnable_idle * f;
-        b.reclaim += g.reclaim * f;
-        if (g.runnable > 0) b.waited_for[g.waited_for_pid] += (g.runnable - g.runnable_idle) * f;
-        if (g.io + g.lock + g.fd > 0 && !handoff) b.woken_by[g.waker_pid] += (g.io + g.lock + g.fd) * f;
-      }
-      b.unseen = std::max(0.0, b.window_ns - seen);
-      while (call < calls.size() && calls[call].ts < s) ++call;
-      for (size_t j = call; j < calls.size() && calls[j].ts < e; ++j) {
-        const auto& c = calls[j];
-        b.in_cuda += double(c.dur);
-        if (c.kind == "sync") {
-          b.in_sync += double(c.dur);
-          ++b.syncs;
-        } else if (c.kind == "memcpy") {
-          b.in_copy += double(c.dur);
-          if (c.host_mem == "pageable") {
-            b.in_pageable_copy += double(c.dur);
-            ++b.pageable_copies;
-            b.pageable_bytes += double(c.bytes);
-          }
-        }
-      }
-      if (!kernels.empty()) {
-        b.gpu_known = true;
-        while (kern < kernels.size() && kernels[kern].second <= s) ++kern;
-        uint64_t covered_to = s;
-        for (size_t j = kern; j < kernels.size() && kernels[j].first < e; ++j) {
-          const uint64_t a = std::max({kernels[j].first, covered_to, s}), z = std::min(kernels[j].second, e);
-          if (z > a) b.gpu_busy += double(z - a);
-          covered_to = std::max(covered_to, z);
-        }
-      }
-      per_step.push_back(std::move(b));
-      p.step_ms.push_back(double(e - s) / 1e6);
-    }
-    if (per_step.empty()) continue;
-    std::vector<double> sorted = p.step_ms;
-    std::sort(sorted.begin(), sorted.end());
-    p.p50_ms = sorted[sorted.size() / 2];
-    p.p90_ms = sorted[std::min(sorted.size() - 1, sorted.size() * 9 / 10)];
-    uint64_t slow_from = 0, slow_to = 0;
-    for (size_t i = 0; i < per_step.size(); ++i) {
-      p.all.add(per_step[i]);
-      if (p.step_ms[i] > kSlowStep * p.p50_ms) {
-        ++p.slow_steps;
-        p.slow.add(per_step[i]);
-        if (!slow_from) slow_from = starts[i];
-        slow_to = starts[i + 1];
-      }
-    }
-    const uint64_t from = starts.front() - std::min(starts.front(), d.origin_ns);
-    const uint64_t to = starts.back() - std::min(starts.back(), d.origin_ns);
-    findings_from(p.all, names, pid, from, to, d.host_telemetry, p.findings, {});
-    // Causes of the slow steps alone (a hog that came for a while), in their window.
-    if (p.slow_steps >= 2) {
-      std::set<std::string> have;
-      for (const auto& f : p.findings) have.insert(f.cause);
-      findings_from(p.slow, names, pid, slow_from - std::min(slow_from, d.origin_ns),
-                    slow_to - std::min(slow_to, d.origin_ns), d.host_telemetry, p.findings, have);
-    }
-    std::stable_sort(p.findings.begin(), p.findings.end(),
-                     [](const Finding& a, const Finding& b) { return a.share > b.share; });
-    if (p.findings.empty())
-      p.findings.push_back({"none", "No problem found", 0, 0, from, to,
-                            fmt::format("no cause explains {} of a step or more", pct(kMinShare)), "", "medium"});
-    d.processes.push_back(std::move(p));
+    ProcessDiagnosis p = analyze(e, names, d.host_telemetry, d.origin_ns);
+    if (!p.step_ms.empty()) d.processes.push_back(std::move(p));
   }
   if (procs.empty()) d.notes.push_back("no process in this record launched a kernel or copied: nothing to diagnose");
   return d;

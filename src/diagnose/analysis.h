@@ -58,6 +58,43 @@ struct ProcessDiagnosis {
   std::vector<Finding> findings;  // ranked; a single `none` when nothing explains 5% of a step
 };
 
+// What the analysis works from, read from a record (diagnose) or kept live by the agent.
+struct ThreadWindow {  // a store::ThreadTimeRow of the thread
+  uint64_t start_ns = 0, end_ns = 0;
+  double on_cpu = 0, runnable = 0, io = 0, lock = 0, fd = 0, sleep = 0, other = 0, reclaim = 0;
+  uint64_t waited_ns = 0;
+  uint32_t waited_for_tid = 0, waited_for_pid = 0;
+  uint32_t waker_tid = 0, waker_pid = 0;
+  std::string state;
+};
+struct CudaCall {  // a top-level call
+  uint64_t ts_ns = 0, duration_ns = 0;
+  uint32_t tid = 0;
+  std::string kind;      // the function's kind: launch, memcpy, sync...
+  std::string host_mem;  // copies: pageable, pinned, unknown
+  int64_t bytes = 0;
+  uint64_t key = 0;      // what was called (function, kernel, copy direction): the steps' pattern
+};
+struct ProcessEvidence {
+  uint32_t pid = 0;
+  std::string comm, cmdline;
+  std::vector<CudaCall> calls;                            // in time order
+  std::map<uint32_t, std::vector<ThreadWindow>> windows;  // by tid, in time order
+  std::vector<std::pair<uint64_t, uint64_t>> kernels;     // GPU times, in time order
+  uint64_t until_ns = 0;  // its exit, or the end of what was seen
+};
+// Names of processes (comm) and their parents, for the evidence.
+struct ProcessNames {
+  std::map<uint32_t, std::string> comm;
+  std::map<uint32_t, uint32_t> ppid;
+  std::string of(uint32_t pid) const;
+};
+
+// One process's diagnosis; `origin_ns`: instants are given from it. Its step count is 0 when the
+// evidence holds no CUDA call.
+ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bool host_telemetry,
+                         uint64_t origin_ns);
+
 struct Diagnosis {
   bool host_telemetry = false;
   bool gpu_times = false;

@@ -132,6 +132,12 @@ class Agent {
   const AgentRun& run_;
   AgentConfig cfg_;
   std::unique_ptr<Aggregator> agg_;
+  std::unique_ptr<LiveDiagnosis> live_;  // with cfg_.diagnose
+  // The live findings' gauges, for /metrics and OTLP.
+  std::vector<MetricFamily> live_families() const {
+    if (!live_) return {};
+    return live_->families([this](uint32_t pid) { return agg_->labels_of(pid); });
+  }
   std::unique_ptr<record::Tracer> tracer_;
   std::unique_ptr<BudgetController> budget_;
   attach::BpfSession::HitCost trap_cost_;  // the calibration: a trap with a program that does nothing
@@ -177,10 +183,10 @@ bool Agent::authorized(const HttpRequest& req, bool profiles) const {
 }
 
 std::string Agent::metrics_text() {
-  std::vector<MetricFamily> extra;
+  std::vector<MetricFamily> extra = live_families();
   {
     std::lock_guard lock(mu_);
-    extra = health_;
+    extra.insert(extra.end(), health_.begin(), health_.end());
   }
   return to_prometheus_text(agg_->snapshot(std::move(extra), start_unix_ns_));
 }
@@ -271,11 +277,11 @@ HttpResponse Agent::serve(const HttpRequest& req) {
 void Agent::stop_server() { server_.reset(); }
 
 void Agent::push_otlp() {
-  std::vector<MetricFamily> extra;
+  std::vector<MetricFamily> extra = live_families();
   PushTarget target;
   {
     std::lock_guard lock(mu_);
-    extra = health_;
+    extra.insert(extra.end(), health_.begin(), health_.end());
     target = cfg_.otlp;
   }
   const auto snap = agg_->snapshot(std::move(extra), start_unix_ns_);
@@ -512,6 +518,10 @@ int Agent::run() {
   AggregatorLimits limits;
   limits.max_kernel_names = cfg_.max_kernel_names;
   agg_ = std::make_unique<Aggregator>(limits, cfg_.cpu_profile_hz, cfg_.host_root);
+  if (cfg_.diagnose) {
+    live_ = std::make_unique<LiveDiagnosis>(LiveDiagnosis::Limits{});
+    agg_->set_live_diagnosis(live_.get());
+  }
 
   record::TracerOptions topts;
   topts.all = true;
@@ -547,6 +557,7 @@ int Agent::run() {
   // A recycle costs two system calls per entry emptied, and the stacks still in use are read
   // again.
   topts.stack_map_entries = cfg_.stack_map_entries;
+  topts.host_telemetry = cfg_.diagnose;
   topts.pipeline.recycle_stacks_at = 1.0 / 32;
   tracer_ = std::make_unique<record::Tracer>(topts, *agg_);
 
@@ -628,6 +639,7 @@ int Agent::run() {
       for (const auto& [pid, st] : budget_->processes())
         if (!discover::process_exists(pid)) gone.push_back(pid);
       for (pid_t pid : gone) tracer_->process_gone(pid);
+      if (live_) live_->tick(now);
     }
     budget_->tick(now);
     if (now >= next_health) {

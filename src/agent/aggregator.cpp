@@ -127,7 +127,9 @@ void Aggregator::upsert_process(uint32_t pid, uint32_t, const std::string& comm,
   auto it = processes_.find(pid);
   if (it == processes_.end()) return;
   if (!comm.empty()) it->second.comm = comm;
-  it->second.container = discover::container_of(static_cast<pid_t>(pid), host_root_);
+  // A process already gone reads as in no container: what was read while it ran stays.
+  if (auto c = discover::container_of(static_cast<pid_t>(pid), host_root_); !c.container_id.empty() || !c.pod.empty())
+    it->second.container = std::move(c);
 }
 
 void Aggregator::set_process_exit(uint32_t pid, uint64_t ts_ns, int) {
@@ -136,6 +138,7 @@ void Aggregator::set_process_exit(uint32_t pid, uint64_t ts_ns, int) {
   if (it == processes_.end() || it->second.exited) return;
   it->second.exited = true;
   it->second.cycles.exited(ts_ns, true);
+  if (live_) live_->forget_process(pid);
 }
 
 void Aggregator::add_library(const store::LibraryRow& lib) {
@@ -144,6 +147,7 @@ void Aggregator::add_library(const store::LibraryRow& lib) {
 }
 
 void Aggregator::add_call(const CallEvent& e) {
+  if (live_) live_->add_call(e);
   const auto* f = cuda::function_by_id(e.func);
   if (!f) return;
   std::lock_guard lock(mu_);

@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "agent/live_diagnosis.h"
 #include "agent/metrics.h"
 #include "agent/observed_cycles.h"
 #include "discover/container.h"
@@ -76,6 +77,11 @@ class Aggregator final : public store::EventSink {
   void add_library(const store::LibraryRow& lib) override;
   void add_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, uint32_t cpu, int64_t stack_id,
                   int64_t kernel_stack_id) override;
+  void add_thread_time(const store::ThreadTimeRow& r) override {
+    if (live_) live_->add_thread_time(r);
+  }
+  // Calls and host telemetry are also given to the live diagnosis (set before tracing starts).
+  void set_live_diagnosis(LiveDiagnosis* live) { live_ = live; }
   void add_symbol(int64_t module_id, uint64_t offset, const std::string& name) override;
   void set_lost(const std::string& cause, uint64_t count) override;
   void add_gpu_batch(const gpu::NvmlSampler::Batch& b) override;
@@ -202,6 +208,7 @@ class Aggregator final : public store::EventSink {
   std::atomic<uint64_t> deferred_frames_{0};  // named file+offset while their file's pass waited
   std::atomic<uint64_t> stack_epoch_{0};
   int64_t python_module_ = 0;
+  LiveDiagnosis* live_ = nullptr;
   std::map<uint32_t, GpuLatest> gpus_;
   std::map<std::pair<uint32_t, uint32_t>, gpu::GpuProcessSample> gpu_processes_;  // (gpu, pid)
   std::map<std::string, uint64_t> lost_;

@@ -92,7 +92,7 @@ AgentConfig read_config(const std::string& path, const YAML::Node& root, AgentCo
              {"listen", "bearer_token_file", "protect_metrics", "budget", "interval", "otlp", "pyroscope",
               "max_kernel_names", "memory_limit_mb", "gpu_sample_hz", "cpu_profile_hz", "stacks", "python_stacks",
               "ringbuf_mb", "host_root", "stack_map_entries", "agent_cpu_budget", "gpu_process_sample_interval",
-              "stack_walk", "unwind_table_mb", "unwind_cache", "stack_every"});
+              "stack_walk", "unwind_table_mb", "unwind_cache", "stack_every", "diagnose"});
   auto get = [&](const char* key, auto& out) {
     if (const auto n = root[key]) out = scalar<std::decay_t<decltype(out)>>(path, key, n);
   };
@@ -119,6 +119,7 @@ AgentConfig read_config(const std::string& path, const YAML::Node& root, AgentCo
   get("unwind_table_mb", c.unwind_table_mb);
   get("unwind_cache", c.unwind_cache);
   get("stack_every", c.stack_every);
+  get("diagnose", c.diagnose);
   auto at = [&](const char* key) { return root[key] ? root[key] : root; };
   if (c.budget <= 0 || c.budget > 1) fail(path, at("budget"), "budget must be in (0, 1], e.g. 0.01 for 1%");
   if (c.cpu_profile_hz < 0 || c.cpu_profile_hz > 1000) fail(path, at("cpu_profile_hz"), "cpu_profile_hz must be 0..1000");

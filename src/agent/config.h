@@ -48,6 +48,9 @@ struct AgentConfig {
   // record::Pipeline::recycle_stacks). Not in deploy/agent.yaml: for tests and odd hosts.
   uint32_t stack_map_entries = 8192;
   std::string host_root = "/";  // where the host's / is (containers' state, for pod names)
+  // Host telemetry of the CUDA processes and their children, and live findings from it
+  // (gpuscope_step_seconds, gpuscope_finding_share): see docs/diagnosis.md.
+  bool diagnose = true;
 };
 
 // Reads a config file over the defaults. Throws Error naming the file, line and key.

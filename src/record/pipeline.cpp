@@ -368,9 +368,11 @@ void Pipeline::on_thread_time(const uint8_t* data, size_t) {
   gs_thread_time_record r;
   std::memcpy(&r, data, sizeof(r));
   auto text = [](const char* s) { return std::string(s, strnlen(s, GS_COMM_LEN)); };
-  // Threads that make no CUDA call (a DataLoader worker) are named here.
-  note_process(r.pid, r.start_ns);
-  note_thread(r.tid, r.pid, text(r.comm));
+  // Threads that make no CUDA call (a DataLoader worker) are named here; not from a thread's last
+  // window, which may come after its process's exit record: a process gone is not noted again
+  // (it would be read from /proc no more, and kept as known for ever).
+  if (!(r.flags & GS_TT_EXITED)) note_process(r.pid, r.start_ns);
+  if (known_processes_.contains(r.pid)) note_thread(r.tid, r.pid, text(r.comm));
   store::ThreadTimeRow row;
   row.pid = r.pid;
   row.tid = r.tid;

@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import subprocess
+import time
 
 import pytest
 
@@ -160,3 +161,31 @@ def test_memory_limit_is_memory_pressure(record, gpuscope):
     [proc] = [p for p in json.loads(out.stdout)["processes"] if p["comm"] == "diag_steps"]
     assert proc["findings"][0]["cause"] == "memory_pressure", proc["findings"]
     assert "direct reclaim" in proc["findings"][0]["evidence"]
+
+
+def test_agent_finds_a_cpu_hog_live(agent):
+    """The agent's live diagnosis: a hog that comes mid-run onto the loop's CPU is exported as a
+    cpu_contention finding within seconds; before it, the loop's steps and no finding."""
+    from agent_util import series
+    a = agent()
+    loop = subprocess.Popen(["taskset", "-c", "0", TARGETS / "diag_steps", "clean", "1500"], stdout=subprocess.DEVNULL)
+    hog = None
+    try:
+        # The loop's steps, and no contention once the agent has attached to it (its attaching runs on
+        # the loop's CPU too, and is rightly found for the first seconds).
+        m = a.wait_for(lambda m: series(m, "gpuscope_step_seconds", pid=loop.pid) and max(
+            series(m, "gpuscope_finding_share", pid=loop.pid, cause="cpu_contention"), default=0) < 0.05,
+                       timeout=15, what="the loop's steps without a finding")
+        assert 0.008 < series(m, "gpuscope_step_seconds", pid=loop.pid)[0] < 0.02
+        hog = subprocess.Popen(["taskset", "-c", "0", "python3", "-c", "while True: pass"])
+        onset = time.time()
+        m = a.wait_for(lambda m: any(v > 0.25 for v in series(m, "gpuscope_finding_share", pid=loop.pid,
+                                                             cause="cpu_contention")),
+                       timeout=10, what="a cpu_contention finding")
+        print(f"cpu_contention found {time.time() - onset:.1f} s after the hog started")
+    finally:
+        if hog:
+            hog.kill()
+            hog.wait()
+        loop.kill()
+        loop.wait()

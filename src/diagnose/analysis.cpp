@@ -7,7 +7,6 @@
 #include <functional>
 #include <set>
 
-#include "report/stored_stacks.h"
 
 namespace gpuscope::diagnose {
 namespace {
@@ -20,13 +19,14 @@ void add_map(std::map<uint32_t, double>& to, const std::map<uint32_t, double>& f
   for (const auto& [k, v] : from) to[k] += v;
 }
 
-// A stretch of the feeding thread's time, each state's nanoseconds in it, spread evenly over it
-// when a step window covers part of it.
+// A stretch of the feeding thread's time: one of its windows, or the time between two, in the
+// state the first ended in. Its states' nanoseconds are spread evenly over it when a step covers
+// part of it.
 struct Segment {
-  uint64_t start = 0, end = 0;
-  double on_cpu = 0, runnable = 0, io = 0, lock = 0, fd = 0, sleep = 0, other = 0;
-  double runnable_idle = 0, reclaim = 0;
-  uint32_t waited_for_pid = 0, waker_pid = 0, waker_tid = 0;
+  ThreadWindow w;
+  // Its waits for a CPU that had gone idle (throttling): all its runnable time when its longest
+  // wait's culprit was the idle task (tid 0), which stands for the window's waits.
+  double runnable_idle = 0;
 };
 
 double overlap(uint64_t a0, uint64_t a1, uint64_t b0, uint64_t b1) {
@@ -34,44 +34,27 @@ double overlap(uint64_t a0, uint64_t a1, uint64_t b0, uint64_t b1) {
   return hi > lo ? double(hi - lo) : 0;
 }
 
-// A stretch of time in one state (between two windows: the state the first ended in).
-Segment in_state(uint64_t start, uint64_t end, const std::string& state) {
-  Segment g;
-  g.start = start;
-  g.end = end;
+ThreadWindow in_state(uint64_t start, uint64_t end, const std::string& state) {
+  ThreadWindow w;
+  w.start_ns = start;
+  w.end_ns = end;
   const double d = double(end - start);
-  (state == "on_cpu" ? g.on_cpu : state == "runnable" ? g.runnable : state == "io" ? g.io
-   : state == "lock" ? g.lock : state == "fd" ? g.fd : state == "sleep" ? g.sleep : g.other) = d;
-  return g;
+  (state == "on_cpu" ? w.on_cpu : state == "runnable" ? w.runnable : state == "io" ? w.io
+   : state == "lock" ? w.lock : state == "fd" ? w.fd : state == "sleep" ? w.sleep : w.other) = d;
+  return w;
 }
 
 std::vector<Segment> thread_segments(const std::vector<ThreadWindow>& windows, uint64_t until_ns) {
   std::vector<Segment> out;
   std::string state;
   for (const auto& w : windows) {
-    if (!out.empty() && w.start_ns > out.back().end && state != "exited")
-      out.push_back(in_state(out.back().end, w.start_ns, state));
-    Segment s;
-    s.start = w.start_ns;
-    s.end = w.end_ns;
-    s.on_cpu = w.on_cpu;
-    s.runnable = w.runnable;
-    s.io = w.io;
-    s.lock = w.lock;
-    s.fd = w.fd;
-    s.sleep = w.sleep;
-    s.other = w.other;
-    s.reclaim = w.reclaim;
-    // The longest wait's culprit stands for the window's waits: the CPU gone idle (tid 0) means
-    // throttling.
-    if (w.waited_ns > 0 && w.waited_for_tid == 0) s.runnable_idle = s.runnable;
-    s.waited_for_pid = w.waited_for_pid;
-    s.waker_pid = w.waker_pid;
-    s.waker_tid = w.waker_tid;
+    if (!out.empty() && w.start_ns > out.back().w.end_ns && state != "exited")
+      out.push_back({in_state(out.back().w.end_ns, w.start_ns, state)});
+    out.push_back({w, w.waited_ns > 0 && w.waited_for_tid == 0 ? w.runnable : 0});
     state = w.state;
-    out.push_back(s);
   }
-  if (!out.empty() && state != "exited" && until_ns > out.back().end) out.push_back(in_state(out.back().end, until_ns, state));
+  if (!out.empty() && state != "exited" && until_ns > out.back().w.end_ns)
+    out.push_back({in_state(out.back().w.end_ns, until_ns, state)});
   return out;
 }
 
@@ -295,14 +278,15 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
     Breakdown b;
     b.steps = 1;
     b.window_ns = double(end - s);
-    while (seg < segments.size() && segments[seg].end <= s) ++seg;
+    while (seg < segments.size() && segments[seg].w.end_ns <= s) ++seg;
     double seen = 0;
-    for (size_t j = seg; j < segments.size() && segments[j].start < end; ++j) {
-      const auto& g = segments[j];
-      const double len = double(g.end - g.start);
+    for (size_t j = seg; j < segments.size() && segments[j].w.start_ns < end; ++j) {
+      const auto& g = segments[j].w;
+      const double runnable_idle = segments[j].runnable_idle;
+      const double len = double(g.end_ns - g.start_ns);
       if (len <= 0) continue;
-      const double f = overlap(g.start, g.end, s, end) / len;
-      seen += overlap(g.start, g.end, s, end);
+      const double f = overlap(g.start_ns, g.end_ns, s, end) / len;
+      seen += overlap(g.start_ns, g.end_ns, s, end);
       b.on_cpu += g.on_cpu * f;
       b.runnable += g.runnable * f;
       b.io += g.io * f;
@@ -311,9 +295,9 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
       (handoff ? b.handoff : b.fd) += g.fd * f;
       b.sleep += g.sleep * f;
       b.other += g.other * f;
-      b.runnable_idle += g.runnable_idle * f;
+      b.runnable_idle += runnable_idle * f;
       b.reclaim += g.reclaim * f;
-      if (g.runnable > 0) b.waited_for[g.waited_for_pid] += (g.runnable - g.runnable_idle) * f;
+      if (g.runnable > 0) b.waited_for[g.waited_for_pid] += (g.runnable - runnable_idle) * f;
       if (g.io + g.lock + g.fd > 0 && !handoff) b.woken_by[g.waker_pid] += (g.io + g.lock + g.fd) * f;
     }
     b.unseen = std::max(0.0, b.window_ns - seen);
@@ -382,7 +366,7 @@ Diagnosis diagnose(store::RecordReader& rec) {
   Diagnosis d;
   store::Db& db = rec.db();
   d.origin_ns = uint64_t(rec.meta_i64("start_ns", 0));
-  const bool telemetry_table = report::has_table(db, "thread_times");
+  const bool telemetry_table = db.has_table("thread_times");
   d.host_telemetry = telemetry_table && rec.meta("host_telemetry") == "1";
   if (!d.host_telemetry)
     d.notes.push_back(telemetry_table ? "host telemetry was off for this recording (--no-host-telemetry, or the kernel "
@@ -390,7 +374,7 @@ Diagnosis diagnose(store::RecordReader& rec) {
                                         "the CUDA calls alone"
                                       : "this record was written before host telemetry existed: causes on the host "
                                         "side cannot be seen; findings come from the CUDA calls alone");
-  d.gpu_times = report::has_table(db, "gpu_activities") &&
+  d.gpu_times = db.has_table("gpu_activities") &&
                 db.prepare("SELECT 1 FROM gpu_activities WHERE kind = 'kernel' LIMIT 1").step();
   const uint64_t end_ns = uint64_t(rec.meta_i64("end_ns", 0));
 
@@ -442,8 +426,7 @@ Diagnosis diagnose(store::RecordReader& rec) {
     }
     if (d.host_telemetry) {
       // reclaim_ns came after the table: older records go without.
-      bool has_reclaim = false;
-      for (auto c = db.prepare("PRAGMA table_info(thread_times)"); c.step();) has_reclaim |= c.str(1) == "reclaim_ns";
+      const bool has_reclaim = db.has_column("thread_times", "reclaim_ns");
       auto q = db.prepare(std::string(
           "SELECT tid, start_ns, end_ns, on_cpu_ns, runnable_ns, io_ns, lock_ns, fd_ns, sleep_ns, other_ns, ") +
           (has_reclaim ? "coalesce(reclaim_ns, 0)" : "0") + ", waited_ns, coalesce(waited_for_tid, 0), coalesce(waited_for_pid, 0), "

@@ -138,7 +138,7 @@ FlameFormat format_for_path(const std::string& path) {
 
 FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, const FlameOptions& opt) {
   Db& db = rec.db();
-  const bool have_samples = has_table(db, "samples");
+  const bool have_samples = db.has_table("samples");
   StackLabels names(db, sym, opt.native);
   const auto procs = process_names(db);
   FlameData d;
@@ -169,7 +169,7 @@ FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, cons
       break;
     }
     case Metric::GpuTime: {
-      if (!has_table(db, "gpu_activities"))
+      if (!db.has_table("gpu_activities"))
         throw Error("this record has no GPU times: record with --gpu-times");
       d.sample_type = "gpu_time";
       d.unit = "nanoseconds";

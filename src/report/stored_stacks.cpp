@@ -20,12 +20,6 @@ std::string PythonFrameRow::text() const {
   return file.empty() ? function : fmt::format("{} ({}:{})", function, short_python_path(file), line);
 }
 
-bool has_table(store::Db& db, const char* name) {
-  auto q = db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1");
-  q.bind(1, std::string_view(name));
-  return q.step();
-}
-
 std::string call_stack_weight_sql(store::Db& db) {
   auto q = db.prepare("SELECT 1 FROM pragma_table_info('calls') WHERE name = 'stack_weight'");
   return q.step() ? "coalesce(c.stack_weight, 1)" : "1";
@@ -40,11 +34,11 @@ StoredStacks::StoredStacks(store::Db& db)
     : frames_(db.prepare("SELECT f.module_id, f.offset, f.ip, m.path, m.build_id, f.depth FROM stack_frames f "
                          "LEFT JOIN modules m ON m.id = f.module_id WHERE f.stack_id = ?1 ORDER BY f.depth")) {
   // Tables a record written by an older gpuscope may lack.
-  if (has_table(db, "symbols")) {
+  if (db.has_table("symbols")) {
     auto q = db.prepare("SELECT module_id, offset, name FROM symbols");
     while (q.step()) recorded_[{q.i64(0), uint64_t(q.i64(1))}] = q.str(2);
   }
-  if (has_table(db, "python_frames")) {
+  if (db.has_table("python_frames")) {
     auto q = db.prepare("SELECT id, function, file, line FROM python_frames");
     while (q.step()) python_[q.i64(0)] = PythonFrameRow{q.str(1), q.str(2), q.i64(3)};
   }

@@ -48,7 +48,6 @@ class StoredStacks {
 std::string base_name(const std::string& path);
 // A Python source path as frames show it: after site-packages/ or lib/pythonX.Y/, else whole.
 std::string short_python_path(const std::string& path);
-bool has_table(store::Db& db, const char* name);
 // How many calls a call row's stack stands for, as SQL over `calls c`: N for a launch, copy or
 // memset whose stack was taken under `record --stack-every N`, 0 for one left out, 1 otherwise
 // (and in records from before the column).

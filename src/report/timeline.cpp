@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "diagnose/analysis.h"
 #include "report/frame_names.h"
 #include "report/stack_view.h"
 #include "report/stored_stacks.h"
@@ -52,6 +53,8 @@ std::string quoted(std::string_view s, size_t limit = kMaxText) {
   return out;
 }
 
+// The diagnosis's tracks in each process: thread ids no thread has (pids end at 2^22).
+constexpr int64_t kStepsTid = 999'999'990, kFindingsTid = 999'999'991;
 // NVML's tracks are processes of their own, numbered past any real pid.
 constexpr int64_t kGpuPidBase = 1'000'000'000;
 
@@ -191,7 +194,7 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
   }
 
   // CPU samples: an instant on the thread's track, named by the innermost frame.
-  if (has_table(db, "samples")) {
+  if (db.has_table("samples")) {
     auto q = db.prepare("SELECT ts_ns, pid, tid, coalesce(stack_id, 0), coalesce(kernel_stack_id, 0) FROM samples "
                         "WHERE ts_ns >= ?1 AND ts_ns <= ?2" + pid_filter + " ORDER BY ts_ns");
     q.bind(1, lo).bind(2, hi);
@@ -208,7 +211,7 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
   }
 
   // NVML: counter tracks under one process per GPU.
-  if (has_table(db, "gpus")) {
+  if (db.has_table("gpus")) {
     auto g = db.prepare("SELECT idx, coalesce(name, '') FROM gpus");
     while (g.step()) name_gpu(g.i64(0), fmt::format("GPU {} (NVML): {}", g.i64(0), g.str(1)));
     auto q = db.prepare(
@@ -233,7 +236,7 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
 
   // GPU times: a track per GPU stream with its kernels, copies and memsets, and an arrow from
   // each launch (or copy call) to what it ran.
-  if (has_table(db, "gpu_activities")) {
+  if (db.has_table("gpu_activities")) {
     std::set<std::pair<int64_t, int64_t>> streams;
     auto q = db.prepare(
         "SELECT a.id, coalesce(a.gpu, 0), coalesce(a.stream, 0), a.start_ns, a.end_ns, a.kind, a.name, a.bytes, "
@@ -267,6 +270,31 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
         w.event(fmt::format(R"({{"ph":"f","bp":"e","id":{},"name":"launch","cat":"flow","ts":{},"pid":{},"tid":{}}})",
                             q.i64(0), us(q.i64(3)), gpu_pid, stream));
       }
+    }
+  }
+
+  // Diagnosis: per process, a track of its steps and one of the findings over the window each was
+  // seen in (docs/diagnosis.md).
+  for (const auto& p : diagnose::diagnose(rec).processes) {
+    if (opt.pid && int64_t(p.pid) != opt.pid) continue;
+    w.event(fmt::format(R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":"steps"}}}})", p.pid,
+                        kStepsTid));
+    const auto& starts = p.steps.starts;
+    for (size_t i = 0; i + 1 < starts.size(); ++i) {
+      if (int64_t(starts[i + 1]) < lo || int64_t(starts[i]) > hi) continue;
+      w.event(fmt::format(R"({{"ph":"X","name":"step {}","cat":"step","ts":{},"dur":{:.3f},"pid":{},"tid":{}}})", i + 1,
+                          us(int64_t(starts[i])), double(starts[i + 1] - starts[i]) / 1e3, p.pid, kStepsTid));
+    }
+    w.event(fmt::format(R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":"diagnosis"}}}})", p.pid,
+                        kFindingsTid));
+    for (const auto& f : p.findings) {
+      if (f.cause == "none") continue;
+      const int64_t from = origin + int64_t(f.from_ns), to = origin + int64_t(f.to_ns);
+      if (to < lo || from > hi) continue;
+      w.event(fmt::format(
+          R"({{"ph":"X","name":{},"cat":"finding","ts":{},"dur":{:.3f},"pid":{},"tid":{},"args":{{"cause":{},"share_of_step":{:.3f},"ms_per_step":{:.3f},"evidence":{},"fix":{}}}}})",
+          quoted(f.title), us(from), double(to - from) / 1e3, p.pid, kFindingsTid, quoted(f.cause), f.share,
+          f.ms_per_step, quoted(f.evidence), quoted(f.fix)));
     }
   }
 

@@ -290,7 +290,7 @@ void RecordWriter::place() {
 void RecordWriter::close_statements() {
   for (Stmt* st : {&insert_call_, &insert_kernel_, &insert_module_, &insert_stack_, &insert_frame_, &upsert_process_,
                    &process_exit_, &upsert_thread_, &insert_library_, &set_lost_, &set_meta_, &insert_sample_,
-                   &insert_symbol_, &insert_python_frame_, &insert_gpu_, &insert_gpu_sample_, &insert_gpu_process_,
+                   &insert_thread_time_, &insert_symbol_, &insert_python_frame_, &insert_gpu_, &insert_gpu_sample_, &insert_gpu_process_,
                    &insert_gpu_event_})
     *st = Stmt();
 }

@@ -20,16 +20,18 @@ Db::Db(const std::string& path, Mode mode) : path_(path) {
   sqlite3_busy_timeout(db_, 2000);
 }
 
-Db::~Db() { sqlite3_close(db_); }
+Db::~Db() { sqlite3_close_v2(db_); }
 
+// close_v2: a statement still open (one its owner forgot to finalize first) keeps the connection
+// until it is finalized, where sqlite3_close would fail and leak it.
 void Db::close() {
-  sqlite3_close(db_);
+  sqlite3_close_v2(db_);
   db_ = nullptr;
 }
 
 Db& Db::operator=(Db&& o) noexcept {
   if (this != &o) {
-    sqlite3_close(db_);
+    sqlite3_close_v2(db_);
     db_ = o.db_;
     path_ = std::move(o.path_);
     o.db_ = nullptr;
@@ -47,6 +49,18 @@ void Db::exec(const std::string& sql) {
 }
 
 Stmt Db::prepare(std::string_view sql) { return Stmt(db_, sql); }
+
+bool Db::has_table(std::string_view table) {
+  auto q = prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1");
+  q.bind(1, table);
+  return q.step();
+}
+
+bool Db::has_column(std::string_view table, std::string_view column) {
+  auto q = prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2");
+  q.bind(1, table).bind(2, column);
+  return q.step();
+}
 
 Stmt::Stmt(sqlite3* db, std::string_view sql) : db_(db) {
   if (sqlite3_prepare_v3(db, sql.data(), static_cast<int>(sql.size()), SQLITE_PREPARE_PERSISTENT, &st_, nullptr) !=

@@ -39,6 +39,9 @@ class Db {
 
   void exec(const std::string& sql);
   Stmt prepare(std::string_view sql);
+  // Tables and columns added to the format later are missing from older records.
+  bool has_table(std::string_view table);
+  bool has_column(std::string_view table, std::string_view column);
   void close();  // its statements finalized first
   int64_t last_insert_rowid() const { return sqlite3_last_insert_rowid(db_); }
   sqlite3* handle() const { return db_; }

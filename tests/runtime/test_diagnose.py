@@ -95,26 +95,27 @@ def test_not_a_record_is_one_line(gpuscope, tmp_path):
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
-def cpu_quota_cgroup(tmp_name, quota_us, period_us=100000):
-    """A cgroup with a CPU quota (v2 cpu.max, or v1 cpu.cfs_quota_us): (its procs file, cleanup)."""
-    v2 = pathlib.Path("/sys/fs/cgroup")
-    controllers = v2 / "cgroup.controllers"
-    if controllers.exists() and "cpu" in controllers.read_text().split():
-        d = v2 / tmp_name
-        d.mkdir(exist_ok=True)
-        (d / "cpu.max").write_text(f"{quota_us} {period_us}")
-    elif (v2 / "cpu" / "cpu.cfs_quota_us").exists():
-        d = v2 / "cpu" / tmp_name
-        d.mkdir(exist_ok=True)
-        (d / "cpu.cfs_period_us").write_text(str(period_us))
-        (d / "cpu.cfs_quota_us").write_text(str(quota_us))
+def limited_cgroup(name, controller, v2_files, v1_files):
+    """A cgroup of `controller` with limits written (v2 files, or v1 files under the v1 hierarchy):
+    (its procs file, cleanup), or (None, a no-op) where neither hierarchy has the controller."""
+    root = pathlib.Path("/sys/fs/cgroup")
+    controllers = root / "cgroup.controllers"
+    if controllers.exists() and controller in controllers.read_text().split():
+        d, files = root / name, v2_files
+    elif (root / controller / "cgroup.procs").exists():
+        d, files = root / controller / name, v1_files
     else:
         return None, lambda: None
+    d.mkdir(exist_ok=True)
+    for f, value in files.items():
+        (d / f).write_text(value)
     return d / "cgroup.procs", lambda: os.rmdir(d)
 
 
 def test_cpu_quota_throttling_is_named(record, gpuscope):
-    procs, cleanup = cpu_quota_cgroup("gpuscope_test_quota", 5000)
+    # 5 ms of CPU every 100 ms.
+    procs, cleanup = limited_cgroup("gpuscope_test_quota", "cpu", {"cpu.max": "5000 100000"},
+                                    {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "5000"})
     if procs is None:
         pytest.skip("no cgroup CPU controller here")
     try:
@@ -130,25 +131,9 @@ def test_cpu_quota_throttling_is_named(record, gpuscope):
     assert top["share_of_step"] > 0.5
 
 
-def memory_limit_cgroup(tmp_name, limit_bytes):
-    """A cgroup with a memory limit (v2 memory.max, or v1 memory.limit_in_bytes): (its procs file, cleanup)."""
-    root = pathlib.Path("/sys/fs/cgroup")
-    controllers = root / "cgroup.controllers"
-    if controllers.exists() and "memory" in controllers.read_text().split():
-        d = root / tmp_name
-        d.mkdir(exist_ok=True)
-        (d / "memory.max").write_text(str(limit_bytes))
-    elif (root / "memory" / "memory.limit_in_bytes").exists():
-        d = root / "memory" / tmp_name
-        d.mkdir(exist_ok=True)
-        (d / "memory.limit_in_bytes").write_text(str(limit_bytes))
-    else:
-        return None, lambda: None
-    return d / "cgroup.procs", lambda: os.rmdir(d)
-
-
 def test_memory_limit_is_memory_pressure(record, gpuscope):
-    procs, cleanup = memory_limit_cgroup("gpuscope_test_memory", 48 << 20)
+    procs, cleanup = limited_cgroup("gpuscope_test_memory", "memory", {"memory.max": str(48 << 20)},
+                                    {"memory.limit_in_bytes": str(48 << 20)})
     if procs is None:
         pytest.skip("no cgroup memory controller here")
     try:
@@ -189,3 +174,20 @@ def test_agent_finds_a_cpu_hog_live(agent):
             hog.wait()
         loop.kill()
         loop.wait()
+
+
+def test_timeline_shows_steps_and_findings(record, gpuscope, tmp_path):
+    rec = record("--", TARGETS / "diag_steps", "sleep", STEPS)
+    out = tmp_path / "trace.json"
+    r = gpuscope("timeline", rec.path, "-o", out)
+    assert r.returncode == 0, r.stderr
+    events = json.loads(out.read_text())["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    steps = [e for e in events if e.get("cat") == "step"]
+    findings = [e for e in events if e.get("cat") == "finding"]
+    assert len(steps) >= 55 and all(names[(e["pid"], e["tid"])] == "steps" for e in steps)
+    [sleep] = [e for e in findings if e["args"]["cause"] == "sleep"]
+    assert names[(sleep["pid"], sleep["tid"])] == "diagnosis"
+    # It spans the steps it was seen in, and says what to do.
+    assert sleep["dur"] >= 0.8 * sum(e["dur"] for e in steps)
+    assert "Remove the sleep" in sleep["args"]["fix"]

@@ -20,7 +20,7 @@ using nlohmann::json;
 }  // namespace
 
 json cpu_profile(store::RecordReader& rec, symbolize::Symbolizer& sym, size_t top) {
-  if (!has_table(rec.db(), "samples") || !rec.db().prepare("SELECT 1 FROM samples LIMIT 1").step()) return nullptr;
+  if (!rec.db().has_table("samples") || !rec.db().prepare("SELECT 1 FROM samples LIMIT 1").step()) return nullptr;
   const FlameData d = build_flame(rec, sym, FlameOptions{Metric::Cpu});
   std::map<std::string, int64_t> self, total;
   int64_t samples = 0;

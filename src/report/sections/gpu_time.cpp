@@ -81,7 +81,7 @@ json gap_json(const GpuTimeScope& s, CallSites& sites, const std::string& tids, 
     }
   }
   json sampled = json::array();
-  if (!tids.empty() && has_table(s.db, "samples")) {
+  if (!tids.empty() && s.db.has_table("samples")) {
     std::map<std::string, int64_t> where;
     auto q = s.db.prepare(
         fmt::format("SELECT coalesce(stack_id, 0) FROM samples WHERE tid IN ({}) AND ts_ns BETWEEN ?1 AND ?2", tids));
@@ -161,7 +161,7 @@ std::vector<Interval> busy_stretches(std::vector<Interval> intervals) {
 }
 
 json gpu_time(const GpuTimeScope& s, CallSites& sites, size_t top) {
-  if (!has_table(s.db, "gpu_activities")) return nullptr;
+  if (!s.db.has_table("gpu_activities")) return nullptr;
   std::map<int64_t, std::vector<Activity>> by_gpu;
   struct KernelTotal {
     int64_t count = 0, ns = 0, max_ns = 0;

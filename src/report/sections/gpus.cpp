@@ -17,7 +17,7 @@ using nlohmann::json;
 
 json gpus(store::RecordReader& rec, const Record& r) {
   json out = {{"metrics", rec.meta("gpu_metrics")}, {"devices", json::array()}};
-  if (!has_table(r.db, "gpus")) return out;
+  if (!r.db.has_table("gpus")) return out;
   auto devs = r.db.prepare("SELECT idx, uuid, name, memory_total, power_limit_mw FROM gpus ORDER BY idx");
   auto stats = r.db.prepare(
       "SELECT count(*), avg(gpu_util), max(gpu_util), avg(mem_util), max(mem_used), avg(power_mw), max(power_mw), "

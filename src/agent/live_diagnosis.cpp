@@ -64,7 +64,6 @@ void LiveDiagnosis::add_thread_time(const store::ThreadTimeRow& r) {
 void LiveDiagnosis::forget_process(uint32_t pid) {
   std::lock_guard lock(mu_);
   processes_.erase(pid);
-  std::erase_if(since_, [&](const auto& kv) { return kv.first.first == pid; });
 }
 
 void LiveDiagnosis::trim(Process& p, uint64_t before_ns) {
@@ -105,7 +104,6 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
     for (const auto& [pid, comm] : names_.comm) names.comm.try_emplace(pid, comm);
   }
   std::vector<Current> found;
-  std::map<std::pair<uint32_t, std::string>, uint64_t> since;
   for (const auto& e : evidence) {
     const auto d = diagnose::analyze(e, names, true, 0);
     if (d.step_ms.empty() || !d.steps.count()) continue;  // no loop seen in the window
@@ -114,18 +112,12 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
     c.comm = e.comm;
     c.step_s = d.p50_ms / 1e3;
     c.steps = d.steps.count();
-    for (const auto& f : d.findings) {
-      if (f.cause == "none") continue;
-      c.findings.push_back(f);
-      const auto key = std::pair{e.pid, f.cause};
-      auto was = since_.find(key);
-      since[key] = was == since_.end() ? now_ns : was->second;
-    }
+    for (const auto& f : d.findings)
+      if (f.cause != "none") c.findings.push_back(f);
     found.push_back(std::move(c));
   }
   std::lock_guard lock(mu_);
   current_ = std::move(found);
-  since_ = std::move(since);
 }
 
 std::vector<LiveDiagnosis::Current> LiveDiagnosis::current() const {

@@ -43,7 +43,6 @@ class LiveDiagnosis {
     double step_s = 0;
     size_t steps = 0;
     std::vector<diagnose::Finding> findings;  // not `none`
-    uint64_t first_seen_ns = 0;               // per cause: when it was first found in a row
   };
   std::vector<Current> current() const;
   // gpuscope_step_seconds and gpuscope_finding_share, labelled with each process's labels.
@@ -63,7 +62,6 @@ class LiveDiagnosis {
   std::map<uint32_t, Process> processes_;
   diagnose::ProcessNames names_;  // comm of processes seen in the evidence
   std::vector<Current> current_;
-  std::map<std::pair<uint32_t, std::string>, uint64_t> since_;  // (pid, cause) -> first tick it was found
 };
 
 }  // namespace gpuscope::agent

@@ -40,6 +40,7 @@ struct thread_time {
 	__u16 flags;
 	__u64 reclaim_ns;
 	__u64 reclaim_since;  /* in a direct reclaim since then (0: not) */
+	__u64 net_softirq_ns;
 	char waited_for_comm[GS_COMM_LEN];
 	char waker_comm[GS_COMM_LEN];
 };
@@ -113,7 +114,7 @@ static __always_inline void send_window(struct thread_time *t, struct task_struc
 		r->preempted = t->preempted;
 		r->faults = t->faults;
 		r->state = t->state;
-		r->pad = 0;
+		r->net_softirq_us = t->net_softirq_ns / 1000;
 		r->reclaim_ns = t->reclaim_ns;
 		BPF_CORE_READ_STR_INTO(&r->comm, task, comm);
 		__builtin_memcpy(r->waited_for_comm, t->waited_for_comm, GS_COMM_LEN);
@@ -239,6 +240,51 @@ static __always_inline void reclaim_end(void)
 		t->reclaim_ns += bpf_ktime_get_ns() - t->reclaim_since;
 		t->reclaim_since = 0;
 	}
+}
+
+/* Network softirqs run on a followed thread's CPU while it is there (softirqs do not nest on a
+ * CPU: one start per CPU). Every softirq on the host tests one bit; timers, RCU and the block
+ * layer's are not looked at. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} net_softirq_since SEC(".maps");
+
+#define GS_NET_TX_SOFTIRQ 2
+#define GS_NET_RX_SOFTIRQ 3
+
+SEC("tp_btf/softirq_entry")
+int BPF_PROG(host_softirq_entry, unsigned int vec_nr)
+{
+	if (!host_telemetry || (vec_nr != GS_NET_RX_SOFTIRQ && vec_nr != GS_NET_TX_SOFTIRQ))
+		return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	if (!host_followed(task->tgid))
+		return 0;
+	__u32 zero = 0;
+	__u64 *since = bpf_map_lookup_elem(&net_softirq_since, &zero);
+	if (since)
+		*since = bpf_ktime_get_ns();
+	return 0;
+}
+
+SEC("tp_btf/softirq_exit")
+int BPF_PROG(host_softirq_exit, unsigned int vec_nr)
+{
+	if (!host_telemetry || (vec_nr != GS_NET_RX_SOFTIRQ && vec_nr != GS_NET_TX_SOFTIRQ))
+		return 0;
+	__u32 zero = 0;
+	__u64 *since = bpf_map_lookup_elem(&net_softirq_since, &zero);
+	if (!since || !*since)
+		return 0;
+	__u64 began = *since;
+	*since = 0;
+	struct thread_time *t = tracked_thread(bpf_get_current_task_btf());
+	if (t)
+		t->net_softirq_ns += bpf_ktime_get_ns() - began;
+	return 0;
 }
 
 SEC("tp_btf/mm_vmscan_direct_reclaim_begin")

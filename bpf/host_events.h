@@ -46,7 +46,9 @@ struct gs_thread_time_record {
 	/* Its state at end_ns (gs_thread_state), in which it stays until its next window: a thread
 	 * that runs without ever leaving its CPU sends none meanwhile. */
 	__u32 state;
-	__u32 pad;
+	/* Network softirqs (NET_RX, NET_TX) the kernel ran on its CPU while it was there, in µs: time
+	 * charged to it as on-CPU that went to packets (a flood steered onto its CPU). */
+	__u32 net_softirq_us;
 	/* Reclaiming memory itself (direct reclaim: the host, or its cgroup, short of memory), on a
 	 * CPU or blocked: part of the states' time, not beside it. */
 	__u64 reclaim_ns;

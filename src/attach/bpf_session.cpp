@@ -380,7 +380,7 @@ std::vector<bpf_program*> BpfSession::host_programs() const {
   return {skel_->progs.host_switch,         skel_->progs.host_waking,        skel_->progs.host_fault,
           skel_->progs.host_fork,           skel_->progs.host_exit,          skel_->progs.host_reclaim_begin,
           skel_->progs.host_reclaim_end,    skel_->progs.host_memcg_reclaim_begin,
-          skel_->progs.host_memcg_reclaim_end};
+          skel_->progs.host_memcg_reclaim_end, skel_->progs.host_softirq_entry, skel_->progs.host_softirq_exit};
 }
 
 void BpfSession::remove_target(pid_t pid) {

@@ -18,6 +18,7 @@
 #include "discover/proc.h"
 #include "record/recorder.h"
 #include "diagnose/output.h"
+#include "report/call_sites.h"
 #include "report/flamegraph.h"
 #include "report/report.h"
 #include "report/timeline.h"
@@ -50,7 +51,9 @@ int run_report(const std::string& path, bool json, size_t top) {
 
 int run_diagnose(const std::string& path, bool json) {
   store::RecordReader reader(path);
-  const auto doc = diagnose::to_json(diagnose::diagnose(reader));
+  symbolize::Symbolizer symbolizer;
+  report::CallSites sites(reader.db(), symbolizer);
+  const auto doc = diagnose::to_json(diagnose::diagnose(reader, &sites));
   if (json)
     std::cout << doc.dump(2) << "\n";
   else

@@ -4,12 +4,18 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "diagnose/steps.h"
 #include "store/record_reader.h"
+
+namespace gpuscope::report {
+class CallSites;
+}
 
 namespace gpuscope::diagnose {
 
@@ -25,19 +31,43 @@ struct Breakdown {
   double handoff = 0;
   double runnable_idle = 0; // waiting for a CPU that had gone idle: a CPU quota's throttling
   double reclaim = 0;       // in direct reclaim (within the states above)
-  double in_sync = 0, in_pageable_copy = 0, in_copy = 0, in_cuda = 0;  // in CUDA calls (in_cuda: all)
+  double net_softirq = 0;   // of on_cpu: network softirqs the kernel ran on its CPU
+  double in_sync = 0, in_pageable_copy = 0, in_copy = 0, in_launch = 0, in_cuda = 0;  // in CUDA calls
+                                                                                        // (in_cuda: all)
   double syncs = 0, pageable_copies = 0;
   double pageable_bytes = 0;
+  double launches = 0;
+  std::map<int64_t, double> sync_stacks;  // the stacks of its syncs -> time in them
+  // The GPU's side. Kernel times (record --gpu-times) when there are, else NVML's readings of the
+  // process's GPU taken within these steps (each covers the last ~1/6 s before it).
   double gpu_busy = 0;
   bool gpu_known = false;   // GPU times (record --gpu-times) cover these steps
+  double host_late = 0;     // (GPU times) idle because the next kernel was launched after the last ended
+  double gpu_util = 0, gpu_util_n = 0;         // NVML: sum of busy shares (0..1), readings
+  double own_sm = 0, other_sm = 0, sm_n = 0;   // NVML per process: sums of SM shares (0..1), readings
+  std::map<uint32_t, double> other_sm_by;      // pid -> sum of its SM shares
+  std::set<uint32_t> gpu_tenants;              // other processes NVML saw on the GPU
+  double pcie_bytes_per_s = 0, pcie_n = 0;     // NVML: sum of PCIe throughput readings (both ways)
+  double copy_bytes = 0;                       // what the process itself copied
+  double clock_mhz = 0, clock_n = 0, slowed_n = 0;  // SM clock readings while busy; of them, held
+                                                    // down by power or heat
+  double max_clock_mhz = 0;
+  // The share of the steps the GPU was busy: kernel times, else NVML; -1 when neither covers them.
+  double busy_share() const;
   std::map<uint32_t, double> waited_for;  // pid -> runnable time spent behind it
   std::map<uint32_t, double> woken_by;    // pid -> blocked time (I/O, lock, fd) it ended, handoffs aside
+  // Of woken_by: waits ended by another of its threads that was itself fed by that process (the
+  // DataLoader's pin-memory thread passes on what the workers made).
+  std::map<uint32_t, double> relayed;
   void add(const Breakdown& o);
 };
 
 struct Finding {
   std::string cause;       // cpu_contention, cpu_throttling, memory_pressure, io_wait, input_wait,
-                           // lock_wait, sleep, pageable_copies, none
+                           // lock_wait, sleep, pageable_copies, sync_per_step, launch_bound,
+                           // host_compute, softirq, gpu_contention, pcie_contention,
+                           // gpu_clocks_throttled,
+                           // none
   std::string title;
   double share = 0;        // of step time
   double ms_per_step = 0;
@@ -62,6 +92,7 @@ struct ProcessDiagnosis {
 struct ThreadWindow {  // a store::ThreadTimeRow of the thread
   uint64_t start_ns = 0, end_ns = 0;
   double on_cpu = 0, runnable = 0, io = 0, lock = 0, fd = 0, sleep = 0, other = 0, reclaim = 0;
+  double net_softirq = 0;  // of on_cpu: network softirqs run on its CPU
   uint64_t waited_ns = 0;
   uint32_t waited_for_tid = 0, waited_for_pid = 0;
   uint32_t waker_tid = 0, waker_pid = 0;
@@ -74,14 +105,35 @@ struct CudaCall {  // a top-level call
   std::string host_mem;  // copies: pageable, pinned, unknown
   int64_t bytes = 0;
   uint64_t key = 0;      // what was called (function, kernel, copy direction): the steps' pattern
+  int64_t stack_id = 0;
+};
+struct GpuReading {  // NVML, the process's GPU; -1: not read
+  uint64_t ts_ns = 0;
+  double util = -1;            // share of the last period a kernel ran (0..1)
+  double sm_clock_mhz = -1;
+  uint64_t throttle_reasons = 0;
+  double pcie_bytes_per_s = -1;  // both ways
+};
+struct GpuProcessReading {  // NVML, per process on the process's GPU
+  uint64_t ts_ns = 0;
+  uint32_t pid = 0;
+  double sm = -1;  // share of the SMs' time (0..1); -1: not read (a process seen by its memory alone)
+};
+struct KernelTime {
+  uint64_t start_ns = 0, end_ns = 0;
+  uint64_t launched_ns = 0;  // when its launch call was made; 0 unknown
 };
 struct ProcessEvidence {
   uint32_t pid = 0;
   std::string comm, cmdline;
   std::vector<CudaCall> calls;                            // in time order
   std::map<uint32_t, std::vector<ThreadWindow>> windows;  // by tid, in time order
-  std::vector<std::pair<uint64_t, uint64_t>> kernels;     // GPU times, in time order
+  std::vector<KernelTime> kernels;                        // GPU times, in time order
+  std::vector<GpuReading> gpu;                            // in time order
+  std::vector<GpuProcessReading> gpu_processes;           // in time order
   uint64_t until_ns = 0;  // its exit, or the end of what was seen
+  // The Python line (or native caller) of a call's stack, for the evidence; "" when unknown.
+  std::function<std::string(int64_t stack_id)> site;
 };
 // Names of processes (comm) and their parents, for the evidence.
 struct ProcessNames {
@@ -103,6 +155,7 @@ struct Diagnosis {
   std::vector<std::string> notes;           // what the record could not tell (no host telemetry...)
 };
 
-Diagnosis diagnose(store::RecordReader& rec);
+// `sites` names the Python lines of the calls the evidence cites (none: they go unnamed).
+Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites = nullptr);
 
 }  // namespace gpuscope::diagnose

@@ -28,8 +28,16 @@ json breakdown_json(const Breakdown& b) {
            {"sync", per_step_ms(b.in_sync)},
            {"copies", per_step_ms(b.in_copy)},
            {"pageable_copies", per_step_ms(b.in_pageable_copy)}}},
-         {"syncs_per_step", b.syncs / b.steps}};
-  if (b.gpu_known) j["gpu_busy_share"] = b.window_ns > 0 ? b.gpu_busy / b.window_ns : 0;
+         {"syncs_per_step", b.syncs / b.steps},
+         {"launches_per_step", b.launches / b.steps}};
+  if (const double busy = b.busy_share(); busy >= 0) {
+    j["gpu_busy_share"] = busy;
+    j["gpu_busy_from"] = b.gpu_known ? "gpu_times" : "nvml";
+    // HTA's split of the idle time: launched after the GPU had run out of work.
+    if (b.gpu_known) j["gpu_idle_host_late_share"] = b.host_late / b.window_ns;
+  }
+  if (b.sm_n > 0) j["gpu_sm_share"] = {{"own", b.own_sm / b.sm_n}, {"others", b.other_sm / b.sm_n}};
+  if (b.pcie_n > 0) j["pcie_gb_per_s"] = b.pcie_bytes_per_s / b.pcie_n / 1e9;
   return j;
 }
 
@@ -91,7 +99,10 @@ std::string render_text(const json& doc) {
           t.at("other").get<double>(), t.at("unseen").get<double>(), b.at("cuda_ms").at("all").get<double>(),
           b.at("cuda_ms").at("sync").get<double>(), b.at("cuda_ms").at("copies").get<double>());
       if (b.contains("gpu_busy_share"))
-        out += fmt::format("The GPU was busy {:.0f}% of the steps\n", b.at("gpu_busy_share").get<double>() * 100);
+        out += fmt::format("The GPU was busy {:.0f}% of the steps ({}); {:.0f} launches a step\n",
+                           b.at("gpu_busy_share").get<double>() * 100,
+                           b.at("gpu_busy_from") == "nvml" ? "NVML's utilisation" : "kernel times",
+                           b.at("launches_per_step").get<double>());
     }
     int rank = 0;
     for (const auto& f : p.at("findings")) {

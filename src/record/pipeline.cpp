@@ -397,6 +397,7 @@ void Pipeline::on_thread_time(const uint8_t* data, size_t) {
   row.preempted = r.preempted;
   row.faults = r.faults;
   row.reclaim_ns = r.reclaim_ns;
+  row.net_softirq_ns = uint64_t(r.net_softirq_us) * 1000;
   static constexpr const char* kStates[GS_TS_NR] = {"on_cpu", "runnable", "io", "lock", "fd", "sleep", "other"};
   row.state = (r.flags & GS_TT_EXITED) ? "exited" : r.state < GS_TS_NR ? kStates[r.state] : "other";
   sink_.add_thread_time(row);

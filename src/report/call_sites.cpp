@@ -57,4 +57,10 @@ std::string CallSites::python_site(int64_t stack_id) {
   return innermost ? innermost->text : std::string();
 }
 
+std::string CallSites::python_or_caller(int64_t stack_id) {
+  if (!stack_id) return "";
+  auto py = python_site(stack_id);
+  return py.empty() ? site(stack_id) : py;
+}
+
 }  // namespace gpuscope::report

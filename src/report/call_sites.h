@@ -34,6 +34,8 @@ class CallSites {
   // the innermost Python frame when that is in a library ("train (train.py:40) → relu
   // (torch/nn/functional.py:1723)"); "" without Python frames.
   std::string python_site(int64_t stack_id);
+  // python_site, else site; "" for stack id 0.
+  std::string python_or_caller(int64_t stack_id);
 
  private:
   FrameNamer names_;

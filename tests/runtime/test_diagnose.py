@@ -78,6 +78,54 @@ def test_cpu_hog_on_the_same_cpu_is_named(record, gpuscope):
     assert top["share_of_step"] > 0.2
 
 
+UDP_SINK = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0))
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+print(s.getsockname()[1], flush=True)
+while True:
+    s.recv(65536)
+"""
+UDP_SOURCE = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); m = b"x" * 1400; a = ("127.0.0.1", int(sys.argv[1]))
+while True:
+    s.sendto(m, a)
+"""
+
+
+def test_packets_steered_onto_the_loops_cpu_are_softirq(record, gpuscope):
+    """A loopback UDP flood from another CPU, its receive processing steered (RPS) onto the loop's
+    CPU: the loop's CPU goes to network softirqs, not to another process."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    rps = pathlib.Path("/sys/class/net/lo/queues/rx-0/rps_cpus")
+    try:
+        old = rps.read_text().strip()
+        rps.write_text("1")
+    except OSError as e:
+        pytest.skip(f"cannot steer the loopback's packets (RPS): {e}")
+    procs = []
+    try:
+        sink = subprocess.Popen(["taskset", "-c", "1", "python3", "-c", UDP_SINK], stdout=subprocess.PIPE, text=True)
+        procs.append(sink)
+        port = sink.stdout.readline().strip()
+        procs += [subprocess.Popen(["taskset", "-c", "1", "python3", "-c", UDP_SOURCE, port]) for _ in range(2)]
+        time.sleep(0.5)
+        rec = record("--", "taskset", "-c", "0", TARGETS / "diag_steps", "clean", STEPS)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        rps.write_text(old)
+    _, proc = diagnosis(gpuscope, rec)
+    top = proc["findings"][0]
+    assert top["cause"] == "softirq", proc["findings"]
+    assert "RPS" in top["fix"]
+    # None of it is put on another process.
+    assert "cpu_contention" not in causes(proc)[:1]
+
+
 def test_without_host_telemetry_it_says_so(record, gpuscope):
     rec = record("--no-host-telemetry", "--", TARGETS / "diag_steps", "sleep", "20")
     out = gpuscope("diagnose", rec.path)

@@ -119,6 +119,8 @@ class Agent {
   void stop_server();
   void exporter_loop();
   void push_otlp();
+  // The live findings that began since the last push, as OTLP log records to the collector's /v1/logs.
+  void push_finding_logs();
   void take_and_push_profiles();
   void update_health();
   void enforce_memory_limit();
@@ -302,6 +304,51 @@ void Agent::push_otlp() {
   }
 }
 
+void Agent::push_finding_logs() {
+  if (!live_) return;
+  auto onsets = live_->take_onsets();
+  if (onsets.empty()) return;
+  PushTarget target;
+  {
+    std::lock_guard lock(mu_);
+    target = cfg_.otlp;
+  }
+  const uint64_t mono = monotonic_ns(), unix_now = realtime_ns();
+  std::vector<LogEvent> events;
+  for (const auto& o : onsets) {
+    LogEvent e;
+    e.time_unix_ns = unix_now - std::min(unix_now, mono - std::min(mono, o.ts_ns));
+    e.name = "gpuscope.diagnosis.finding";
+    const auto& f = o.finding;
+    e.body = fmt::format("{} ({:.0f}% of step time, {:.1f} ms a step). Evidence: {}. Fix: {}", f.title,
+                         f.share * 100, f.ms_per_step, f.evidence, f.fix);
+    e.attributes = agg_->labels_of(o.pid);
+    e.attributes.emplace_back("cause", f.cause);
+    e.attributes.emplace_back("share_of_step", fmt::format("{:.3f}", f.share));
+    e.attributes.emplace_back("confidence", f.confidence);
+    events.push_back(std::move(e));
+  }
+  const Labels resource{{"service.name", "gpuscope-agent"}, {"host.name", hostname_}, {"service.version", GPUSCOPE_VERSION}};
+  auto [base, path] = split_url(target.url);
+  // The collector's logs endpoint beside its metrics one.
+  constexpr std::string_view kMetricsPath = "/v1/metrics";
+  path = path.ends_with(kMetricsPath) ? path.substr(0, path.size() - kMetricsPath.size()) + "/v1/logs"
+                                      : std::string("/v1/logs");
+  httplib::Client client(base);
+  client.set_connection_timeout(5);
+  client.set_read_timeout(10);
+  httplib::Headers headers;
+  for (const auto& [k, v] : target.headers) headers.emplace(k, v);
+  auto res = client.Post(path, headers, to_otlp_logs(events, resource), "application/x-protobuf");
+  if (!res || res->status / 100 != 2) {
+    std::lock_guard lock(mu_);
+    if (export_errors_["otlp_logs"]++ == 0 || g_verbose)
+      log_warn("OTLP log export to {}{} failed: {} (findings are dropped; counted in "
+               "gpuscope_agent_export_errors_total)",
+               base, path, res ? fmt::format("HTTP {}", res->status) : httplib::to_string(res.error()));
+  }
+}
+
 void Agent::take_and_push_profiles() {
   auto profiles = agg_->take_profiles();
   PushTarget target;
@@ -363,6 +410,8 @@ void Agent::exporter_loop() {
         push_otlp();
         next_otlp = now + uint64_t(c.otlp.interval_s * 1e9);
       }
+      // Findings go out as they begin, not at the metrics' interval.
+      if (!c.otlp.url.empty()) push_finding_logs();
     } catch (const std::exception& e) {
       log_warn("export: {}", e.what());
     }

@@ -318,6 +318,7 @@ void Aggregator::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
   for (const auto& s : b.processes) gpu_processes_[{s.device, s.pid}] = s;
   for (const auto& e : b.events)
     if (e.kind == "xid") gpus_[e.device].xids[e.value] += 1;
+  if (live_) live_->add_gpu_batch(b);
 }
 
 int64_t Aggregator::launch_key(Process& p, int64_t kernel) {

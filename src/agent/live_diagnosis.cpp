@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "cuda/functions.h"
 
 namespace gpuscope::agent {
@@ -38,6 +41,7 @@ void LiveDiagnosis::add_thread_time(const store::ThreadTimeRow& r) {
   w.sleep = double(r.sleep_ns);
   w.other = double(r.other_ns);
   w.reclaim = double(r.reclaim_ns);
+  w.net_softirq = double(r.net_softirq_ns);
   w.waited_ns = r.waited_ns;
   w.waited_for_tid = r.waited_for_tid;
   w.waited_for_pid = r.waited_for_pid;
@@ -61,9 +65,31 @@ void LiveDiagnosis::add_thread_time(const store::ThreadTimeRow& r) {
   }
 }
 
+void LiveDiagnosis::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
+  std::lock_guard lock(mu_);
+  for (const auto& s : b.samples) {
+    diagnose::GpuReading r;
+    r.ts_ns = s.ts_ns;
+    if (s.gpu_util) r.util = double(*s.gpu_util) / 100;
+    if (s.sm_clock_mhz) r.sm_clock_mhz = double(*s.sm_clock_mhz);
+    if (s.throttle_reasons) r.throttle_reasons = *s.throttle_reasons;
+    if (s.pcie_tx_kbs && s.pcie_rx_kbs) r.pcie_bytes_per_s = double(*s.pcie_tx_kbs + *s.pcie_rx_kbs) * 1024;
+    auto& q = gpus_[s.device].readings;
+    q.push_back(r);
+    if (q.size() > limits_.max_windows) q.pop_front();
+  }
+  for (const auto& s : b.processes) {
+    auto& q = gpus_[s.device].processes;
+    q.push_back({s.ts_ns, s.pid, s.sm_util ? double(*s.sm_util) / 100 : -1});
+    if (q.size() > limits_.max_windows) q.pop_front();
+    if (processes_.contains(s.pid)) process_gpu_[s.pid] = s.device;
+  }
+}
+
 void LiveDiagnosis::forget_process(uint32_t pid) {
   std::lock_guard lock(mu_);
   processes_.erase(pid);
+  process_gpu_.erase(pid);
 }
 
 void LiveDiagnosis::trim(Process& p, uint64_t before_ns) {
@@ -97,11 +123,22 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
       e.calls.assign(it->second.calls.begin(), it->second.calls.end());
       for (const auto& [tid, q] : it->second.windows) e.windows[tid].assign(q.begin(), q.end());
       e.until_ns = now_ns;
+      // Its GPU's readings: where NVML saw it, else the only GPU there is.
+      const auto g = process_gpu_.find(it->first);
+      const auto gpu = g != process_gpu_.end() ? gpus_.find(g->second) : gpus_.size() == 1 ? gpus_.begin() : gpus_.end();
+      if (gpu != gpus_.end()) {
+        e.gpu.assign(gpu->second.readings.begin(), gpu->second.readings.end());
+        e.gpu_processes.assign(gpu->second.processes.begin(), gpu->second.processes.end());
+      }
       evidence.push_back(std::move(e));
       names.comm[it->first] = it->second.comm;
       ++it;
     }
     for (const auto& [pid, comm] : names_.comm) names.comm.try_emplace(pid, comm);
+    for (auto& [device, gpu] : gpus_) {
+      while (!gpu.readings.empty() && gpu.readings.front().ts_ns < from) gpu.readings.pop_front();
+      while (!gpu.processes.empty() && gpu.processes.front().ts_ns < from) gpu.processes.pop_front();
+    }
   }
   std::vector<Current> found;
   for (const auto& e : evidence) {
@@ -117,7 +154,27 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
     found.push_back(std::move(c));
   }
   std::lock_guard lock(mu_);
+  constexpr uint64_t kRetellNs = 60'000'000'000;
+  for (const auto& c : found)
+    for (const auto& f : c.findings) {
+      const bool had = std::any_of(current_.begin(), current_.end(), [&](const Current& o) {
+        return o.pid == c.pid && std::any_of(o.findings.begin(), o.findings.end(),
+                                             [&](const diagnose::Finding& g) { return g.cause == f.cause; });
+      });
+      auto& last = reported_[{c.pid, f.cause}];
+      if (had || (last && now_ns - last < kRetellNs) || onsets_.size() >= 256) continue;
+      last = now_ns;
+      onsets_.push_back({now_ns, c.pid, c.comm, f});
+    }
+  // Forget what was told of processes no longer seen.
+  for (auto it = reported_.begin(); it != reported_.end();)
+    it = processes_.contains(it->first.first) ? std::next(it) : reported_.erase(it);
   current_ = std::move(found);
+}
+
+std::vector<LiveDiagnosis::Onset> LiveDiagnosis::take_onsets() {
+  std::lock_guard lock(mu_);
+  return std::exchange(onsets_, {});
 }
 
 std::vector<LiveDiagnosis::Current> LiveDiagnosis::current() const {
@@ -133,7 +190,8 @@ std::vector<MetricFamily> LiveDiagnosis::families(const std::function<Labels(uin
   MetricFamily share{"gpuscope_finding_share",
                      "Share of the process's step time a cause explains over the last seconds (gpuscope diagnose's "
                      "findings, live): cpu_contention, cpu_throttling, memory_pressure, io_wait, input_wait, "
-                     "lock_wait, sleep, pageable_copies",
+                     "lock_wait, sleep, softirq, pageable_copies, sync_per_step, launch_bound, host_compute, "
+                     "gpu_contention, pcie_contention, gpu_clocks_throttled",
                      "ratio", MetricType::Gauge, {}};
   for (const auto& c : current()) {
     Labels base = labels_of(c.pid);

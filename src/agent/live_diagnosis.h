@@ -15,6 +15,7 @@
 #include "agent/metrics.h"
 #include "common/model.h"
 #include "diagnose/analysis.h"
+#include "gpu/nvml.h"
 #include "store/sink.h"
 
 namespace gpuscope::agent {
@@ -32,6 +33,8 @@ class LiveDiagnosis {
   // From the pipeline thread (the aggregator's sink calls).
   void add_call(const CallEvent& e);
   void add_thread_time(const store::ThreadTimeRow& r);
+  // NVML's readings (the GPU's side: busy share, other tenants, PCIe, clocks).
+  void add_gpu_batch(const gpu::NvmlSampler::Batch& b);
   void forget_process(uint32_t pid);
 
   // Analyses every process with calls in the window ending at now_ns (CLOCK_MONOTONIC); what it
@@ -45,6 +48,15 @@ class LiveDiagnosis {
     std::vector<diagnose::Finding> findings;  // not `none`
   };
   std::vector<Current> current() const;
+  // Findings that began since the last call: a cause a process did not have at the tick before
+  // (and had not had reported in the last minute, so that one that comes and goes is told once).
+  struct Onset {
+    uint64_t ts_ns = 0;  // CLOCK_MONOTONIC, the tick that found it
+    uint32_t pid = 0;
+    std::string comm;
+    diagnose::Finding finding;
+  };
+  std::vector<Onset> take_onsets();
   // gpuscope_step_seconds and gpuscope_finding_share, labelled with each process's labels.
   std::vector<MetricFamily> families(const std::function<Labels(uint32_t)>& labels_of) const;
 
@@ -57,11 +69,19 @@ class LiveDiagnosis {
   };
   void trim(Process& p, uint64_t before_ns);
 
+  struct Gpu {
+    std::deque<diagnose::GpuReading> readings;
+    std::deque<diagnose::GpuProcessReading> processes;
+  };
   Limits limits_;
   mutable std::mutex mu_;
+  std::map<uint32_t, Gpu> gpus_;                 // by device, within the window
+  std::map<uint32_t, uint32_t> process_gpu_;     // pid -> the device NVML last saw it on
   std::map<uint32_t, Process> processes_;
   diagnose::ProcessNames names_;  // comm of processes seen in the evidence
   std::vector<Current> current_;
+  std::vector<Onset> onsets_;                                     // at most 256 waiting
+  std::map<std::pair<uint32_t, std::string>, uint64_t> reported_;  // (pid, cause) -> when last told
 };
 
 }  // namespace gpuscope::agent

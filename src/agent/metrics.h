@@ -45,4 +45,14 @@ std::string to_prometheus_text(const MetricSnapshot& s);
 // (host.name, service.name...); each sample's labels become its data point's attributes.
 std::string to_otlp_metrics(const MetricSnapshot& s, const Labels& resource);
 
+// An event exported as an OTLP log record (a diagnosis finding that began).
+struct LogEvent {
+  uint64_t time_unix_ns = 0;
+  std::string name;  // the event's name, e.g. "gpuscope.finding"
+  std::string body;  // for people
+  Labels attributes;
+};
+// An ExportLogsServiceRequest, severity WARN, for POSTing to an OTLP collector's /v1/logs.
+std::string to_otlp_logs(const std::vector<LogEvent>& events, const Labels& resource);
+
 }  // namespace gpuscope::agent

@@ -1,7 +1,8 @@
-// OTLP metrics, written field by field: the message and field numbers below are those of
-// opentelemetry-proto's collector/metrics/v1/metrics_service.proto, metrics/v1/metrics.proto,
-// resource/v1/resource.proto and common/v1/common.proto (copies in tests/proto, where the unit
-// tests decode our output with protoc against them).
+// OTLP metrics and log records, written field by field: the message and field numbers below are
+// those of opentelemetry-proto's collector/metrics/v1/metrics_service.proto, metrics/v1/metrics.proto,
+// collector/logs/v1/logs_service.proto, logs/v1/logs.proto, resource/v1/resource.proto and
+// common/v1/common.proto (copies in tests/proto, where the unit tests decode our output with protoc
+// against them).
 #include <string_view>
 
 #include "agent/metrics.h"
@@ -35,7 +36,21 @@ constexpr int kPointStartTime = 2;  // NumberDataPoint
 constexpr int kPointTime = 3;
 constexpr int kPointAsDouble = 4;
 constexpr int kPointAttributes = 7;
+constexpr int kRequestResourceLogs = 1;  // ExportLogsServiceRequest.resource_logs
+constexpr int kResourceLogsResource = 1;  // ResourceLogs
+constexpr int kResourceLogsScopeLogs = 2;
+constexpr int kScopeLogsScope = 1;  // ScopeLogs
+constexpr int kScopeLogsRecords = 2;
+constexpr int kLogTime = 1;  // LogRecord
+constexpr int kLogSeverityNumber = 2;
+constexpr int kLogSeverityText = 3;
+constexpr int kLogBody = 5;
+constexpr int kLogAttributes = 6;
+constexpr int kLogObservedTime = 11;
+constexpr int kLogEventName = 12;
 }  // namespace field
+
+constexpr uint64_t kSeverityWarn = 13;  // SEVERITY_NUMBER_WARN
 
 constexpr uint64_t kTemporalityCumulative = 2;  // AGGREGATION_TEMPORALITY_CUMULATIVE
 
@@ -98,6 +113,35 @@ std::string encode_metric(const MetricFamily& f, const MetricSnapshot& s) {
 }
 
 }  // namespace
+
+std::string to_otlp_logs(const std::vector<LogEvent>& events, const Labels& resource) {
+  ProtoWriter scope;
+  scope.field_bytes(field::kScopeName, "gpuscope");
+  scope.field_bytes(field::kScopeVersion, GPUSCOPE_VERSION);
+  ProtoWriter scope_logs;
+  scope_logs.field_bytes(field::kScopeLogsScope, scope.str());
+  for (const auto& e : events) {
+    ProtoWriter body;
+    body.field_bytes(field::kAnyValueString, e.body);
+    ProtoWriter rec;
+    rec.field_fixed64(field::kLogTime, e.time_unix_ns);
+    rec.field_varint(field::kLogSeverityNumber, kSeverityWarn);
+    rec.field_bytes(field::kLogSeverityText, "WARN");
+    rec.field_bytes(field::kLogBody, body.str());
+    add_attributes(rec, field::kLogAttributes, e.attributes);
+    rec.field_fixed64(field::kLogObservedTime, e.time_unix_ns);
+    rec.field_bytes(field::kLogEventName, e.name);
+    scope_logs.field_bytes(field::kScopeLogsRecords, rec.str());
+  }
+  ProtoWriter res;
+  add_attributes(res, field::kResourceAttributes, resource);
+  ProtoWriter resource_logs;
+  resource_logs.field_bytes(field::kResourceLogsResource, res.str());
+  resource_logs.field_bytes(field::kResourceLogsScopeLogs, scope_logs.str());
+  ProtoWriter request;
+  request.field_bytes(field::kRequestResourceLogs, resource_logs.str());
+  return request.str();
+}
 
 std::string to_otlp_metrics(const MetricSnapshot& s, const Labels& resource) {
   ProtoWriter scope;

@@ -331,6 +331,38 @@ def protoc_decode(body, tmp_path):
     return res.stdout
 
 
+def test_findings_are_pushed_as_otlp_log_records_as_they_begin(agent, tmp_path):
+    """The live diagnosis's findings go to the collector's /v1/logs as they begin, long before the
+    metrics' interval (60 s here)."""
+    collector = Receiver()
+    loop = None
+    try:
+        a = agent(f"budget: 1\ngpu_sample_hz: 0\notlp:\n  endpoint: {collector.url}/v1/metrics\n  interval: 60s\n")
+        loop = subprocess.Popen([TARGETS / "diag_steps", "sleep", "3000"], stdout=subprocess.DEVNULL)
+        posts = collector.wait(lambda p: p[0] == "/v1/logs", timeout=30)
+        path, headers, body = posts[0]
+        assert headers["Content-Type"] == "application/x-protobuf"
+        path = tmp_path / "logs.bin"
+        path.write_bytes(body)
+        with open(path, "rb") as f:
+            res = subprocess.run(["protoc", "--decode=opentelemetry.proto.collector.logs.v1.ExportLogsServiceRequest",
+                                  f"-I{PROTO}", "opentelemetry/proto/collector/logs/v1/logs_service.proto"],
+                                 stdin=f, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        text = res.stdout
+        assert not [p for p in collector.posts if p[0] == "/v1/metrics"], "the metrics' interval is 60 s"
+    finally:
+        if loop:
+            loop.kill()
+            loop.wait()
+        collector.close()
+    assert "severity_number: SEVERITY_NUMBER_WARN" in text
+    assert 'event_name: "gpuscope.diagnosis.finding"' in text
+    assert re.search(r'key: "cause"\s+value \{\s+string_value: "sleep"', text), text
+    assert re.search(r'key: "pid"\s+value \{\s+string_value: "' + str(loop.pid), text), text
+    assert "Remove the sleep" in text
+
+
 def test_otlp_metrics_are_pushed_to_a_collector(agent, tmp_path):
     collector = Receiver()
     try:

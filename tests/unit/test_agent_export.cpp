@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "agent/metrics.h"
 
 using namespace gpuscope::agent;
@@ -141,12 +143,14 @@ TEST(PrometheusText, PromtoolRejectsUnescapedNewline) {
 
 // ---- OTLP ----
 
-CommandResult protoc_decode(const std::string& encoded) {
+CommandResult protoc_decode(const std::string& encoded, const std::string& signal = "metrics",
+                            const std::string& request = "ExportMetricsServiceRequest") {
   fs::path proto_root = fs::path(__FILE__).parent_path().parent_path() / "proto";
   fs::path file = temp_file("otlp", encoded);
-  CommandResult r = run("protoc --decode=opentelemetry.proto.collector.metrics.v1.ExportMetricsServiceRequest -I " +
-                        proto_root.string() + " opentelemetry/proto/collector/metrics/v1/metrics_service.proto < " +
-                        file.string());
+  CommandResult r = run(fmt::format(
+      "protoc --decode=opentelemetry.proto.collector.{0}.v1.{1} -I {2} "
+      "opentelemetry/proto/collector/{0}/v1/{0}_service.proto < {3}",
+      signal, request, proto_root.string(), file.string()));
   fs::remove(file);
   return r;
 }
@@ -255,3 +259,25 @@ TEST(OtlpMetrics, UnitsAndNames) {
 }
 
 }  // namespace
+
+TEST(OtlpLogs, AFindingIsALogRecordProtocDecodes) {
+  ASSERT_TRUE(have_tool("protoc")) << kMissingProtoc;
+  LogEvent e;
+  e.time_unix_ns = 1700000000123456789;
+  e.name = "gpuscope.diagnosis.finding";
+  e.body = "The thread that feeds the GPU waits for a CPU (40% of step time)";
+  e.attributes = {{"pid", "4242"}, {"cause", "cpu_contention"}};
+  CommandResult r = protoc_decode(to_otlp_logs({e}, kResource), "logs", "ExportLogsServiceRequest");
+  ASSERT_EQ(r.status, 0) << r.output;
+  expect_no_unknown_fields(r.output);
+  const std::string text = one_line(r.output);
+  const std::string want =
+      "resource_logs { resource { attributes { key: \"service.name\" value { string_value: \"gpuscope-agent\" } } "
+      "attributes { key: \"host.name\" value { string_value: \"node-7\" } } } scope_logs { scope { name: "
+      "\"gpuscope\" version: \"" GPUSCOPE_VERSION "\" } log_records { time_unix_nano: 1700000000123456789 "
+      "severity_number: SEVERITY_NUMBER_WARN severity_text: \"WARN\" body { string_value: \"The thread that feeds "
+      "the GPU waits for a CPU (40% of step time)\" } attributes { key: \"pid\" value { string_value: \"4242\" } } "
+      "attributes { key: \"cause\" value { string_value: \"cpu_contention\" } } observed_time_unix_nano: "
+      "1700000000123456789 event_name: \"gpuscope.diagnosis.finding\" } } }";
+  EXPECT_EQ(text, want) << r.output;
+}

@@ -1,0 +1,104 @@
+// The agent's live diagnosis fed as the aggregator feeds it: a loop's calls and its thread's
+// windows, NVML's readings; what it exports and which findings it tells as they begin.
+#include <gtest/gtest.h>
+
+#include "agent/live_diagnosis.h"
+#include "cuda/functions.h"
+
+using namespace gpuscope;
+
+namespace {
+
+constexpr uint32_t kPid = 500;
+constexpr uint64_t kStepNs = 10'000'000;
+
+// `seconds` of a loop from `from_ns`: a copy and two launches a step; its main thread sleeps
+// `sleep_ns` of each step.
+void feed_loop(agent::LiveDiagnosis& live, uint64_t from_ns, double seconds, uint64_t sleep_ns) {
+  const auto steps = uint64_t(seconds * 1e9 / kStepNs);
+  for (uint64_t s = 0; s < steps; ++s) {
+    const uint64_t t = from_ns + s * kStepNs;
+    for (auto [fn, dt, handle] : {std::tuple{"cudaMemcpyAsync", 0ull, 0ull}, {"cudaLaunchKernel", 100'000ull, 0xa0ull},
+                                  {"cudaLaunchKernel", 200'000ull, 0xb0ull}}) {
+      CallEvent e;
+      e.func = cuda::function_by_symbol(fn)->id;
+      e.pid = kPid;
+      e.tid = kPid;
+      e.comm = "python3";
+      e.ts_ns = t + dt;
+      e.duration_ns = 5'000;
+      e.has_return = true;
+      e.kernel_handle = handle;
+      live.add_call(e);
+    }
+    store::ThreadTimeRow r;
+    r.pid = kPid;
+    r.tid = kPid;
+    r.start_ns = t;
+    r.end_ns = t + kStepNs;
+    r.on_cpu_ns = kStepNs - sleep_ns;
+    r.sleep_ns = sleep_ns;
+    r.state = "on_cpu";
+    live.add_thread_time(r);
+  }
+}
+
+void feed_gpu(agent::LiveDiagnosis& live, uint64_t from_ns, double seconds, uint32_t util) {
+  for (uint64_t t = from_ns; t < from_ns + uint64_t(seconds * 1e9); t += 100'000'000) {
+    gpu::NvmlSampler::Batch b;
+    gpu::GpuSample s;
+    s.ts_ns = t;
+    s.gpu_util = util;
+    b.samples.push_back(s);
+    live.add_gpu_batch(b);
+  }
+}
+
+std::vector<std::string> causes(const agent::LiveDiagnosis& live) {
+  std::vector<std::string> out;
+  for (const auto& c : live.current())
+    for (const auto& f : c.findings) out.push_back(f.cause);
+  return out;
+}
+
+}  // namespace
+
+TEST(LiveDiagnosis, AFindingIsToldOnceAsItBegins) {
+  agent::LiveDiagnosis live({});
+  const uint64_t t0 = 1'000'000'000;
+  feed_loop(live, t0, 3, 0);
+  live.tick(t0 + 3'000'000'000);
+  EXPECT_TRUE(causes(live).empty());
+  EXPECT_TRUE(live.take_onsets().empty());
+
+  feed_loop(live, t0 + 3'000'000'000, 3, 5'000'000);
+  live.tick(t0 + 6'000'000'000);
+  EXPECT_EQ(causes(live), std::vector<std::string>{"sleep"});
+  const auto onsets = live.take_onsets();
+  ASSERT_EQ(onsets.size(), 1u);
+  EXPECT_EQ(onsets[0].pid, kPid);
+  EXPECT_EQ(onsets[0].finding.cause, "sleep");
+  EXPECT_EQ(onsets[0].ts_ns, t0 + 6'000'000'000);
+
+  // Still there a second later: not told again.
+  feed_loop(live, t0 + 6'000'000'000, 1, 5'000'000);
+  live.tick(t0 + 7'000'000'000);
+  EXPECT_EQ(causes(live), std::vector<std::string>{"sleep"});
+  EXPECT_TRUE(live.take_onsets().empty());
+}
+
+TEST(LiveDiagnosis, NvmlReadingsOfABusyGpuOutweighAHostWait) {
+  // The same sleep while the only GPU is busy 99% of the time costs the loop nothing.
+  agent::LiveDiagnosis live({});
+  const uint64_t t0 = 1'000'000'000;
+  feed_loop(live, t0, 3, 5'000'000);
+  feed_gpu(live, t0, 3, 99);
+  live.tick(t0 + 3'000'000'000);
+  ASSERT_EQ(live.current().size(), 1u);
+  EXPECT_TRUE(causes(live).empty());
+  // And while it idles, the sleep is the cause again.
+  feed_loop(live, t0 + 3'000'000'000, 3, 5'000'000);
+  feed_gpu(live, t0 + 3'000'000'000, 3, 40);
+  live.tick(t0 + 6'000'000'000);
+  EXPECT_EQ(causes(live), std::vector<std::string>{"sleep"});
+}

@@ -1,74 +1,529 @@
 #!/usr/bin/env python3
-"""Injects one fault at a time into bench/diagnose/workload.py under `gpuscope record`, runs
-`gpuscope diagnose --json` on each record and scores its top finding against the fault injected.
+"""diagnose's fault-injection suite: runs bench/diagnose/workload.py (train, cnn, infer) under
+`gpuscope record`, injects one fault at a time at two intensities, runs `gpuscope diagnose --json` on
+each record and scores the findings against the fault injected. On the GPU machine, as root:
 
-    sudo python3 bench/diagnose/run.py [--build build-static] [--out DIR] [--steps 300] [--scenarios a,b]
-Scenarios (expected cause): clean (none), hog (cpu_contention: two spinning processes on the
-workload's CPU, all pinned to CPU 0), sleep (sleep), pageable (pageable_copies), fsync (io_wait),
-worker (input_wait).
-Prints, per scenario, the step time, the top finding and its share, and the top-1 score."""
+    python3 bench/diagnose/run.py --build build-static --out DIR [--workloads train,cnn,infer]
+        [--scenarios clean,hog,...] [--intensities 1,2] [--seconds 8] [--lane 0]
+    python3 bench/diagnose/run.py --score DIR        # the scores of the runs kept in DIR
+    python3 bench/diagnose/run.py --live ...         # the agent instead: detection and root-cause latency
+
+Scenarios (the cause diagnose must rank first); those marked * are injected from outside, 1 s after
+the workload says it is warm, until it ends; the others from inside the workload, all along:
+  clean        none
+  hog*         cpu_contention    1 (3) spinning processes on the CPU of the loop's thread
+  quota*       cpu_throttling    the job's cgroup cpu.max at 0.5 (0.25) CPU
+  pageable     pageable_copies   input from 16 (64) MB of pageable memory a step
+  fsync        io_wait           an 8 (32) MB checkpoint written and fsynced every step
+  item         sync_per_step     .item() once (twice) a step
+  workers      input_wait        input from a worker (a DataLoader's workers) 1.5x (3x) slower than a step
+  gil          lock_wait         1 (3) pure-Python preprocessing threads in the process
+  small_batch  launch_bound      the batch divided by 16 (128)
+  memory*      memory_pressure   the job reads its dataset (a 512 MB file) 8 MB a step; its cgroup's memory
+                                 limited to its anonymous memory and half (a fifth) of its file pages
+  remote       input_wait        input from a TCP server throttled in user space to 1.5x (3x) a step
+  flood*       softirq           a loopback UDP flood steered (RPS) onto the loop's CPU, 1 (3) senders
+  pcie*        pcie_contention   another process copying 256 MB buffers to (and from) the same GPU
+  gpu_share*   gpu_contention    another process running matmuls on the same GPU, half (all) the time
+Each run's record, diagnosis (JSON) and the injector's log (cause, start, end in CLOCK_MONOTONIC) are
+kept in DIR; scores are printed from them: top-1 and top-3 accuracy, precision and recall per cause,
+findings per hour on clean runs. --lane N runs on CPUs 4N+2.. and GPU N (several lanes on a host
+with several GPUs, one process each)."""
 import argparse
+import contextlib
+import glob
 import json
 import os
+import re
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCENARIOS = {
-    "clean": ("none", "none", False),
-    "hog": ("none", "cpu_contention", True),
-    "sleep": ("sleep", "sleep", False),
-    "pageable": ("pageable", "pageable_copies", False),
-    "fsync": ("fsync", "io_wait", False),
-    "worker": ("worker", "input_wait", False),
+# GPUSCOPE_DIAG_WORKLOAD: another script taking workload.py's options (to check this harness
+# where there is no GPU).
+WORKLOAD = os.environ.get("GPUSCOPE_DIAG_WORKLOAD", os.path.join(HERE, "workload.py"))
+SCENARIOS = {  # name: (fault inside the workload, injected from outside, expected cause)
+    "clean": ("none", None, "none"),
+    "hog": ("none", "hog", "cpu_contention"),
+    "quota": ("none", "quota", "cpu_throttling"),
+    "pageable": ("pageable", None, "pageable_copies"),
+    "fsync": ("fsync", None, "io_wait"),
+    "item": ("item", None, "sync_per_step"),
+    "workers": ("workers", None, "input_wait"),
+    "gil": ("gil", None, "lock_wait"),
+    "small_batch": ("small_batch", None, "launch_bound"),
+    "memory": ("dataset", "memory", "memory_pressure"),
+    "remote": ("remote", "server", "input_wait"),
+    "flood": ("none", "flood", "softirq"),
+    "pcie": ("none", "pcie", "pcie_contention"),
+    "gpu_share": ("none", "gpu_share", "gpu_contention"),
 }
+CGROOT = "/sys/fs/cgroup"
+
+PCIE_TENANT = r"""
+import sys, torch
+both = sys.argv[1] == "2"
+h = torch.empty(64 << 20, dtype=torch.float32).pin_memory()
+d = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
+s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+while True:
+    with torch.cuda.stream(s1):
+        d.copy_(h, non_blocking=True)
+    if both:
+        with torch.cuda.stream(s2):
+            h.copy_(d, non_blocking=True)
+    s1.synchronize(); s2.synchronize()
+"""
+GPU_TENANT = r"""
+import sys, time, torch
+full = sys.argv[1] == "2"
+n = 8192 if full else 4096
+a = torch.randn(n, n, device="cuda"); b = torch.randn(n, n, device="cuda")
+while True:
+    t0 = time.perf_counter()
+    for _ in range(10):
+        c = a @ b
+    torch.cuda.synchronize()
+    if not full:
+        time.sleep(time.perf_counter() - t0)
+"""
+UDP_SINK = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", int(sys.argv[1])))
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+while True:
+    s.recv(65536)
+"""
+UDP_SOURCE = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); m = b"x" * 1400; a = ("127.0.0.1", int(sys.argv[1]))
+while True:
+    for _ in range(1000):
+        s.sendto(m, a)
+"""
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def write(path, value):
+    with open(path, "w") as f:
+        f.write(value)
+
+
+class Server:
+    """The remote data source: sends what each client asks for (bytes a batch, period in ns), a
+    batch every period, in 64 KiB chunks paced in user space."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.client, args=(c,), daemon=True).start()
+
+    @staticmethod
+    def client(c):
+        try:
+            hdr = b""
+            while len(hdr) < 16:
+                hdr += c.recv(16 - len(hdr))
+            nbytes, period = int.from_bytes(hdr[:8], "little"), int.from_bytes(hdr[8:], "little") / 1e9
+            chunk = b"\0" * 65536
+            chunks = max(1, nbytes // len(chunk))
+            while True:
+                t0 = time.monotonic()
+                sent = 0
+                for k in range(chunks):
+                    n = len(chunk) if k < chunks - 1 else nbytes - sent
+                    c.sendall(chunk[:n] if n <= len(chunk) else chunk + b"\0" * (n - len(chunk)))
+                    sent += n
+                    # Spread over the period: a slow link, not a burst and a pause.
+                    lag = t0 + period * (k + 1) / chunks - time.monotonic()
+                    if lag > 0:
+                        time.sleep(lag)
+        except OSError:
+            pass
+
+
+class Injector:
+    """Starts and stops a fault from outside the workload; keeps what it did."""
+
+    def __init__(self, kind, intensity, lane, cgroup, python):  # cgroup: a Cgroup
+        self.kind, self.hi, self.lane, self.cgroup, self.python = kind, intensity >= 2, lane, cgroup, python
+        self.procs, self.undo = [], []
+
+    def spawn(self, args, cpus=None):
+        cmd = (["taskset", "-c", cpus] if cpus else []) + args
+        self.procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                           env={**os.environ, "CUDA_VISIBLE_DEVICES": str(self.lane)}))
+
+    def start(self, loop_cpu):
+        k = self.kind
+        if k == "hog":
+            for _ in range(3 if self.hi else 1):
+                self.spawn([self.python, "-c", "while True: pass"], str(loop_cpu))
+        elif k == "quota":
+            self.cgroup.cpu_quota(0.25 if self.hi else 0.5)
+            self.undo.append(lambda: self.cgroup.cpu_quota(None))
+        elif k == "memory":
+            # Room for half (a fifth) of its file pages: its dataset no longer stays cached.
+            self.cgroup.squeeze_files(0.2 if self.hi else 0.5)
+            self.undo.append(lambda: self.cgroup.squeeze_files(None))
+        elif k == "flood":
+            rps = "/sys/class/net/lo/queues/rx-0/rps_cpus"
+            old = open(rps).read().strip()
+            write(rps, format(1 << loop_cpu, "x"))
+            self.undo.append(lambda: write(rps, old))
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            other = str((loop_cpu + 1) % os.cpu_count())
+            self.spawn([self.python, "-c", UDP_SINK, str(port)], other)
+            time.sleep(0.2)
+            for _ in range(3 if self.hi else 1):
+                self.spawn([self.python, "-c", UDP_SOURCE, str(port)], other)
+        elif k == "pcie":
+            self.spawn([self.python, "-c", PCIE_TENANT, "2" if self.hi else "1"])
+        elif k == "gpu_share":
+            self.spawn([self.python, "-c", GPU_TENANT, "2" if self.hi else "1"])
+        return time.monotonic()
+
+    def stop(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        for u in self.undo:
+            with contextlib.suppress(OSError):
+                u()
+        return time.monotonic()
+
+
+class Cgroup:
+    """The run's cgroup: v2 where /sys/fs/cgroup is unified (the GPU machine), else v1's cpu and
+    memory hierarchies."""
+
+    def __init__(self, name):
+        self.v2 = os.path.exists(f"{CGROOT}/cgroup.controllers")
+        if self.v2:
+            with contextlib.suppress(OSError):
+                write(f"{CGROOT}/cgroup.subtree_control", "+cpu +memory")
+            self.cpu = self.mem = f"{CGROOT}/gsdiag-{name}"
+            self.dirs = [self.cpu]
+        else:
+            self.cpu, self.mem = f"{CGROOT}/cpu/gsdiag-{name}", f"{CGROOT}/memory/gsdiag-{name}"
+            self.dirs = [d for d in (self.cpu, self.mem) if os.path.isdir(os.path.dirname(d))]
+        for d in self.dirs:
+            os.makedirs(d, exist_ok=True)
+
+    def procs_files(self):
+        return [f"{d}/cgroup.procs" for d in self.dirs]
+
+    def cpu_quota(self, cpus):
+        if self.v2:
+            write(f"{self.cpu}/cpu.max", f"{int(cpus * 100000)} 100000" if cpus else "max 100000")
+        else:
+            write(f"{self.cpu}/cpu.cfs_period_us", "100000")
+            write(f"{self.cpu}/cpu.cfs_quota_us", str(int(cpus * 100000)) if cpus else "-1")
+
+    def squeeze_files(self, keep):
+        """Limits the cgroup's memory to its anonymous memory and `keep` of its file pages (no swap
+        here: anonymous memory cannot go); None lifts the limit."""
+        stat = dict(l.split() for l in open(f"{self.mem}/memory.stat") if len(l.split()) == 2)
+        if self.v2:
+            limit = int(stat["anon"]) + int(int(stat["file"]) * keep) if keep is not None else "max"
+            write(f"{self.mem}/memory.high", str(limit))
+        elif keep is None:
+            write(f"{self.mem}/memory.limit_in_bytes", "-1")
+        else:
+            # v1 refuses (EBUSY) a limit it cannot reclaim down to at once: raised until it takes.
+            limit = int(stat["rss"]) + int(int(stat["cache"]) * keep)
+            for _ in range(40):
+                try:
+                    write(f"{self.mem}/memory.limit_in_bytes", str(limit))
+                    break
+                except OSError:
+                    limit = int(limit * 1.05) + (1 << 20)
+
+    def remove(self):
+        for d in self.dirs:
+            for _ in range(50):
+                try:
+                    os.rmdir(d)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def run_one(a, workload, scenario, intensity):
+    fault, outside, expected = SCENARIOS[scenario]
+    name = f"{workload}-{scenario}-{intensity}"
+    rec = os.path.join(a.out, name + ".gpuscope")
+    ready = os.path.join(a.out, name + ".ready")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(ready)
+    cg = Cgroup(f"{a.lane}-{name}")
+    loop_cpu = (4 * a.lane + 2) % os.cpu_count()
+    server = Server() if outside == "server" else None
+    inj = Injector(outside, intensity, a.lane, cg, a.python) if outside and outside != "server" else None
+    wl = [a.python, WORKLOAD, "--workload", workload, "--fault", fault, "--intensity", str(intensity),
+          "--seconds", str(a.seconds), "--ready", ready, "--cpu", str(loop_cpu), "--dir", a.out]
+    if server:
+        wl += ["--port", str(server.port)]
+    inner = " ".join(f"'{x}'" for x in wl)
+    join = " && ".join(f"echo $$ > {f}" for f in cg.procs_files())
+    cmd = ["sh", "-c", f"{join} && exec {inner}" if join else f"exec {inner}"]
+    if not a.live:
+        cmd = [f"{a.build}/gpuscope", "record", "-q", "-o", rec] + a.record_args + ["--"] + cmd
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(a.lane)}
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    entry = {"run": name, "workload": workload, "scenario": scenario, "intensity": intensity,
+             "expected": expected, "fault_from": None, "fault_to": None}
+    live = LiveWatch(a, expected) if a.live else None
+    ready_at = None
+    while p.poll() is None:
+        if ready_at is None and os.path.exists(ready):
+            ready_at = float(open(ready).read())
+            entry["ready"] = ready_at
+            if inj:
+                time.sleep(1)
+                try:
+                    entry["fault_from"] = inj.start(loop_cpu)
+                except OSError as e:
+                    entry["inject_error"] = str(e)
+                    log(f"{name}: could not inject {outside}: {e}")
+            else:
+                entry["fault_from"] = ready_at if fault != "none" else None
+            if live:
+                live.onset(entry["fault_from"] or ready_at + 1, workload_pid=p.pid)
+        if live and ready_at is not None:
+            live.poll()
+        time.sleep(0.1)
+    out, err = p.communicate()
+    entry["fault_to"] = inj.stop() if inj else (time.monotonic() if fault != "none" else None)
+    if server:
+        server.sock.close()
+    cg.remove()
+    entry["wall_s"] = time.monotonic() - t0
+    m = re.search(r"([\d.]+) ms a step", out)
+    entry["step_ms"] = float(m.group(1)) if m else None
+    entry["rc"] = p.returncode
+    if p.returncode:
+        entry["error"] = err[-600:]
+    if live:
+        entry.update(live.result())
+    elif not p.returncode:
+        d = subprocess.run([f"{a.build}/gpuscope", "diagnose", "--json", rec], capture_output=True, text=True)
+        entry["diagnose_rc"] = d.returncode
+        if d.returncode == 0:
+            open(os.path.join(a.out, name + ".json"), "w").write(d.stdout)
+            entry["diagnosis"] = summarise(json.loads(d.stdout))
+        else:
+            entry["error"] = d.stderr[-600:]
+        if not a.keep_records:
+            os.unlink(rec)
+    with open(os.path.join(a.out, "runs.jsonl"), "a") as f:
+        f.write(json.dumps(entry) + "\n")
+    return entry
+
+
+def summarise(doc):
+    """The workload's process (the busiest), its findings and its GPU's view."""
+    if not doc["processes"]:
+        return {"findings": [], "notes": doc["notes"]}
+    p = doc["processes"][0]
+    b = p.get("breakdown") or {}
+    return {"pid": p["pid"], "steps": p["steps"]["count"], "p50_ms": p["steps"]["p50_ms"],
+            "slow": p["steps"]["slow"], "gpu_busy": b.get("gpu_busy_share"),
+            "findings": [{"cause": f["cause"], "share": f["share_of_step"], "evidence": f["evidence"]}
+                         for f in p["findings"]]}
+
+
+class LiveWatch:
+    """Polls the agent's /metrics: detection is the first instant after the onset that the loop's
+    step time rises 20% over its median before it, or any finding appears; the root cause, the
+    first that the expected cause is the loop's top finding."""
+
+    def __init__(self, a, expected):
+        self.url, self.expected = f"http://127.0.0.1:{a.agent_port}/metrics", expected
+        self.t_onset = self.pid = None
+        self.before, self.detected, self.rooted = [], None, None
+
+    def onset(self, t, workload_pid):
+        self.t_onset, self.pid = t, str(workload_pid)
+
+    def poll(self):
+        try:
+            text = urllib.request.urlopen(self.url, timeout=2).read().decode()
+        except OSError:
+            return
+        now = time.monotonic()
+        step, shares = None, {}
+        for line in text.splitlines():
+            if line.startswith("gpuscope_step_seconds{") and f'pid="{self.pid}"' in line:
+                step = float(line.rsplit(" ", 1)[1])
+            elif line.startswith("gpuscope_finding_share{") and f'pid="{self.pid}"' in line:
+                c = re.search(r'cause="([^"]+)"', line).group(1)
+                shares[c] = float(line.rsplit(" ", 1)[1])
+        top = max(shares.items(), key=lambda kv: kv[1])[0] if shares else "none"
+        if now < self.t_onset:
+            if step:
+                self.before.append(step)
+            return
+        base = sorted(self.before)[len(self.before) // 2] if self.before else None
+        if self.detected is None and ((step and base and step > 1.2 * base) or top != "none"):
+            self.detected = now - self.t_onset
+        if self.rooted is None and top == self.expected:
+            self.rooted = now - self.t_onset
+
+    def result(self):
+        return {"detect_s": self.detected, "root_cause_s": self.rooted}
+
+
+def score(out):
+    runs = [json.loads(l) for l in open(os.path.join(out, "runs.jsonl"))]
+    runs = [r for r in runs if "diagnosis" in r or "detect_s" in r]
+    by = {}
+    top1 = top3 = 0
+    clean_findings, clean_s = 0, 0.0
+    log(f"{'run':28} {'step ms':>8} {'busy':>5}  expected -> found (share)")
+    for r in runs:
+        if "diagnosis" not in r:
+            continue
+        f = r["diagnosis"]["findings"]
+        causes = [x["cause"] for x in f]
+        got = causes[0] if causes else "?"
+        hit1, hit3 = got == r["expected"], r["expected"] in causes[:3]
+        top1 += hit1
+        top3 += hit3
+        by.setdefault(r["expected"], {"tp": 0, "fn": 0, "fp": 0})
+        by.setdefault(got, {"tp": 0, "fn": 0, "fp": 0})
+        if hit1:
+            by[got]["tp"] += 1
+        else:
+            by[r["expected"]]["fn"] += 1
+            by[got]["fp"] += 1
+        if r["scenario"] == "clean":
+            clean_findings += sum(1 for x in f if x["cause"] != "none" and x["share"] >= 0.05)
+            clean_s += a_seconds(r)
+        busy = r["diagnosis"].get("gpu_busy")
+        log(f"{r['run']:28} {r['step_ms'] or 0:8.2f} {'' if busy is None else f'{busy * 100:4.0f}%':>5}  "
+            f"{'HIT ' if hit1 else 'top3' if hit3 else 'MISS'} {r['expected']} -> "
+            + ", ".join(f"{x['cause']} {x['share'] * 100:.0f}%" for x in f[:3]))
+    n = sum(1 for r in runs if "diagnosis" in r)
+    if n:
+        log(f"\ntop-1 {top1}/{n} = {top1 / n * 100:.1f}%   top-3 {top3}/{n} = {top3 / n * 100:.1f}%")
+        log(f"{'cause':18} precision  recall")
+        for c, v in sorted(by.items()):
+            p = v["tp"] / (v["tp"] + v["fp"]) if v["tp"] + v["fp"] else float("nan")
+            rc = v["tp"] / (v["tp"] + v["fn"]) if v["tp"] + v["fn"] else float("nan")
+            log(f"{c:18} {p:9.2f} {rc:7.2f}")
+        if clean_s:
+            log(f"clean runs: {clean_findings} findings over 5% in {clean_s:.0f} s = "
+                f"{clean_findings / clean_s * 3600:.1f} an hour")
+    lat = [r for r in runs if "detect_s" in r and r["scenario"] != "clean"]
+    if lat:
+        def pct(v, q):
+            v = sorted(v)
+            return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
+        d = [r["detect_s"] for r in lat if r["detect_s"] is not None]
+        c = [r["root_cause_s"] - (r["detect_s"] or 0) for r in lat if r["root_cause_s"] is not None]
+        log(f"live: detected {len(d)}/{len(lat)}, p50 {pct(d, .5):.1f} s p95 {pct(d, .95):.1f} s; root cause "
+            f"{len(c)}/{len(lat)}, after detection p50 {pct(c, .5):.1f} s p95 {pct(c, .95):.1f} s")
+
+
+def a_seconds(r):
+    return max(0.0, (r.get("wall_s") or 0))
+
+
+@contextlib.contextmanager
+def agent(a):
+    cfg = os.path.join(a.out, "agent.yaml")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    a.agent_port = s.getsockname()[1]
+    s.close()
+    write(cfg, f"listen: 127.0.0.1:{a.agent_port}\ninterval: 1s\ncpu_profile_hz: {a.cpu_hz}\ngpu_sample_hz: 10\n")
+    logf = open(os.path.join(a.out, "agent.log"), "w")
+    p = subprocess.Popen(["taskset", "-c", "0", f"{a.build}/gpuscope", "agent", "--config", cfg], stderr=logf)
+    deadline = time.time() + 60
+    while "serving /metrics" not in open(logf.name).read():
+        if p.poll() is not None or time.time() > deadline:
+            raise SystemExit(f"the agent did not start: {open(logf.name).read()[-500:]}")
+        time.sleep(0.1)
+    try:
+        yield p
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait()
+
+
+def cpu_seconds(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
-    ap.add_argument("--out", default="/tmp/diagnose-out")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--out", default="/tmp/diagnose-suite")
+    ap.add_argument("--workloads", default="train,cnn,infer")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--intensities", default="1,2")
+    ap.add_argument("--seconds", type=float, default=8)
+    ap.add_argument("--lane", type=int, default=0)
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--record-args", default="", help="more options for gpuscope record")
+    ap.add_argument("--keep-records", action="store_true")
+    ap.add_argument("--live", action="store_true", help="the agent's live findings instead of record+diagnose")
+    ap.add_argument("--cpu-hz", type=int, default=100, help="the agent's CPU sampling (--live)")
+    ap.add_argument("--score", metavar="DIR", help="print the scores of the runs in DIR and stop")
     a = ap.parse_args()
+    if a.score:
+        score(a.score)
+        return
+    if os.geteuid() != 0:
+        raise SystemExit("run.py injects faults through cgroups and records with eBPF: run it as root")
+    a.record_args = a.record_args.split()
     os.makedirs(a.out, exist_ok=True)
-    hits = 0
-    names = a.scenarios.split(",")
-    for name in names:
-        fault, expected, hog = SCENARIOS[name]
-        rec = os.path.join(a.out, f"{name}.gpuscope")
-        cmd = [a.python, os.path.join(HERE, "workload.py"), "--fault", fault, "--steps", str(a.steps), "--dir", a.out]
-        hogs = []
-        if hog:
-            cmd = ["taskset", "-c", "0"] + cmd
-            hogs = [subprocess.Popen(["taskset", "-c", "0", a.python, "-c", "while True: pass"]) for _ in range(2)]
-            time.sleep(0.3)
-        t0 = time.time()
-        r = subprocess.run([f"{a.build}/gpuscope", "record", "-q", "-o", rec, "--"] + cmd, capture_output=True, text=True)
-        for h in hogs:
-            h.kill()
-            h.wait()
-        wall = time.time() - t0
-        d = subprocess.run([f"{a.build}/gpuscope", "diagnose", "--json", rec], capture_output=True, text=True)
-        if r.returncode or d.returncode:
-            print(f"{name:9} FAILED: record rc {r.returncode} {r.stderr[-300:]} diagnose rc {d.returncode} {d.stderr[-300:]}")
-            continue
-        open(os.path.join(a.out, f"{name}.json"), "w").write(d.stdout)
-        doc = json.loads(d.stdout)
-        proc = doc["processes"][0] if doc["processes"] else None
-        top = proc["findings"][0] if proc else {"cause": "?", "share_of_step": 0}
-        ok = top["cause"] == expected
-        hits += ok
-        steps = proc["steps"] if proc else {}
-        print(f"{name:9} {'HIT ' if ok else 'MISS'} expected {expected:16} top {top['cause']:16} "
-              f"{top.get('share_of_step', 0) * 100:5.1f}% of a step; steps {steps.get('count')} p50 "
-              f"{steps.get('p50_ms', 0):.2f} ms; {r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ''}; "
-              f"{wall:.1f} s")
-        for f in (proc or {}).get("findings", [])[1:3]:
-            print(f"{'':14} then {f['cause']} {f['share_of_step'] * 100:.1f}%")
-    print(f"top-1: {hits} of {len(names)}")
+    todo = [(w, s, int(i)) for w in a.workloads.split(",") for s in a.scenarios.split(",")
+            for i in (a.intensities.split(",") if s != "clean" else ["1"])]
+    for s in {s for _, s, _ in todo}:
+        if s not in SCENARIOS:
+            raise SystemExit(f"unknown scenario {s}; known: {', '.join(SCENARIOS)}")
+    ctx = agent(a) if a.live else contextlib.nullcontext()
+    with ctx as ag:
+        cpu0, t0 = (cpu_seconds(ag.pid), time.monotonic()) if ag else (0, 0)
+        for w, s, i in todo:
+            e = run_one(a, w, s, i)
+            if "diagnosis" in e:
+                f = e["diagnosis"]["findings"]
+                log(f"{e['run']:28} {e['step_ms'] or 0:7.2f} ms  expected {e['expected']:16} top "
+                    f"{f[0]['cause'] if f else '?'}")
+            elif "detect_s" in e:
+                log(f"{e['run']:28} detected {e['detect_s']} root cause {e['root_cause_s']}")
+            else:
+                log(f"{e['run']:28} FAILED rc {e['rc']}: {e.get('error', '')}")
+        if ag:
+            log(f"agent CPU: {(cpu_seconds(ag.pid) - cpu0) / (time.monotonic() - t0) * 100:.2f}% of a core "
+                f"(CPU sampling {a.cpu_hz} Hz)")
+    score(a.out)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ struct thread_time {
 	__u64 reclaim_ns;
 	__u64 reclaim_since;  /* in a direct reclaim since then (0: not) */
 	__u64 net_softirq_ns;
+	__s32 sleep_syscall, sleep_fd;      /* what it blocked in last (at its switch out) */
+	__s32 blocked_syscall, blocked_fd;  /* the same, for its longest blocked stretch */
 	char waited_for_comm[GS_COMM_LEN];
 	char waker_comm[GS_COMM_LEN];
 };
@@ -116,6 +118,8 @@ static __always_inline void send_window(struct thread_time *t, struct task_struc
 		r->state = t->state;
 		r->net_softirq_us = t->net_softirq_ns / 1000;
 		r->reclaim_ns = t->reclaim_ns;
+		r->blocked_syscall = t->blocked_ns ? t->blocked_syscall : -1;
+		r->blocked_fd = t->blocked_ns ? t->blocked_fd : -1;
 		BPF_CORE_READ_STR_INTO(&r->comm, task, comm);
 		__builtin_memcpy(r->waited_for_comm, t->waited_for_comm, GS_COMM_LEN);
 		__builtin_memcpy(r->waker_comm, t->waker_comm, GS_COMM_LEN);
@@ -126,20 +130,41 @@ static __always_inline void send_window(struct thread_time *t, struct task_struc
 	/* The state in progress carries over; the sums start again. */
 	__u32 state = t->state;
 	__u64 reclaim_since = t->reclaim_since;
+	__s32 sleep_syscall = t->sleep_syscall, sleep_fd = t->sleep_fd;
 	__builtin_memset(t, 0, sizeof(*t));
 	t->reclaim_since = reclaim_since;
+	t->sleep_syscall = sleep_syscall;
+	t->sleep_fd = sleep_fd;
 	t->start_ns = now;
 	t->since_ns = now;
 	t->state = state;
 }
 
-/* x86-64 system call numbers a thread sleeps in, by what it waits for. */
-static __always_inline __u32 blocked_state(struct task_struct *task, unsigned int prev_state)
+/* Whether an x86-64 system call's first argument is the file descriptor it may sleep on. */
+static __always_inline bool fd_first(long nr)
 {
-	if (prev_state & 0x2 /* TASK_UNINTERRUPTIBLE */)
-		return GS_TS_BLOCKED_IO;
+	switch (nr) {
+	case 0: case 1: case 3: case 17: case 18: case 19: case 20: /* read write close pread pwrite readv writev */
+	case 42: case 43: case 44: case 45: case 46: case 47: /* connect accept sendto recvfrom sendmsg recvmsg */
+	case 74: case 75: case 77: case 232: case 277: case 281: /* fsync fdatasync ftruncate epoll_wait
+	                                                            sync_file_range epoll_pwait */
+	case 288: case 295: case 296: case 299: case 307: case 441:
+		/* accept4 preadv pwritev recvmmsg sendmmsg epoll_pwait2 */
+		return true;
+	}
+	return false;
+}
+
+/* x86-64 system call numbers a thread sleeps in, by what it waits for; `t` keeps the call and its
+ * file descriptor. */
+static __always_inline __u32 blocked_state(struct thread_time *t, struct task_struct *task, unsigned int prev_state)
+{
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	long nr = regs ? BPF_CORE_READ(regs, orig_ax) : -1;
+	t->sleep_syscall = nr;
+	t->sleep_fd = fd_first(nr) ? (__s32)BPF_CORE_READ(regs, di) : -1;
+	if (prev_state & 0x2 /* TASK_UNINTERRUPTIBLE */)
+		return GS_TS_BLOCKED_IO;
 	switch (nr) {
 	case 202: /* futex */
 	case 449: /* futex_waitv */
@@ -172,7 +197,7 @@ int BPF_PROG(host_switch, bool preempt, struct task_struct *prev, struct task_st
 			t->state = GS_TS_RUNNABLE;
 			t->preempted++;
 		} else {
-			t->state = blocked_state(prev, prev_state);
+			t->state = blocked_state(t, prev, prev_state);
 		}
 		send_window(t, prev, now, false);
 	}
@@ -211,6 +236,8 @@ static __always_inline void woken(struct task_struct *p)
 		t->waker_tid = BPF_CORE_READ(waker, pid);
 		t->waker_pid = BPF_CORE_READ(waker, tgid);
 		BPF_CORE_READ_STR_INTO(&t->waker_comm, waker, comm);
+		t->blocked_syscall = t->sleep_syscall;
+		t->blocked_fd = t->sleep_fd;
 	}
 	t->state = GS_TS_RUNNABLE;
 	send_window(t, p, now, false);

@@ -52,6 +52,10 @@ struct gs_thread_time_record {
 	/* Reclaiming memory itself (direct reclaim: the host, or its cgroup, short of memory), on a
 	 * CPU or blocked: part of the states' time, not beside it. */
 	__u64 reclaim_ns;
+	/* Its longest blocked stretch (blocked_ns) was in this system call (-1: none, a page fault),
+	 * on this file descriptor (-1: the call takes none): user space names the file or socket. */
+	__s32 blocked_syscall;
+	__s32 blocked_fd;
 	char comm[GS_COMM_LEN];
 	char waited_for_comm[GS_COMM_LEN];
 	char waker_comm[GS_COMM_LEN];
@@ -62,7 +66,7 @@ enum gs_thread_time_flags {
 	GS_TT_JOINED = 1 << 1,   /* its first window: its time before start_ns was not seen */
 };
 
-GS_ASSERT_SIZE(struct gs_thread_time_record, 192);
+GS_ASSERT_SIZE(struct gs_thread_time_record, 200);
 GS_ASSERT_AT(struct gs_thread_time_record, ns, 32);
 
 #endif

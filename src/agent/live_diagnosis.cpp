@@ -42,6 +42,8 @@ void LiveDiagnosis::add_thread_time(const store::ThreadTimeRow& r) {
   w.other = double(r.other_ns);
   w.reclaim = double(r.reclaim_ns);
   w.net_softirq = double(r.net_softirq_ns);
+  w.blocked_syscall = r.blocked_syscall;
+  w.blocked_on = r.blocked_on;
   w.waited_ns = r.waited_ns;
   w.waited_for_tid = r.waited_for_tid;
   w.waited_for_pid = r.waited_for_pid;

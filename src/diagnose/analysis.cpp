@@ -62,6 +62,26 @@ std::vector<Segment> thread_segments(const std::vector<ThreadWindow>& windows, u
 }
 
 std::string pct(double share) { return fmt::format("{:.0f}%", share * 100); }
+
+// "; 80% of it in fsync (on /data/ckpt.pt)" when one call accounts for most of `by` (keys "call"
+// or "call on what"): the call, and what it was most often on where that was still known (a
+// descriptor closed before it could be named leaves only the call).
+std::string most_in(const std::map<std::string, double>& by) {
+  if (by.empty()) return "";
+  double total = 0;
+  std::map<std::string, double> calls;
+  for (const auto& [k, v] : by) {
+    total += v;
+    calls[k.substr(0, k.find(" on "))] += v;
+  }
+  const auto [call, ns] = *std::max_element(calls.begin(), calls.end(),
+                                            [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (total <= 0 || ns < 0.3 * total) return "";
+  std::pair<std::string, double> on{"", 0};
+  for (const auto& [k, v] : by)
+    if (k.starts_with(call + " on ") && v > on.second) on = {k.substr(call.size() + 4), v};
+  return fmt::format("; {} of it in {}{}", pct(ns / total), call, on.first.empty() ? "" : " (on " + on.first + ")");
+}
 std::string ms(double ns) { return fmt::format("{:.1f} ms", ns / 1e6); }
 
 // The pid that accounts for most of `by`, with its share of the total.
@@ -122,6 +142,8 @@ void Breakdown::add(const Breakdown& o) {
   add_map(waited_for, o.waited_for);
   add_map(woken_by, o.woken_by);
   add_map(relayed, o.relayed);
+  for (const auto& [k, v] : o.io_in) io_in[k] += v;
+  for (const auto& [k, v] : o.fd_in) fd_in[k] += v;
 }
 
 double Breakdown::busy_share() const {
@@ -288,9 +310,12 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
         "high");
     if (memory) b.io = 0;
     add("io_wait", "The thread that feeds the GPU waits for disk I/O", b.io,
-        fmt::format("blocked in uninterruptible I/O {} a step ({} of the step), e.g. writing and fsyncing a "
-                    "checkpoint, or reading data from disk{}",
-                    ms(b.io / b.steps), pct(b.io / b.window_ns), gpu_idle_note),
+        fmt::format("blocked in uninterruptible I/O {} a step ({} of the step){}{}",
+                    ms(b.io / b.steps), pct(b.io / b.window_ns),
+                    b.io_in.empty() || most_in(b.io_in).empty()
+                        ? ", e.g. writing and fsyncing a checkpoint, or reading data from disk"
+                        : most_in(b.io_in),
+                    gpu_idle_note),
         "Write checkpoints asynchronously (a background thread or process; "
         "torch.distributed.checkpoint.async_save) and read data ahead (DataLoader workers, prefetching)",
         "high");
@@ -305,11 +330,11 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
     const double waits = b.fd + b.lock;
     if (feeder && feeder_of >= 0.5) {
       add("input_wait", "The thread that feeds the GPU waits for its input", waits,
-          fmt::format("blocked on a pipe, socket or lock {} a step ({} of the step), woken mostly by {}{}{}{}",
+          fmt::format("blocked on a pipe, socket or lock {} a step ({} of the step), woken mostly by {}{}{}{}{}",
                       ms(waits / b.steps), pct(waits / b.window_ns), names.of(feeder),
                       from_child ? ", a child of the job (a data loader worker)" : "",
                       relayed ? ", through another of its threads (the DataLoader's pin-memory thread)" : "",
-                      gpu_idle_note),
+                      most_in(b.fd_in), gpu_idle_note),
           from_child ? "Give the DataLoader more workers (num_workers), make __getitem__ cheaper, or prefetch more "
                        "(prefetch_factor)"
                      : fmt::format("Make {} deliver faster, or read ahead of the step", names.of(feeder)),
@@ -322,8 +347,8 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
           "Move preprocessing out of the training process (DataLoader worker processes), or release the GIL in it",
           "medium");
       add("input_wait", "The thread that feeds the GPU waits on a pipe or socket", b.fd,
-          fmt::format("blocked reading or polling {} a step ({} of the step){}", ms(b.fd / b.steps),
-                      pct(b.fd / b.window_ns), gpu_idle_note),
+          fmt::format("blocked reading or polling {} a step ({} of the step){}{}", ms(b.fd / b.steps),
+                      pct(b.fd / b.window_ns), most_in(b.fd_in), gpu_idle_note),
           "Read the input ahead of the step (more workers, prefetching, a local copy of remote data)", "medium");
     }
     add("sleep", "The thread that feeds the GPU sleeps", b.sleep,
@@ -503,6 +528,12 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
       b.reclaim += g.reclaim * f;
       b.net_softirq += g.net_softirq * f;
       if (g.runnable > 0) b.waited_for[g.waited_for_pid] += (g.runnable - runnable_idle) * f;
+      if (!g.blocked_syscall.empty()) {
+        const std::string what =
+            g.blocked_on.empty() ? g.blocked_syscall : fmt::format("{} on {}", g.blocked_syscall, g.blocked_on);
+        if (g.io > 0) b.io_in[what] += g.io * f;
+        if (g.fd + g.lock > 0 && !handoff) b.fd_in[what] += (g.fd + g.lock) * f;
+      }
       if (g.io + g.lock + g.fd > 0 && !handoff) {
         const auto relay = g.waker_pid == pid ? upstream.find(g.waker_tid) : upstream.end();
         const uint32_t waker = relay == upstream.end() ? g.waker_pid : relay->second;
@@ -750,11 +781,14 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites) {
       // reclaim_ns came after the table: older records go without.
       const bool has_reclaim = db.has_column("thread_times", "reclaim_ns");
       const bool has_softirq = db.has_column("thread_times", "net_softirq_ns");
+      const bool has_blocked_on = db.has_column("thread_times", "blocked_on");
       auto q = db.prepare(std::string(
           "SELECT tid, start_ns, end_ns, on_cpu_ns, runnable_ns, io_ns, lock_ns, fd_ns, sleep_ns, other_ns, ") +
           (has_reclaim ? "coalesce(reclaim_ns, 0)" : "0") + ", waited_ns, coalesce(waited_for_tid, 0), coalesce(waited_for_pid, 0), "
           "coalesce(waker_tid, 0), coalesce(waker_pid, 0), state, " +
-          (has_softirq ? "coalesce(net_softirq_ns, 0)" : "0") + " FROM thread_times WHERE pid = ?1 ORDER BY tid, start_ns");
+          (has_softirq ? "coalesce(net_softirq_ns, 0)" : "0") + ", " +
+          (has_blocked_on ? "coalesce(blocked_syscall, ''), coalesce(blocked_on, '')" : "'', ''") +
+          " FROM thread_times WHERE pid = ?1 ORDER BY tid, start_ns");
       q.bind(1, int64_t(pid));
       while (q.step()) {
         ThreadWindow w;
@@ -775,6 +809,8 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites) {
         w.waker_pid = uint32_t(q.i64(15));
         w.state = q.str(16);
         w.net_softirq = double(q.i64(17));
+        w.blocked_syscall = q.str(18);
+        w.blocked_on = q.str(19);
         e.windows[uint32_t(q.i64(0))].push_back(std::move(w));
       }
     }

@@ -59,6 +59,9 @@ struct Breakdown {
   // Of woken_by: waits ended by another of its threads that was itself fed by that process (the
   // DataLoader's pin-memory thread passes on what the workers made).
   std::map<uint32_t, double> relayed;
+  // Blocked time by what it blocked in ("fsync on /data/ckpt.pt", "recvfrom on tcp a -> b"): the
+  // window's longest blocked stretch stands for its I/O, and for its pipe, socket and lock waits.
+  std::map<std::string, double> io_in, fd_in;
   void add(const Breakdown& o);
 };
 
@@ -97,6 +100,7 @@ struct ThreadWindow {  // a store::ThreadTimeRow of the thread
   uint32_t waited_for_tid = 0, waited_for_pid = 0;
   uint32_t waker_tid = 0, waker_pid = 0;
   std::string state;
+  std::string blocked_syscall, blocked_on;  // its longest blocked stretch's call and file or socket
 };
 struct CudaCall {  // a top-level call
   uint64_t ts_ns = 0, duration_ns = 0;

@@ -398,6 +398,12 @@ void Pipeline::on_thread_time(const uint8_t* data, size_t) {
   row.faults = r.faults;
   row.reclaim_ns = r.reclaim_ns;
   row.net_softirq_ns = uint64_t(r.net_softirq_us) * 1000;
+  // What its longest blocked stretch waited in, and on which file or socket (named now: the
+  // descriptor is most likely still what it was).
+  if (r.blocked_ns && r.blocked_syscall >= 0) {
+    row.blocked_syscall = discover::syscall_name(r.blocked_syscall);
+    if (r.blocked_fd >= 0) row.blocked_on = fd_names_.name(pid_t(r.pid), r.blocked_fd);
+  }
   static constexpr const char* kStates[GS_TS_NR] = {"on_cpu", "runnable", "io", "lock", "fd", "sleep", "other"};
   row.state = (r.flags & GS_TT_EXITED) ? "exited" : r.state < GS_TS_NR ? kStates[r.state] : "other";
   sink_.add_thread_time(row);

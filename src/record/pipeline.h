@@ -20,6 +20,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "discover/fd_names.h"
 #include "attach/bpf_session.h"
 #include "decode/tracker.h"
 #include "gpu/nvml.h"
@@ -165,6 +166,7 @@ class Pipeline {
 
   // Pipeline thread side.
   std::unordered_set<uint32_t> known_processes_;
+  discover::FdNames fd_names_;  // what threads blocked on (host telemetry)
   static constexpr size_t kMaxThreadComms = 65536;
   std::unordered_map<uint32_t, std::string> thread_comms_;
   uint64_t calls_since_commit_ = 0;

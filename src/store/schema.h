@@ -47,7 +47,8 @@ CREATE TABLE thread_times(pid INTEGER NOT NULL, tid INTEGER NOT NULL, start_ns I
                           sleep_ns INTEGER, other_ns INTEGER, waited_ns INTEGER, waited_for_tid INTEGER,
                           waited_for_pid INTEGER, waited_for_comm TEXT, blocked_ns INTEGER, waker_tid INTEGER,
                           waker_pid INTEGER, waker_comm TEXT, switches INTEGER, preempted INTEGER, faults INTEGER,
-                          state TEXT, reclaim_ns INTEGER, net_softirq_ns INTEGER);
+                          state TEXT, reclaim_ns INTEGER, net_softirq_ns INTEGER,
+                          blocked_syscall TEXT, blocked_on TEXT);
 CREATE TABLE gpu_activities(id INTEGER PRIMARY KEY, pid INTEGER NOT NULL, kind TEXT NOT NULL, gpu INTEGER, stream INTEGER,
                             start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, bytes INTEGER, copy_kind INTEGER,
                             name TEXT, call_id INTEGER, grid_x INTEGER, grid_y INTEGER, grid_z INTEGER,

@@ -4,6 +4,7 @@ process or worker behind it) and nothing on a clean run."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import time
 
@@ -53,6 +54,7 @@ def test_slow_worker_on_a_pipe_is_input_wait_naming_the_worker(record, gpuscope)
     assert top["cause"] == "input_wait", proc["findings"]
     worker = rec.scalar("SELECT pid FROM processes WHERE ppid = ? AND comm = 'diag_steps'", proc["pid"])
     assert f"(pid {worker}), a child of the job" in top["evidence"], top
+    assert "of it in read (on pipe)" in top["evidence"], top
     assert "num_workers" in top["fix"]
 
 
@@ -62,6 +64,9 @@ def test_synchronous_fsync_is_io_wait(record, gpuscope):
     _, proc = diagnosis(gpuscope, rec)
     assert "io_wait" in causes(proc)[:2], proc["findings"]
     assert proc["breakdown"]["feeding_thread_ms"]["io"] > 0
+    # The call it waited in, and the file, named while its descriptor was still open.
+    [io] = [f for f in proc["findings"] if f["cause"] == "io_wait"]
+    assert re.search(r"of it in fsync \(on .*diag_steps\.ckpt\)", io["evidence"]), io
 
 
 def test_cpu_hog_on_the_same_cpu_is_named(record, gpuscope):

@@ -95,6 +95,39 @@ std::pair<uint32_t, double> top(const std::map<uint32_t, double>& by) {
   return {best.first, total > 0 ? best.second / total : 0};
 }
 
+// PSI and cpu.stat between t0 and t1, from the readings nearest them (at least 1 s apart).
+Pressure pressure_between(const std::vector<host::PressureReading>& r, uint64_t t0, uint64_t t1) {
+  Pressure p;
+  if (r.size() < 2) return p;
+  size_t a = 0;
+  while (a + 1 < r.size() && r[a + 1].ts_ns <= t0) ++a;
+  size_t b = r.size() - 1;
+  while (b > a + 1 && r[b - 1].ts_ns >= t1) --b;
+  if (b <= a || r[b].ts_ns < r[a].ts_ns + 1'000'000'000) {
+    // A short stretch: widen to a second around it where the readings allow.
+    while (b + 1 < r.size() && r[b].ts_ns < r[a].ts_ns + 1'000'000'000) ++b;
+    while (a > 0 && r[b].ts_ns < r[a].ts_ns + 1'000'000'000) --a;
+  }
+  if (b <= a || r[b].ts_ns <= r[a].ts_ns) return p;
+  const double dt_us = double(r[b].ts_ns - r[a].ts_ns) / 1e3;
+  auto share = [&](const std::optional<uint64_t> host::PressureReading::*f) {
+    const auto& x = r[a].*f;
+    const auto& y = r[b].*f;
+    return x && y && *y >= *x ? std::min(1.0, double(*y - *x) / dt_us) : -1.0;
+  };
+  p.cgroup = r[b].cgroup;
+  p.cpu_some = share(&host::PressureReading::cpu_some_us);
+  p.memory_some = share(&host::PressureReading::memory_some_us);
+  p.memory_full = share(&host::PressureReading::memory_full_us);
+  p.io_some = share(&host::PressureReading::io_some_us);
+  p.io_full = share(&host::PressureReading::io_full_us);
+  p.throttled = share(&host::PressureReading::throttled_us);
+  if (r[a].periods && r[b].periods && r[a].throttled_periods && r[b].throttled_periods &&
+      *r[b].periods > *r[a].periods)
+    p.throttled_periods = double(*r[b].throttled_periods - *r[a].throttled_periods) / double(*r[b].periods - *r[a].periods);
+  return p;
+}
+
 }  // namespace
 
 void Breakdown::add(const Breakdown& o) {
@@ -286,35 +319,57 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
       const std::string who = culprit ? names.of(culprit) : "its own threads";
       add("cpu_contention", "The thread that feeds the GPU waits for a CPU", contended,
           fmt::format("runnable but not running {} a step ({} of the step); the CPU was held mostly by {} ({} of "
-                      "that wait){}",
-                      ms(contended / b.steps), pct(contended / b.window_ns), who, pct(of), gpu_idle_note),
+                      "that wait){}{}",
+                      ms(contended / b.steps), pct(contended / b.window_ns), who, pct(of),
+                      b.host_pressure.cpu_some >= 0
+                          ? fmt::format("; PSI: the host's tasks waited for a CPU {} of the time",
+                                        pct(b.host_pressure.cpu_some))
+                          : "",
+                      gpu_idle_note),
           culprit ? fmt::format("Give the job CPUs of its own (taskset or a cpuset; Kubernetes' static CPU manager "
                                 "policy), or move or renice {}", who)
                   : "Use fewer threads than the cores the job has (torch.set_num_threads, OMP_NUM_THREADS)",
           of >= 0.5 ? "high" : "medium");
     }
+    const auto& cg = b.cgroup_pressure;
+    const std::string throttled =
+        cg.throttled_periods >= 0
+            ? fmt::format("; cpu.stat: its cgroup ({}) was throttled in {} of its quota periods, {:.0f} ms a second",
+                          cg.cgroup, pct(cg.throttled_periods), std::max(cg.throttled, 0.0) * 1e3)
+            : "";
     add("cpu_throttling", "The job's CPU quota throttles the thread that feeds the GPU", b.runnable_idle,
-        fmt::format("runnable {} a step while its CPU had gone idle: the scheduler held it back (cgroup cpu.max){}",
-                    ms(b.runnable_idle / b.steps), gpu_idle_note),
+        fmt::format("runnable {} a step while its CPU had gone idle: the scheduler held it back (cgroup cpu.max){}{}",
+                    ms(b.runnable_idle / b.steps), throttled, gpu_idle_note),
         "Raise the job's CPU limit (cpu.max; a Kubernetes CPU limit), or remove it", "high");
     // Reclaiming memory itself, the thread also waits for the pages evicted to be read back: the
     // I/O is the memory's doing.
-    const bool memory = b.reclaim / b.window_ns >= kMinShare;
+    // PSI says whether the job's tasks stalled on memory (all of them at once: `full`).
+    const Pressure& mem_psi = cg.memory_full >= 0 ? cg : b.host_pressure;
+    const bool memory = b.reclaim / b.window_ns >= kMinShare || mem_psi.memory_full >= kMinShare;
+    const std::string psi =
+        mem_psi.memory_some >= 0
+            ? fmt::format("; PSI: {} stalled on memory {} of the time (all its tasks at once: {})",
+                          mem_psi.cgroup.empty() ? "the host's tasks" : "its cgroup's (" + mem_psi.cgroup + ") tasks",
+                          pct(mem_psi.memory_some), pct(std::max(mem_psi.memory_full, 0.0)))
+            : "";
     add("memory_pressure", "The thread that feeds the GPU is short of memory", b.reclaim + (memory ? b.io : 0),
         fmt::format("reclaiming memory itself (direct reclaim) {} a step and waiting for I/O {} a step ({} of the "
                     "step together): its cgroup is at its memory limit or the host is short of memory, and pages "
-                    "it needs are evicted and read back",
-                    ms(b.reclaim / b.steps), ms(b.io / b.steps), pct((b.reclaim + b.io) / b.window_ns)),
+                    "it needs are evicted and read back{}",
+                    ms(b.reclaim / b.steps), ms(b.io / b.steps), pct((b.reclaim + b.io) / b.window_ns), psi),
         "Raise the job's memory limit (memory.high/max; a Kubernetes memory limit), or use less host memory: "
         "fewer DataLoader workers or a smaller prefetch_factor, memory-mapped datasets instead of copies",
         "high");
     if (memory) b.io = 0;
     add("io_wait", "The thread that feeds the GPU waits for disk I/O", b.io,
-        fmt::format("blocked in uninterruptible I/O {} a step ({} of the step){}{}",
+        fmt::format("blocked in uninterruptible I/O {} a step ({} of the step){}{}{}",
                     ms(b.io / b.steps), pct(b.io / b.window_ns),
                     b.io_in.empty() || most_in(b.io_in).empty()
                         ? ", e.g. writing and fsyncing a checkpoint, or reading data from disk"
                         : most_in(b.io_in),
+                    b.host_pressure.io_some >= 0
+                        ? fmt::format("; PSI: the host's tasks stalled on I/O {} of the time", pct(b.host_pressure.io_some))
+                        : "",
                     gpu_idle_note),
         "Write checkpoints asynchronously (a background thread or process; "
         "torch.distributed.checkpoint.async_save) and read data ahead (DataLoader workers, prefetching)",
@@ -634,6 +689,12 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
       slow_to = starts[i + 1];
     }
   }
+  p.all.host_pressure = pressure_between(e.host_pressure, starts.front(), starts.back());
+  p.all.cgroup_pressure = pressure_between(e.cgroup_pressure, starts.front(), starts.back());
+  if (p.slow_steps) {
+    p.slow.host_pressure = pressure_between(e.host_pressure, slow_from, slow_to);
+    p.slow.cgroup_pressure = pressure_between(e.cgroup_pressure, slow_from, slow_to);
+  }
   auto since_origin = [&](uint64_t t) { return t - std::min(t, origin_ns); };
   const uint64_t from = since_origin(starts.front()), to = since_origin(starts.back());
   findings_from(p.all, names, e, from, to, telemetry, p.findings, {});
@@ -822,6 +883,28 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites) {
       while (q.step()) e.kernels.push_back({uint64_t(q.i64(0)), uint64_t(q.i64(1)), uint64_t(q.i64(2))});
     }
     if (const auto gpu = process_gpu(db, pid, names)) read_nvml(db, *gpu, e);
+    if (db.has_table("pressure")) {
+      auto q = db.prepare(
+          "SELECT ts_ns, pid, coalesce(cgroup, ''), cpu_some_us, memory_some_us, memory_full_us, io_some_us, "
+          "io_full_us, periods, throttled_periods, throttled_us FROM pressure WHERE pid IN (0, ?1) ORDER BY ts_ns");
+      q.bind(1, int64_t(pid));
+      auto opt = [&](int i) { return q.is_null(i) ? std::optional<uint64_t>() : std::optional<uint64_t>(q.i64(i)); };
+      while (q.step()) {
+        host::PressureReading r;
+        r.ts_ns = uint64_t(q.i64(0));
+        r.pid = uint32_t(q.i64(1));
+        r.cgroup = q.str(2);
+        r.cpu_some_us = opt(3);
+        r.memory_some_us = opt(4);
+        r.memory_full_us = opt(5);
+        r.io_some_us = opt(6);
+        r.io_full_us = opt(7);
+        r.periods = opt(8);
+        r.throttled_periods = opt(9);
+        r.throttled_us = opt(10);
+        (r.pid ? e.cgroup_pressure : e.host_pressure).push_back(std::move(r));
+      }
+    }
     e.site = [&sites](int64_t stack_id) { return sites ? sites->python_or_caller(stack_id) : std::string(); };
     ProcessDiagnosis p = analyze(e, names, d.host_telemetry, d.origin_ns);
     if (!p.step_ms.empty()) d.processes.push_back(std::move(p));

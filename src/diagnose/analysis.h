@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "diagnose/steps.h"
+#include "host/pressure.h"
 #include "store/record_reader.h"
 
 namespace gpuscope::report {
@@ -18,6 +19,13 @@ class CallSites;
 }
 
 namespace gpuscope::diagnose {
+
+// Stall shares from PSI and quota throttling over a stretch of time (0..1); -1: not read.
+struct Pressure {
+  std::string cgroup;  // "" for the host's
+  double cpu_some = -1, memory_some = -1, memory_full = -1, io_some = -1, io_full = -1;
+  double throttled = -1, throttled_periods = -1;  // cpu.stat: time throttled, share of quota periods
+};
 
 // Where the feeding thread's time went in some steps (nanoseconds, summed over them).
 struct Breakdown {
@@ -52,6 +60,7 @@ struct Breakdown {
   double clock_mhz = 0, clock_n = 0, slowed_n = 0;  // SM clock readings while busy; of them, held
                                                     // down by power or heat
   double max_clock_mhz = 0;
+  Pressure host_pressure, cgroup_pressure;  // over the steps' span (not summed by add)
   // The share of the steps the GPU was busy: kernel times, else NVML; -1 when neither covers them.
   double busy_share() const;
   std::map<uint32_t, double> waited_for;  // pid -> runnable time spent behind it
@@ -135,6 +144,7 @@ struct ProcessEvidence {
   std::vector<KernelTime> kernels;                        // GPU times, in time order
   std::vector<GpuReading> gpu;                            // in time order
   std::vector<GpuProcessReading> gpu_processes;           // in time order
+  std::vector<host::PressureReading> host_pressure, cgroup_pressure;  // in time order
   uint64_t until_ns = 0;  // its exit, or the end of what was seen
   // The Python line (or native caller) of a call's stack, for the evidence; "" when unknown.
   std::function<std::string(int64_t stack_id)> site;

@@ -160,6 +160,11 @@ void Pipeline::add_gpu_batch(gpu::NvmlSampler::Batch&& b) {
   }
 }
 
+void Pipeline::add_pressure(std::vector<host::PressureReading>&& readings) {
+  std::lock_guard lock(mu_);
+  if (pressure_.size() < 100000) pressure_.insert(pressure_.end(), readings.begin(), readings.end());
+}
+
 void Pipeline::start() {
   last_commit_ns_ = monotonic_ns();
   thread_ = std::thread([this] { run(); });
@@ -198,6 +203,7 @@ void Pipeline::run() {
     std::deque<std::vector<uint8_t>> work;
     std::vector<store::LibraryRow> libraries;
     std::vector<gpu::NvmlSampler::Batch> gpu_batches;
+    std::vector<host::PressureReading> pressure;
     bool done;
     uint64_t taken_ns;
     {
@@ -208,12 +214,14 @@ void Pipeline::run() {
       work.swap(queue_);
       libraries.swap(libraries_);
       gpu_batches.swap(gpu_batches_);
+      pressure.swap(pressure_);
       queued_bytes_ = 0;
       done = stopping_;
     }
     try {
       for (const auto& lib : libraries) sink_.add_library(lib);
       for (const auto& b : gpu_batches) sink_.add_gpu_batch(b);
+      for (const auto& r : pressure) sink_.add_pressure(r);
       for (const auto& batch : work) process_batch(batch);
       stacks_.recycle(taken_ns);
       maybe_commit();
@@ -232,7 +240,7 @@ void Pipeline::run() {
     }
     if (done && work.empty()) {
       std::lock_guard lock(mu_);
-      if (queue_.empty() && libraries_.empty() && gpu_batches_.empty()) return;
+      if (queue_.empty() && libraries_.empty() && gpu_batches_.empty() && pressure_.empty()) return;
     }
   }
 }

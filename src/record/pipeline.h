@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "discover/fd_names.h"
+#include "host/pressure.h"
 #include "attach/bpf_session.h"
 #include "decode/tracker.h"
 #include "gpu/nvml.h"
@@ -86,6 +87,7 @@ class Pipeline {
   void add_library(store::LibraryRow row);
   // One NVML sampler tick (any thread); written on the pipeline thread.
   void add_gpu_batch(gpu::NvmlSampler::Batch&& b);
+  void add_pressure(std::vector<host::PressureReading>&& readings);  // from the pressure sampler's thread
   // The process is followed from before its first CUDA call (see decode::Tracker); any thread.
   void mark_complete_history(pid_t pid);
   // The process's driver probes were all in place from ts_ns on (decode::Tracker); any thread.
@@ -157,6 +159,7 @@ class Pipeline {
   std::deque<std::vector<uint8_t>> queue_;
   std::vector<store::LibraryRow> libraries_;
   std::vector<gpu::NvmlSampler::Batch> gpu_batches_;
+  std::vector<host::PressureReading> pressure_;
   std::vector<uint32_t> complete_history_marks_;
   std::vector<std::pair<uint32_t, uint64_t>> driver_probed_marks_;  // (pid, ts_ns)
   std::vector<uint16_t> redundant_runtime_;

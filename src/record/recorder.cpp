@@ -363,6 +363,7 @@ int Recorder::run() {
                opts_.output, opts_.duration_s > 0 ? fmt::format(" for {}s", opts_.duration_s) : "");
     // After the command has started: a command that cannot run fails with its own error alone.
     tracer_->start_gpu_metrics();
+    if (opts_.tracer.host_telemetry) tracer_->start_pressure(2);
 
     const uint64_t deadline = deadline_after_ns(start_ns, opts_.duration_s);
     bool running = true;

@@ -199,6 +199,7 @@ void Tracer::stop() {
     handle_control();
   }
   if (nvml_) nvml_->stop();
+  pressure_.stop();
   pipeline_->stop();
 }
 
@@ -214,6 +215,7 @@ void Tracer::add_target(pid_t pid) { bpf_->add_target(pid); }
 
 void Tracer::forget_process(pid_t pid) {
   cuda_processes_.erase(pid);
+  pressure_.watch(pid, false);
   bpf_->forget_process(pid);
   if (opts_.only_cuda_processes) bpf_->remove_target(pid);
 }
@@ -222,6 +224,7 @@ void Tracer::attach_library(pid_t pid, const std::string& open_path, const std::
                             bool at_load) {
   auto res = bpf_->attach_file(open_path);
   if (res.error.empty() && opts_.all && !cuda_processes_.contains(pid)) bpf_->add_host_process(pid);
+  if (res.error.empty() && !cuda_processes_.contains(pid)) pressure_.watch(pid, true);
   if (res.error.empty() && cuda_processes_.insert(pid).second && opts_.only_cuda_processes) {
     bpf_->add_target(pid);  // sampled from now on
     if (on_cuda_process) on_cuda_process(pid, at_load);
@@ -525,6 +528,17 @@ void Tracer::report_stack_budget() {
   sink_.set_meta("stack_every_max", std::to_string(max_every));
   sink_.set_lost("stack_rate_unset", stack_rates_refused_);
   if (!opts_.quiet && max_every > 1) log_info("stack budget: {}", text);
+}
+
+void Tracer::start_pressure(double hz) {
+  if (hz <= 0) return;
+  if (!host::PressureSampler::available()) {
+    // cpu.stat's throttling is still read from the cgroups.
+    sink_.set_meta("pressure", "cgroup cpu.stat only: no /proc/pressure (a kernel without PSI, or psi=0)");
+  } else {
+    sink_.set_meta("pressure", fmt::format("PSI and cgroup cpu.stat, {} a second", hz));
+  }
+  pressure_.start(hz, [this](std::vector<host::PressureReading>&& r) { pipeline_->add_pressure(std::move(r)); });
 }
 
 void Tracer::start_gpu_metrics() {

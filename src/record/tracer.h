@@ -20,6 +20,7 @@
 #include "attach/stop_guardian.h"
 #include "discover/python.h"
 #include "gpu/nvml.h"
+#include "host/pressure.h"
 #include "record/pipeline.h"
 #include "record/process_lifetime.h"
 #include "record/stack_maps.h"
@@ -104,6 +105,8 @@ class Tracer {
   // NVML sampling on a thread of its own, if asked for; without NVML, says so once (and in the
   // sink's meta) and goes on without it.
   void start_gpu_metrics();
+  // PSI and the CUDA processes' cgroups' CPU throttling, `hz` times a second (record's; 0: off).
+  void start_pressure(double hz);
   // Makes `pid` a target (when not tracing every process).
   void add_target(pid_t pid);
   // Probes the CUDA libraries a running process has mapped, and finds its Python.
@@ -185,6 +188,7 @@ class Tracer {
   std::unique_ptr<attach::StopGuardian> guardian_;  // outlives stopped_: continues what it missed
   StoppedProcesses stopped_;
   std::unique_ptr<gpu::NvmlSampler> nvml_;
+  host::PressureSampler pressure_;  // watches the CUDA processes from the start; reads once started
   std::set<std::pair<uint64_t, uint64_t>> checked_executables_;
   std::set<std::pair<uint64_t, uint64_t>> handoff_files_;
   std::map<std::pair<uint64_t, uint64_t>, std::optional<discover::PythonBinary>> python_binaries_;

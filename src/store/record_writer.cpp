@@ -187,6 +187,9 @@ void RecordWriter::prepare_statements() {
   insert_gpu_process_ = db_.prepare("INSERT INTO gpu_process_samples(ts_ns, gpu, pid, sm_util, mem_util, used_memory) "
       "VALUES(?1,?2,?3,?4,?5,?6)");
   insert_gpu_event_ = db_.prepare("INSERT INTO gpu_events(ts_ns, gpu, kind, value) VALUES(?1,?2,?3,?4)");
+  insert_pressure_ = db_.prepare(
+      "INSERT INTO pressure(ts_ns, pid, cgroup, cpu_some_us, memory_some_us, memory_full_us, io_some_us, io_full_us, "
+      "periods, throttled_periods, throttled_us) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)");
 }
 
 RecordWriter::RecordWriter(const std::string& path)
@@ -291,7 +294,7 @@ void RecordWriter::close_statements() {
   for (Stmt* st : {&insert_call_, &insert_kernel_, &insert_module_, &insert_stack_, &insert_frame_, &upsert_process_,
                    &process_exit_, &upsert_thread_, &insert_library_, &set_lost_, &set_meta_, &insert_sample_,
                    &insert_thread_time_, &insert_symbol_, &insert_python_frame_, &insert_gpu_, &insert_gpu_sample_, &insert_gpu_process_,
-                   &insert_gpu_event_})
+                   &insert_gpu_event_, &insert_pressure_})
     *st = Stmt();
 }
 
@@ -417,6 +420,23 @@ void RecordWriter::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
       q.run();
     }
     for (const auto& e : b.events) insert_gpu_event_.bind(1, e.ts_ns).bind(2, e.device).bind(3, e.kind).bind(4, e.value).run();
+  });
+}
+
+void RecordWriter::add_pressure(const host::PressureReading& r) {
+  filling_.ops.push_back([r, this] {
+    auto& q = insert_pressure_;
+    q.bind(1, r.ts_ns).bind(2, r.pid);
+    if (!r.cgroup.empty()) q.bind(3, r.cgroup);
+    bind_optional(q, 4, r.cpu_some_us);
+    bind_optional(q, 5, r.memory_some_us);
+    bind_optional(q, 6, r.memory_full_us);
+    bind_optional(q, 7, r.io_some_us);
+    bind_optional(q, 8, r.io_full_us);
+    bind_optional(q, 9, r.periods);
+    bind_optional(q, 10, r.throttled_periods);
+    bind_optional(q, 11, r.throttled_us);
+    q.run();
   });
 }
 

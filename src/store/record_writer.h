@@ -62,6 +62,7 @@ class RecordWriter final : public EventSink {
   // NVML: the GPUs, and one sampler tick's readings.
   void add_gpu(const gpu::GpuDevice& d) override;
   void add_gpu_batch(const gpu::NvmlSampler::Batch& b) override;
+  void add_pressure(const host::PressureReading& r) override;
 
   void commit() override;
   // The recording has begun: the record may take `path`'s place.
@@ -129,7 +130,7 @@ class RecordWriter final : public EventSink {
   Db db_;
   Stmt insert_call_, insert_kernel_, insert_module_, insert_stack_, insert_frame_, upsert_process_, process_exit_,
       upsert_thread_, insert_library_, set_lost_, set_meta_, insert_sample_, insert_thread_time_, insert_symbol_, insert_python_frame_, insert_gpu_, insert_gpu_sample_,
-      insert_gpu_process_, insert_gpu_event_;
+      insert_gpu_process_, insert_gpu_event_, insert_pressure_;
   std::unordered_map<std::string, int64_t> kernels_;
   std::unordered_map<std::string, int64_t> modules_;
   std::unordered_map<std::string, int64_t> python_frames_;

@@ -8,6 +8,7 @@
 
 #include "common/model.h"
 #include "gpu/nvml.h"
+#include "host/pressure.h"
 
 namespace gpuscope::store {
 
@@ -79,6 +80,8 @@ class EventSink {
   virtual void add_symbol(int64_t module_id, uint64_t offset, const std::string& name) = 0;
   virtual void set_lost(const std::string& cause, uint64_t count) = 0;
   virtual void add_gpu_batch(const gpu::NvmlSampler::Batch& b) = 0;
+  // Pressure stall information and CPU quota throttling (host::PressureSampler); kept by records.
+  virtual void add_pressure(const host::PressureReading&) {}
   // The end of a batch of events: what came before it may be made visible.
   virtual void commit() = 0;
   // Changes when the sink forgets its stacks (to stay bounded): stack ids it handed out

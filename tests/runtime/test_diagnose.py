@@ -182,6 +182,9 @@ def test_cpu_quota_throttling_is_named(record, gpuscope):
     # 5 ms of CPU every 100 ms for 10 ms of work a step: most of each step held back.
     assert top["cause"] == "cpu_throttling", proc["findings"]
     assert top["share_of_step"] > 0.5
+    # And in the cgroup's own count (cpu.stat), read while it ran.
+    assert re.search(r"cpu\.stat: its cgroup \(/gpuscope_test_quota\) was throttled in \d+% of its quota periods",
+                     top["evidence"]), top
 
 
 def test_memory_limit_is_memory_pressure(record, gpuscope):
@@ -199,6 +202,8 @@ def test_memory_limit_is_memory_pressure(record, gpuscope):
     [proc] = [p for p in json.loads(out.stdout)["processes"] if p["comm"] == "diag_steps"]
     assert proc["findings"][0]["cause"] == "memory_pressure", proc["findings"]
     assert "direct reclaim" in proc["findings"][0]["evidence"]
+    if pathlib.Path("/proc/pressure/memory").exists():
+        assert "PSI: " in proc["findings"][0]["evidence"] and "stalled on memory" in proc["findings"][0]["evidence"]
 
 
 def test_agent_finds_a_cpu_hog_live(agent):

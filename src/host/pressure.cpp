@@ -1,0 +1,166 @@
+#include "host/pressure.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "common/clock.h"
+
+namespace gpuscope::host {
+namespace {
+
+std::optional<std::string> slurp(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void read_pressure(const std::string& path, std::optional<uint64_t>& some, std::optional<uint64_t>* full) {
+  const auto text = slurp(path);
+  if (!text) return;
+  auto [s, f] = parse_pressure(*text);
+  some = s;
+  if (full) *full = f;
+}
+
+}  // namespace
+
+std::pair<std::optional<uint64_t>, std::optional<uint64_t>> parse_pressure(const std::string& text) {
+  std::pair<std::optional<uint64_t>, std::optional<uint64_t>> out;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const auto at = line.find("total=");
+    if (at == std::string::npos) continue;
+    uint64_t v = 0;
+    try {
+      v = std::stoull(line.substr(at + 6));
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (line.starts_with("some")) out.first = v;
+    if (line.starts_with("full")) out.second = v;
+  }
+  return out;
+}
+
+std::optional<std::pair<std::string, bool>> parse_cgroup(const std::string& text, bool unified) {
+  std::istringstream lines(text);
+  std::optional<std::pair<std::string, bool>> v1;
+  for (std::string line; std::getline(lines, line);) {
+    // "hierarchy-ID:controller-list:path"
+    const auto a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (line.substr(0, a) == "0" && controllers.empty()) {
+      if (unified) return std::pair{path, true};
+      continue;
+    }
+    std::istringstream list(controllers);
+    for (std::string c; std::getline(list, c, ',');)
+      if (c == "cpu") v1 = std::pair{path, false};
+  }
+  return v1;
+}
+
+bool PressureSampler::available() { return slurp("/proc/pressure/cpu").has_value(); }
+
+void PressureSampler::watch(pid_t pid, bool on) {
+  std::lock_guard lock(mu_);
+  const auto it = std::find(pids_.begin(), pids_.end(), pid);
+  if (on && it == pids_.end() && pids_.size() < 1024) pids_.push_back(pid);
+  if (!on && it != pids_.end()) {
+    pids_.erase(it);
+    cgroups_.erase(pid);
+  }
+}
+
+std::vector<PressureReading> PressureSampler::sample_once() {
+  std::vector<PressureReading> out;
+  const uint64_t now = monotonic_ns();
+  PressureReading h;
+  h.ts_ns = now;
+  read_pressure("/proc/pressure/cpu", h.cpu_some_us, nullptr);
+  read_pressure("/proc/pressure/memory", h.memory_some_us, &h.memory_full_us);
+  read_pressure("/proc/pressure/io", h.io_some_us, &h.io_full_us);
+  if (h.cpu_some_us || h.memory_some_us || h.io_some_us) out.push_back(h);
+
+  std::vector<std::pair<pid_t, std::pair<std::string, bool>>> todo;
+  {
+    std::lock_guard lock(mu_);
+    for (pid_t pid : pids_) {
+      auto it = cgroups_.find(pid);
+      if (it == cgroups_.end()) {
+        const auto text = slurp(fmt::format("/proc/{}/cgroup", pid));
+        static const bool unified = slurp("/sys/fs/cgroup/cgroup.controllers").has_value();
+        const auto cg = text ? parse_cgroup(*text, unified) : std::nullopt;
+        if (!cg) continue;
+        it = cgroups_.emplace(pid, *cg).first;
+      }
+      todo.emplace_back(pid, it->second);
+    }
+  }
+  std::set<std::string> done;
+  for (const auto& [pid, cg] : todo) {
+    const auto& [path, v2] = cg;
+    if (path == "/" || !done.insert(path).second) continue;  // the root: the host's, above
+    PressureReading r;
+    r.ts_ns = now;
+    r.pid = uint32_t(pid);
+    r.cgroup = path;
+    const std::string dir = v2 ? "/sys/fs/cgroup" + path : "";
+    std::optional<std::string> stat;
+    if (v2) {
+      read_pressure(dir + "/cpu.pressure", r.cpu_some_us, nullptr);
+      read_pressure(dir + "/memory.pressure", r.memory_some_us, &r.memory_full_us);
+      read_pressure(dir + "/io.pressure", r.io_some_us, &r.io_full_us);
+      stat = slurp(dir + "/cpu.stat");
+    } else {
+      for (const char* mount : {"/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"})
+        if ((stat = slurp(mount + path + "/cpu.stat"))) break;
+    }
+    if (stat) {
+      std::istringstream lines(*stat);
+      std::string key;
+      uint64_t v = 0;
+      while (lines >> key >> v) {
+        if (key == "nr_periods") r.periods = v;
+        if (key == "nr_throttled") r.throttled_periods = v;
+        if (key == "throttled_usec") r.throttled_us = v;
+        if (key == "throttled_time") r.throttled_us = v / 1000;  // v1: ns
+      }
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void PressureSampler::start(double hz, Sink sink) {
+  if (hz <= 0 || thread_.joinable()) return;
+  stopping_ = false;
+  thread_ = std::thread([this, hz, sink = std::move(sink)] {
+    const auto period = std::chrono::nanoseconds(int64_t(1e9 / hz));
+    auto next = std::chrono::steady_clock::now();
+    while (!stopping_) {
+      auto batch = sample_once();
+      if (!batch.empty()) sink(std::move(batch));
+      next += period;
+      while (!stopping_ && std::chrono::steady_clock::now() < next)
+        std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(next - std::chrono::steady_clock::now(),
+                                                                        std::chrono::milliseconds(20)));
+      if (next < std::chrono::steady_clock::now()) next = std::chrono::steady_clock::now();
+    }
+  });
+}
+
+void PressureSampler::stop() {
+  stopping_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace gpuscope::host

@@ -4,6 +4,7 @@
 // common/v1/common.proto (copies in tests/proto, where the unit tests decode our output with protoc
 // against them).
 #include <string_view>
+#include <vector>
 
 #include "agent/metrics.h"
 #include "common/protobuf.h"
@@ -36,11 +37,6 @@ constexpr int kPointStartTime = 2;  // NumberDataPoint
 constexpr int kPointTime = 3;
 constexpr int kPointAsDouble = 4;
 constexpr int kPointAttributes = 7;
-constexpr int kRequestResourceLogs = 1;  // ExportLogsServiceRequest.resource_logs
-constexpr int kResourceLogsResource = 1;  // ResourceLogs
-constexpr int kResourceLogsScopeLogs = 2;
-constexpr int kScopeLogsScope = 1;  // ScopeLogs
-constexpr int kScopeLogsRecords = 2;
 constexpr int kLogTime = 1;  // LogRecord
 constexpr int kLogSeverityNumber = 2;
 constexpr int kLogSeverityText = 3;
@@ -112,14 +108,35 @@ std::string encode_metric(const MetricFamily& f, const MetricSnapshot& s) {
   return metric.str();
 }
 
-}  // namespace
-
-std::string to_otlp_logs(const std::vector<LogEvent>& events, const Labels& resource) {
+// The envelope metrics and logs share, field for field: a request of one resource's (`resource`)
+// items (Metric or LogRecord messages) under gpuscope's scope. ExportMetricsServiceRequest /
+// ResourceMetrics / ScopeMetrics and ExportLogsServiceRequest / ResourceLogs / ScopeLogs number
+// their fields alike.
+std::string otlp_request(const Labels& resource, const std::vector<std::string>& items) {
   ProtoWriter scope;
   scope.field_bytes(field::kScopeName, "gpuscope");
   scope.field_bytes(field::kScopeVersion, GPUSCOPE_VERSION);
-  ProtoWriter scope_logs;
-  scope_logs.field_bytes(field::kScopeLogsScope, scope.str());
+
+  ProtoWriter scoped;
+  scoped.field_bytes(field::kScopeMetricsScope, scope.str());
+  for (const auto& item : items) scoped.field_bytes(field::kScopeMetricsMetrics, item);
+
+  ProtoWriter res;
+  add_attributes(res, field::kResourceAttributes, resource);
+
+  ProtoWriter resource_items;
+  resource_items.field_bytes(field::kResourceMetricsResource, res.str());
+  resource_items.field_bytes(field::kResourceMetricsScopeMetrics, scoped.str());
+
+  ProtoWriter request;
+  request.field_bytes(field::kRequestResourceMetrics, resource_items.str());
+  return request.str();
+}
+
+}  // namespace
+
+std::string to_otlp_logs(const std::vector<LogEvent>& events, const Labels& resource) {
+  std::vector<std::string> records;
   for (const auto& e : events) {
     ProtoWriter body;
     body.field_bytes(field::kAnyValueString, e.body);
@@ -131,38 +148,16 @@ std::string to_otlp_logs(const std::vector<LogEvent>& events, const Labels& reso
     add_attributes(rec, field::kLogAttributes, e.attributes);
     rec.field_fixed64(field::kLogObservedTime, e.time_unix_ns);
     rec.field_bytes(field::kLogEventName, e.name);
-    scope_logs.field_bytes(field::kScopeLogsRecords, rec.str());
+    records.push_back(rec.str());
   }
-  ProtoWriter res;
-  add_attributes(res, field::kResourceAttributes, resource);
-  ProtoWriter resource_logs;
-  resource_logs.field_bytes(field::kResourceLogsResource, res.str());
-  resource_logs.field_bytes(field::kResourceLogsScopeLogs, scope_logs.str());
-  ProtoWriter request;
-  request.field_bytes(field::kRequestResourceLogs, resource_logs.str());
-  return request.str();
+  return otlp_request(resource, records);
 }
 
 std::string to_otlp_metrics(const MetricSnapshot& s, const Labels& resource) {
-  ProtoWriter scope;
-  scope.field_bytes(field::kScopeName, "gpuscope");
-  scope.field_bytes(field::kScopeVersion, GPUSCOPE_VERSION);
-
-  ProtoWriter scope_metrics;
-  scope_metrics.field_bytes(field::kScopeMetricsScope, scope.str());
+  std::vector<std::string> metrics;
   for (const auto& f : s.families)
-    if (!f.samples.empty()) scope_metrics.field_bytes(field::kScopeMetricsMetrics, encode_metric(f, s));
-
-  ProtoWriter res;
-  add_attributes(res, field::kResourceAttributes, resource);
-
-  ProtoWriter resource_metrics;
-  resource_metrics.field_bytes(field::kResourceMetricsResource, res.str());
-  resource_metrics.field_bytes(field::kResourceMetricsScopeMetrics, scope_metrics.str());
-
-  ProtoWriter request;
-  request.field_bytes(field::kRequestResourceMetrics, resource_metrics.str());
-  return request.str();
+    if (!f.samples.empty()) metrics.push_back(encode_metric(f, s));
+  return otlp_request(resource, metrics);
 }
 
 }  // namespace gpuscope::agent

@@ -318,14 +318,14 @@ class Receiver:
         self.server.shutdown()
 
 
-def protoc_decode(body, tmp_path):
+def protoc_decode(body, tmp_path, signal="metrics", request="ExportMetricsServiceRequest"):
     if not shutil.which("protoc"):
         pytest.fail("protoc (Debian package protobuf-compiler) decodes OTLP: run ./run-tests.sh, which installs it")
     path = tmp_path / "otlp.bin"
     path.write_bytes(body)
     with open(path, "rb") as f:
-        res = subprocess.run(["protoc", "--decode=opentelemetry.proto.collector.metrics.v1.ExportMetricsServiceRequest",
-                              f"-I{PROTO}", "opentelemetry/proto/collector/metrics/v1/metrics_service.proto"],
+        res = subprocess.run(["protoc", f"--decode=opentelemetry.proto.collector.{signal}.v1.{request}",
+                              f"-I{PROTO}", f"opentelemetry/proto/collector/{signal}/v1/{signal}_service.proto"],
                              stdin=f, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     return res.stdout
@@ -342,14 +342,7 @@ def test_findings_are_pushed_as_otlp_log_records_as_they_begin(agent, tmp_path):
         posts = collector.wait(lambda p: p[0] == "/v1/logs", timeout=30)
         path, headers, body = posts[0]
         assert headers["Content-Type"] == "application/x-protobuf"
-        path = tmp_path / "logs.bin"
-        path.write_bytes(body)
-        with open(path, "rb") as f:
-            res = subprocess.run(["protoc", "--decode=opentelemetry.proto.collector.logs.v1.ExportLogsServiceRequest",
-                                  f"-I{PROTO}", "opentelemetry/proto/collector/logs/v1/logs_service.proto"],
-                                 stdin=f, capture_output=True, text=True, timeout=60)
-        assert res.returncode == 0, res.stderr
-        text = res.stdout
+        text = protoc_decode(body, tmp_path, "logs", "ExportLogsServiceRequest")
         assert not [p for p in collector.posts if p[0] == "/v1/metrics"], "the metrics' interval is 60 s"
     finally:
         if loop:

@@ -25,6 +25,7 @@ the workload says it is warm, until it ends; the others from inside the workload
   flood*       softirq           a loopback UDP flood steered (RPS) onto the loop's CPU, 1 (3) senders
   pcie*        pcie_contention   another process copying 256 MB buffers to (and from) the same GPU
   gpu_share*   gpu_contention    another process running matmuls on the same GPU, half (all) the time
+  sleep        sleep             (not run by default) 5 (15) ms of time.sleep a step
 Each run's record, diagnosis (JSON) and the injector's log (cause, start, end in CLOCK_MONOTONIC) are
 kept in DIR; scores are printed from them: top-1 and top-3 accuracy, precision and recall per cause,
 findings per hour on clean runs. --lane N runs on CPUs 4N+2.. and GPU N (several lanes on a host
@@ -63,7 +64,9 @@ SCENARIOS = {  # name: (fault inside the workload, injected from outside, expect
     "flood": ("none", "flood", "softirq"),
     "pcie": ("none", "pcie", "pcie_contention"),
     "gpu_share": ("none", "gpu_share", "gpu_contention"),
+    "sleep": ("sleep", None, "sleep"),  # not in the default set: a check of the harness
 }
+DEFAULT_SCENARIOS = [s for s in SCENARIOS if s != "sleep"]
 CGROOT = "/sys/fs/cgroup"
 
 PCIE_TENANT = r"""
@@ -270,17 +273,17 @@ class Cgroup:
                     time.sleep(0.1)
 
 
-def run_one(a, workload, scenario, intensity):
+def run_one(a, lane, workload, scenario, intensity):
     fault, outside, expected = SCENARIOS[scenario]
     name = f"{workload}-{scenario}-{intensity}"
     rec = os.path.join(a.out, name + ".gpuscope")
     ready = os.path.join(a.out, name + ".ready")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(ready)
-    cg = Cgroup(f"{a.lane}-{name}")
-    loop_cpu = (4 * a.lane + 2) % os.cpu_count()
+    cg = Cgroup(f"{lane}-{name}")
+    loop_cpu = (4 * lane + 2) % os.cpu_count()
     server = Server() if outside == "server" else None
-    inj = Injector(outside, intensity, a.lane, cg, a.python) if outside and outside != "server" else None
+    inj = Injector(outside, intensity, lane, cg, a.python) if outside and outside != "server" else None
     wl = [a.python, WORKLOAD, "--workload", workload, "--fault", fault, "--intensity", str(intensity),
           "--seconds", str(a.seconds), "--ready", ready, "--cpu", str(loop_cpu), "--dir", a.out]
     if server:
@@ -290,7 +293,7 @@ def run_one(a, workload, scenario, intensity):
     cmd = ["sh", "-c", f"{join} && exec {inner}" if join else f"exec {inner}"]
     if not a.live:
         cmd = [f"{a.build}/gpuscope", "record", "-q", "-o", rec] + a.record_args + ["--"] + cmd
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(a.lane)}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(lane)}
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     entry = {"run": name, "workload": workload, "scenario": scenario, "intensity": intensity,
@@ -338,9 +341,12 @@ def run_one(a, workload, scenario, intensity):
             entry["error"] = d.stderr[-600:]
         if not a.keep_records:
             os.unlink(rec)
-    with open(os.path.join(a.out, "runs.jsonl"), "a") as f:
+    with RUNS_LOCK, open(os.path.join(a.out, "runs.jsonl"), "a") as f:
         f.write(json.dumps(entry) + "\n")
     return entry
+
+
+RUNS_LOCK = threading.Lock()
 
 
 def summarise(doc):
@@ -484,10 +490,13 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--out", default="/tmp/diagnose-suite")
     ap.add_argument("--workloads", default="train,cnn,infer")
-    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS))
     ap.add_argument("--intensities", default="1,2")
     ap.add_argument("--seconds", type=float, default=8)
     ap.add_argument("--lane", type=int, default=0)
+    ap.add_argument("--lanes", type=int, default=1,
+                    help="run on GPUs 0..N-1 at once, a run on each (CPUs 4k+2.. for lane k); flood runs alone "
+                         "at the end (its packet steering is the host's)")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--record-args", default="", help="more options for gpuscope record")
     ap.add_argument("--keep-records", action="store_true")
@@ -508,18 +517,34 @@ def main():
         if s not in SCENARIOS:
             raise SystemExit(f"unknown scenario {s}; known: {', '.join(SCENARIOS)}")
     ctx = agent(a) if a.live else contextlib.nullcontext()
+    def one(lane, w, s, i):
+        e = run_one(a, lane, w, s, i)
+        if "diagnosis" in e:
+            f = e["diagnosis"]["findings"]
+            log(f"{e['run']:28} {e['step_ms'] or 0:7.2f} ms  expected {e['expected']:16} top "
+                f"{f[0]['cause'] if f else '?'}")
+        elif "detect_s" in e:
+            log(f"{e['run']:28} detected {e['detect_s']} root cause {e['root_cause_s']}")
+        else:
+            log(f"{e['run']:28} FAILED rc {e['rc']}: {e.get('error', '')}")
+
     with ctx as ag:
         cpu0, t0 = (cpu_seconds(ag.pid), time.monotonic()) if ag else (0, 0)
-        for w, s, i in todo:
-            e = run_one(a, w, s, i)
-            if "diagnosis" in e:
-                f = e["diagnosis"]["findings"]
-                log(f"{e['run']:28} {e['step_ms'] or 0:7.2f} ms  expected {e['expected']:16} top "
-                    f"{f[0]['cause'] if f else '?'}")
-            elif "detect_s" in e:
-                log(f"{e['run']:28} detected {e['detect_s']} root cause {e['root_cause_s']}")
-            else:
-                log(f"{e['run']:28} FAILED rc {e['rc']}: {e.get('error', '')}")
+        lanes = 1 if a.live else max(1, a.lanes)
+        if lanes == 1:
+            for w, s, i in todo:
+                one(a.lane, w, s, i)
+        else:
+            shared = [t for t in todo if t[1] != "flood"]
+            work = [shared[k::lanes] for k in range(lanes)]
+            threads = [threading.Thread(target=lambda k=k: [one(k, *t) for t in work[k]]) for k in range(lanes)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for t in todo:
+                if t[1] == "flood":
+                    one(0, *t)
         if ag:
             log(f"agent CPU: {(cpu_seconds(ag.pid) - cpu0) / (time.monotonic() - t0) * 100:.2f}% of a core "
                 f"(CPU sampling {a.cpu_hz} Hz)")

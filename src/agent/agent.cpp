@@ -656,6 +656,8 @@ int Agent::run() {
   for (pid_t p : discover::list_pids())
     if (p != getpid()) tracer_->attach_mapped_libraries(p);
   tracer_->start_gpu_metrics();
+  // PSI and the CUDA processes' cgroups' throttling, for the live diagnosis's evidence.
+  if (live_) tracer_->start_pressure(2);
   update_health();
   start_server();
   exporter_ = std::thread([this] { exporter_loop(); });

@@ -321,6 +321,10 @@ void Aggregator::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
   if (live_) live_->add_gpu_batch(b);
 }
 
+void Aggregator::add_pressure(const host::PressureReading& r) {
+  if (live_) live_->add_pressure(r);
+}
+
 int64_t Aggregator::launch_key(Process& p, int64_t kernel) {
   auto& launches = p.high.launches;
   if (launches.contains(kernel)) return kernel;

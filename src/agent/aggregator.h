@@ -85,6 +85,7 @@ class Aggregator final : public store::EventSink {
   void add_symbol(int64_t module_id, uint64_t offset, const std::string& name) override;
   void set_lost(const std::string& cause, uint64_t count) override;
   void add_gpu_batch(const gpu::NvmlSampler::Batch& b) override;
+  void add_pressure(const host::PressureReading& r) override;
   void commit() override {}
   uint64_t stack_epoch() const override { return stack_epoch_.load(std::memory_order_relaxed); }
 

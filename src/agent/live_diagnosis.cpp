@@ -88,10 +88,19 @@ void LiveDiagnosis::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
   }
 }
 
+void LiveDiagnosis::add_pressure(const host::PressureReading& r) {
+  std::lock_guard lock(mu_);
+  if (r.pid && !processes_.contains(r.pid)) return;
+  auto& q = pressure_[r.pid];
+  q.push_back(r);
+  if (q.size() > 64) q.pop_front();
+}
+
 void LiveDiagnosis::forget_process(uint32_t pid) {
   std::lock_guard lock(mu_);
   processes_.erase(pid);
   process_gpu_.erase(pid);
+  pressure_.erase(pid);
 }
 
 void LiveDiagnosis::trim(Process& p, uint64_t before_ns) {
@@ -116,6 +125,7 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
     for (auto it = processes_.begin(); it != processes_.end();) {
       trim(it->second, from);
       if (it->second.calls.empty()) {
+        pressure_.erase(it->first);
         it = processes_.erase(it);
         continue;
       }
@@ -132,6 +142,10 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
         e.gpu.assign(gpu->second.readings.begin(), gpu->second.readings.end());
         e.gpu_processes.assign(gpu->second.processes.begin(), gpu->second.processes.end());
       }
+      if (const auto h = pressure_.find(0); h != pressure_.end())
+        e.host_pressure.assign(h->second.begin(), h->second.end());
+      if (const auto c = pressure_.find(it->first); c != pressure_.end())
+        e.cgroup_pressure.assign(c->second.begin(), c->second.end());
       evidence.push_back(std::move(e));
       names.comm[it->first] = it->second.comm;
       ++it;

@@ -35,6 +35,8 @@ class LiveDiagnosis {
   void add_thread_time(const store::ThreadTimeRow& r);
   // NVML's readings (the GPU's side: busy share, other tenants, PCIe, clocks).
   void add_gpu_batch(const gpu::NvmlSampler::Batch& b);
+  // PSI and cpu.stat (host::PressureSampler): the host's (pid 0) and each process's cgroup's.
+  void add_pressure(const host::PressureReading& r);
   void forget_process(uint32_t pid);
 
   // Analyses every process with calls in the window ending at now_ns (CLOCK_MONOTONIC); what it
@@ -77,6 +79,7 @@ class LiveDiagnosis {
   mutable std::mutex mu_;
   std::map<uint32_t, Gpu> gpus_;                 // by device, within the window
   std::map<uint32_t, uint32_t> process_gpu_;     // pid -> the device NVML last saw it on
+  std::map<uint32_t, std::deque<host::PressureReading>> pressure_;  // pid (0: the host), within the window
   std::map<uint32_t, Process> processes_;
   diagnose::ProcessNames names_;  // comm of processes seen in the evidence
   std::vector<Current> current_;

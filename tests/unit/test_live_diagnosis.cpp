@@ -13,8 +13,9 @@ constexpr uint32_t kPid = 500;
 constexpr uint64_t kStepNs = 10'000'000;
 
 // `seconds` of a loop from `from_ns`: a copy and two launches a step; its main thread sleeps
-// `sleep_ns` of each step.
-void feed_loop(agent::LiveDiagnosis& live, uint64_t from_ns, double seconds, uint64_t sleep_ns) {
+// `sleep_ns` of each step, or is runnable `throttled_ns` of it while its CPU is idle.
+void feed_loop(agent::LiveDiagnosis& live, uint64_t from_ns, double seconds, uint64_t sleep_ns,
+               uint64_t throttled_ns = 0) {
   const auto steps = uint64_t(seconds * 1e9 / kStepNs);
   for (uint64_t s = 0; s < steps; ++s) {
     const uint64_t t = from_ns + s * kStepNs;
@@ -36,8 +37,10 @@ void feed_loop(agent::LiveDiagnosis& live, uint64_t from_ns, double seconds, uin
     r.tid = kPid;
     r.start_ns = t;
     r.end_ns = t + kStepNs;
-    r.on_cpu_ns = kStepNs - sleep_ns;
+    r.on_cpu_ns = kStepNs - sleep_ns - throttled_ns;
     r.sleep_ns = sleep_ns;
+    r.runnable_ns = throttled_ns;
+    r.waited_ns = throttled_ns;  // behind the idle task (tid 0): its CPU had gone idle
     r.state = "on_cpu";
     live.add_thread_time(r);
   }
@@ -101,4 +104,31 @@ TEST(LiveDiagnosis, NvmlReadingsOfABusyGpuOutweighAHostWait) {
   feed_gpu(live, t0 + 3'000'000'000, 3, 40);
   live.tick(t0 + 6'000'000'000);
   EXPECT_EQ(causes(live), std::vector<std::string>{"sleep"});
+}
+
+TEST(LiveDiagnosis, ACgroupsThrottlingIsCitedLive) {
+  // A loop runnable half of each step while its CPU is idle (quota throttling), and its cgroup's
+  // cpu.stat read twice a second: the finding cites the cgroup's own count.
+  agent::LiveDiagnosis live({});
+  const uint64_t t0 = 1'000'000'000;
+  feed_loop(live, t0, 3, 0, kStepNs / 2);
+  for (uint64_t k = 0; k <= 6; ++k) {
+    host::PressureReading p;
+    p.ts_ns = t0 + k * 500'000'000;
+    p.pid = kPid;
+    p.cgroup = "/job";
+    p.periods = 5 * k;
+    p.throttled_periods = 5 * k;
+    p.throttled_us = 250'000 * k;
+    live.add_pressure(p);
+  }
+  live.tick(t0 + 3'000'000'000);
+  const auto cur = live.current();
+  ASSERT_EQ(cur.size(), 1u);
+  ASSERT_FALSE(cur[0].findings.empty());
+  const auto& f = cur[0].findings[0];
+  EXPECT_EQ(f.cause, "cpu_throttling");
+  EXPECT_NE(f.evidence.find("cpu.stat: its cgroup (/job) was throttled in 100% of its quota periods, 500 ms a second"),
+            std::string::npos)
+      << f.evidence;
 }

@@ -7,6 +7,7 @@ each record and scores the findings against the fault injected. On the GPU machi
         [--scenarios clean,hog,...] [--intensities 1,2] [--seconds 8] [--lane 0]
     python3 bench/diagnose/run.py --score DIR        # the scores of the runs kept in DIR
     python3 bench/diagnose/run.py --live ...         # the agent instead: detection and root-cause latency
+    python3 bench/diagnose/run.py --overhead ...     # the step time record and the agent add to clean runs
 
 Scenarios (the cause diagnose must rank first); those marked * are injected from outside, 1 s after
 the workload says it is warm, until it ends; the others from inside the workload, all along:
@@ -480,6 +481,42 @@ def agent(a):
         p.wait()
 
 
+def overhead(a):
+    """Each clean workload alone, under `gpuscope record` (its defaults: host telemetry, NVML,
+    stacks within their budget) and beside the agent (CPU sampling at --cpu-hz), interleaved
+    --rounds times; the median step time of each and what gpuscope adds."""
+    times = {}
+    for rnd in range(a.rounds):
+        for w in a.workloads.split(","):
+            for mode in ("alone", "record", "agent"):
+                wl = [a.python, WORKLOAD, "--workload", w, "--seconds", str(a.seconds), "--dir", a.out]
+                env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(a.lane)}
+                if mode == "record":
+                    wl = [f"{a.build}/gpuscope", "record", "-q", "-o", os.path.join(a.out, "overhead.gpuscope"), "--"] + wl
+                if mode == "agent":
+                    ctx = agent(a)
+                else:
+                    ctx = contextlib.nullcontext()
+                with ctx as ag:
+                    cpu0, t0 = (cpu_seconds(ag.pid), time.monotonic()) if ag else (0, 0)
+                    out = subprocess.run(wl, capture_output=True, text=True, env=env).stdout
+                    agent_cpu = (cpu_seconds(ag.pid) - cpu0) / (time.monotonic() - t0) if ag else None
+                m = re.search(r"([\d.]+) ms a step", out)
+                if not m:
+                    log(f"{w} {mode}: no step time: {out[-300:]}")
+                    continue
+                times.setdefault((w, mode), []).append(float(m.group(1)))
+                log(f"round {rnd} {w:6} {mode:6} {float(m.group(1)):8.3f} ms a step"
+                    + (f"; agent CPU {agent_cpu * 100:.2f}% of a core" if agent_cpu is not None else ""))
+    for w in a.workloads.split(","):
+        base = sorted(times.get((w, "alone"), [0]))[len(times.get((w, "alone"), [0])) // 2]
+        for mode in ("record", "agent"):
+            v = sorted(times.get((w, mode), [0]))
+            med = v[len(v) // 2]
+            if base:
+                log(f"{w:6} {mode:6} median {med:8.3f} ms vs {base:8.3f} alone: {(med / base - 1) * 100:+.2f}%")
+
+
 def cpu_seconds(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
@@ -503,6 +540,9 @@ def main():
     ap.add_argument("--live", action="store_true", help="the agent's live findings instead of record+diagnose")
     ap.add_argument("--cpu-hz", type=int, default=100, help="the agent's CPU sampling (--live)")
     ap.add_argument("--score", metavar="DIR", help="print the scores of the runs in DIR and stop")
+    ap.add_argument("--overhead", action="store_true",
+                    help="the clean workloads alone, under record and beside the agent: the step time gpuscope adds")
+    ap.add_argument("--rounds", type=int, default=3, help="--overhead: interleaved rounds")
     a = ap.parse_args()
     if a.score:
         score(a.score)
@@ -511,6 +551,9 @@ def main():
         raise SystemExit("run.py injects faults through cgroups and records with eBPF: run it as root")
     a.record_args = a.record_args.split()
     os.makedirs(a.out, exist_ok=True)
+    if a.overhead:
+        overhead(a)
+        return
     todo = [(w, s, int(i)) for w in a.workloads.split(",") for s in a.scenarios.split(",")
             for i in (a.intensities.split(",") if s != "clean" else ["1"])]
     for s in {s for _, s, _ in todo}:

@@ -429,7 +429,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
   const double own_work =
       std::max(0.0, b.on_cpu - b.net_softirq - b.in_cuda) + std::min(b.in_launch, b.launches * kLaunchNs);
   const double residual = std::min({std::max(0.0, idle - blocked / b.window_ns - b.in_pageable_copy / b.window_ns),
-                                    own_work / b.window_ns, b.host_late > 0 ? b.host_late / b.window_ns : 1.0});
+                                    own_work / b.window_ns, b.gpu_known ? b.host_late / b.window_ns : 1.0});
   if (b.syncs >= b.steps && b.in_sync / b.window_ns >= kMinShare) {
     std::pair<int64_t, double> where{0, 0};
     for (const auto& [stack, ns] : b.sync_stacks)

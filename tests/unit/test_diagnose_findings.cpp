@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <functional>
 
 #include "cuda/functions.h"
 #include "diagnose/analysis.h"
@@ -244,4 +245,58 @@ TEST(DiagnoseFindings, TheSoftwarePowerCapIsNoFinding) {
   r.windows();
   r.gpu(99, {{kPid, 99}}, 0, 1700, 0x4);
   EXPECT_EQ(causes_of(r), std::vector<std::string>{"none"});
+}
+
+namespace {
+
+// Kernel times (record --gpu-times) added after the recording, as the recorder adds them: for each
+// step's launches (call ids 2..21 of the step's 22 calls), a kernel starting `start(k)` after the
+// step began and running `run_ns`.
+std::vector<std::string> causes_with_kernels(CraftedRun& r, const std::function<uint64_t(int)>& start,
+                                             uint64_t run_ns) {
+  r.w.finish();
+  {
+    store::Db db(r.path, store::Db::Mode::Create);
+    db.exec("BEGIN");
+    auto q = db.prepare(
+        "INSERT INTO gpu_activities(pid, kind, gpu, start_ns, end_ns, call_id) VALUES(?1, 'kernel', 0, ?2, ?3, ?4)");
+    for (uint64_t s = 0; s < 40; ++s)
+      for (int k = 0; k < 20; ++k) {
+        const uint64_t at = 1'000'000 + s * kStepNs + start(k);
+        q.bind(1, int64_t(kPid)).bind(2, int64_t(at)).bind(3, int64_t(at + run_ns)).bind(4, int64_t(s * 21 + 2 + k));
+        q.run();
+      }
+    db.exec("COMMIT");
+  }
+  return causes(r.path);
+}
+
+}  // namespace
+
+TEST(DiagnoseFindings, KernelsLaunchedAfterTheGpuRanDryAreTheHostsDoing) {
+  // A launch every 450 µs of host work, each kernel starting as soon as it is launched and running
+  // 50 µs: the GPU idles ~90% of the step, waiting for launches (HTA's host wait).
+  CraftedRun r("host_late");
+  for (uint64_t s = 0; s < 40; ++s) {
+    const uint64_t t = 1'000'000 + s * kStepNs;
+    r.call("cudaMemcpyAsync", kPid, t, 10'000, 0, 4 << 20);
+    for (int k = 0; k < 20; ++k) r.call("cudaLaunchKernel", kPid, t + 50'000 + k * 450'000, 5'000, 0x1000 + k);
+  }
+  r.windows();
+  const auto c = causes_with_kernels(r, [](int k) { return 50'000 + k * 450'000 + 5'000; }, 50'000);
+  EXPECT_EQ(c, std::vector<std::string>{"host_compute"});
+}
+
+TEST(DiagnoseFindings, AGpuIdleWithItsWorkQueuedIsNotTheHostsDoing) {
+  // The same launches all made at the step's start, the kernels spread over it with gaps (waits on
+  // other work): the GPU idles 90%, but never for want of a launch.
+  CraftedRun r("queued");
+  for (uint64_t s = 0; s < 40; ++s) {
+    const uint64_t t = 1'000'000 + s * kStepNs;
+    r.call("cudaMemcpyAsync", kPid, t, 10'000, 0, 4 << 20);
+    for (int k = 0; k < 20; ++k) r.call("cudaLaunchKernel", kPid, t + 20'000 + k * 1'000, 500, 0x1000 + k);
+  }
+  r.windows();
+  const auto c = causes_with_kernels(r, [](int k) { return 100'000 + k * 450'000; }, 50'000);
+  EXPECT_EQ(c, std::vector<std::string>{"none"});
 }

@@ -82,12 +82,21 @@ static __always_inline struct thread_time *tracked_thread(struct task_struct *ta
 	return bpf_task_storage_get(&thread_times, task, 0, 0);
 }
 
-static __always_inline void charge(struct thread_time *t, __u64 now)
+/* Charges the time since the state began to it; returns the instant charged to. A wake-up on one
+ * CPU can run beside the thread's own switch out on another (try_to_wake_up fires sched_waking
+ * before it waits for the task to be off its CPU), each with the clock it read: the later path
+ * may hold the earlier instant. Time never goes back here, or the same nanoseconds would be
+ * charged twice (windows whose states outgrow them). */
+static __always_inline __u64 charge(struct thread_time *t, __u64 now)
 {
 	__u32 s = t->state;
-	if (s < GS_TS_NR && now > t->since_ns)
-		t->ns[s] += now - t->since_ns;
+	__u64 since = t->since_ns;
+	if (now <= since)
+		return since;
+	if (s < GS_TS_NR)
+		t->ns[s] += now - since;
 	t->since_ns = now;
+	return now;
 }
 
 /* Sends the window [start_ns, now) once it is long enough (or the thread is gone), and starts the
@@ -188,10 +197,10 @@ int BPF_PROG(host_switch, bool preempt, struct task_struct *prev, struct task_st
 		return 0;
 	struct thread_time *t = thread_time_of(prev);
 	struct thread_time *n = thread_time_of(next);
-	__u64 now = 0;  /* read only for a target's thread */
+	__u64 clock = 0;  /* read only for a target's thread */
 	if (t) {
-		now = bpf_ktime_get_ns();
-		charge(t, now);
+		clock = bpf_ktime_get_ns();
+		__u64 now = charge(t, clock);
 		t->switches++;
 		if (preempt || prev_state == 0 /* TASK_RUNNING */) {
 			t->state = GS_TS_RUNNABLE;
@@ -203,11 +212,12 @@ int BPF_PROG(host_switch, bool preempt, struct task_struct *prev, struct task_st
 	}
 	t = n;
 	if (t) {
-		if (!now)
-			now = bpf_ktime_get_ns();
-		__u64 waited = now - t->since_ns;
+		if (!clock)
+			clock = bpf_ktime_get_ns();
+		__u64 since = t->since_ns;
 		bool was_runnable = t->state == GS_TS_RUNNABLE;
-		charge(t, now);
+		__u64 now = charge(t, clock);
+		__u64 waited = now - since;
 		/* The longest wait is charged to the task it got its CPU back from. */
 		if (was_runnable && waited > t->waited_ns) {
 			t->waited_ns = waited;
@@ -227,9 +237,9 @@ static __always_inline void woken(struct task_struct *p)
 	struct thread_time *t = tracked_thread(p);
 	if (!t || t->state < GS_TS_BLOCKED_IO)
 		return;
-	__u64 now = bpf_ktime_get_ns();
-	__u64 blocked = now - t->since_ns;
-	charge(t, now);
+	__u64 since = t->since_ns;
+	__u64 now = charge(t, bpf_ktime_get_ns());
+	__u64 blocked = now - since;
 	if (blocked > t->blocked_ns) {
 		struct task_struct *waker = bpf_get_current_task_btf();
 		t->blocked_ns = blocked;
@@ -378,8 +388,7 @@ int BPF_PROG(host_exit, struct task_struct *task)
 		return 0;
 	struct thread_time *t = tracked_thread(task);
 	if (t) {
-		__u64 now = bpf_ktime_get_ns();
-		charge(t, now);
+		__u64 now = charge(t, bpf_ktime_get_ns());
 		send_window(t, task, now, true);
 	}
 	/* The process's last thread (signal->live was counted down before this tracepoint): before

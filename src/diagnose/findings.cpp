@@ -1,0 +1,321 @@
+#include "diagnose/findings.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace gpuscope::diagnose {
+namespace {
+
+std::string ms(double ns) { return fmt::format("{:.1f} ms", ns / 1e6); }
+
+// "; 80% of it in fsync (on /data/ckpt.pt)" when one call accounts for most of `by` (keys "call"
+// or "call on what"): the call, and what it was most often on where that was still known (a
+// descriptor closed before it could be named leaves only the call).
+std::string most_in(const std::map<std::string, double>& by) {
+  if (by.empty()) return "";
+  double total = 0;
+  std::map<std::string, double> calls;
+  for (const auto& [k, v] : by) {
+    total += v;
+    calls[k.substr(0, k.find(" on "))] += v;
+  }
+  const auto [call, ns] = *std::max_element(calls.begin(), calls.end(),
+                                            [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (total <= 0 || ns < 0.3 * total) return "";
+  std::pair<std::string, double> on{"", 0};
+  for (const auto& [k, v] : by)
+    if (k.starts_with(call + " on ") && v > on.second) on = {k.substr(call.size() + 4), v};
+  return fmt::format("; {} of it in {}{}", pct(ns / total), call, on.first.empty() ? "" : " (on " + on.first + ")");
+}
+
+// Kernel threads that end waits for disk I/O (writeback, the journal): a wait they end is I/O,
+// whatever the thread slept in.
+bool io_kernel_thread(const std::string& comm) {
+  return comm.starts_with("kworker/") || comm.starts_with("jbd2/") || comm.starts_with("kblockd") ||
+         comm.starts_with("xfs") || comm.starts_with("btrfs");
+}
+
+// Host time per launch below which a thread that is busy all the step is limited by launching
+// (PyTorch's eager ops cost ~10-40 µs each on the host); above it, by work of its own.
+constexpr double kLaunchBoundNsPerLaunch = 150'000;
+// What a launch costs on the host at most before the call is waiting (a full launch queue).
+constexpr double kLaunchNs = 50'000;
+
+}  // namespace
+
+std::string pct(double share) { return fmt::format("{:.0f}%", share * 100); }
+
+std::pair<uint32_t, double> top(const std::map<uint32_t, double>& by) {
+  std::pair<uint32_t, double> best{0, 0};
+  double total = 0;
+  for (const auto& [pid, v] : by) {
+    total += v;
+    if (v > best.second) best = {pid, v};
+  }
+  return {best.first, total > 0 ? best.second / total : 0};
+}
+
+void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence& e, uint64_t from, uint64_t to,
+                   bool telemetry, std::vector<Finding>& out, const std::set<std::string>& have) {
+  if (b.window_ns <= 0 || b.steps <= 0) return;
+  const uint32_t pid = e.pid;
+  for (auto it = b.woken_by.begin(); it != b.woken_by.end();) {
+    const auto c = names.comm.find(it->first);
+    if (it->first && c != names.comm.end() && io_kernel_thread(c->second)) {
+      // Its share of the lock and pipe waits it ended moves to I/O.
+      const double moved = std::min(it->second, b.lock + b.fd);
+      const double from_lock = b.lock + b.fd > 0 ? moved * b.lock / (b.lock + b.fd) : 0;
+      b.lock -= from_lock;
+      b.fd -= moved - from_lock;
+      b.io += moved;
+      it = b.woken_by.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // What the GPU did. A cause on the host costs step time only while the GPU has nothing to do:
+  // where the GPU's side is known, a host cause explains at most the share the GPU was idle.
+  const double busy = b.busy_share();
+  const bool gpu_view = busy >= 0;
+  const double idle = gpu_view ? 1 - busy : 1;
+  const double steps_ms = b.window_ns / b.steps / 1e6;
+  auto add_share = [&](std::string cause, std::string title, double share, std::string evidence, std::string fix,
+                       std::string confidence) {
+    if (share < kMinShare || have.contains(cause)) return;
+    for (const auto& f : out)
+      if (f.cause == cause) return;
+    out.push_back({std::move(cause), std::move(title), share, share * steps_ms, from, to, std::move(evidence),
+                   std::move(fix), std::move(confidence)});
+  };
+  auto add = [&](std::string cause, std::string title, double ns, std::string evidence, std::string fix,
+                 std::string confidence) {
+    add_share(std::move(cause), std::move(title), std::min(ns / b.window_ns, idle), std::move(evidence),
+              std::move(fix), std::move(confidence));
+  };
+  const std::string gpu_idle_note =
+      gpu_view ? fmt::format("; the GPU was idle {} of the steps", pct(idle)) : std::string();
+
+  // Other tenants of the GPU (NVML's per-process readings).
+  if (b.sm_n > 0) {
+    const double other = b.other_sm / b.sm_n, own = b.own_sm / b.sm_n;
+    const auto [tenant, of] = top(b.other_sm_by);
+    add_share("gpu_contention", "Another process computes on the same GPU", other,
+              fmt::format("{} ran kernels on this GPU {} of the time (this process {}); the GPU time-slices "
+                          "between them",
+                          tenant ? names.of(tenant) : "another process", pct(other), pct(own)),
+              "Give the job a GPU of its own (or a MIG partition); find the other tenant with nvidia-smi "
+              "--query-compute-apps=pid,name --format=csv",
+              other >= 0.25 ? "high" : "medium");
+  }
+  if (b.pcie_n > 0 && !b.gpu_tenants.empty()) {
+    const double total = b.pcie_bytes_per_s / b.pcie_n;
+    const double own = b.copy_bytes / (b.window_ns / 1e9);
+    const double external = total - own;
+    if (external >= 2e9 && external >= 2 * own) {
+      std::string who;
+      for (uint32_t t : b.gpu_tenants) who += (who.empty() ? "" : ", ") + names.of(t);
+      add_share("pcie_contention", "Another process's copies load this GPU's PCIe link",
+                gpu_view ? std::min(idle, external / (external + own)) : 0,
+                fmt::format("PCIe carried {:.1f} GB/s while this process copied {:.2f} GB/s; also on the GPU: {}{}",
+                            total / 1e9, own / 1e9, who, gpu_idle_note),
+                "Move the other tenant's transfers off this GPU (or schedule it elsewhere); keep the job's inputs "
+                "on the GPU or copy them in fewer, larger transfers",
+                "medium");
+    }
+  }
+  if (b.clock_n >= 3 && b.max_clock_mhz > 0) {
+    const double mean = b.clock_mhz / b.clock_n, slowed = b.slowed_n / b.clock_n;
+    const double lost = 1 - mean / b.max_clock_mhz;
+    if (slowed >= 0.3 && lost >= 0.05)
+      add_share("gpu_clocks_throttled", "The GPU's clocks are held down by heat or power",
+                lost * std::max(busy, 0.0),
+                fmt::format("SM clock {:.0f} MHz on average while busy, {} below the {:.0f} MHz it reached; NVML "
+                            "reported a thermal, hardware or power-brake slowdown in {} of the readings",
+                            mean, pct(lost), b.max_clock_mhz, pct(slowed)),
+                "Check the GPU's cooling and power delivery (nvidia-smi -q -d PERFORMANCE,TEMPERATURE); every "
+                "kernel runs slower until it is fixed",
+                "high");
+  }
+
+  if (telemetry) {
+    // Packets processed on its CPU: in its time (softirqs run on whatever task is there) and, when
+    // they are many, by ksoftirqd, which it then waits behind.
+    double behind_ksoftirqd = 0;
+    for (auto it = b.waited_for.begin(); it != b.waited_for.end();) {
+      const auto c = names.comm.find(it->first);
+      if (it->first && c != names.comm.end() && c->second.starts_with("ksoftirqd/")) {
+        behind_ksoftirqd += it->second;
+        it = b.waited_for.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    add("softirq", "Network packet processing (softirqs) takes the CPU of the thread that feeds the GPU",
+        b.net_softirq + behind_ksoftirqd,
+        fmt::format("the kernel processed network packets on its CPU {} a step while it ran there, and it waited {} a "
+                    "step behind ksoftirqd ({} of the step together){}",
+                    ms(b.net_softirq / b.steps), ms(behind_ksoftirqd / b.steps),
+                    pct((b.net_softirq + behind_ksoftirqd) / b.window_ns), gpu_idle_note),
+        "Keep network interrupts and packet steering off the job's CPUs (IRQ affinity, the RPS/XPS masks in "
+        "/sys/class/net/*/queues, irqbalance's banned CPUs), or give the job CPUs apart from them",
+        "high");
+    const double contended = b.runnable - b.runnable_idle - behind_ksoftirqd;
+    if (contended > 0) {
+      std::map<uint32_t, double> others = b.waited_for;
+      others.erase(0);
+      others.erase(pid);  // its own threads: too many threads for the cores it has
+      const auto [culprit, of] = top(others);
+      const std::string who = culprit ? names.of(culprit) : "its own threads";
+      add("cpu_contention", "The thread that feeds the GPU waits for a CPU", contended,
+          fmt::format("runnable but not running {} a step ({} of the step); the CPU was held mostly by {} ({} of "
+                      "that wait){}{}",
+                      ms(contended / b.steps), pct(contended / b.window_ns), who, pct(of),
+                      b.host_pressure.cpu_some >= 0
+                          ? fmt::format("; PSI: the host's tasks waited for a CPU {} of the time",
+                                        pct(b.host_pressure.cpu_some))
+                          : "",
+                      gpu_idle_note),
+          culprit ? fmt::format("Give the job CPUs of its own (taskset or a cpuset; Kubernetes' static CPU manager "
+                                "policy), or move or renice {}", who)
+                  : "Use fewer threads than the cores the job has (torch.set_num_threads, OMP_NUM_THREADS)",
+          of >= 0.5 ? "high" : "medium");
+    }
+    const auto& cg = b.cgroup_pressure;
+    const std::string throttled =
+        cg.throttled_periods >= 0
+            ? fmt::format("; cpu.stat: its cgroup ({}) was throttled in {} of its quota periods, {:.0f} ms a second",
+                          cg.cgroup, pct(cg.throttled_periods), std::max(cg.throttled, 0.0) * 1e3)
+            : "";
+    add("cpu_throttling", "The job's CPU quota throttles the thread that feeds the GPU", b.runnable_idle,
+        fmt::format("runnable {} a step while its CPU had gone idle: the scheduler held it back (cgroup cpu.max){}{}",
+                    ms(b.runnable_idle / b.steps), throttled, gpu_idle_note),
+        "Raise the job's CPU limit (cpu.max; a Kubernetes CPU limit), or remove it", "high");
+    // Reclaiming memory itself, the thread also waits for the pages evicted to be read back: the
+    // I/O is the memory's doing.
+    // PSI says whether the job's tasks stalled on memory (all of them at once: `full`).
+    const Pressure& mem_psi = cg.memory_full >= 0 ? cg : b.host_pressure;
+    const bool memory = b.reclaim / b.window_ns >= kMinShare || mem_psi.memory_full >= kMinShare;
+    const std::string psi =
+        mem_psi.memory_some >= 0
+            ? fmt::format("; PSI: {} stalled on memory {} of the time (all its tasks at once: {})",
+                          mem_psi.cgroup.empty() ? "the host's tasks" : "its cgroup's (" + mem_psi.cgroup + ") tasks",
+                          pct(mem_psi.memory_some), pct(std::max(mem_psi.memory_full, 0.0)))
+            : "";
+    add("memory_pressure", "The thread that feeds the GPU is short of memory", b.reclaim + (memory ? b.io : 0),
+        fmt::format("reclaiming memory itself (direct reclaim) {} a step and waiting for I/O {} a step ({} of the "
+                    "step together): its cgroup is at its memory limit or the host is short of memory, and pages "
+                    "it needs are evicted and read back{}",
+                    ms(b.reclaim / b.steps), ms(b.io / b.steps), pct((b.reclaim + b.io) / b.window_ns), psi),
+        "Raise the job's memory limit (memory.high/max; a Kubernetes memory limit), or use less host memory: "
+        "fewer DataLoader workers or a smaller prefetch_factor, memory-mapped datasets instead of copies",
+        "high");
+    if (memory) b.io = 0;
+    add("io_wait", "The thread that feeds the GPU waits for disk I/O", b.io,
+        fmt::format("blocked in uninterruptible I/O {} a step ({} of the step){}{}{}",
+                    ms(b.io / b.steps), pct(b.io / b.window_ns),
+                    b.io_in.empty() || most_in(b.io_in).empty()
+                        ? ", e.g. writing and fsyncing a checkpoint, or reading data from disk"
+                        : most_in(b.io_in),
+                    b.host_pressure.io_some >= 0
+                        ? fmt::format("; PSI: the host's tasks stalled on I/O {} of the time", pct(b.host_pressure.io_some))
+                        : "",
+                    gpu_idle_note),
+        "Write checkpoints asynchronously (a background thread or process; "
+        "torch.distributed.checkpoint.async_save) and read data ahead (DataLoader workers, prefetching)",
+        "high");
+    // Waits for another process (a DataLoader worker feeds it through a pipe or shared memory and
+    // a lock) and for its own threads are told apart by who ended them.
+    std::map<uint32_t, double> outside = b.woken_by;
+    outside.erase(pid);
+    outside.erase(0);
+    const auto [feeder, feeder_of] = top(outside);
+    const bool from_child = feeder && names.ppid.contains(feeder) && names.ppid.at(feeder) == pid;
+    const bool relayed = feeder && b.relayed.contains(feeder) && b.relayed.at(feeder) * 2 >= outside.at(feeder);
+    const double waits = b.fd + b.lock;
+    if (feeder && feeder_of >= 0.5) {
+      add("input_wait", "The thread that feeds the GPU waits for its input", waits,
+          fmt::format("blocked on a pipe, socket or lock {} a step ({} of the step), woken mostly by {}{}{}{}{}",
+                      ms(waits / b.steps), pct(waits / b.window_ns), names.of(feeder),
+                      from_child ? ", a child of the job (a data loader worker)" : "",
+                      relayed ? ", through another of its threads (the DataLoader's pin-memory thread)" : "",
+                      most_in(b.fd_in), gpu_idle_note),
+          from_child ? "Give the DataLoader more workers (num_workers), make __getitem__ cheaper, or prefetch more "
+                       "(prefetch_factor)"
+                     : fmt::format("Make {} deliver faster, or read ahead of the step", names.of(feeder)),
+          from_child ? "high" : "medium");
+    } else {
+      add("lock_wait", "The thread that feeds the GPU waits on a lock held by another of its threads", b.lock,
+          fmt::format("blocked in futex {} a step ({} of the step), woken by its own threads (in Python, often "
+                      "the GIL held by preprocessing threads){}",
+                      ms(b.lock / b.steps), pct(b.lock / b.window_ns), gpu_idle_note),
+          "Move preprocessing out of the training process (DataLoader worker processes), or release the GIL in it",
+          "medium");
+      add("input_wait", "The thread that feeds the GPU waits on a pipe or socket", b.fd,
+          fmt::format("blocked reading or polling {} a step ({} of the step){}{}", ms(b.fd / b.steps),
+                      pct(b.fd / b.window_ns), most_in(b.fd_in), gpu_idle_note),
+          "Read the input ahead of the step (more workers, prefetching, a local copy of remote data)", "medium");
+    }
+    add("sleep", "The thread that feeds the GPU sleeps", b.sleep,
+        fmt::format("in nanosleep {} a step ({} of the step){}", ms(b.sleep / b.steps), pct(b.sleep / b.window_ns),
+                    gpu_idle_note),
+        "Remove the sleep (or the polling loop that sleeps) from the training loop", "high");
+  }
+  add("pageable_copies", "Copies between the GPU and pageable host memory", b.in_pageable_copy,
+      fmt::format("{:.1f} copies a step from or to pageable memory ({:.1f} MB a step) took {} a step ({} of the "
+                  "step); pageable copies are staged through a pinned buffer by the driver and cannot overlap",
+                  b.pageable_copies / b.steps, b.pageable_bytes / b.steps / 1e6, ms(b.in_pageable_copy / b.steps),
+                  pct(b.in_pageable_copy / b.window_ns)),
+      "Pin the host memory: pin_memory=True on the DataLoader, tensor.pin_memory(), or cudaMallocHost; then "
+      "copy with non_blocking=True",
+      "high");
+
+  // The GPU idle while the thread that feeds it was running its own code: what it ran tells why.
+  // Needs the GPU's side and the thread's on-CPU time.
+  if (!gpu_view || !telemetry) return;
+  const double blocked = b.runnable + b.io + b.lock + b.fd + b.sleep + b.reclaim + b.net_softirq;
+  // Its own work: on a CPU outside CUDA calls, plus what launching costs (a launch that waits for
+  // a full queue is the GPU's doing, not the host's).
+  const double own_work =
+      std::max(0.0, b.on_cpu - b.net_softirq - b.in_cuda) + std::min(b.in_launch, b.launches * kLaunchNs);
+  const double residual = std::min({std::max(0.0, idle - blocked / b.window_ns - b.in_pageable_copy / b.window_ns),
+                                    own_work / b.window_ns, b.gpu_known ? b.host_late / b.window_ns : 1.0});
+  if (b.syncs >= b.steps && b.in_sync / b.window_ns >= kMinShare) {
+    std::pair<int64_t, double> where{0, 0};
+    for (const auto& [stack, ns] : b.sync_stacks)
+      if (ns > where.second) where = {stack, ns};
+    const std::string site = where.first && e.site ? e.site(where.first) : "";
+    add_share("sync_per_step", "The host waits for the GPU every step, then the GPU waits for the host", residual,
+              fmt::format("{:.1f} syncs a step, waiting {} a step{}; after each the GPU idles while the thread "
+                          "prepares and launches the next work ({} of the step idle)",
+                          b.syncs / b.steps, ms(b.in_sync / b.steps), site.empty() ? "" : ", most at " + site,
+                          pct(idle)),
+              fmt::format("Remove the synchronisation from the step{}: keep values on the GPU (accumulate a loss "
+                          "tensor and call .item() every N steps), avoid .cpu()/.numpy()/print of CUDA tensors and "
+                          "torch.cuda.synchronize() in the loop",
+                          site.empty() ? "" : " (" + site + ")"),
+              "high");
+    return;
+  }
+  if (b.launches <= 0 || own_work / b.window_ns < 0.5) return;
+  const double per_launch = own_work / b.launches;
+  if (per_launch <= kLaunchBoundNsPerLaunch)
+    add_share("launch_bound", "The GPU waits for kernels to be launched: they are shorter than their launch",
+              residual,
+              fmt::format("{:.0f} launches a step at {:.0f} µs of host time each; the thread that feeds the GPU ran "
+                          "{} of the step while the GPU was idle {}",
+                          b.launches / b.steps, per_launch / 1e3, pct(own_work / b.window_ns), pct(idle)),
+              "Give each kernel more work: a bigger batch; fewer, fused kernels (torch.compile); or capture the step "
+              "in a CUDA graph (torch.compile(mode=\"reduce-overhead\"), torch.cuda.graphs)",
+              "high");
+  else
+    add_share("host_compute", "The thread that feeds the GPU computes on the CPU between launches", residual,
+              fmt::format("on a CPU {} of the step, {:.1f} ms between launches on average, while the GPU was idle "
+                          "{}",
+                          pct(own_work / b.window_ns), per_launch / 1e6, pct(idle)),
+              "Move the CPU work out of the loop: preprocessing into DataLoader workers, or onto the GPU; "
+              "`record --cpu-profile 99` shows where it goes",
+              "medium");
+}
+
+}  // namespace gpuscope::diagnose

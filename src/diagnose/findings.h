@@ -1,0 +1,32 @@
+// The rules that turn where a process's steps went (a Breakdown) into findings: each cause, the
+// share of step time it explains, its evidence and the fix. Shared by the analysis of a record and
+// the agent's live one (through analyze()).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "diagnose/analysis.h"
+
+namespace gpuscope::diagnose {
+
+constexpr double kMinShare = 0.05;  // a finding explains at least this share of a step
+// NVML throttle reasons that mean the GPU was slowed against its will: hardware slowdown, thermal
+// (software and hardware) and the power brake. The software power cap is left out: busy GPUs sit
+// at it as a matter of course.
+constexpr uint64_t kSlowdownReasons = 0x8 | 0x20 | 0x40 | 0x80;
+
+std::string pct(double share);  // "42%"
+// The pid that accounts for most of `by`, with its share of the total.
+std::pair<uint32_t, double> top(const std::map<uint32_t, double>& by);
+
+// The findings `b` (the steps from..to, since the recording's start) shows, added to `out`; a
+// cause already in `out` or in `have` is not added again.
+void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence& e, uint64_t from, uint64_t to,
+                   bool telemetry, std::vector<Finding>& out, const std::set<std::string>& have);
+
+}  // namespace gpuscope::diagnose

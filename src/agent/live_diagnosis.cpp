@@ -21,6 +21,7 @@ void LiveDiagnosis::add_call(const CallEvent& e) {
   if (e.host_mem != HostMem::NotApplicable) c.host_mem = std::string(to_string(e.host_mem));
   c.bytes = int64_t(e.bytes);
   c.key = std::hash<std::string>{}(fmt::format("{}:{}:{}", e.func, e.kernel_handle, int(e.dir)));
+  c.to_device = e.dir == cuda::CopyDir::HostToDevice;
   std::lock_guard lock(mu_);
   if (!processes_.contains(e.pid) && processes_.size() >= limits_.max_processes) return;
   auto& p = processes_[e.pid];

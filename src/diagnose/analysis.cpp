@@ -58,6 +58,37 @@ std::vector<Segment> thread_segments(const std::vector<ThreadWindow>& windows, u
   return out;
 }
 
+// What another thread was doing over [t0, t1): its segments' states, prorated.
+struct Composition {
+  double on_cpu = 0, runnable = 0, runnable_idle = 0, io = 0, lock = 0, fd = 0, sleep = 0, other = 0;
+  std::map<uint32_t, double> waited_for;  // pid -> its runnable time behind it
+  std::vector<std::pair<const ThreadWindow*, double>> blocked;  // windows it blocked in, and how long
+  double total() const { return on_cpu + runnable + io + lock + fd + sleep + other; }
+};
+
+Composition composition(const std::vector<Segment>& segments, uint64_t t0, uint64_t t1) {
+  Composition c;
+  auto it = std::lower_bound(segments.begin(), segments.end(), t0,
+                             [](const Segment& g, uint64_t t) { return g.w.end_ns <= t; });
+  for (; it != segments.end() && it->w.start_ns < t1; ++it) {
+    const auto& g = it->w;
+    const double len = double(g.end_ns - g.start_ns);
+    if (len <= 0) continue;
+    const double f = overlap(g.start_ns, g.end_ns, t0, t1) / len;
+    c.on_cpu += g.on_cpu * f;
+    c.runnable += g.runnable * f;
+    c.runnable_idle += it->runnable_idle * f;
+    c.io += g.io * f;
+    c.lock += g.lock * f;
+    c.fd += g.fd * f;
+    c.sleep += g.sleep * f;
+    c.other += g.other * f;
+    if (g.runnable > 0) c.waited_for[g.waited_for_pid] += (g.runnable - it->runnable_idle) * f;
+    if (g.io + g.lock + g.fd > 0) c.blocked.push_back({&g, (g.io + g.lock + g.fd) * f});
+  }
+  return c;
+}
+
 // PSI and cpu.stat between t0 and t1, from the readings nearest them (at least 1 s apart).
 Pressure pressure_between(const std::vector<host::PressureReading>& r, uint64_t t0, uint64_t t1) {
   Pressure p;
@@ -85,6 +116,8 @@ Pressure pressure_between(const std::vector<host::PressureReading>& r, uint64_t 
   p.io_some = share(&host::PressureReading::io_some_us);
   p.io_full = share(&host::PressureReading::io_full_us);
   p.throttled = share(&host::PressureReading::throttled_us);
+  if (r[a].refault_file && r[b].refault_file && *r[b].refault_file >= *r[a].refault_file)
+    p.refault_bytes_per_s = double(*r[b].refault_file - *r[a].refault_file) * 4096 / (dt_us / 1e6);
   if (r[a].periods && r[b].periods && r[a].throttled_periods && r[b].throttled_periods &&
       *r[b].periods > *r[a].periods)
     p.throttled_periods = double(*r[b].throttled_periods - *r[a].throttled_periods) / double(*r[b].periods - *r[a].periods);
@@ -216,7 +249,7 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
   std::vector<const CudaCall*> calls;
   for (const auto& c : e.calls) {
     if (c.kind == "launch" || c.kind == "graph_launch" || c.kind == "memcpy" || c.kind == "memset" || c.kind == "sync")
-      tokens.push_back({c.ts_ns, c.key});
+      tokens.push_back({c.ts_ns, c.key, c.kind == "memcpy" && c.to_device});
     if (c.tid == p.feeding_tid) calls.push_back(&c);
   }
   if (tokens.empty()) return p;
@@ -232,6 +265,12 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
   const auto w = e.windows.find(p.feeding_tid);
   const auto segments = telemetry ? thread_segments(w == e.windows.end() ? none : w->second, e.until_ns)
                                   : std::vector<Segment>{};
+  // The other launching threads' time: a wait handed off to one of them stalls for what stalled it.
+  std::map<uint32_t, std::vector<Segment>> partners;
+  if (telemetry)
+    for (uint32_t tid : launching_threads)
+      if (const auto pw = e.windows.find(tid); tid != p.feeding_tid && pw != e.windows.end())
+        partners[tid] = thread_segments(pw->second, e.until_ns);
   const auto& kernels = e.kernels;
 
   std::vector<Breakdown> per_step;
@@ -255,8 +294,40 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
       b.io += g.io * f;
       const bool handoff =
           g.waker_pid == pid && g.waker_tid != p.feeding_tid && launching_threads.contains(g.waker_tid);
-      (handoff ? b.handoff : b.lock) += g.lock * f;
-      (handoff ? b.handoff : b.fd) += g.fd * f;
+      if (handoff) {
+        // While it waited, the thread it handed the work to (autograd's) ran it, or was itself held
+        // up: by a CPU, the GIL, I/O. The wait takes on those shares; its running stays a handoff.
+        const double waited = (g.lock + g.fd) * f;
+        const auto pt = partners.find(g.waker_tid);
+        const Composition c = pt == partners.end()
+                                  ? Composition{}
+                                  : composition(pt->second, std::max(g.start_ns, s), std::min(g.end_ns, end));
+        double stalled = 0;
+        if (c.total() > 0) {
+          const double k = waited / c.total();
+          b.runnable += c.runnable * k;
+          b.runnable_idle += c.runnable_idle * k;
+          for (const auto& [who, ns] : c.waited_for) b.waited_for[who] += ns * k;
+          b.io += c.io * k;
+          b.sleep += c.sleep * k;
+          stalled = (c.runnable + c.io + c.sleep) * k;
+          for (const auto& [pw, ns] : c.blocked) {
+            // Its own waits for the feeding thread or another launching thread are the work's turns.
+            if (pw->waker_pid == pid && (pw->waker_tid == p.feeding_tid || launching_threads.contains(pw->waker_tid)))
+              continue;
+            const double share = pw->io + pw->lock + pw->fd;
+            const double lock = ns * k * pw->lock / share, fd = ns * k * pw->fd / share;
+            b.lock += lock;
+            b.fd += fd;
+            stalled += lock + fd;
+            b.woken_by[pw->waker_pid] += lock + fd + ns * k * pw->io / share;
+          }
+        }
+        b.handoff += std::max(0.0, waited - stalled);
+      } else {
+        b.lock += g.lock * f;
+        b.fd += g.fd * f;
+      }
       b.sleep += g.sleep * f;
       b.other += g.other * f;
       b.runnable_idle += runnable_idle * f;

@@ -25,6 +25,7 @@ struct Pressure {
   std::string cgroup;  // "" for the host's
   double cpu_some = -1, memory_some = -1, memory_full = -1, io_some = -1, io_full = -1;
   double throttled = -1, throttled_periods = -1;  // cpu.stat: time throttled, share of quota periods
+  double refault_bytes_per_s = -1;  // page-cache pages read back soon after their eviction
 };
 
 // Where the feeding thread's time went in some steps (nanoseconds, summed over them).
@@ -118,6 +119,7 @@ struct CudaCall {  // a top-level call
   std::string host_mem;  // copies: pageable, pinned, unknown
   int64_t bytes = 0;
   uint64_t key = 0;      // what was called (function, kernel, copy direction): the steps' pattern
+  bool to_device = false;  // a copy from the host to the GPU
   int64_t stack_id = 0;
 };
 struct GpuReading {  // NVML, the process's GPU; -1: not read

@@ -41,6 +41,11 @@ bool io_kernel_thread(const std::string& comm) {
 constexpr double kLaunchBoundNsPerLaunch = 150'000;
 // What a launch costs on the host at most before the call is waiting (a full launch queue).
 constexpr double kLaunchNs = 50'000;
+// File pages read back soon after their eviction, bytes a second, above which I/O waits are the
+// page cache's shortage (a dataset that no longer fits the job's memory) rather than the disk's.
+constexpr double kRefaultBytesPerS = 10e6;
+// A cgroup throttled in at least this share of its quota periods holds back all its threads.
+constexpr double kThrottledMost = 0.5;
 
 }  // namespace
 
@@ -187,15 +192,33 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
             ? fmt::format("; cpu.stat: its cgroup ({}) was throttled in {} of its quota periods, {:.0f} ms a second",
                           cg.cgroup, pct(cg.throttled_periods), std::max(cg.throttled, 0.0) * 1e3)
             : "";
-    add("cpu_throttling", "The job's CPU quota throttles the thread that feeds the GPU", b.runnable_idle,
-        fmt::format("runnable {} a step while its CPU had gone idle: the scheduler held it back (cgroup cpu.max){}{}",
-                    ms(b.runnable_idle / b.steps), throttled, gpu_idle_note),
+    // Throttled in most of its periods, the job's other threads are held back too: a wait for one of
+    // them (a lock, the GIL) is the quota's doing. Waits ended by another process stay theirs.
+    double own_waits = 0;
+    if (cg.throttled_periods >= kThrottledMost && b.runnable_idle / b.window_ns >= kMinShare) {
+      double outside = 0;
+      for (const auto& [who, ns] : b.woken_by)
+        if (who != pid && who != 0) outside += ns;
+      own_waits = std::max(0.0, b.lock - outside);
+    }
+    add("cpu_throttling", "The job's CPU quota throttles the thread that feeds the GPU", b.runnable_idle + own_waits,
+        fmt::format("runnable {} a step while its CPU had gone idle: the scheduler held it back (cgroup cpu.max){}{}{}",
+                    ms(b.runnable_idle / b.steps),
+                    own_waits > 0 ? fmt::format(", and it waited {} a step for its own threads, throttled as well",
+                                                ms(own_waits / b.steps))
+                                  : "",
+                    throttled, gpu_idle_note),
         "Raise the job's CPU limit (cpu.max; a Kubernetes CPU limit), or remove it", "high");
+    b.lock -= own_waits;
     // Reclaiming memory itself, the thread also waits for the pages evicted to be read back: the
     // I/O is the memory's doing.
     // PSI says whether the job's tasks stalled on memory (all of them at once: `full`).
     const Pressure& mem_psi = cg.memory_full >= 0 ? cg : b.host_pressure;
-    const bool memory = b.reclaim / b.window_ns >= kMinShare || mem_psi.memory_full >= kMinShare;
+    // Its I/O is reading back what the page cache just evicted: the cache is too small for the data.
+    const double refaults = std::max(cg.refault_bytes_per_s, b.host_pressure.refault_bytes_per_s);
+    const Pressure& refaulting = cg.refault_bytes_per_s >= b.host_pressure.refault_bytes_per_s ? cg : b.host_pressure;
+    const bool rereads = b.io / b.window_ns >= kMinShare && refaults >= kRefaultBytesPerS;
+    const bool memory = b.reclaim / b.window_ns >= kMinShare || mem_psi.memory_full >= kMinShare || rereads;
     const std::string psi =
         mem_psi.memory_some >= 0
             ? fmt::format("; PSI: {} stalled on memory {} of the time (all its tasks at once: {})",
@@ -205,8 +228,14 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
     add("memory_pressure", "The thread that feeds the GPU is short of memory", b.reclaim + (memory ? b.io : 0),
         fmt::format("reclaiming memory itself (direct reclaim) {} a step and waiting for I/O {} a step ({} of the "
                     "step together): its cgroup is at its memory limit or the host is short of memory, and pages "
-                    "it needs are evicted and read back{}",
-                    ms(b.reclaim / b.steps), ms(b.io / b.steps), pct((b.reclaim + b.io) / b.window_ns), psi),
+                    "it needs are evicted and read back{}{}",
+                    ms(b.reclaim / b.steps), ms(b.io / b.steps), pct((b.reclaim + b.io) / b.window_ns),
+                    refaults >= kRefaultBytesPerS
+                        ? fmt::format("; {} read back {:.0f} MB/s of file pages it had evicted (workingset refaults)",
+                                      refaulting.cgroup.empty() ? "the host" : "its cgroup (" + refaulting.cgroup + ")",
+                                      refaults / 1e6)
+                        : "",
+                    psi),
         "Raise the job's memory limit (memory.high/max; a Kubernetes memory limit), or use less host memory: "
         "fewer DataLoader workers or a smaller prefetch_factor, memory-mapped datasets instead of copies",
         "high");
@@ -276,8 +305,10 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
   const double blocked = b.runnable + b.io + b.lock + b.fd + b.sleep + b.reclaim + b.net_softirq;
   // Its own work: on a CPU outside CUDA calls, plus what launching costs (a launch that waits for
   // a full queue is the GPU's doing, not the host's).
-  const double own_work =
-      std::max(0.0, b.on_cpu - b.net_softirq - b.in_cuda) + std::min(b.in_launch, b.launches * kLaunchNs);
+  // Handed off, the work went on in another of its launching threads (autograd's backward pass):
+  // that thread's running is the host's work too.
+  const double own_work = std::max(0.0, b.on_cpu - b.net_softirq - b.in_cuda) +
+                          std::min(b.in_launch, b.launches * kLaunchNs) + b.handoff;
   const double residual = std::min({std::max(0.0, idle - blocked / b.window_ns - b.in_pageable_copy / b.window_ns),
                                     own_work / b.window_ns, b.gpu_known ? b.host_late / b.window_ns : 1.0});
   if (b.syncs >= b.steps && b.in_sync / b.window_ns >= kMinShare) {
@@ -302,7 +333,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
   if (per_launch <= kLaunchBoundNsPerLaunch)
     add_share("launch_bound", "The GPU waits for kernels to be launched: they are shorter than their launch",
               residual,
-              fmt::format("{:.0f} launches a step at {:.0f} µs of host time each; the thread that feeds the GPU ran "
+              fmt::format("{:.0f} launches a step at {:.0f} µs of host time each; the threads that feed the GPU ran "
                           "{} of the step while the GPU was idle {}",
                           b.launches / b.steps, per_launch / 1e3, pct(own_work / b.window_ns), pct(idle)),
               "Give each kernel more work: a bigger batch; fewer, fused kernels (torch.compile); or capture the step "

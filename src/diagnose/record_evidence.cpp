@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 
+#include "cuda/functions.h"
 #include "report/call_sites.h"
 
 namespace gpuscope::diagnose {
@@ -127,7 +128,7 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites) {
       while (q.step())
         e.calls.push_back({uint64_t(q.i64(0)), uint64_t(q.i64(1)), uint32_t(q.i64(8)), q.str(2), q.str(3), q.i64(4),
                            std::hash<std::string>{}(fmt::format("{}:{}:{}", q.i64(5), q.i64(6), q.str(7))),
-                           q.i64(9)});
+                           q.str(7) == cuda::to_string(cuda::CopyDir::HostToDevice), q.i64(9)});
     }
     if (d.host_telemetry) {
       // reclaim_ns came after the table: older records go without.
@@ -175,9 +176,12 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites) {
     }
     if (const auto gpu = process_gpu(db, pid, names)) read_nvml(db, *gpu, e);
     if (db.has_table("pressure")) {
-      auto q = db.prepare(
+      // refault_file came after the table: older records go without.
+      auto q = db.prepare(std::string(
           "SELECT ts_ns, pid, coalesce(cgroup, ''), cpu_some_us, memory_some_us, memory_full_us, io_some_us, "
-          "io_full_us, periods, throttled_periods, throttled_us FROM pressure WHERE pid IN (0, ?1) ORDER BY ts_ns");
+          "io_full_us, periods, throttled_periods, throttled_us, ") +
+          (db.has_column("pressure", "refault_file") ? "refault_file" : "NULL") +
+          " FROM pressure WHERE pid IN (0, ?1) ORDER BY ts_ns");
       q.bind(1, int64_t(pid));
       auto opt = [&](int i) { return q.is_null(i) ? std::optional<uint64_t>() : std::optional<uint64_t>(q.i64(i)); };
       while (q.step()) {
@@ -193,6 +197,7 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites) {
         r.periods = opt(8);
         r.throttled_periods = opt(9);
         r.throttled_us = opt(10);
+        r.refault_file = opt(11);
         (r.pid ? e.cgroup_pressure : e.host_pressure).push_back(std::move(r));
       }
     }

@@ -37,7 +37,10 @@ Steps find_steps(const std::vector<Token>& tokens, size_t min_steps, double min_
     uint64_t key;
     double regularity;
   };
+  std::unordered_map<uint64_t, bool> input;
+  for (const auto& t : seq) input[t.key] = input[t.key] || t.input;
   std::vector<Candidate> candidates;
+  size_t least_period = 0, input_count = 0;  // the period of the most frequent copy to the GPU
   for (const auto& [key, pos] : positions) {
     if (pos.size() < min_steps + 1) continue;
     std::map<size_t, size_t> gaps;
@@ -45,8 +48,11 @@ Steps find_steps(const std::vector<Token>& tokens, size_t min_steps, double min_
     const auto mode = std::max_element(gaps.begin(), gaps.end(),
                                        [](const auto& a, const auto& b) { return a.second < b.second; });
     const double regularity = double(mode->second) / double(pos.size() - 1);
-    if (regularity >= 0.6) candidates.push_back({mode->first, key, regularity});
+    if (regularity < 0.6) continue;
+    candidates.push_back({mode->first, key, regularity});
+    if (input[key] && pos.size() > input_count) least_period = mode->first, input_count = pos.size();
   }
+  std::erase_if(candidates, [&](const Candidate& c) { return c.period < least_period; });
   // The shortest period the sequence follows: a longer one that it also follows is a multiple
   // (every other step), and a shorter one it does not follow is a call made twice a step.
   std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {

@@ -12,6 +12,7 @@ namespace gpuscope::diagnose {
 struct Token {
   uint64_t ts_ns = 0;
   uint64_t key = 0;  // what was called: the function, and the kernel or the copy's direction
+  bool input = false;  // a copy to the GPU: a step holds its input's copy
 };
 
 struct Steps {
@@ -25,6 +26,8 @@ struct Steps {
 
 // Tokens in time order. Steps are found when at least `min_steps` of them repeat with a period
 // that the whole sequence follows (similarity >= min_similarity); otherwise none (count() 0).
+// A period is never shorter than the one a regular copy to the GPU comes at (a model's identical
+// layers repeat within the step that copies their input once).
 Steps find_steps(const std::vector<Token>& tokens, size_t min_steps = 3, double min_similarity = 0.7);
 
 }  // namespace gpuscope::diagnose

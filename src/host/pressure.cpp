@@ -21,6 +21,17 @@ std::optional<std::string> slurp(const std::string& path) {
   return ss.str();
 }
 
+// The value of `key` in a "key value" per line file (memory.stat, /proc/vmstat).
+std::optional<uint64_t> stat_value(const std::optional<std::string>& text, std::string_view key) {
+  if (!text) return std::nullopt;
+  std::istringstream lines(*text);
+  std::string k;
+  uint64_t v = 0;
+  while (lines >> k >> v)
+    if (k == key) return v;
+  return std::nullopt;
+}
+
 void read_pressure(const std::string& path, std::optional<uint64_t>& some, std::optional<uint64_t>* full) {
   const auto text = slurp(path);
   if (!text) return;
@@ -88,6 +99,7 @@ std::vector<PressureReading> PressureSampler::sample_once() {
   read_pressure("/proc/pressure/cpu", h.cpu_some_us, nullptr);
   read_pressure("/proc/pressure/memory", h.memory_some_us, &h.memory_full_us);
   read_pressure("/proc/pressure/io", h.io_some_us, &h.io_full_us);
+  h.refault_file = stat_value(slurp("/proc/vmstat"), "workingset_refault_file");
   if (h.cpu_some_us || h.memory_some_us || h.io_some_us) out.push_back(h);
 
   std::vector<std::pair<pid_t, std::pair<std::string, bool>>> todo;
@@ -120,7 +132,9 @@ std::vector<PressureReading> PressureSampler::sample_once() {
       read_pressure(dir + "/memory.pressure", r.memory_some_us, &r.memory_full_us);
       read_pressure(dir + "/io.pressure", r.io_some_us, &r.io_full_us);
       stat = slurp(dir + "/cpu.stat");
+      r.refault_file = stat_value(slurp(dir + "/memory.stat"), "workingset_refault_file");
     } else {
+      r.refault_file = stat_value(slurp("/sys/fs/cgroup/memory" + path + "/memory.stat"), "workingset_refault_file");
       for (const char* mount : {"/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"})
         if ((stat = slurp(mount + path + "/cpu.stat"))) break;
     }

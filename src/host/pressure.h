@@ -26,6 +26,10 @@ struct PressureReading {
   std::optional<uint64_t> cpu_some_us, memory_some_us, memory_full_us, io_some_us, io_full_us;
   // cpu.stat: quota periods, those throttled, time throttled (µs).
   std::optional<uint64_t> periods, throttled_periods, throttled_us;
+  // Page-cache pages read back soon after they were evicted (workingset_refault_file of
+  // /proc/vmstat or the cgroup's memory.stat), cumulative: the page cache is too small for what
+  // the job reads again.
+  std::optional<uint64_t> refault_file;
 };
 
 // A "some avg10=.. total=N\nfull ... total=M" file: the two totals (µs).

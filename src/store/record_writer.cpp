@@ -189,7 +189,7 @@ void RecordWriter::prepare_statements() {
   insert_gpu_event_ = db_.prepare("INSERT INTO gpu_events(ts_ns, gpu, kind, value) VALUES(?1,?2,?3,?4)");
   insert_pressure_ = db_.prepare(
       "INSERT INTO pressure(ts_ns, pid, cgroup, cpu_some_us, memory_some_us, memory_full_us, io_some_us, io_full_us, "
-      "periods, throttled_periods, throttled_us) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)");
+      "periods, throttled_periods, throttled_us, refault_file) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)");
 }
 
 RecordWriter::RecordWriter(const std::string& path)
@@ -436,6 +436,7 @@ void RecordWriter::add_pressure(const host::PressureReading& r) {
     bind_optional(q, 9, r.periods);
     bind_optional(q, 10, r.throttled_periods);
     bind_optional(q, 11, r.throttled_us);
+    bind_optional(q, 12, r.refault_file);
     q.run();
   });
 }

@@ -110,9 +110,23 @@ std::vector<std::string> causes_of(CraftedRun& r) {
 }
 
 // The main thread copies in and launches, the autograd thread launches; the main thread blocks
-// 5 ms a step in futex, ended by `waker` (a thread of the process).
-std::vector<std::string> causes_with_waits(const std::string& name, uint32_t waker) {
+// 5 ms a step in futex, ended by `waker` (a thread of the process). `autograd_held_by`: the autograd
+// thread's own time in those 5 ms, blocked in futex until that thread woke it (0: it ran).
+std::vector<std::string> causes_with_waits(const std::string& name, uint32_t waker, uint32_t autograd_held_by = 0) {
   CraftedRun r(name);
+  for (uint64_t s = 0; autograd_held_by && s < 40; ++s) {
+    store::ThreadTimeRow a;
+    a.pid = kPid;
+    a.tid = kAutograd;
+    a.start_ns = 1'000'000 + s * kStepNs + 1'000'000;
+    a.end_ns = a.start_ns + 5'000'000;
+    a.on_cpu_ns = 500'000;
+    a.lock_ns = a.blocked_ns = 4'500'000;
+    a.waker_tid = autograd_held_by;
+    a.waker_pid = kPid;
+    a.state = "on_cpu";
+    r.w.add_thread_time(a);
+  }
   for (uint64_t s = 0; s < 40; ++s) {
     const uint64_t t = 1'000'000 + s * kStepNs;
     r.call("cudaMemcpyAsync", kPid, t, 0);
@@ -128,6 +142,14 @@ std::vector<std::string> causes_with_waits(const std::string& name, uint32_t wak
 TEST(DiagnoseFindings, WaitingForTheThreadThatCarriesOnTheGpuWorkIsNoFinding) {
   // PyTorch's main thread waits while its autograd engine launches the backward pass.
   EXPECT_EQ(causes_with_waits("handoff", kAutograd), std::vector<std::string>{"none"});
+}
+
+TEST(DiagnoseFindings, AHandoffToAThreadHeldByTheGilIsLockWait) {
+  // The main thread waits for autograd's thread, which waits 90% of that time for a preprocessing
+  // thread's GIL: the step is held up by that thread, not by the backward pass's work.
+  EXPECT_EQ(causes_with_waits("handoff_held", kAutograd, kHelper), std::vector<std::string>{"lock_wait"});
+  // Waiting in turn for the main thread (work handed back and forth) stays a handoff.
+  EXPECT_EQ(causes_with_waits("handoff_turns", kAutograd, kPid), std::vector<std::string>{"none"});
 }
 
 TEST(DiagnoseFindings, WaitingForAThreadThatMakesNoCudaCallIsLockWait) {
@@ -299,4 +321,101 @@ TEST(DiagnoseFindings, AGpuIdleWithItsWorkQueuedIsNotTheHostsDoing) {
   r.windows();
   const auto c = causes_with_kernels(r, [](int k) { return 100'000 + k * 450'000; }, 50'000);
   EXPECT_EQ(c, std::vector<std::string>{"none"});
+}
+
+namespace {
+
+// 3 ms a step blocked in I/O reading a file; the job's cgroup reads back `refault_mb_per_s` of file
+// pages it had evicted.
+std::vector<std::string> causes_of_reads(const std::string& name, uint64_t refault_mb_per_s) {
+  CraftedRun r(name);
+  r.steps(4);
+  for (uint64_t s = 0; s < 40; ++s) {
+    store::ThreadTimeRow row;
+    row.pid = row.tid = kPid;
+    row.start_ns = 1'000'000 + s * kStepNs;
+    row.end_ns = row.start_ns + kStepNs;
+    row.on_cpu_ns = kStepNs - 3'000'000;
+    row.io_ns = row.blocked_ns = 3'000'000;
+    row.blocked_syscall = "pread64";
+    row.state = "on_cpu";
+    r.w.add_thread_time(row);
+  }
+  // Readings every 100 ms over the 400 ms of steps.
+  for (uint64_t k = 0; k <= 5; ++k) {
+    host::PressureReading p;
+    p.ts_ns = k * 100'000'000;
+    p.pid = kPid;
+    p.cgroup = "/job";
+    p.memory_some_us = p.memory_full_us = 0;
+    p.refault_file = k * refault_mb_per_s * 1'000'000 / 4096 / 10;
+    r.w.add_pressure(p);
+  }
+  return causes_of(r);
+}
+
+}  // namespace
+
+TEST(DiagnoseFindings, ReadsOfPagesTheCacheJustEvictedAreMemoryPressure) {
+  // A dataset that no longer fits the job's memory limit: its reads wait on the disk, for pages
+  // the cgroup keeps evicting (PSI may show little: the job's other tasks run on).
+  EXPECT_EQ(causes_of_reads("refaults", 800), std::vector<std::string>{"memory_pressure"});
+  // The same reads of pages never cached before: the disk's.
+  EXPECT_EQ(causes_of_reads("cold_reads", 0), std::vector<std::string>{"io_wait"});
+}
+
+TEST(DiagnoseFindings, LaunchesSplitBetweenTheMainAndAutogradThreadsAreLaunchBound) {
+  // PyTorch with a tiny batch: the main thread launches the forward pass (4 ms), then waits while
+  // autograd's thread launches the backward pass (6 ms, running all along); 100 launches a step,
+  // the GPU busy 25%. Neither thread alone runs half the step.
+  CraftedRun r("split_launches");
+  for (uint64_t s = 0; s < 40; ++s) {
+    const uint64_t t = 1'000'000 + s * kStepNs;
+    r.call("cudaMemcpyAsync", kPid, t, 10'000, 0, 1 << 20);
+    for (int k = 0; k < 40; ++k) r.call("cudaLaunchKernel", kPid, t + 50'000 + k * 90'000, 5'000, 0x1000 + k);
+    for (int k = 0; k < 60; ++k) r.call("cudaLaunchKernel", kAutograd, t + 4'000'000 + k * 95'000, 5'000, 0x2000 + k);
+    store::ThreadTimeRow a;
+    a.pid = kPid;
+    a.tid = kAutograd;
+    a.start_ns = t + 4'000'000;
+    a.end_ns = t + kStepNs;
+    a.on_cpu_ns = 6'000'000;
+    a.state = "on_cpu";
+    r.w.add_thread_time(a);
+  }
+  r.windows(6'000'000, kAutograd);
+  r.gpu(25);
+  EXPECT_EQ(causes_of(r), std::vector<std::string>{"launch_bound"});
+}
+
+TEST(DiagnoseFindings, UnderAQuotaThrottledMostPeriodsWaitsForItsOwnThreadsAreThrottling) {
+  // The main thread waits 3 ms a step for its own threads (the GIL) and 2 ms for an idle CPU;
+  // the cgroup was throttled in 90% of its periods: its other threads were held back as well.
+  CraftedRun r("quota_locks");
+  r.steps(4);
+  for (uint64_t s = 0; s < 40; ++s) {
+    store::ThreadTimeRow row;
+    row.pid = row.tid = kPid;
+    row.start_ns = 1'000'000 + s * kStepNs;
+    row.end_ns = row.start_ns + kStepNs;
+    row.on_cpu_ns = 5'000'000;
+    row.lock_ns = row.blocked_ns = 3'000'000;
+    row.waker_tid = kHelper;
+    row.waker_pid = kPid;
+    row.runnable_ns = row.waited_ns = 2'000'000;
+    row.waited_for_tid = row.waited_for_pid = 0;  // the idle task: its CPU had gone idle
+    row.state = "on_cpu";
+    r.w.add_thread_time(row);
+  }
+  for (uint64_t k = 0; k <= 5; ++k) {
+    host::PressureReading p;
+    p.ts_ns = k * 100'000'000;
+    p.pid = kPid;
+    p.cgroup = "/job";
+    p.periods = k * 100;
+    p.throttled_periods = k * 90;
+    p.throttled_us = k * 50'000;
+    r.w.add_pressure(p);
+  }
+  EXPECT_EQ(causes_of(r), std::vector<std::string>{"cpu_throttling"});
 }

@@ -63,3 +63,23 @@ TEST(DiagnoseSteps, NoRepeatingPatternGivesNoSteps) {
   EXPECT_EQ(find_steps({}).count(), 0u);
   EXPECT_EQ(find_steps(loop({1, 2, 3}, 2)).count(), 0u);  // too few to call it a loop
 }
+
+TEST(DiagnoseSteps, IdenticalLayersRepeatWithinTheStepThatCopiesTheirInput) {
+  // An inference loop: the input copied in (key 1, to the GPU), six identical layers (kernels 20,
+  // 21, 22), the output copied back and an event waited for. The layers alone look like a period
+  // of 3 that most of the sequence follows.
+  std::vector<Token> tokens;
+  uint64_t t = 0;
+  for (int s = 0; s < 30; ++s) {
+    tokens.push_back({t += 1'000'000, 1, true});
+    for (int layer = 0; layer < 6; ++layer)
+      for (uint64_t k : {20, 21, 22}) tokens.push_back({t += 1'000'000, k});
+    for (uint64_t k : {30, 31}) tokens.push_back({t += 1'000'000, k});
+  }
+  const Steps s = find_steps(tokens);
+  EXPECT_EQ(s.period, 21u);
+  EXPECT_EQ(s.count(), 29u);
+  // Without knowing which copy brings the input, the layers would be taken for steps.
+  for (auto& tok : tokens) tok.input = false;
+  EXPECT_EQ(find_steps(tokens).period, 3u);
+}

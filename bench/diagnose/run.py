@@ -32,6 +32,7 @@ kept in DIR; scores are printed from them: top-1 and top-3 accuracy, precision a
 findings per hour on clean runs. --lane N runs on CPUs 4N+2.. and GPU N (several lanes on a host
 with several GPUs, one process each)."""
 import argparse
+import concurrent.futures
 import contextlib
 import glob
 import json
@@ -296,12 +297,18 @@ def run_one(a, lane, workload, scenario, intensity):
         cmd = [f"{a.build}/gpuscope", "record", "-q", "-o", rec] + a.record_args + ["--"] + cmd
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(lane)}
     t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
     entry = {"run": name, "workload": workload, "scenario": scenario, "intensity": intensity,
              "expected": expected, "fault_from": None, "fault_to": None}
     live = LiveWatch(a, expected) if a.live else None
     ready_at = None
+    deadline = t0 + a.seconds + 180
     while p.poll() is None:
+        if time.monotonic() > deadline:  # a workload that hangs costs its run, not the suite
+            entry["error"] = "timed out"
+            os.killpg(p.pid, signal.SIGKILL)
+            break
         if ready_at is None and os.path.exists(ready):
             ready_at = float(open(ready).read())
             entry["ready"] = ready_at
@@ -319,7 +326,11 @@ def run_one(a, lane, workload, scenario, intensity):
         if live and ready_at is not None:
             live.poll()
         time.sleep(0.1)
-    out, err = p.communicate()
+    try:
+        out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # a child left holding its output
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
     entry["fault_to"] = inj.stop() if inj else (time.monotonic() if fault != "none" else None)
     if server:
         server.sock.close()
@@ -333,21 +344,46 @@ def run_one(a, lane, workload, scenario, intensity):
     if live:
         entry.update(live.result())
     elif not p.returncode:
-        d = subprocess.run([f"{a.build}/gpuscope", "diagnose", "--json", rec], capture_output=True, text=True)
-        entry["diagnose_rc"] = d.returncode
-        if d.returncode == 0:
-            open(os.path.join(a.out, name + ".json"), "w").write(d.stdout)
-            entry["diagnosis"] = summarise(json.loads(d.stdout))
-        else:
-            entry["error"] = d.stderr[-600:]
-        if not a.keep_records:
-            os.unlink(rec)
+        # Diagnosed beside the next run, on CPUs no lane uses.
+        return DIAGNOSES.submit(diagnose_one, a, rec, name, entry)
+    return finish(a, entry)
+
+
+def diagnose_one(a, rec, name, entry):
+    entry["record_mb"] = os.path.getsize(rec) / 1e6
+    spare = list(range(os.cpu_count() - 8, os.cpu_count())) if os.cpu_count() >= 24 else []
+    cmd = (["taskset", "-c", ",".join(map(str, spare))] if spare else []) + [
+        f"{a.build}/gpuscope", "diagnose", "--json", rec]
+    t0 = time.monotonic()
+    d = subprocess.run(cmd, capture_output=True, text=True)
+    entry["diagnose_s"] = time.monotonic() - t0
+    entry["diagnose_rc"] = d.returncode
+    if d.returncode == 0:
+        open(os.path.join(a.out, name + ".json"), "w").write(d.stdout)
+        entry["diagnosis"] = summarise(json.loads(d.stdout))
+    else:
+        entry["error"] = d.stderr[-600:]
+    if not a.keep_records:
+        os.unlink(rec)
+    return finish(a, entry)
+
+
+def finish(a, e):
     with RUNS_LOCK, open(os.path.join(a.out, "runs.jsonl"), "a") as f:
-        f.write(json.dumps(entry) + "\n")
-    return entry
+        f.write(json.dumps(e) + "\n")
+    if "diagnosis" in e:
+        f = e["diagnosis"]["findings"]
+        log(f"{e['run']:28} {e['step_ms'] or 0:7.2f} ms  expected {e['expected']:16} top "
+            f"{f[0]['cause'] if f else '?'}  (diagnose {e.get('diagnose_s', 0):.1f} s, {e.get('record_mb', 0):.0f} MB)")
+    elif "detect_s" in e:
+        log(f"{e['run']:28} detected {e['detect_s']} root cause {e['root_cause_s']}")
+    else:
+        log(f"{e['run']:28} FAILED rc {e['rc']}: {e.get('error', '')}")
+    return e
 
 
 RUNS_LOCK = threading.Lock()
+DIAGNOSES = concurrent.futures.ThreadPoolExecutor(max_workers=4)
 
 
 def summarise(doc):
@@ -403,13 +439,41 @@ class LiveWatch:
         return {"detect_s": self.detected, "root_cause_s": self.rooted}
 
 
+# A fault that slows the step less than this (against the same workload's clean run) had no effect
+# to find: a GPU-bound job shrugs off a CPU hog. Such runs are scored apart: right if the top
+# finding is `none` or the cause injected.
+MIN_EFFECT = 0.05
+BATCH = {"train": 256, "cnn": 128, "infer": 16}  # workload.py's batches
+
+
 def score(out):
     runs = [json.loads(l) for l in open(os.path.join(out, "runs.jsonl"))]
     runs = [r for r in runs if "diagnosis" in r or "detect_s" in r]
+    clean = {}
+    for r in runs:
+        if r["scenario"] == "clean" and r.get("step_ms"):
+            clean.setdefault(r["workload"], []).append(r["step_ms"])
+    clean = {w: sorted(v)[len(v) // 2] for w, v in clean.items()}
+
+    def effect(r):
+        base = clean.get(r["workload"])
+        if not base or not r.get("step_ms"):
+            return None
+        step = r["step_ms"]
+        if r["scenario"] == "small_batch":  # less work a step: compared per sample
+            full = BATCH[r["workload"]]
+            step *= full / max(1, full // (128 if r["intensity"] >= 2 else 16))
+        return step / base - 1
+
+    def effective(r):
+        e = effect(r)
+        return r["scenario"] == "clean" or e is None or e >= MIN_EFFECT
+
     by = {}
-    top1 = top3 = 0
+    top1 = top3 = n = 0
+    idle_ok = idle_n = 0
     clean_findings, clean_s = 0, 0.0
-    log(f"{'run':28} {'step ms':>8} {'busy':>5}  expected -> found (share)")
+    log(f"{'run':28} {'step ms':>8} {'slower':>7} {'busy':>5}  expected -> found (share)")
     for r in runs:
         if "diagnosis" not in r:
             continue
@@ -417,25 +481,34 @@ def score(out):
         causes = [x["cause"] for x in f]
         got = causes[0] if causes else "?"
         hit1, hit3 = got == r["expected"], r["expected"] in causes[:3]
-        top1 += hit1
-        top3 += hit3
-        by.setdefault(r["expected"], {"tp": 0, "fn": 0, "fp": 0})
-        by.setdefault(got, {"tp": 0, "fn": 0, "fp": 0})
-        if hit1:
-            by[got]["tp"] += 1
+        e = effect(r)
+        if effective(r):
+            n += 1
+            top1 += hit1
+            top3 += hit3
+            by.setdefault(r["expected"], {"tp": 0, "fn": 0, "fp": 0})
+            by.setdefault(got, {"tp": 0, "fn": 0, "fp": 0})
+            if hit1:
+                by[got]["tp"] += 1
+            else:
+                by[r["expected"]]["fn"] += 1
+                by[got]["fp"] += 1
+            mark = "HIT " if hit1 else "top3" if hit3 else "MISS"
         else:
-            by[r["expected"]]["fn"] += 1
-            by[got]["fp"] += 1
+            idle_n += 1
+            ok = got in ("none", r["expected"])
+            idle_ok += ok
+            mark = "n/e " if ok else "N/E!"
         if r["scenario"] == "clean":
             clean_findings += sum(1 for x in f if x["cause"] != "none" and x["share"] >= 0.05)
             clean_s += a_seconds(r)
         busy = r["diagnosis"].get("gpu_busy")
-        log(f"{r['run']:28} {r['step_ms'] or 0:8.2f} {'' if busy is None else f'{busy * 100:4.0f}%':>5}  "
-            f"{'HIT ' if hit1 else 'top3' if hit3 else 'MISS'} {r['expected']} -> "
+        log(f"{r['run']:28} {r['step_ms'] or 0:8.2f} {'' if e is None else f'{e * 100:+6.0f}%':>7} "
+            f"{'' if busy is None else f'{busy * 100:4.0f}%':>5}  {mark} {r['expected']} -> "
             + ", ".join(f"{x['cause']} {x['share'] * 100:.0f}%" for x in f[:3]))
-    n = sum(1 for r in runs if "diagnosis" in r)
     if n:
-        log(f"\ntop-1 {top1}/{n} = {top1 / n * 100:.1f}%   top-3 {top3}/{n} = {top3 / n * 100:.1f}%")
+        log(f"\nruns where the fault slowed the step {MIN_EFFECT * 100:.0f}% or more (and clean runs): {n}")
+        log(f"top-1 {top1}/{n} = {top1 / n * 100:.1f}%   top-3 {top3}/{n} = {top3 / n * 100:.1f}%")
         log(f"{'cause':18} precision  recall")
         for c, v in sorted(by.items()):
             p = v["tp"] / (v["tp"] + v["fp"]) if v["tp"] + v["fp"] else float("nan")
@@ -444,6 +517,12 @@ def score(out):
         if clean_s:
             log(f"clean runs: {clean_findings} findings over 5% in {clean_s:.0f} s = "
                 f"{clean_findings / clean_s * 3600:.1f} an hour")
+    if idle_n:
+        log(f"runs where the fault had no effect (n/e): {idle_n}, diagnosed none or the fault: {idle_ok}/{idle_n}")
+    ds = sorted(r["diagnose_s"] for r in runs if r.get("diagnose_s") is not None)
+    if ds:
+        log(f"diagnose took {ds[len(ds) // 2]:.1f} s (median), {ds[-1]:.1f} s at most, on records of "
+            f"{sorted(r['record_mb'] for r in runs if 'record_mb' in r)[-1]:.0f} MB at most")
     lat = [r for r in runs if "detect_s" in r and r["scenario"] != "clean"]
     if lat:
         def pct(v, q):
@@ -537,6 +616,7 @@ def main():
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--record-args", default="", help="more options for gpuscope record")
     ap.add_argument("--keep-records", action="store_true")
+    ap.add_argument("--skip-done", action="store_true", help="skip the runs that DIR/runs.jsonl already holds")
     ap.add_argument("--live", action="store_true", help="the agent's live findings instead of record+diagnose")
     ap.add_argument("--cpu-hz", type=int, default=100, help="the agent's CPU sampling (--live)")
     ap.add_argument("--score", metavar="DIR", help="print the scores of the runs in DIR and stop")
@@ -556,20 +636,15 @@ def main():
         return
     todo = [(w, s, int(i)) for w in a.workloads.split(",") for s in a.scenarios.split(",")
             for i in (a.intensities.split(",") if s != "clean" else ["1"])]
+    if a.skip_done and os.path.exists(os.path.join(a.out, "runs.jsonl")):
+        done = {json.loads(l)["run"] for l in open(os.path.join(a.out, "runs.jsonl"))}
+        todo = [t for t in todo if f"{t[0]}-{t[1]}-{t[2]}" not in done]
     for s in {s for _, s, _ in todo}:
         if s not in SCENARIOS:
             raise SystemExit(f"unknown scenario {s}; known: {', '.join(SCENARIOS)}")
     ctx = agent(a) if a.live else contextlib.nullcontext()
     def one(lane, w, s, i):
-        e = run_one(a, lane, w, s, i)
-        if "diagnosis" in e:
-            f = e["diagnosis"]["findings"]
-            log(f"{e['run']:28} {e['step_ms'] or 0:7.2f} ms  expected {e['expected']:16} top "
-                f"{f[0]['cause'] if f else '?'}")
-        elif "detect_s" in e:
-            log(f"{e['run']:28} detected {e['detect_s']} root cause {e['root_cause_s']}")
-        else:
-            log(f"{e['run']:28} FAILED rc {e['rc']}: {e.get('error', '')}")
+        run_one(a, lane, w, s, i)
 
     with ctx as ag:
         cpu0, t0 = (cpu_seconds(ag.pid), time.monotonic()) if ag else (0, 0)
@@ -591,6 +666,7 @@ def main():
         if ag:
             log(f"agent CPU: {(cpu_seconds(ag.pid) - cpu0) / (time.monotonic() - t0) * 100:.2f}% of a core "
                 f"(CPU sampling {a.cpu_hz} Hz)")
+    DIAGNOSES.shutdown(wait=True)
     score(a.out)
 
 

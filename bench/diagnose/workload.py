@@ -4,10 +4,12 @@
     python3 workload.py --workload train|cnn|infer [--fault F] [--intensity 1|2] [--seconds 8]
                         [--ready FILE] [--cpu N] [--port P] [--dir DIR] [--scale X]
 Workloads, each meant to keep the GPU busy when nothing is wrong (the host launches ahead):
-  train  an MLP training step (16 layers of 2048, batch 512) on input copied from pinned memory
-  cnn    a small CNN trained from a DataLoader (4 workers, pin_memory, non_blocking copies)
-  infer  a Transformer encoder's inference loop; each step's output is copied back to pinned memory
-         and waited for one step later (pipelined: the GPU never waits for the host's read)
+  train  an MLP training step (16 layers of 2048, batch 256) on input copied from pinned memory
+  cnn    a small CNN (72 channels) trained from a DataLoader (4 workers, pin_memory, non_blocking copies)
+  infer  a Transformer encoder's inference loop (batch 16); each step's output is copied back to
+         pinned memory and waited for one step later (pipelined: the GPU never waits for the host's read)
+Sized on the H100 so that the GPU is busy >90% of a clean step while the host's work per step is
+more than a third of the GPU's: a job tuned to keep its GPU fed, which host faults then slow.
 Faults from inside (intensity 2 is the stronger):
   pageable     the input comes from pageable memory (16 MB; 64 MB)
   fsync        a checkpoint written and fsynced every step (8 MB; 32 MB)
@@ -18,7 +20,7 @@ Faults from inside (intensity 2 is the stronger):
   gil          preprocessing threads in the process, in pure Python (1; 3)
   small_batch  the batch divided by 16; by 128 (launch-bound)
   remote       the input read from a TCP server on --port (run.py's, throttled in user space to a
-               batch every 1.5x (3x) the clean step)
+               batch every 1.5x (3x) the clean step); cnn's too, instead of its DataLoader
   sleep        time.sleep of 5 ms; 15 ms a step
   dataset      reads its dataset, a 512 MB file it wrote at start, 8 MB a step (cached: no cost; for
                run.py's memory scenario, which then limits the job's memory)
@@ -91,14 +93,14 @@ def main():
 
     # The model and its step; `inp()` gives the next input on the GPU.
     if a.workload == "train":
-        batch = max(1, int(512 * a.scale) // batch_div)
+        batch = max(1, int(256 * a.scale) // batch_div)
         model = torch.nn.Sequential(*[m for _ in range(16) for m in (torch.nn.Linear(2048, 2048), torch.nn.ReLU())]).to(dev)
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
         target = torch.randn(batch, 2048, device=dev)
         in_shape = (batch, 2048)
     elif a.workload == "cnn":
         batch = max(1, int(128 * a.scale) // batch_div)
-        c = 96
+        c = 72
         model = torch.nn.Sequential(
             torch.nn.Conv2d(3, c, 3, padding=1), torch.nn.ReLU(),
             *[m for _ in range(6) for m in (torch.nn.Conv2d(c, c, 3, padding=1), torch.nn.BatchNorm2d(c), torch.nn.ReLU())],
@@ -106,7 +108,7 @@ def main():
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
         in_shape = (batch, 3, 96, 96)
     else:
-        batch = max(1, int(32 * a.scale) // batch_div)
+        batch = max(1, int(16 * a.scale) // batch_div)
         layer = torch.nn.TransformerEncoderLayer(1024, 16, 4096, batch_first=True)
         model = torch.nn.TransformerEncoder(layer, 6, enable_nested_tensor=False).to(dev).eval()
         in_shape = (batch, 128, 1024)
@@ -144,8 +146,10 @@ def main():
     blob = os.urandom((32 if hi else 8) << 20) if a.fault == "fsync" else b""
     buf = bytearray(nbytes)
 
+    labels = torch.randint(0, 10, (in_shape[0],), device=dev)
+
     def inp():
-        if a.workload == "cnn":
+        if a.workload == "cnn" and sock is None:
             x, y = next(batches)
             x = x.to(dev, non_blocking=True)
             if a.fault == "pageable":
@@ -164,7 +168,7 @@ def main():
                 if n == 0:
                     raise SystemExit("remote: the server closed")
                 got += n
-            return torch.frombuffer(buf, dtype=torch.float32).view(in_shape).to(dev), None
+            return torch.frombuffer(buf, dtype=torch.float32).view(in_shape).to(dev), labels
         return pinned.to(dev, non_blocking=True), None
 
     step_no = [0]
@@ -258,7 +262,10 @@ def main():
             os.unlink(f)
     print(f"workload {a.workload} fault {a.fault}/{a.intensity}: {steps} steps, {dt / steps * 1e3:.2f} ms a step",
           flush=True)
-    os._exit(0)  # DataLoader workers and pipe feeders go with it
+    import multiprocessing as mp
+    for child in mp.active_children():  # a pipe feeder holds both ends of its pipe: it would block for ever
+        child.kill()
+    os._exit(0)  # DataLoader workers see their parent go
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ struct thread_time {
 	__u64 net_softirq_ns;
 	__s32 sleep_syscall, sleep_fd;      /* what it blocked in last (at its switch out) */
 	__s32 blocked_syscall, blocked_fd;  /* the same, for its longest blocked stretch */
+	__u64 stime_start;  /* task_struct.stime at the window's start */
 	char waited_for_comm[GS_COMM_LEN];
 	char waker_comm[GS_COMM_LEN];
 };
@@ -70,6 +71,7 @@ static __always_inline struct thread_time *thread_time_of(struct task_struct *ta
 		t->since_ns = now;
 		t->state = GS_TS_ON_CPU;
 		t->flags = GS_TT_JOINED;
+		t->stime_start = BPF_CORE_READ(task, stime);
 	}
 	return t;
 }
@@ -105,6 +107,13 @@ static __always_inline void send_window(struct thread_time *t, struct task_struc
 {
 	if (!exited && now - t->start_ns < GS_THREAD_WINDOW_NS)
 		return;
+	/* System time since the window began, at most its on-CPU time: where stime is sampled at ticks,
+	 * a window may be charged a tick more than it ran; the rest carries to the next window. */
+	__u64 stime = BPF_CORE_READ(task, stime);
+	__u64 sys = stime > t->stime_start ? stime - t->stime_start : 0;
+	if (sys > t->ns[GS_TS_ON_CPU])
+		sys = t->ns[GS_TS_ON_CPU];
+	__u64 stime_next = t->stime_start + sys;
 	struct gs_thread_time_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (r) {
 		r->kind = GS_REC_THREAD_TIME;
@@ -129,6 +138,7 @@ static __always_inline void send_window(struct thread_time *t, struct task_struc
 		r->reclaim_ns = t->reclaim_ns;
 		r->blocked_syscall = t->blocked_ns ? t->blocked_syscall : -1;
 		r->blocked_fd = t->blocked_ns ? t->blocked_fd : -1;
+		r->sys_ns = sys;
 		BPF_CORE_READ_STR_INTO(&r->comm, task, comm);
 		__builtin_memcpy(r->waited_for_comm, t->waited_for_comm, GS_COMM_LEN);
 		__builtin_memcpy(r->waker_comm, t->waker_comm, GS_COMM_LEN);
@@ -144,6 +154,7 @@ static __always_inline void send_window(struct thread_time *t, struct task_struc
 	t->reclaim_since = reclaim_since;
 	t->sleep_syscall = sleep_syscall;
 	t->sleep_fd = sleep_fd;
+	t->stime_start = stime_next;
 	t->start_ns = now;
 	t->since_ns = now;
 	t->state = state;

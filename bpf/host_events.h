@@ -56,6 +56,10 @@ struct gs_thread_time_record {
 	 * on this file descriptor (-1: the call takes none): user space names the file or socket. */
 	__s32 blocked_syscall;
 	__s32 blocked_fd;
+	/* Of its on-CPU time, what the kernel accounted as system time (task_struct.stime: exact with
+	 * VIRT_CPU_ACCOUNTING, else sampled at each tick; at most ns[GS_TS_ON_CPU], a tick's excess
+	 * carried to the next window): system calls, page faults. */
+	__u64 sys_ns;
 	char comm[GS_COMM_LEN];
 	char waited_for_comm[GS_COMM_LEN];
 	char waker_comm[GS_COMM_LEN];
@@ -66,7 +70,7 @@ enum gs_thread_time_flags {
 	GS_TT_JOINED = 1 << 1,   /* its first window: its time before start_ns was not seen */
 };
 
-GS_ASSERT_SIZE(struct gs_thread_time_record, 200);
+GS_ASSERT_SIZE(struct gs_thread_time_record, 208);
 GS_ASSERT_AT(struct gs_thread_time_record, ns, 32);
 
 #endif

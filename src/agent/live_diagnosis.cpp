@@ -43,6 +43,7 @@ void LiveDiagnosis::add_thread_time(const store::ThreadTimeRow& r) {
   w.other = double(r.other_ns);
   w.reclaim = double(r.reclaim_ns);
   w.net_softirq = double(r.net_softirq_ns);
+  w.sys = double(r.sys_ns);
   w.blocked_syscall = r.blocked_syscall;
   w.blocked_on = r.blocked_on;
   w.waited_ns = r.waited_ns;
@@ -207,7 +208,7 @@ std::vector<MetricFamily> LiveDiagnosis::families(const std::function<Labels(uin
   MetricFamily share{"gpuscope_finding_share",
                      "Share of the process's step time a cause explains over the last seconds (gpuscope diagnose's "
                      "findings, live): cpu_contention, cpu_throttling, memory_pressure, io_wait, input_wait, "
-                     "lock_wait, sleep, softirq, pageable_copies, sync_per_step, launch_bound, host_compute, "
+                     "lock_wait, sleep, softirq, host_kernel, pageable_copies, sync_per_step, launch_bound, host_compute, "
                      "gpu_contention, pcie_contention, gpu_clocks_throttled",
                      "ratio", MetricType::Gauge, {}};
   for (const auto& c : current()) {

@@ -141,6 +141,7 @@ void Breakdown::add(const Breakdown& o) {
   runnable_idle += o.runnable_idle;
   reclaim += o.reclaim;
   net_softirq += o.net_softirq;
+  sys += o.sys;
   in_sync += o.in_sync;
   in_pageable_copy += o.in_pageable_copy;
   in_copy += o.in_copy;
@@ -333,6 +334,7 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
       b.runnable_idle += runnable_idle * f;
       b.reclaim += g.reclaim * f;
       b.net_softirq += g.net_softirq * f;
+      b.sys += std::min(g.sys, g.on_cpu) * f;
       if (g.runnable > 0) b.waited_for[g.waited_for_pid] += (g.runnable - runnable_idle) * f;
       if (!g.blocked_syscall.empty()) {
         const std::string what =

@@ -41,6 +41,7 @@ struct Breakdown {
   double runnable_idle = 0; // waiting for a CPU that had gone idle: a CPU quota's throttling
   double reclaim = 0;       // in direct reclaim (within the states above)
   double net_softirq = 0;   // of on_cpu: network softirqs the kernel ran on its CPU
+  double sys = 0;           // of on_cpu: system time (the kernel's work for its system calls and faults)
   double in_sync = 0, in_pageable_copy = 0, in_copy = 0, in_launch = 0, in_cuda = 0;  // in CUDA calls
                                                                                         // (in_cuda: all)
   double syncs = 0, pageable_copies = 0;
@@ -77,7 +78,7 @@ struct Breakdown {
 
 struct Finding {
   std::string cause;       // cpu_contention, cpu_throttling, memory_pressure, io_wait, input_wait,
-                           // lock_wait, sleep, pageable_copies, sync_per_step, launch_bound,
+                           // lock_wait, sleep, host_kernel, pageable_copies, sync_per_step, launch_bound,
                            // host_compute, softirq, gpu_contention, pcie_contention,
                            // gpu_clocks_throttled,
                            // none
@@ -106,6 +107,7 @@ struct ThreadWindow {  // a store::ThreadTimeRow of the thread
   uint64_t start_ns = 0, end_ns = 0;
   double on_cpu = 0, runnable = 0, io = 0, lock = 0, fd = 0, sleep = 0, other = 0, reclaim = 0;
   double net_softirq = 0;  // of on_cpu: network softirqs run on its CPU
+  double sys = 0;          // of on_cpu: system time (system calls, page faults)
   uint64_t waited_ns = 0;
   uint32_t waited_for_tid = 0, waited_for_pid = 0;
   uint32_t waker_tid = 0, waker_pid = 0;

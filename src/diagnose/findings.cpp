@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
 
 namespace gpuscope::diagnose {
 namespace {
@@ -143,6 +144,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
                 "high");
   }
 
+  double sys_explained = 0;  // kernel time a host-side finding took on
   if (telemetry) {
     // Packets processed on its CPU: in its time (softirqs run on whatever task is there) and, when
     // they are many, by ksoftirqd, which it then waits behind.
@@ -225,11 +227,20 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
                           mem_psi.cgroup.empty() ? "the host's tasks" : "its cgroup's (" + mem_psi.cgroup + ") tasks",
                           pct(mem_psi.memory_some), pct(std::max(mem_psi.memory_full, 0.0)))
             : "";
-    add("memory_pressure", "The thread that feeds the GPU is short of memory", b.reclaim + (memory ? b.io : 0),
-        fmt::format("reclaiming memory itself (direct reclaim) {} a step and waiting for I/O {} a step ({} of the "
+    // Its time on a CPU in the kernel (system time) goes with what it did there: reading evicted
+    // pages back, writing a checkpoint, receiving its input; what is left is a finding of its own.
+    // (Softirqs that ran on its CPU count as its system time where ticks sample it: told apart above.)
+    double kernel = std::max(0.0, b.sys - b.net_softirq);
+    const double memory_kernel = memory ? std::exchange(kernel, 0.0) : 0;
+    add("memory_pressure", "The thread that feeds the GPU is short of memory",
+        b.reclaim + (memory ? b.io : 0) + memory_kernel,
+        fmt::format("reclaiming memory itself (direct reclaim) {} a step, waiting for I/O {} a step{} ({} of the "
                     "step together): its cgroup is at its memory limit or the host is short of memory, and pages "
                     "it needs are evicted and read back{}{}",
-                    ms(b.reclaim / b.steps), ms(b.io / b.steps), pct((b.reclaim + b.io) / b.window_ns),
+                    ms(b.reclaim / b.steps), ms(b.io / b.steps),
+                    memory_kernel > 0 ? fmt::format(" and on a CPU in the kernel {} a step", ms(memory_kernel / b.steps))
+                                      : "",
+                    pct((b.reclaim + b.io + memory_kernel) / b.window_ns),
                     refaults >= kRefaultBytesPerS
                         ? fmt::format("; {} read back {:.0f} MB/s of file pages it had evicted (workingset refaults)",
                                       refaulting.cgroup.empty() ? "the host" : "its cgroup (" + refaulting.cgroup + ")",
@@ -240,9 +251,12 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
         "fewer DataLoader workers or a smaller prefetch_factor, memory-mapped datasets instead of copies",
         "high");
     if (memory) b.io = 0;
-    add("io_wait", "The thread that feeds the GPU waits for disk I/O", b.io,
-        fmt::format("blocked in uninterruptible I/O {} a step ({} of the step){}{}{}",
-                    ms(b.io / b.steps), pct(b.io / b.window_ns),
+    const double io_kernel = b.io / b.window_ns >= kMinShare ? std::exchange(kernel, 0.0) : 0;
+    add("io_wait", "The thread that feeds the GPU waits for disk I/O", b.io + io_kernel,
+        fmt::format("blocked in uninterruptible I/O {} a step{} ({} of the step){}{}{}",
+                    ms(b.io / b.steps),
+                    io_kernel > 0 ? fmt::format(", and on a CPU in the kernel {} a step", ms(io_kernel / b.steps)) : "",
+                    pct((b.io + io_kernel) / b.window_ns),
                     b.io_in.empty() || most_in(b.io_in).empty()
                         ? ", e.g. writing and fsyncing a checkpoint, or reading data from disk"
                         : most_in(b.io_in),
@@ -263,9 +277,13 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
     const bool relayed = feeder && b.relayed.contains(feeder) && b.relayed.at(feeder) * 2 >= outside.at(feeder);
     const double waits = b.fd + b.lock;
     if (feeder && feeder_of >= 0.5) {
-      add("input_wait", "The thread that feeds the GPU waits for its input", waits,
-          fmt::format("blocked on a pipe, socket or lock {} a step ({} of the step), woken mostly by {}{}{}{}{}",
-                      ms(waits / b.steps), pct(waits / b.window_ns), names.of(feeder),
+      const double input_kernel = waits / b.window_ns >= kMinShare ? std::exchange(kernel, 0.0) : 0;
+      add("input_wait", "The thread that feeds the GPU waits for its input", waits + input_kernel,
+          fmt::format("blocked on a pipe, socket or lock {} a step{} ({} of the step), woken mostly by {}{}{}{}{}",
+                      ms(waits / b.steps),
+                      input_kernel > 0 ? fmt::format(", and on a CPU in the kernel {} a step", ms(input_kernel / b.steps))
+                                       : "",
+                      pct((waits + input_kernel) / b.window_ns), names.of(feeder),
                       from_child ? ", a child of the job (a data loader worker)" : "",
                       relayed ? ", through another of its threads (the DataLoader's pin-memory thread)" : "",
                       most_in(b.fd_in), gpu_idle_note),
@@ -289,6 +307,13 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
         fmt::format("in nanosleep {} a step ({} of the step){}", ms(b.sleep / b.steps), pct(b.sleep / b.window_ns),
                     gpu_idle_note),
         "Remove the sleep (or the polling loop that sleeps) from the training loop", "high");
+    add("host_kernel", "The thread that feeds the GPU works in the kernel", kernel,
+        fmt::format("on a CPU in the kernel (system calls, page faults) {} a step ({} of the step){}",
+                    ms(kernel / b.steps), pct(kernel / b.window_ns), gpu_idle_note),
+        "Make fewer, larger system calls (read in bigger chunks, or map the file), and keep page faults out of the "
+        "loop (allocate and touch buffers once); `perf trace -s -p PID` counts the calls",
+        "medium");
+    sys_explained = std::max(0.0, b.sys - b.net_softirq);
   }
   add("pageable_copies", "Copies between the GPU and pageable host memory", b.in_pageable_copy,
       fmt::format("{:.1f} copies a step from or to pageable memory ({:.1f} MB a step) took {} a step ({} of the "
@@ -302,12 +327,13 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
   // The GPU idle while the thread that feeds it was running its own code: what it ran tells why.
   // Needs the GPU's side and the thread's on-CPU time.
   if (!gpu_view || !telemetry) return;
-  const double blocked = b.runnable + b.io + b.lock + b.fd + b.sleep + b.reclaim + b.net_softirq;
+  // Kernel time is explained above (with what it served, or as host_kernel): not the thread's own work.
+  const double blocked = b.runnable + b.io + b.lock + b.fd + b.sleep + b.reclaim + b.net_softirq + sys_explained;
   // Its own work: on a CPU outside CUDA calls, plus what launching costs (a launch that waits for
   // a full queue is the GPU's doing, not the host's).
   // Handed off, the work went on in another of its launching threads (autograd's backward pass):
   // that thread's running is the host's work too.
-  const double own_work = std::max(0.0, b.on_cpu - b.net_softirq - b.in_cuda) +
+  const double own_work = std::max(0.0, b.on_cpu - std::max(b.net_softirq, b.sys) - b.in_cuda) +
                           std::min(b.in_launch, b.launches * kLaunchNs) + b.handoff;
   const double residual = std::min({std::max(0.0, idle - blocked / b.window_ns - b.in_pageable_copy / b.window_ns),
                                     own_work / b.window_ns, b.gpu_known ? b.host_late / b.window_ns : 1.0});

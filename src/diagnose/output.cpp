@@ -15,6 +15,7 @@ json breakdown_json(const Breakdown& b) {
          {"step_ms", per_step_ms(b.window_ns)},
          {"feeding_thread_ms",
           {{"on_cpu", per_step_ms(b.on_cpu)},
+           {"on_cpu_in_kernel", per_step_ms(b.sys)},
            {"runnable", per_step_ms(b.runnable)},
            {"io", per_step_ms(b.io)},
            {"lock", per_step_ms(b.lock)},
@@ -90,10 +91,12 @@ std::string render_text(const json& doc) {
     if (const auto& b = p.at("breakdown"); !b.is_null()) {
       const auto& t = b.at("feeding_thread_ms");
       out += fmt::format(
-          "A step of the thread that feeds the GPU (tid {}): on a CPU {:.1f} ms, waiting for a CPU {:.1f}, I/O {:.1f}, "
+          "A step of the thread that feeds the GPU (tid {}): on a CPU {:.1f} ms ({:.1f} of it in the kernel), waiting for "
+          "a CPU {:.1f}, I/O {:.1f}, "
           "lock {:.1f}, pipe/socket {:.1f}, sleep {:.1f}, for its other CUDA threads {:.1f}, other {:.1f}, not seen "
           "{:.1f}; in CUDA calls {:.1f} ms (syncs {:.1f}, copies {:.1f})\n",
-          p.at("feeding_tid").get<int64_t>(), t.at("on_cpu").get<double>(), t.at("runnable").get<double>(),
+          p.at("feeding_tid").get<int64_t>(), t.at("on_cpu").get<double>(), t.value("on_cpu_in_kernel", 0.0),
+          t.at("runnable").get<double>(),
           t.at("io").get<double>(), t.at("lock").get<double>(), t.at("fd").get<double>(), t.at("sleep").get<double>(),
           t.at("handoff").get<double>(),
           t.at("other").get<double>(), t.at("unseen").get<double>(), b.at("cuda_ms").at("all").get<double>(),

@@ -135,13 +135,14 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites) {
       const bool has_reclaim = db.has_column("thread_times", "reclaim_ns");
       const bool has_softirq = db.has_column("thread_times", "net_softirq_ns");
       const bool has_blocked_on = db.has_column("thread_times", "blocked_on");
+      const bool has_sys = db.has_column("thread_times", "sys_ns");
       auto q = db.prepare(std::string(
           "SELECT tid, start_ns, end_ns, on_cpu_ns, runnable_ns, io_ns, lock_ns, fd_ns, sleep_ns, other_ns, ") +
           (has_reclaim ? "coalesce(reclaim_ns, 0)" : "0") + ", waited_ns, coalesce(waited_for_tid, 0), coalesce(waited_for_pid, 0), "
           "coalesce(waker_tid, 0), coalesce(waker_pid, 0), state, " +
           (has_softirq ? "coalesce(net_softirq_ns, 0)" : "0") + ", " +
-          (has_blocked_on ? "coalesce(blocked_syscall, ''), coalesce(blocked_on, '')" : "'', ''") +
-          " FROM thread_times WHERE pid = ?1 ORDER BY tid, start_ns");
+          (has_blocked_on ? "coalesce(blocked_syscall, ''), coalesce(blocked_on, '')" : "'', ''") + ", " +
+          (has_sys ? "coalesce(sys_ns, 0)" : "0") + " FROM thread_times WHERE pid = ?1 ORDER BY tid, start_ns");
       q.bind(1, int64_t(pid));
       while (q.step()) {
         ThreadWindow w;
@@ -164,6 +165,7 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites) {
         w.net_softirq = double(q.i64(17));
         w.blocked_syscall = q.str(18);
         w.blocked_on = q.str(19);
+        w.sys = double(q.i64(20));
         e.windows[uint32_t(q.i64(0))].push_back(std::move(w));
       }
     }

@@ -90,8 +90,10 @@ std::string FdNames::socket_name(pid_t pid, uint64_t inode) {
       break;
     }
   }
+  // A socket /proc/PID/net does not list (netlink, one already closed) is remembered too: a thread
+  // that keeps blocking on it would otherwise read every table again at each window.
   if (sockets_.size() >= 4096) sockets_.clear();
-  if (!found.empty()) sockets_[inode] = found;
+  sockets_[inode] = found;
   return found;
 }
 

@@ -19,7 +19,7 @@ class FdNames {
 
  private:
   std::string socket_name(pid_t pid, uint64_t inode);
-  std::unordered_map<uint64_t, std::string> sockets_;  // by inode; cleared past 4096
+  std::unordered_map<uint64_t, std::string> sockets_;  // by inode ("": not found); cleared past 4096
 };
 
 // x86-64 system calls a thread sleeps in, by number ("fsync"); "syscall N" for others, "" for -1.

@@ -406,6 +406,7 @@ void Pipeline::on_thread_time(const uint8_t* data, size_t) {
   row.faults = r.faults;
   row.reclaim_ns = r.reclaim_ns;
   row.net_softirq_ns = uint64_t(r.net_softirq_us) * 1000;
+  row.sys_ns = r.sys_ns;
   // What its longest blocked stretch waited in, and on which file or socket (named now: the
   // descriptor is most likely still what it was).
   if (r.blocked_ns && r.blocked_syscall >= 0) {

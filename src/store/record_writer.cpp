@@ -174,8 +174,8 @@ void RecordWriter::prepare_statements() {
   insert_thread_time_ = db_.prepare(
       "INSERT INTO thread_times(pid, tid, start_ns, end_ns, on_cpu_ns, runnable_ns, io_ns, lock_ns, fd_ns, sleep_ns, "
       "other_ns, waited_ns, waited_for_tid, waited_for_pid, waited_for_comm, blocked_ns, waker_tid, waker_pid, "
-      "waker_comm, switches, preempted, faults, state, reclaim_ns, net_softirq_ns, blocked_syscall, blocked_on) "
-      "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27)");
+      "waker_comm, switches, preempted, faults, state, reclaim_ns, net_softirq_ns, blocked_syscall, blocked_on, sys_ns) "
+      "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,?28)");
   insert_symbol_ = db_.prepare("INSERT OR IGNORE INTO symbols(module_id, offset, name) VALUES(?1,?2,?3)");
   insert_python_frame_ = db_.prepare("INSERT INTO python_frames(id, function, file, line) VALUES(?1,?2,?3,?4)");
   insert_gpu_ = db_.prepare("INSERT OR REPLACE INTO gpus(idx, uuid, name, memory_total, power_limit_mw) "
@@ -355,6 +355,7 @@ void RecordWriter::add_thread_time(const ThreadTimeRow& r) {
     q.bind(25, int64_t(r.net_softirq_ns));
     if (!r.blocked_syscall.empty()) q.bind(26, r.blocked_syscall);
     if (!r.blocked_on.empty()) q.bind(27, r.blocked_on);
+    q.bind(28, int64_t(r.sys_ns));
     q.run();
   });
 }

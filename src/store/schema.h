@@ -51,7 +51,7 @@ CREATE TABLE thread_times(pid INTEGER NOT NULL, tid INTEGER NOT NULL, start_ns I
                           waited_for_pid INTEGER, waited_for_comm TEXT, blocked_ns INTEGER, waker_tid INTEGER,
                           waker_pid INTEGER, waker_comm TEXT, switches INTEGER, preempted INTEGER, faults INTEGER,
                           state TEXT, reclaim_ns INTEGER, net_softirq_ns INTEGER,
-                          blocked_syscall TEXT, blocked_on TEXT);
+                          blocked_syscall TEXT, blocked_on TEXT, sys_ns INTEGER);
 CREATE TABLE gpu_activities(id INTEGER PRIMARY KEY, pid INTEGER NOT NULL, kind TEXT NOT NULL, gpu INTEGER, stream INTEGER,
                             start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, bytes INTEGER, copy_kind INTEGER,
                             name TEXT, call_id INTEGER, grid_x INTEGER, grid_y INTEGER, grid_z INTEGER,

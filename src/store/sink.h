@@ -35,6 +35,7 @@ struct ThreadTimeRow {
   uint32_t switches = 0, preempted = 0, faults = 0;
   uint64_t reclaim_ns = 0;  // in direct reclaim (part of the states' time)
   uint64_t net_softirq_ns = 0;  // network softirqs run on its CPU while it was on it (part of on_cpu_ns)
+  uint64_t sys_ns = 0;          // of on_cpu_ns, system time (system calls, page faults)
   std::string blocked_syscall;  // its longest blocked stretch was in this call ("fsync"), on this
   std::string blocked_on;       // file or socket ("/data/ckpt.pt", "tcp a -> b"); "": unknown
   // Its state at end_ns, kept until its next window ("on_cpu", "runnable", "io", "lock", "fd",

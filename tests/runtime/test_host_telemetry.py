@@ -31,6 +31,32 @@ def test_windows_add_up_and_are_on_by_default(record):
     assert rec.scalar("SELECT count(*) FROM thread_times WHERE state = 'exited'") >= 1
 
 
+def test_time_in_the_kernel_is_told_from_the_threads_own(record):
+    # One second copying /dev/zero into a buffer (the kernel's work: system time), a pause, one
+    # second computing in Python (user time). Tick-sampled where the kernel does not account exactly.
+    script = (
+        "import os, time\n"
+        "fd = os.open('/dev/zero', os.O_RDONLY); buf = bytearray(1 << 20)\n"
+        "end = time.monotonic() + 1.0\n"
+        "while time.monotonic() < end: os.readv(fd, [buf])\n"
+        "time.sleep(0.3)\n"
+        "end = time.monotonic() + 1.0\n"
+        "x = 0\n"
+        "while time.monotonic() < end: x += sum(range(1000))\n")
+    rec = record("--", sys.executable, "-c", script)
+    assert rec.returncode == 0, rec.stderr
+    rows = rec.query("SELECT on_cpu_ns, sys_ns, sleep_ns FROM thread_times WHERE tid = pid ORDER BY start_ns")
+    assert all(sys_ns <= on_cpu for on_cpu, sys_ns, _ in rows), rows
+    # The pause parts the two: the windows before the one that slept, and after it.
+    pause = max(range(len(rows)), key=lambda i: rows[i][2])
+    first, second = rows[:pause], rows[pause + 1:]
+    assert first and second, rows
+    in_kernel = sum(r[1] for r in first) / sum(r[0] for r in first)
+    computing = sum(r[1] for r in second) / sum(r[0] for r in second)
+    assert in_kernel > 0.6, (in_kernel, computing)
+    assert computing < 0.2, (in_kernel, computing)
+
+
 def test_off_with_no_host_telemetry(record):
     rec = record("--no-host-telemetry", "--", "true")
     assert rec.returncode == 0, rec.stderr

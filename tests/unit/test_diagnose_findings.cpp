@@ -419,3 +419,53 @@ TEST(DiagnoseFindings, UnderAQuotaThrottledMostPeriodsWaitsForItsOwnThreadsAreTh
   }
   EXPECT_EQ(causes_of(r), std::vector<std::string>{"cpu_throttling"});
 }
+
+namespace {
+
+// 100 launches a step from the main thread, on a CPU all the step, `sys_ns` of it in the kernel,
+// blocked in I/O `io_ns`; the GPU 40% busy; the cgroup reading back `refault_mb_per_s`.
+std::vector<std::string> causes_with_kernel_time(const std::string& name, uint64_t sys_ns, uint64_t io_ns,
+                                                 uint64_t refault_mb_per_s) {
+  CraftedRun r(name);
+  r.steps(100);
+  for (uint64_t s = 0; s < 40; ++s) {
+    store::ThreadTimeRow row;
+    row.pid = row.tid = kPid;
+    row.start_ns = 1'000'000 + s * kStepNs;
+    row.end_ns = row.start_ns + kStepNs;
+    row.on_cpu_ns = kStepNs - io_ns;
+    row.sys_ns = sys_ns;
+    row.io_ns = row.blocked_ns = io_ns;
+    if (io_ns) row.blocked_syscall = "pread64";
+    row.state = "on_cpu";
+    r.w.add_thread_time(row);
+  }
+  for (uint64_t k = 0; k <= 5; ++k) {
+    host::PressureReading p;
+    p.ts_ns = k * 100'000'000;
+    p.pid = kPid;
+    p.cgroup = "/job";
+    p.refault_file = k * refault_mb_per_s * 1'000'000 / 4096 / 10;
+    r.w.add_pressure(p);
+  }
+  r.gpu(40);
+  return causes_of(r);
+}
+
+}  // namespace
+
+TEST(DiagnoseFindings, KernelTimeGoesWithWhatItServed) {
+  // Re-reading evicted pages: 1 ms a step blocked, 5 ms on a CPU in the kernel copying them back,
+  // 4 ms of its own (100 launches at 40 µs would look launch-bound).
+  auto c = causes_with_kernel_time("kernel_memory", 5'000'000, 1'000'000, 800);
+  ASSERT_FALSE(c.empty());
+  EXPECT_EQ(c.front(), "memory_pressure");
+  // The same kernel time with nothing it served: a finding of its own, ahead of launching.
+  c = causes_with_kernel_time("kernel_alone", 6'000'000, 0, 0);
+  ASSERT_FALSE(c.empty());
+  EXPECT_EQ(c.front(), "host_kernel");
+  // Little kernel time: the launches it is.
+  c = causes_with_kernel_time("kernel_little", 200'000, 0, 0);
+  ASSERT_FALSE(c.empty());
+  EXPECT_EQ(c.front(), "launch_bound");
+}

@@ -116,8 +116,14 @@ Pressure pressure_between(const std::vector<host::PressureReading>& r, uint64_t 
   p.io_some = share(&host::PressureReading::io_some_us);
   p.io_full = share(&host::PressureReading::io_full_us);
   p.throttled = share(&host::PressureReading::throttled_us);
+  if (r[a].tcp_out_segs && r[b].tcp_out_segs && r[a].tcp_retrans_segs && r[b].tcp_retrans_segs &&
+      *r[b].tcp_out_segs > *r[a].tcp_out_segs && *r[b].tcp_retrans_segs >= *r[a].tcp_retrans_segs) {
+    const double retrans = double(*r[b].tcp_retrans_segs - *r[a].tcp_retrans_segs);
+    p.tcp_retrans_per_s = retrans / (dt_us / 1e6);
+    p.tcp_retrans_share = retrans / double(*r[b].tcp_out_segs - *r[a].tcp_out_segs);
+  }
   if (r[a].refault_file && r[b].refault_file && *r[b].refault_file >= *r[a].refault_file)
-    p.refault_bytes_per_s = double(*r[b].refault_file - *r[a].refault_file) * 4096 / (dt_us / 1e6);
+    p.refault_bytes_per_s = double(*r[b].refault_file - *r[a].refault_file) * 4096 / (dt_us / 1e6);  // x86-64 pages
   if (r[a].periods && r[b].periods && r[a].throttled_periods && r[b].throttled_periods &&
       *r[b].periods > *r[a].periods)
     p.throttled_periods = double(*r[b].throttled_periods - *r[a].throttled_periods) / double(*r[b].periods - *r[a].periods);
@@ -457,8 +463,14 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
     for (const auto& f : p.findings) have.insert(f.cause);
     findings_from(p.slow, names, e, since_origin(slow_from), since_origin(slow_to), telemetry, p.findings, have);
   }
+  // Until its exit, where the record has it (the report that ended it counts).
+  const uint64_t until = e.until_ns > starts.back() ? e.until_ns : UINT64_MAX;
+  const auto xid = xid_finding(e.xids, starts.front(), starts.back(), until, origin_ns);
+  if (xid) p.findings.push_back(xid->finding);
   std::stable_sort(p.findings.begin(), p.findings.end(),
                    [](const Finding& a, const Finding& b) { return a.share > b.share; });
+  if (xid && xid->fatal)  // a GPU that failed comes before any slowness
+    std::stable_partition(p.findings.begin(), p.findings.end(), [](const Finding& f) { return f.cause == "gpu_error"; });
   if (p.findings.empty()) {
     const double busy = p.all.busy_share();
     p.findings.push_back(

@@ -26,6 +26,7 @@ struct Pressure {
   double cpu_some = -1, memory_some = -1, memory_full = -1, io_some = -1, io_full = -1;
   double throttled = -1, throttled_periods = -1;  // cpu.stat: time throttled, share of quota periods
   double refault_bytes_per_s = -1;  // page-cache pages read back soon after their eviction
+  double tcp_retrans_per_s = -1, tcp_retrans_share = -1;  // TCP segments retransmitted: a second, of those sent
 };
 
 // Where the feeding thread's time went in some steps (nanoseconds, summed over them).
@@ -80,7 +81,7 @@ struct Finding {
   std::string cause;       // cpu_contention, cpu_throttling, memory_pressure, io_wait, input_wait,
                            // lock_wait, sleep, host_kernel, pageable_copies, sync_per_step, launch_bound,
                            // host_compute, softirq, gpu_contention, pcie_contention,
-                           // gpu_clocks_throttled,
+                           // gpu_clocks_throttled, gpu_error,
                            // none
   std::string title;
   double share = 0;        // of step time
@@ -136,6 +137,10 @@ struct GpuProcessReading {  // NVML, per process on the process's GPU
   uint32_t pid = 0;
   double sm = -1;  // share of the SMs' time (0..1); -1: not read (a process seen by its memory alone)
 };
+struct XidEvent {  // the driver's error report about the process's GPU
+  uint64_t ts_ns = 0;
+  uint32_t xid = 0;
+};
 struct KernelTime {
   uint64_t start_ns = 0, end_ns = 0;
   uint64_t launched_ns = 0;  // when its launch call was made; 0 unknown
@@ -148,6 +153,7 @@ struct ProcessEvidence {
   std::vector<KernelTime> kernels;                        // GPU times, in time order
   std::vector<GpuReading> gpu;                            // in time order
   std::vector<GpuProcessReading> gpu_processes;           // in time order
+  std::vector<XidEvent> xids;                             // in time order
   std::vector<host::PressureReading> host_pressure, cgroup_pressure;  // in time order
   uint64_t until_ns = 0;  // its exit, or the end of what was seen
   // The Python line (or native caller) of a call's stack, for the evidence; "" when unknown.

@@ -45,6 +45,8 @@ constexpr double kLaunchNs = 50'000;
 // File pages read back soon after their eviction, bytes a second, above which I/O waits are the
 // page cache's shortage (a dataset that no longer fits the job's memory) rather than the disk's.
 constexpr double kRefaultBytesPerS = 10e6;
+// TCP segments retransmitted, of those sent, from which a wait on remote input names the network.
+constexpr double kRetransShare = 0.01;
 // A cgroup throttled in at least this share of its quota periods holds back all its threads.
 constexpr double kThrottledMost = 0.5;
 
@@ -61,6 +63,20 @@ std::pair<uint32_t, double> top(const std::map<uint32_t, double>& by) {
   }
   return {best.first, total > 0 ? best.second / total : 0};
 }
+
+namespace {
+
+// Its time on a CPU in the kernel for itself: system time less the softirqs that ran on its CPU.
+// System time is sampled at ticks on most kernels, and a tick that lands in interrupt work counts
+// as the thread's: under a storm of packets (a tenth of its time in softirqs here) that sample
+// says far more than the softirqs measured (80% against 16% in a loopback flood), so it is not
+// read then.
+double kernel_time(const Breakdown& b) {
+  if (b.net_softirq >= 0.1 * b.on_cpu) return 0;
+  return std::max(0.0, b.sys - b.net_softirq);
+}
+
+}  // namespace
 
 void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence& e, uint64_t from, uint64_t to,
                    bool telemetry, std::vector<Finding>& out, const std::set<std::string>& have) {
@@ -229,8 +245,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
             : "";
     // Its time on a CPU in the kernel (system time) goes with what it did there: reading evicted
     // pages back, writing a checkpoint, receiving its input; what is left is a finding of its own.
-    // (Softirqs that ran on its CPU count as its system time where ticks sample it: told apart above.)
-    double kernel = std::max(0.0, b.sys - b.net_softirq);
+    double kernel = kernel_time(b);
     const double memory_kernel = memory ? std::exchange(kernel, 0.0) : 0;
     add("memory_pressure", "The thread that feeds the GPU is short of memory",
         b.reclaim + (memory ? b.io : 0) + memory_kernel,
@@ -276,20 +291,32 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
     const bool from_child = feeder && names.ppid.contains(feeder) && names.ppid.at(feeder) == pid;
     const bool relayed = feeder && b.relayed.contains(feeder) && b.relayed.at(feeder) * 2 >= outside.at(feeder);
     const double waits = b.fd + b.lock;
+    // A remote source over a lossy or congested path: TCP retransmits in its network namespace.
+    const Pressure& net = cg.tcp_retrans_share >= 0 ? cg : b.host_pressure;
+    const bool lossy = net.tcp_retrans_share >= kRetransShare;
+    const std::string tcp_note =
+        lossy ? fmt::format("; TCP retransmitted {} of the segments sent from {} ({:.0f} a second)",
+                            pct(net.tcp_retrans_share), net.cgroup.empty() ? "the host" : "its network namespace",
+                            net.tcp_retrans_per_s)
+              : "";
+    const std::string check_path =
+        lossy ? "; the retransmits point at the network path: check the NIC's and the switch's counters "
+                "(ethtool -S, drops and errors) and the link's load"
+              : "";
     if (feeder && feeder_of >= 0.5) {
       const double input_kernel = waits / b.window_ns >= kMinShare ? std::exchange(kernel, 0.0) : 0;
       add("input_wait", "The thread that feeds the GPU waits for its input", waits + input_kernel,
-          fmt::format("blocked on a pipe, socket or lock {} a step{} ({} of the step), woken mostly by {}{}{}{}{}",
+          fmt::format("blocked on a pipe, socket or lock {} a step{} ({} of the step), woken mostly by {}{}{}{}{}{}",
                       ms(waits / b.steps),
                       input_kernel > 0 ? fmt::format(", and on a CPU in the kernel {} a step", ms(input_kernel / b.steps))
                                        : "",
                       pct((waits + input_kernel) / b.window_ns), names.of(feeder),
                       from_child ? ", a child of the job (a data loader worker)" : "",
                       relayed ? ", through another of its threads (the DataLoader's pin-memory thread)" : "",
-                      most_in(b.fd_in), gpu_idle_note),
+                      most_in(b.fd_in), tcp_note, gpu_idle_note),
           from_child ? "Give the DataLoader more workers (num_workers), make __getitem__ cheaper, or prefetch more "
                        "(prefetch_factor)"
-                     : fmt::format("Make {} deliver faster, or read ahead of the step", names.of(feeder)),
+                     : fmt::format("Make {} deliver faster, or read ahead of the step{}", names.of(feeder), check_path),
           from_child ? "high" : "medium");
     } else {
       add("lock_wait", "The thread that feeds the GPU waits on a lock held by another of its threads", b.lock,
@@ -299,9 +326,10 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
           "Move preprocessing out of the training process (DataLoader worker processes), or release the GIL in it",
           "medium");
       add("input_wait", "The thread that feeds the GPU waits on a pipe or socket", b.fd,
-          fmt::format("blocked reading or polling {} a step ({} of the step){}{}", ms(b.fd / b.steps),
-                      pct(b.fd / b.window_ns), most_in(b.fd_in), gpu_idle_note),
-          "Read the input ahead of the step (more workers, prefetching, a local copy of remote data)", "medium");
+          fmt::format("blocked reading or polling {} a step ({} of the step){}{}{}", ms(b.fd / b.steps),
+                      pct(b.fd / b.window_ns), most_in(b.fd_in), tcp_note, gpu_idle_note),
+          "Read the input ahead of the step (more workers, prefetching, a local copy of remote data)" + check_path,
+          "medium");
     }
     add("sleep", "The thread that feeds the GPU sleeps", b.sleep,
         fmt::format("in nanosleep {} a step ({} of the step){}", ms(b.sleep / b.steps), pct(b.sleep / b.window_ns),
@@ -313,7 +341,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
         "Make fewer, larger system calls (read in bigger chunks, or map the file), and keep page faults out of the "
         "loop (allocate and touch buffers once); `perf trace -s -p PID` counts the calls",
         "medium");
-    sys_explained = std::max(0.0, b.sys - b.net_softirq);
+    sys_explained = kernel_time(b);
   }
   add("pageable_copies", "Copies between the GPU and pageable host memory", b.in_pageable_copy,
       fmt::format("{:.1f} copies a step from or to pageable memory ({:.1f} MB a step) took {} a step ({} of the "
@@ -333,7 +361,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
   // a full queue is the GPU's doing, not the host's).
   // Handed off, the work went on in another of its launching threads (autograd's backward pass):
   // that thread's running is the host's work too.
-  const double own_work = std::max(0.0, b.on_cpu - std::max(b.net_softirq, b.sys) - b.in_cuda) +
+  const double own_work = std::max(0.0, b.on_cpu - b.net_softirq - kernel_time(b) - b.in_cuda) +
                           std::min(b.in_launch, b.launches * kLaunchNs) + b.handoff;
   const double residual = std::min({std::max(0.0, idle - blocked / b.window_ns - b.in_pageable_copy / b.window_ns),
                                     own_work / b.window_ns, b.gpu_known ? b.host_late / b.window_ns : 1.0});
@@ -373,6 +401,77 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
               "Move the CPU work out of the loop: preprocessing into DataLoader workers, or onto the GPU; "
               "`record --cpu-profile 99` shows where it goes",
               "medium");
+}
+
+namespace {
+
+struct XidMeaning {
+  const char* what;
+  bool fatal;  // the GPU's hardware or firmware, not the program
+};
+
+// NVIDIA's XID catalogue, the reports seen most on data-centre GPUs.
+XidMeaning xid_meaning(uint32_t xid) {
+  switch (xid) {
+    case 13: return {"a graphics engine exception: a kernel faulted (an out-of-range access, an illegal instruction)", false};
+    case 31: return {"a GPU memory page fault: a kernel touched an address it does not own", false};
+    case 43: return {"the GPU stopped processing: a program's fault ended its work", false};
+    case 45: return {"preemptive clean-up: a process's GPU work was stopped (it was killed or faulted)", false};
+    case 48: return {"a double-bit ECC error: GPU memory returned corrupt data", true};
+    case 61: case 62: return {"an internal micro-controller error", true};
+    case 63: case 64: return {"ECC page retirement or row remapping (failed, for 64)", true};
+    case 68: return {"a video processor exception", false};
+    case 69: return {"a graphics engine class error", false};
+    case 74: return {"an NVLink error", true};
+    case 79: return {"the GPU has fallen off the bus: it no longer answers", true};
+    case 92: return {"a high single-bit ECC error rate", true};
+    case 94: return {"a contained ECC error: the process using the corrupt memory was ended", true};
+    case 95: return {"an uncontained ECC error: every process on the GPU is affected", true};
+    case 119: case 120: return {"the GPU's system processor (GSP) timed out or faulted", true};
+    default: return {"a driver error report", false};
+  }
+}
+
+}  // namespace
+
+std::optional<XidFinding> xid_finding(const std::vector<XidEvent>& xids, uint64_t first_step_ns, uint64_t last_step_ns,
+                                      uint64_t until_ns, uint64_t origin_ns) {
+  std::map<uint32_t, std::pair<size_t, uint64_t>> seen;  // xid -> count, first instant
+  uint64_t first = 0, last = 0;
+  for (const auto& x : xids) {
+    if (x.ts_ns < first_step_ns || x.ts_ns > until_ns) continue;
+    auto& [n, at] = seen[x.xid];
+    if (!n++) at = x.ts_ns;
+    if (!first) first = x.ts_ns;
+    last = x.ts_ns;
+  }
+  if (seen.empty()) return std::nullopt;
+  bool fatal = false;
+  std::string listed;
+  for (const auto& [xid, v] : seen) {
+    const auto m = xid_meaning(xid);
+    fatal = fatal || m.fatal;
+    listed += fmt::format("{}Xid {} ({}) {} time{}, first at {:.1f} s", listed.empty() ? "" : "; ", xid, m.what,
+                          v.first, v.first == 1 ? "" : "s", double(v.second - std::min(v.second, origin_ns)) / 1e9);
+  }
+  const double span = double(last_step_ns - first_step_ns);
+  const double after = first < last_step_ns ? double(last_step_ns - first) : 0;
+  XidFinding out;
+  out.fatal = fatal;
+  out.finding = {"gpu_error",
+                 fatal ? "The GPU reported a hardware fault" : "The GPU reported an error in the program's work",
+                 span > 0 ? std::max(kMinShare, after / span) : kMinShare,
+                 0,
+                 first - std::min(first, origin_ns),
+                 std::max(last, last_step_ns) - std::min(std::max(last, last_step_ns), origin_ns),
+                 "the driver reported " + listed,
+                 fatal ? "Take the GPU out of service and reset it (nvidia-smi -r, or reboot the node); if it comes back, "
+                         "report it to the operator or vendor (nvidia-bug-report.sh)"
+                       : "Find the faulting kernel: run the step under compute-sanitizer, or with CUDA_LAUNCH_BLOCKING=1 "
+                         "to see which launch fails",
+                 "high"};
+  out.finding.ms_per_step = 0;
+  return out;
 }
 
 }  // namespace gpuscope::diagnose

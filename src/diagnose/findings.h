@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -28,5 +29,16 @@ std::pair<uint32_t, double> top(const std::map<uint32_t, double>& by);
 // cause already in `out` or in `have` is not added again.
 void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence& e, uint64_t from, uint64_t to,
                    bool telemetry, std::vector<Finding>& out, const std::set<std::string>& have);
+
+// The driver's error reports (XIDs) about the process's GPU from the first step's start to
+// `until_ns` (its exit: the report that ended it counts), as one finding; its share is the part of
+// the steps' span after the first. A hardware fault (the GPU fallen off the bus, uncorrectable ECC,
+// NVLink, GSP) is `fatal`: ranked first, whatever its share.
+struct XidFinding {
+  Finding finding;
+  bool fatal = false;
+};
+std::optional<XidFinding> xid_finding(const std::vector<XidEvent>& xids, uint64_t first_step_ns, uint64_t last_step_ns,
+                                      uint64_t until_ns, uint64_t origin_ns);
 
 }  // namespace gpuscope::diagnose

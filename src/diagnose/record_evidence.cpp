@@ -58,6 +58,11 @@ void read_nvml(store::Db& db, uint32_t gpu, ProcessEvidence& e) {
     if (!q.is_null(4) && !q.is_null(5)) r.pcie_bytes_per_s = double(q.i64(4) + q.i64(5)) * 1024;
     e.gpu.push_back(r);
   }
+  if (db.has_table("gpu_events")) {
+    auto x = db.prepare("SELECT ts_ns, value FROM gpu_events WHERE gpu = ?1 AND kind = 'xid' ORDER BY ts_ns");
+    x.bind(1, int64_t(gpu));
+    while (x.step()) e.xids.push_back({uint64_t(x.i64(0)), x.is_null(1) ? 0u : uint32_t(x.i64(1))});
+  }
   if (!db.has_table("gpu_process_samples")) return;
   auto p = db.prepare("SELECT ts_ns, pid, sm_util FROM gpu_process_samples WHERE gpu = ?1 ORDER BY ts_ns, pid");
   p.bind(1, int64_t(gpu));
@@ -182,7 +187,8 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites) {
       auto q = db.prepare(std::string(
           "SELECT ts_ns, pid, coalesce(cgroup, ''), cpu_some_us, memory_some_us, memory_full_us, io_some_us, "
           "io_full_us, periods, throttled_periods, throttled_us, ") +
-          (db.has_column("pressure", "refault_file") ? "refault_file" : "NULL") +
+          (db.has_column("pressure", "refault_file") ? "refault_file" : "NULL") + ", " +
+          (db.has_column("pressure", "tcp_out_segs") ? "tcp_out_segs, tcp_retrans_segs" : "NULL, NULL") +
           " FROM pressure WHERE pid IN (0, ?1) ORDER BY ts_ns");
       q.bind(1, int64_t(pid));
       auto opt = [&](int i) { return q.is_null(i) ? std::optional<uint64_t>() : std::optional<uint64_t>(q.i64(i)); };
@@ -200,6 +206,8 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites) {
         r.throttled_periods = opt(9);
         r.throttled_us = opt(10);
         r.refault_file = opt(11);
+        r.tcp_out_segs = opt(12);
+        r.tcp_retrans_segs = opt(13);
         (r.pid ? e.cgroup_pressure : e.host_pressure).push_back(std::move(r));
       }
     }

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <tuple>
+#include <vector>
 
 #include "common/clock.h"
 
@@ -30,6 +32,11 @@ std::optional<uint64_t> stat_value(const std::optional<std::string>& text, std::
   while (lines >> k >> v)
     if (k == key) return v;
   return std::nullopt;
+}
+
+void read_tcp(const std::string& path, PressureReading& r) {
+  if (const auto text = slurp(path))
+    if (const auto segs = parse_tcp_segments(*text)) std::tie(r.tcp_out_segs, r.tcp_retrans_segs) = *segs;
 }
 
 void read_pressure(const std::string& path, std::optional<uint64_t>& some, std::optional<uint64_t>* full) {
@@ -58,6 +65,33 @@ std::pair<std::optional<uint64_t>, std::optional<uint64_t>> parse_pressure(const
     if (line.starts_with("full")) out.second = v;
   }
   return out;
+}
+
+std::optional<std::pair<uint64_t, uint64_t>> parse_tcp_segments(const std::string& text) {
+  // Two "Tcp:" lines: the names, then the values.
+  std::istringstream lines(text);
+  std::vector<std::string> names;
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.starts_with("Tcp:")) continue;
+    std::istringstream f(line.substr(4));
+    std::vector<std::string> words;
+    for (std::string w; f >> w;) words.push_back(w);
+    if (names.empty()) {
+      names = std::move(words);
+      continue;
+    }
+    std::optional<uint64_t> out, retrans;
+    for (size_t i = 0; i < names.size() && i < words.size(); ++i) {
+      if (names[i] != "OutSegs" && names[i] != "RetransSegs") continue;
+      try {
+        (names[i] == "OutSegs" ? out : retrans) = std::stoull(words[i]);
+      } catch (const std::exception&) {
+      }
+    }
+    if (out && retrans) return std::pair{*out, *retrans};
+    return std::nullopt;
+  }
+  return std::nullopt;
 }
 
 std::optional<std::pair<std::string, bool>> parse_cgroup(const std::string& text, bool unified) {
@@ -100,6 +134,7 @@ std::vector<PressureReading> PressureSampler::sample_once() {
   read_pressure("/proc/pressure/memory", h.memory_some_us, &h.memory_full_us);
   read_pressure("/proc/pressure/io", h.io_some_us, &h.io_full_us);
   h.refault_file = stat_value(slurp("/proc/vmstat"), "workingset_refault_file");
+  read_tcp("/proc/net/snmp", h);
   if (h.cpu_some_us || h.memory_some_us || h.io_some_us) out.push_back(h);
 
   std::vector<std::pair<pid_t, std::pair<std::string, bool>>> todo;
@@ -125,6 +160,7 @@ std::vector<PressureReading> PressureSampler::sample_once() {
     r.ts_ns = now;
     r.pid = uint32_t(pid);
     r.cgroup = path;
+    read_tcp(fmt::format("/proc/{}/net/snmp", pid), r);  // its network namespace's
     const std::string dir = v2 ? "/sys/fs/cgroup" + path : "";
     std::optional<std::string> stat;
     if (v2) {

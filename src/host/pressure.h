@@ -30,10 +30,15 @@ struct PressureReading {
   // /proc/vmstat or the cgroup's memory.stat), cumulative: the page cache is too small for what
   // the job reads again.
   std::optional<uint64_t> refault_file;
+  // TCP segments sent and retransmitted in the network namespace (/proc/PID/net/snmp; the host's
+  // for pid 0), cumulative: a lossy or congested path to a remote data source.
+  std::optional<uint64_t> tcp_out_segs, tcp_retrans_segs;
 };
 
 // A "some avg10=.. total=N\nfull ... total=M" file: the two totals (µs).
 std::pair<std::optional<uint64_t>, std::optional<uint64_t>> parse_pressure(const std::string& text);
+// /proc/net/snmp's text: TCP's OutSegs and RetransSegs.
+std::optional<std::pair<uint64_t, uint64_t>> parse_tcp_segments(const std::string& text);
 // The cgroup of a process, from /proc/PID/cgroup's text: its path and whether it is v2's. `unified`:
 // v2 is mounted at /sys/fs/cgroup (else v1's cpu controller is read, as on hosts that mount v2
 // beside v1 at /sys/fs/cgroup/unified).

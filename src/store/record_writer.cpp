@@ -189,7 +189,8 @@ void RecordWriter::prepare_statements() {
   insert_gpu_event_ = db_.prepare("INSERT INTO gpu_events(ts_ns, gpu, kind, value) VALUES(?1,?2,?3,?4)");
   insert_pressure_ = db_.prepare(
       "INSERT INTO pressure(ts_ns, pid, cgroup, cpu_some_us, memory_some_us, memory_full_us, io_some_us, io_full_us, "
-      "periods, throttled_periods, throttled_us, refault_file) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)");
+      "periods, throttled_periods, throttled_us, refault_file, tcp_out_segs, tcp_retrans_segs) "
+      "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)");
 }
 
 RecordWriter::RecordWriter(const std::string& path)
@@ -438,6 +439,8 @@ void RecordWriter::add_pressure(const host::PressureReading& r) {
     bind_optional(q, 10, r.throttled_periods);
     bind_optional(q, 11, r.throttled_us);
     bind_optional(q, 12, r.refault_file);
+    bind_optional(q, 13, r.tcp_out_segs);
+    bind_optional(q, 14, r.tcp_retrans_segs);
     q.run();
   });
 }

@@ -43,7 +43,8 @@ CREATE TABLE gpu_process_samples(ts_ns INTEGER NOT NULL, gpu INTEGER NOT NULL, p
                                  mem_util INTEGER, used_memory INTEGER);
 CREATE TABLE pressure(ts_ns INTEGER NOT NULL, pid INTEGER NOT NULL, cgroup TEXT, cpu_some_us INTEGER,
                       memory_some_us INTEGER, memory_full_us INTEGER, io_some_us INTEGER, io_full_us INTEGER,
-                      periods INTEGER, throttled_periods INTEGER, throttled_us INTEGER, refault_file INTEGER);
+                      periods INTEGER, throttled_periods INTEGER, throttled_us INTEGER, refault_file INTEGER,
+                      tcp_out_segs INTEGER, tcp_retrans_segs INTEGER);
 CREATE TABLE gpu_events(ts_ns INTEGER NOT NULL, gpu INTEGER NOT NULL, kind TEXT NOT NULL, value INTEGER);
 CREATE TABLE thread_times(pid INTEGER NOT NULL, tid INTEGER NOT NULL, start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL,
                           on_cpu_ns INTEGER, runnable_ns INTEGER, io_ns INTEGER, lock_ns INTEGER, fd_ns INTEGER,

@@ -469,3 +469,78 @@ TEST(DiagnoseFindings, KernelTimeGoesWithWhatItServed) {
   ASSERT_FALSE(c.empty());
   EXPECT_EQ(c.front(), "launch_bound");
 }
+
+TEST(DiagnoseFindings, RetransmitsOnTheWayToARemoteSourceAreInTheEvidence) {
+  // 4 ms a step blocked receiving from a remote server (woken from the network, by no process)
+  // while the job's network namespace retransmits 5% of its TCP segments.
+  CraftedRun r("retransmits");
+  r.steps(4);
+  for (uint64_t s = 0; s < 40; ++s) {
+    store::ThreadTimeRow row;
+    row.pid = row.tid = kPid;
+    row.start_ns = 1'000'000 + s * kStepNs;
+    row.end_ns = row.start_ns + kStepNs;
+    row.on_cpu_ns = kStepNs - 4'000'000;
+    row.fd_ns = row.blocked_ns = 4'000'000;
+    row.blocked_syscall = "recvfrom";
+    row.blocked_on = "tcp 10.0.0.7:41234 -> 10.0.0.9:5000";
+    row.state = "on_cpu";
+    r.w.add_thread_time(row);
+  }
+  for (uint64_t k = 0; k <= 5; ++k) {
+    host::PressureReading p;
+    p.ts_ns = k * 100'000'000;
+    p.pid = kPid;
+    p.cgroup = "/job";
+    p.tcp_out_segs = k * 2000;
+    p.tcp_retrans_segs = k * 100;
+    r.w.add_pressure(p);
+  }
+  r.w.finish();
+  store::RecordReader reader(r.path);
+  const auto d = diagnose::diagnose(reader);
+  std::filesystem::remove(r.path);
+  ASSERT_EQ(d.processes.size(), 1u);
+  const auto& f = d.processes[0].findings;
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f[0].cause, "input_wait");
+  EXPECT_NE(f[0].evidence.find("recvfrom (on tcp 10.0.0.7:41234 -> 10.0.0.9:5000)"), std::string::npos) << f[0].evidence;
+  EXPECT_NE(f[0].evidence.find("TCP retransmitted 5% of the segments sent from its network namespace (1000 a second)"),
+            std::string::npos)
+      << f[0].evidence;
+  EXPECT_NE(f[0].fix.find("network path"), std::string::npos) << f[0].fix;
+}
+
+namespace {
+
+// The GPU (busy 95%) reports `xid` at the 30th of the 40 steps.
+std::vector<diagnose::Finding> findings_with_xid(const std::string& name, uint32_t xid) {
+  CraftedRun r(name);
+  r.steps(4);
+  r.windows();
+  r.gpu(99);
+  gpu::NvmlSampler::Batch b;
+  b.events.push_back({1'000'000 + 30 * kStepNs, 0, "xid", xid});
+  r.w.add_gpu_batch(b);
+  r.w.finish();
+  store::RecordReader reader(r.path);
+  auto d = diagnose::diagnose(reader);
+  std::filesystem::remove(r.path);
+  return d.processes.empty() ? std::vector<diagnose::Finding>{} : d.processes[0].findings;
+}
+
+}  // namespace
+
+TEST(DiagnoseFindings, AGpuThatFellOffTheBusComesFirst) {
+  const auto f = findings_with_xid("xid79", 79);
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f[0].cause, "gpu_error");
+  EXPECT_EQ(f[0].title, "The GPU reported a hardware fault");
+  EXPECT_NE(f[0].evidence.find("Xid 79 (the GPU has fallen off the bus"), std::string::npos) << f[0].evidence;
+  EXPECT_NEAR(f[0].share, 9.0 / 39, 0.03);  // the steps after it
+  // A program's own fault is named too, with what to run to find the kernel.
+  const auto g = findings_with_xid("xid31", 31);
+  ASSERT_FALSE(g.empty());
+  EXPECT_EQ(g[0].cause, "gpu_error");
+  EXPECT_NE(g[0].fix.find("compute-sanitizer"), std::string::npos);
+}

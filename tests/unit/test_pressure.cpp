@@ -25,3 +25,16 @@ TEST(Pressure, TheCgroupOfAProcess) {
   EXPECT_EQ(host::parse_cgroup("0::/kubepods/pod1/c1\n", true), (std::pair<std::string, bool>{"/kubepods/pod1/c1", true}));
   EXPECT_FALSE(host::parse_cgroup("0::/x\n", false));
 }
+
+TEST(Pressure, TcpSegmentsSentAndRetransmitted) {
+  const std::string snmp =
+      "Ip: Forwarding DefaultTTL\nIp: 1 64\n"
+      "Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails EstabResets CurrEstab InSegs "
+      "OutSegs RetransSegs InErrs OutRsts InCsumErrors\n"
+      "Tcp: 1 200 120000 -1 705507 705087 369 656956 0 5061412 5059876 3 0 679048 0\n"
+      "Udp: InDatagrams NoPorts\nUdp: 1 2\n";
+  EXPECT_EQ(host::parse_tcp_segments(snmp), (std::pair<uint64_t, uint64_t>{5059876, 3}));
+  EXPECT_FALSE(host::parse_tcp_segments("Tcp: OutSegs\n"));
+  EXPECT_FALSE(host::parse_tcp_segments("Tcp: OutSegs RetransSegs\nTcp: x 1\n"));
+  EXPECT_FALSE(host::parse_tcp_segments(""));
+}

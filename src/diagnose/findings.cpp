@@ -246,6 +246,9 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
     // Its time on a CPU in the kernel (system time) goes with what it did there: reading evicted
     // pages back, writing a checkpoint, receiving its input; what is left is a finding of its own.
     double kernel = kernel_time(b);
+    auto in_kernel = [&](double ns) {
+      return ns > 0 ? fmt::format(", and on a CPU in the kernel {} a step", ms(ns / b.steps)) : std::string();
+    };
     const double memory_kernel = memory ? std::exchange(kernel, 0.0) : 0;
     add("memory_pressure", "The thread that feeds the GPU is short of memory",
         b.reclaim + (memory ? b.io : 0) + memory_kernel,
@@ -253,8 +256,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
                     "step together): its cgroup is at its memory limit or the host is short of memory, and pages "
                     "it needs are evicted and read back{}{}",
                     ms(b.reclaim / b.steps), ms(b.io / b.steps),
-                    memory_kernel > 0 ? fmt::format(" and on a CPU in the kernel {} a step", ms(memory_kernel / b.steps))
-                                      : "",
+                    in_kernel(memory_kernel),
                     pct((b.reclaim + b.io + memory_kernel) / b.window_ns),
                     refaults >= kRefaultBytesPerS
                         ? fmt::format("; {} read back {:.0f} MB/s of file pages it had evicted (workingset refaults)",
@@ -270,7 +272,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
     add("io_wait", "The thread that feeds the GPU waits for disk I/O", b.io + io_kernel,
         fmt::format("blocked in uninterruptible I/O {} a step{} ({} of the step){}{}{}",
                     ms(b.io / b.steps),
-                    io_kernel > 0 ? fmt::format(", and on a CPU in the kernel {} a step", ms(io_kernel / b.steps)) : "",
+                    in_kernel(io_kernel),
                     pct((b.io + io_kernel) / b.window_ns),
                     b.io_in.empty() || most_in(b.io_in).empty()
                         ? ", e.g. writing and fsyncing a checkpoint, or reading data from disk"
@@ -308,8 +310,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
       add("input_wait", "The thread that feeds the GPU waits for its input", waits + input_kernel,
           fmt::format("blocked on a pipe, socket or lock {} a step{} ({} of the step), woken mostly by {}{}{}{}{}{}",
                       ms(waits / b.steps),
-                      input_kernel > 0 ? fmt::format(", and on a CPU in the kernel {} a step", ms(input_kernel / b.steps))
-                                       : "",
+                      in_kernel(input_kernel),
                       pct((waits + input_kernel) / b.window_ns), names.of(feeder),
                       from_child ? ", a child of the job (a data loader worker)" : "",
                       relayed ? ", through another of its threads (the DataLoader's pin-memory thread)" : "",

@@ -74,6 +74,30 @@ struct CraftedRun {
       w.add_thread_time(r);
     }
   }
+  // A window a step of the main thread, on a CPU unless `fill` says otherwise.
+  void windows_where(const std::function<void(store::ThreadTimeRow&)>& fill) {
+    for (uint64_t s = 0; s < 40; ++s) {
+      store::ThreadTimeRow r;
+      r.pid = r.tid = kPid;
+      r.start_ns = 1'000'000 + s * kStepNs;
+      r.end_ns = r.start_ns + kStepNs;
+      r.on_cpu_ns = kStepNs;
+      r.state = "on_cpu";
+      fill(r);
+      w.add_thread_time(r);
+    }
+  }
+  // Readings of the job's cgroup (/job) every 100 ms over the steps; `fill` sets the k-th's counters.
+  void cgroup_readings(const std::function<void(host::PressureReading&, uint64_t k)>& fill) {
+    for (uint64_t k = 0; k <= 5; ++k) {
+      host::PressureReading p;
+      p.ts_ns = k * 100'000'000;
+      p.pid = kPid;
+      p.cgroup = "/job";
+      fill(p, k);
+      w.add_pressure(p);
+    }
+  }
   // NVML: a reading of the GPU a step, busy `util` (0..100); per-process readings each 10th step.
   void gpu(uint32_t util, std::vector<std::pair<uint32_t, uint32_t>> sm = {}, uint32_t pcie_kbs = 0,
            uint32_t clock_mhz = 1980, uint64_t throttle = 0) {
@@ -330,27 +354,15 @@ namespace {
 std::vector<std::string> causes_of_reads(const std::string& name, uint64_t refault_mb_per_s) {
   CraftedRun r(name);
   r.steps(4);
-  for (uint64_t s = 0; s < 40; ++s) {
-    store::ThreadTimeRow row;
-    row.pid = row.tid = kPid;
-    row.start_ns = 1'000'000 + s * kStepNs;
-    row.end_ns = row.start_ns + kStepNs;
+  r.windows_where([](store::ThreadTimeRow& row) {
     row.on_cpu_ns = kStepNs - 3'000'000;
     row.io_ns = row.blocked_ns = 3'000'000;
     row.blocked_syscall = "pread64";
-    row.state = "on_cpu";
-    r.w.add_thread_time(row);
-  }
-  // Readings every 100 ms over the 400 ms of steps.
-  for (uint64_t k = 0; k <= 5; ++k) {
-    host::PressureReading p;
-    p.ts_ns = k * 100'000'000;
-    p.pid = kPid;
-    p.cgroup = "/job";
+  });
+  r.cgroup_readings([&](host::PressureReading& p, uint64_t k) {
     p.memory_some_us = p.memory_full_us = 0;
     p.refault_file = k * refault_mb_per_s * 1'000'000 / 4096 / 10;
-    r.w.add_pressure(p);
-  }
+  });
   return causes_of(r);
 }
 
@@ -393,30 +405,19 @@ TEST(DiagnoseFindings, UnderAQuotaThrottledMostPeriodsWaitsForItsOwnThreadsAreTh
   // the cgroup was throttled in 90% of its periods: its other threads were held back as well.
   CraftedRun r("quota_locks");
   r.steps(4);
-  for (uint64_t s = 0; s < 40; ++s) {
-    store::ThreadTimeRow row;
-    row.pid = row.tid = kPid;
-    row.start_ns = 1'000'000 + s * kStepNs;
-    row.end_ns = row.start_ns + kStepNs;
+  r.windows_where([](store::ThreadTimeRow& row) {
     row.on_cpu_ns = 5'000'000;
     row.lock_ns = row.blocked_ns = 3'000'000;
     row.waker_tid = kHelper;
     row.waker_pid = kPid;
     row.runnable_ns = row.waited_ns = 2'000'000;
     row.waited_for_tid = row.waited_for_pid = 0;  // the idle task: its CPU had gone idle
-    row.state = "on_cpu";
-    r.w.add_thread_time(row);
-  }
-  for (uint64_t k = 0; k <= 5; ++k) {
-    host::PressureReading p;
-    p.ts_ns = k * 100'000'000;
-    p.pid = kPid;
-    p.cgroup = "/job";
+  });
+  r.cgroup_readings([](host::PressureReading& p, uint64_t k) {
     p.periods = k * 100;
     p.throttled_periods = k * 90;
     p.throttled_us = k * 50'000;
-    r.w.add_pressure(p);
-  }
+  });
   EXPECT_EQ(causes_of(r), std::vector<std::string>{"cpu_throttling"});
 }
 
@@ -428,26 +429,15 @@ std::vector<std::string> causes_with_kernel_time(const std::string& name, uint64
                                                  uint64_t refault_mb_per_s) {
   CraftedRun r(name);
   r.steps(100);
-  for (uint64_t s = 0; s < 40; ++s) {
-    store::ThreadTimeRow row;
-    row.pid = row.tid = kPid;
-    row.start_ns = 1'000'000 + s * kStepNs;
-    row.end_ns = row.start_ns + kStepNs;
+  r.windows_where([&](store::ThreadTimeRow& row) {
     row.on_cpu_ns = kStepNs - io_ns;
     row.sys_ns = sys_ns;
     row.io_ns = row.blocked_ns = io_ns;
     if (io_ns) row.blocked_syscall = "pread64";
-    row.state = "on_cpu";
-    r.w.add_thread_time(row);
-  }
-  for (uint64_t k = 0; k <= 5; ++k) {
-    host::PressureReading p;
-    p.ts_ns = k * 100'000'000;
-    p.pid = kPid;
-    p.cgroup = "/job";
+  });
+  r.cgroup_readings([&](host::PressureReading& p, uint64_t k) {
     p.refault_file = k * refault_mb_per_s * 1'000'000 / 4096 / 10;
-    r.w.add_pressure(p);
-  }
+  });
   r.gpu(40);
   return causes_of(r);
 }
@@ -475,27 +465,16 @@ TEST(DiagnoseFindings, RetransmitsOnTheWayToARemoteSourceAreInTheEvidence) {
   // while the job's network namespace retransmits 5% of its TCP segments.
   CraftedRun r("retransmits");
   r.steps(4);
-  for (uint64_t s = 0; s < 40; ++s) {
-    store::ThreadTimeRow row;
-    row.pid = row.tid = kPid;
-    row.start_ns = 1'000'000 + s * kStepNs;
-    row.end_ns = row.start_ns + kStepNs;
+  r.windows_where([](store::ThreadTimeRow& row) {
     row.on_cpu_ns = kStepNs - 4'000'000;
     row.fd_ns = row.blocked_ns = 4'000'000;
     row.blocked_syscall = "recvfrom";
     row.blocked_on = "tcp 10.0.0.7:41234 -> 10.0.0.9:5000";
-    row.state = "on_cpu";
-    r.w.add_thread_time(row);
-  }
-  for (uint64_t k = 0; k <= 5; ++k) {
-    host::PressureReading p;
-    p.ts_ns = k * 100'000'000;
-    p.pid = kPid;
-    p.cgroup = "/job";
+  });
+  r.cgroup_readings([](host::PressureReading& p, uint64_t k) {
     p.tcp_out_segs = k * 2000;
     p.tcp_retrans_segs = k * 100;
-    r.w.add_pressure(p);
-  }
+  });
   r.w.finish();
   store::RecordReader reader(r.path);
   const auto d = diagnose::diagnose(reader);

@@ -91,7 +91,7 @@ std::string render_text(const json& doc) {
     if (const auto& b = p.at("breakdown"); !b.is_null()) {
       const auto& t = b.at("feeding_thread_ms");
       out += fmt::format(
-          "A step of the thread that feeds the GPU (tid {}): on a CPU {:.1f} ms ({:.1f} of it in the kernel), waiting for "
+          "A step of the thread that feeds the GPU (tid {}): on a CPU {:.1f} ms ({:.1f} of it system time), waiting for "
           "a CPU {:.1f}, I/O {:.1f}, "
           "lock {:.1f}, pipe/socket {:.1f}, sleep {:.1f}, for its other CUDA threads {:.1f}, other {:.1f}, not seen "
           "{:.1f}; in CUDA calls {:.1f} ms (syncs {:.1f}, copies {:.1f})\n",

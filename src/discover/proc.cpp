@@ -9,15 +9,12 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "common/files.h"
+
 namespace gpuscope::discover {
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_file(const std::string& path) { return read_text_file(path).value_or(""); }
 
 std::string base_name(const std::string& path) {
   auto slash = path.rfind('/');

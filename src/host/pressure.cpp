@@ -4,24 +4,16 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <set>
 #include <sstream>
 #include <tuple>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/files.h"
 
 namespace gpuscope::host {
 namespace {
-
-std::optional<std::string> slurp(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // The value of `key` in a "key value" per line file (memory.stat, /proc/vmstat).
 std::optional<uint64_t> stat_value(const std::optional<std::string>& text, std::string_view key) {
@@ -35,12 +27,12 @@ std::optional<uint64_t> stat_value(const std::optional<std::string>& text, std::
 }
 
 void read_tcp(const std::string& path, PressureReading& r) {
-  if (const auto text = slurp(path))
+  if (const auto text = read_text_file(path))
     if (const auto segs = parse_tcp_segments(*text)) std::tie(r.tcp_out_segs, r.tcp_retrans_segs) = *segs;
 }
 
 void read_pressure(const std::string& path, std::optional<uint64_t>& some, std::optional<uint64_t>* full) {
-  const auto text = slurp(path);
+  const auto text = read_text_file(path);
   if (!text) return;
   auto [s, f] = parse_pressure(*text);
   some = s;
@@ -113,7 +105,7 @@ std::optional<std::pair<std::string, bool>> parse_cgroup(const std::string& text
   return v1;
 }
 
-bool PressureSampler::available() { return slurp("/proc/pressure/cpu").has_value(); }
+bool PressureSampler::available() { return read_text_file("/proc/pressure/cpu").has_value(); }
 
 void PressureSampler::watch(pid_t pid, bool on) {
   std::lock_guard lock(mu_);
@@ -133,7 +125,7 @@ std::vector<PressureReading> PressureSampler::sample_once() {
   read_pressure("/proc/pressure/cpu", h.cpu_some_us, nullptr);
   read_pressure("/proc/pressure/memory", h.memory_some_us, &h.memory_full_us);
   read_pressure("/proc/pressure/io", h.io_some_us, &h.io_full_us);
-  h.refault_file = stat_value(slurp("/proc/vmstat"), "workingset_refault_file");
+  h.refault_file = stat_value(read_text_file("/proc/vmstat"), "workingset_refault_file");
   read_tcp("/proc/net/snmp", h);
   if (h.cpu_some_us || h.memory_some_us || h.io_some_us) out.push_back(h);
 
@@ -143,8 +135,8 @@ std::vector<PressureReading> PressureSampler::sample_once() {
     for (pid_t pid : pids_) {
       auto it = cgroups_.find(pid);
       if (it == cgroups_.end()) {
-        const auto text = slurp(fmt::format("/proc/{}/cgroup", pid));
-        static const bool unified = slurp("/sys/fs/cgroup/cgroup.controllers").has_value();
+        const auto text = read_text_file(fmt::format("/proc/{}/cgroup", pid));
+        static const bool unified = read_text_file("/sys/fs/cgroup/cgroup.controllers").has_value();
         const auto cg = text ? parse_cgroup(*text, unified) : std::nullopt;
         if (!cg) continue;
         it = cgroups_.emplace(pid, *cg).first;
@@ -167,12 +159,13 @@ std::vector<PressureReading> PressureSampler::sample_once() {
       read_pressure(dir + "/cpu.pressure", r.cpu_some_us, nullptr);
       read_pressure(dir + "/memory.pressure", r.memory_some_us, &r.memory_full_us);
       read_pressure(dir + "/io.pressure", r.io_some_us, &r.io_full_us);
-      stat = slurp(dir + "/cpu.stat");
-      r.refault_file = stat_value(slurp(dir + "/memory.stat"), "workingset_refault_file");
+      stat = read_text_file(dir + "/cpu.stat");
+      r.refault_file = stat_value(read_text_file(dir + "/memory.stat"), "workingset_refault_file");
     } else {
-      r.refault_file = stat_value(slurp("/sys/fs/cgroup/memory" + path + "/memory.stat"), "workingset_refault_file");
+      r.refault_file =
+          stat_value(read_text_file("/sys/fs/cgroup/memory" + path + "/memory.stat"), "workingset_refault_file");
       for (const char* mount : {"/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"})
-        if ((stat = slurp(mount + path + "/cpu.stat"))) break;
+        if ((stat = read_text_file(mount + path + "/cpu.stat"))) break;
     }
     if (stat) {
       std::istringstream lines(*stat);

@@ -105,9 +105,10 @@ struct {
 	__type(value, __u8);
 } stopped_held SEC(".maps");
 
-/* Element 0: 1 while a guardian runs and gpuscope lives; until then (or without one) nothing is
- * stopped. A map, not a global: the guardian holds it too, and sets it to 0 when gpuscope dies,
- * since the programs stay attached until the kernel has released gpuscope's links (seconds). */
+/* Element 0: 1 while a guardian watches gpuscope; before (or without one) nothing is stopped.
+ * The guardian alone sets it: to 1 once it watches, to 0 when gpuscope ends, since a dead
+ * gpuscope's programs stay attached until the kernel has released its links. A map, not a
+ * global, so that the guardian can hold it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);

@@ -842,9 +842,18 @@ int BpfSession::stopped_held_fd() const { return bpf_map__fd(skel_->maps.stopped
 
 int BpfSession::stop_guard_fd() const { return bpf_map__fd(skel_->maps.stop_guard); }
 
-void BpfSession::set_stops_guarded(bool guarded) {
-  const uint32_t key = 0, value = guarded;
-  bpf_map_update_elem(stop_guard_fd(), &key, &value, BPF_ANY);
+uint32_t BpfSession::stopping_program_id() const {
+  bpf_prog_info info{};
+  uint32_t len = sizeof(info);
+  if (bpf_obj_get_info_by_fd(bpf_program__fd(skel_->progs.on_close), &info, &len) != 0)
+    throw Error("cannot read the id of the program that stops processes: {}", strerror(errno));
+  return info.id;
+}
+
+bool BpfSession::stops_guarded() const {
+  const uint32_t key = 0;
+  uint32_t value = 0;
+  return bpf_map_lookup_elem(stop_guard_fd(), &key, &value) == 0 && value;
 }
 
 void BpfSession::release_stopped(pid_t pid) {

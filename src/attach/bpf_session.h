@@ -146,11 +146,12 @@ class BpfSession {
   // Empties the map of Python stacks sent: each is sent again when next walked.
   void forget_python_stacks();
   // Processes the BPF side stops at a CUDA library's load (stop_guardian.h): the map a guardian
-  // holds with stop_guard_fd(); set_stops_guarded(true) once it runs; a process continued is
-  // taken off the map.
+  // holds with stop_guard_fd(), which it turns on once it watches; a process continued is taken
+  // off the map.
   int stopped_held_fd() const;
   int stop_guard_fd() const;  // whether processes may be stopped (see bpf: stop_guard)
-  void set_stops_guarded(bool guarded);
+  uint32_t stopping_program_id() const;  // the kernel's id of the program that stops them
+  bool stops_guarded() const;
   void release_stopped(pid_t pid);
   // Tells the BPF side not to stop processes again for this file (see bpf: checked_files).
   void mark_checked(uint64_t dev, uint64_t ino);

@@ -131,10 +131,16 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   // Processes are stopped at their CUDA library's load only with a guardian to continue them if
   // gpuscope dies holding one.
   try {
-    guardian_ = std::make_unique<attach::StopGuardian>(bpf_->stopped_held_fd(), bpf_->stop_guard_fd());
+    guardian_ = std::make_unique<attach::StopGuardian>(bpf_->stopped_held_fd(), bpf_->stop_guard_fd(),
+                                                       bpf_->stopping_program_id());
     stopped_.set_session(bpf_.get());
-    bpf_->set_stops_guarded(true);
+    // The guardian allows stops once it watches (a few ms): the command starts after that, so
+    // that its CUDA library's load is held like any later one.
+    const uint64_t until = monotonic_ns() + 2'000'000'000;
+    while (!bpf_->stops_guarded() && monotonic_ns() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!bpf_->stops_guarded()) throw Error("the stop guardian did not start within 2 s");
   } catch (const Error& e) {
+    guardian_.reset();
     log_warn("{}: processes are not stopped at their CUDA library's load, so their first CUDA calls may run before "
              "the probes are in place",
              e.what());
@@ -198,6 +204,10 @@ void Tracer::stop() {
     pipeline_->end_batch();
     handle_control();
   }
+  // Stops left in the ring of a tracer that never consumed are still listed: the guardian's
+  // last round continues them.
+  bpf_->stop_stopping_processes();
+  if (guardian_) guardian_->ended_in_order();
   if (nvml_) nvml_->stop();
   pressure_.stop();
   pipeline_->stop();
@@ -397,10 +407,21 @@ void Tracer::handle_control() {
 
 void Tracer::tick(bool control_readable) {
   if (control_readable) handle_control();
+  check_guardian();
   for (auto [pid, ts_ns] : control_->take_exits()) lifetime_.exited(static_cast<uint32_t>(pid), ts_ns);
   update_unwind_tables();
   adjust_stack_rates();
   drop_redundant_runtime_probes();
+}
+
+void Tracer::check_guardian() {
+  if (!guardian_ || guardian_->alive()) return;
+  // Killed on its own: were gpuscope to die too, nothing would continue a process it held. Stops
+  // end here; those made already are answered as usual.
+  bpf_->stop_stopping_processes();
+  guardian_.reset();
+  log_warn("the stop guardian is gone (killed?): processes are no longer stopped at their CUDA library's load, so "
+           "their first CUDA calls may run before the probes are in place");
 }
 
 void Tracer::update_unwind_tables() {

@@ -155,6 +155,7 @@ class Tracer {
   // tick's chores. Answers the BPF walker's requests for tables (a process walking through code
   // its tables lack, such as a library mapped after they were made) and lets go of exited
   // processes' tables.
+  void check_guardian();
   void update_unwind_tables();
   // With a stack budget: sets each process's N from what its walks cost (record/stack_budget.h)
   // and lets go of exited processes'.

@@ -54,7 +54,7 @@ def test_a_process_stopped_at_its_library_load_is_continued_when_gpuscope_is_kil
             if "recording every process" in line:
                 break
         kids = children(rec.pid)
-        guards = [p for p, comm in kids.items() if comm == "gpuscope-guard"]
+        guards = [p for p, comm in kids.items() if comm == "gs-guardian"]
         assert len(guards) == 1, kids
         os.kill(rec.pid, signal.SIGSTOP)
         target = subprocess.Popen([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1]); print('loaded')",
@@ -73,11 +73,43 @@ def test_a_process_stopped_at_its_library_load_is_continued_when_gpuscope_is_kil
                 p.wait()
 
 
+def test_a_guardian_killed_alone_ends_the_stops(tmp_path):
+    # The guardian killed while gpuscope lives (an operator, the OOM killer): were gpuscope to die
+    # next, nothing would continue a process it held. gpuscope says so and stops no process from
+    # then on: with gpuscope frozen, a process loading the CUDA library runs to its end.
+    rec = subprocess.Popen([str(GPUSCOPE), "record", "--all", "-o", str(tmp_path / "r.gpuscope"), "--duration", "60"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in rec.stderr:
+            if "recording every process" in line:
+                break
+        guards = [p for p, comm in children(rec.pid).items() if comm == "gs-guardian"]
+        assert len(guards) == 1
+        os.kill(guards[0], signal.SIGKILL)
+        for line in rec.stderr:
+            if "stop guardian is gone" in line:
+                break
+        else:
+            raise AssertionError("gpuscope did not say that its guardian was gone")
+        os.kill(rec.pid, signal.SIGSTOP)
+        loader = subprocess.run([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1]); print('loaded')",
+                                 str(CUDART)], capture_output=True, text=True, timeout=20)
+        assert loader.stdout == "loaded\n", loader
+        os.kill(rec.pid, signal.SIGCONT)
+        rec.terminate()
+        assert rec.wait(timeout=30) == 0
+    finally:
+        if rec.poll() is None:
+            os.kill(rec.pid, signal.SIGCONT)
+            rec.kill()
+            rec.wait()
+
+
 def test_no_guardian_outlives_a_recording(record):
     # A normal end: the guardian exits with gpuscope (its pipe's end), leaving nothing behind.
     rec = record("--", "sleep", "0.2")
     assert rec.returncode == 0, rec.stderr
-    left = subprocess.run(["pgrep", "-x", "gpuscope-guard"], capture_output=True, text=True).stdout.split()
+    left = subprocess.run(["pgrep", "-x", "gs-guardian"], capture_output=True, text=True).stdout.split()
     assert not left, left
 
 
@@ -258,7 +290,7 @@ def guards():
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/comm") as f:
-                if f.read().strip() == "gpuscope-guard" and state(int(entry)) != "Z":
+                if f.read().strip() == "gs-guardian" and state(int(entry)) != "Z":
                     out.append(int(entry))
         except (OSError, ValueError):
             pass

@@ -35,7 +35,7 @@ static unsigned int first_child(void)
 			if (!fgets(comm, sizeof(comm), c)) comm[0] = 0;
 			fclose(c);
 		}
-		if (strncmp(comm, "gpuscope-guard", 14) != 0) return pid;
+		if (strncmp(comm, "gs-guardian", 11) != 0) return pid;
 	}
 	return 0;
 }

@@ -160,7 +160,7 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
   }
   std::vector<Current> found;
   for (const auto& e : evidence) {
-    const auto d = diagnose::analyze(e, names, true, 0);
+    const auto d = diagnose::analyze(e, names, true, 0, diagnose::SlowSteps::RankedAmongThemselves);
     if (d.step_ms.empty() || !d.steps.count()) continue;  // no loop seen in the window
     Current c;
     c.pid = e.pid;

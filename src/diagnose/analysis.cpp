@@ -195,7 +195,8 @@ std::string ProcessNames::of(uint32_t pid) const {
   return it == comm.end() || it->second.empty() ? fmt::format("pid {}", pid) : fmt::format("{} (pid {})", it->second, pid);
 }
 
-ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bool telemetry, uint64_t origin_ns) {
+ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bool telemetry, uint64_t origin_ns,
+                         SlowSteps slow_ranking) {
   ProcessDiagnosis p;
   p.pid = e.pid;
   p.comm = e.comm;
@@ -304,7 +305,10 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
       if (handoff) {
         // While it waited, the thread it handed the work to (autograd's) ran it, or was itself held
         // up: by a CPU, the GIL, I/O. The wait takes on those shares; its running stays a handoff.
-        const double waited = (g.lock + g.fd) * f;
+        // Only its lock waits were for that thread: its reads and polls in the same window (a socket
+        // its input comes through) are waits for input, whoever ended its longest wait.
+        const double waited = g.lock * f;
+        b.fd += g.fd * f;
         const auto pt = partners.find(g.waker_tid);
         const Composition c = pt == partners.end()
                                   ? Composition{}
@@ -457,11 +461,23 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
   auto since_origin = [&](uint64_t t) { return t - std::min(t, origin_ns); };
   const uint64_t from = since_origin(starts.front()), to = since_origin(starts.back());
   findings_from(p.all, names, e, from, to, telemetry, p.findings, {});
-  // Causes of the slow steps alone (a hog that came for a while), in their window.
-  if (p.slow_steps >= 2) {
+  // Causes of the slow steps alone (a hog that came for a while), in their window (see SlowSteps).
+  if (p.slow_steps >= 2 && p.all.window_ns > 0) {
     std::set<std::string> have;
     for (const auto& f : p.findings) have.insert(f.cause);
-    findings_from(p.slow, names, e, since_origin(slow_from), since_origin(slow_to), telemetry, p.findings, have);
+    std::vector<Finding> slow;
+    findings_from(p.slow, names, e, since_origin(slow_from), since_origin(slow_to), telemetry, slow, have);
+    const double weight = p.slow.window_ns / p.all.window_ns;
+    const double all_step_ms = p.all.window_ns / p.all.steps / 1e6;
+    for (auto& f : slow) {
+      if (slow_ranking == SlowSteps::RankedOverAll) {
+        f.evidence = fmt::format("in the {} slow steps ({} of the time), {} of their time: {}", p.slow_steps,
+                                 pct(weight), pct(f.share), f.evidence);
+        f.share *= weight;
+        f.ms_per_step = f.share * all_step_ms;
+      }
+      p.findings.push_back(std::move(f));
+    }
   }
   // Until its exit, where the record has it (the report that ended it counts).
   const uint64_t until = e.until_ns > starts.back() ? e.until_ns : UINT64_MAX;
@@ -471,10 +487,12 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
                    [](const Finding& a, const Finding& b) { return a.share > b.share; });
   if (xid && xid->fatal)  // a GPU that failed comes before any slowness
     std::stable_partition(p.findings.begin(), p.findings.end(), [](const Finding& f) { return f.cause == "gpu_error"; });
-  if (p.findings.empty()) {
+  // Causes of a few slow steps that explain little of the whole come after the answer that no
+  // cause explains much.
+  if (std::none_of(p.findings.begin(), p.findings.end(), [](const Finding& f) { return f.share >= kMinShare; })) {
     const double busy = p.all.busy_share();
-    p.findings.push_back(
-        {"none", "No problem found", 0, 0, from, to,
+    p.findings.insert(p.findings.begin(), Finding{
+        "none", "No problem found", 0, 0, from, to,
          busy >= 0 ? fmt::format("no cause explains {} of a step or more; the GPU was busy {} of the steps{}",
                                  pct(kMinShare), pct(busy),
                                  busy >= 0.9 ? ": the job is bound by the GPU's work (faster kernels, mixed "

@@ -166,10 +166,15 @@ struct ProcessNames {
   std::string of(uint32_t pid) const;
 };
 
+// How the causes of the slow steps alone rank against the rest: by the time they explain over all
+// the steps (a record: the question is what slowed the job), or by their share of the slow steps
+// (the agent's recent window: what slows it now, before the slow steps fill the window).
+enum class SlowSteps { RankedOverAll, RankedAmongThemselves };
+
 // One process's diagnosis; `origin_ns`: instants are given from it. Its step count is 0 when the
 // evidence holds no CUDA call.
 ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bool host_telemetry,
-                         uint64_t origin_ns);
+                         uint64_t origin_ns, SlowSteps slow_ranking = SlowSteps::RankedOverAll);
 
 struct Diagnosis {
   bool host_telemetry = false;

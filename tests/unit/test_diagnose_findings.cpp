@@ -176,6 +176,28 @@ TEST(DiagnoseFindings, AHandoffToAThreadHeldByTheGilIsLockWait) {
   EXPECT_EQ(causes_with_waits("handoff_turns", kAutograd, kPid), std::vector<std::string>{"none"});
 }
 
+TEST(DiagnoseFindings, ASocketWaitBesideAHandoffIsInputWait) {
+  // The main thread waits 5 ms a step for autograd's thread (the backward pass) and 3 ms on the
+  // socket its input comes through, in the same windows: the longer wait, autograd's, names each
+  // window's waker; the socket's 3 ms are still a wait for input.
+  CraftedRun r("handoff_and_socket");
+  for (uint64_t s = 0; s < 40; ++s) {
+    const uint64_t t = 1'000'000 + s * kStepNs;
+    r.call("cudaMemcpyAsync", kPid, t, 0);
+    r.call("cudaLaunchKernel", kPid, t + 100'000, 0, 0xa0);
+    r.call("cudaLaunchKernel", kAutograd, t + 6'000'000, 0, 0xb0);
+  }
+  r.windows_where([](store::ThreadTimeRow& w) {
+    w.lock_ns = 5'000'000;
+    w.fd_ns = 3'000'000;
+    w.blocked_ns = w.lock_ns + w.fd_ns;
+    w.on_cpu_ns = kStepNs - w.blocked_ns;
+    w.waker_tid = kAutograd;
+    w.waker_pid = kPid;
+  });
+  EXPECT_EQ(causes_of(r), std::vector<std::string>{"input_wait"});
+}
+
 TEST(DiagnoseFindings, WaitingForAThreadThatMakesNoCudaCallIsLockWait) {
   // A preprocessing thread holding the GIL.
   EXPECT_EQ(causes_with_waits("lock", kHelper), std::vector<std::string>{"lock_wait"});
@@ -522,4 +544,44 @@ TEST(DiagnoseFindings, AGpuThatFellOffTheBusComesFirst) {
   ASSERT_FALSE(g.empty());
   EXPECT_EQ(g[0].cause, "gpu_error");
   EXPECT_NE(g[0].fix.find("compute-sanitizer"), std::string::npos);
+}
+
+TEST(DiagnoseFindings, ACauseOfAFewSlowStepsRanksByTheTimeItExplainsOverAll) {
+  // 40 steps of 10 ms, each blocked 3 ms on a lock another thread of the job ends (29% of the
+  // run); two of them 16 ms, asleep 6 ms more: over a third of those two, 3% of the run. The lock explains
+  // more of the job's time and comes first; the sleep is still told, with its share of the slow
+  // steps.
+  CraftedRun r("slow_steps");
+  uint64_t t = 1'000'000;
+  for (uint64_t s = 0; s < 40; ++s) {
+    const bool slow = s == 12 || s == 27;
+    const uint64_t len = slow ? 16'000'000 : kStepNs, sleep = slow ? 6'000'000 : 0;
+    r.call("cudaMemcpyAsync", kPid, t, 10'000, 0, 4 << 20);
+    for (int k = 0; k < 3; ++k) r.call("cudaLaunchKernel", kPid, t + 50'000 + k * 20'000, 5'000, 0x1000 + k);
+    store::ThreadTimeRow w;
+    w.pid = w.tid = kPid;
+    w.start_ns = t;
+    w.end_ns = t + len;
+    w.lock_ns = 3'000'000;
+    w.sleep_ns = sleep;
+    w.blocked_ns = w.lock_ns + sleep;
+    w.on_cpu_ns = len - w.blocked_ns;
+    w.waker_tid = kHelper;
+    w.waker_pid = kPid;
+    w.state = "on_cpu";
+    r.w.add_thread_time(w);
+    t += len;
+  }
+  r.w.finish();
+  store::RecordReader reader(r.path);
+  const auto d = diagnose::diagnose(reader);
+  std::filesystem::remove(r.path);
+  ASSERT_EQ(d.processes.size(), 1u);
+  const auto& f = d.processes[0].findings;
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0].cause, "lock_wait");
+  EXPECT_EQ(f[1].cause, "sleep");
+  EXPECT_NEAR(f[1].share, 12.0 / 412, 0.01);
+  EXPECT_NE(f[1].evidence.find("in the 2 slow steps (8% of the time), 3"), std::string::npos)
+      << f[1].evidence;
 }

@@ -8,6 +8,7 @@ each record and scores the findings against the fault injected. On the GPU machi
     python3 bench/diagnose/run.py --score DIR        # the scores of the runs kept in DIR
     python3 bench/diagnose/run.py --live ...         # the agent instead: detection and root-cause latency
     python3 bench/diagnose/run.py --overhead ...     # the step time record and the agent add to clean runs
+    python3 bench/diagnose/run.py --steady --seconds 120 ...  # the agent's CPU beside one job, settled
 
 Scenarios (the cause diagnose must rank first); those marked * are injected from outside, 1 s after
 the workload says it is warm, until it ends; the others from inside the workload, all along:
@@ -560,6 +561,38 @@ def agent(a):
         p.wait()
 
 
+def steady(a):
+    """The agent's CPU and memory beside one clean workload once both have settled: from 30 s after
+    the workload starts to its end (run it for --seconds 90 or more). The suite's figure includes
+    every new process's start-up (attaching, unwind tables for PyTorch's libraries)."""
+    with agent(a) as ag:
+        w = a.workloads.split(",")[0]
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(a.lane)}
+        p = subprocess.Popen([a.python, WORKLOAD, "--workload", w, "--seconds", str(a.seconds), "--dir", a.out],
+                             stdout=subprocess.PIPE, text=True, env=env)
+        time.sleep(30)
+        cpu0, t0 = cpu_seconds(ag.pid), time.monotonic()
+        samples = []
+        while p.poll() is None:
+            time.sleep(10)
+            if p.poll() is None:
+                samples.append((time.monotonic() - t0, cpu_seconds(ag.pid) - cpu0, rss_mib(ag.pid)))
+                log(f"{30 + samples[-1][0]:5.0f} s: agent CPU {samples[-1][1] / samples[-1][0] * 100:.2f}% of a core "
+                    f"since 30 s, RSS {samples[-1][2]:.1f} MiB")
+        out = p.stdout.read()
+        if samples:
+            t, c, _ = samples[-1]
+            log(f"{w}: agent CPU {c / t * 100:.2f}% of a core from 30 s to {30 + t:.0f} s "
+                f"(cpu_profile_hz {a.cpu_hz}), RSS at most {max(r for _, _, r in samples):.1f} MiB; {out.strip()}")
+
+
+def rss_mib(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def overhead(a):
     """Each clean workload alone, under `gpuscope record` (its defaults: host telemetry, NVML,
     stacks within their budget) and beside the agent (CPU sampling at --cpu-hz), interleaved
@@ -623,6 +656,8 @@ def main():
     ap.add_argument("--overhead", action="store_true",
                     help="the clean workloads alone, under record and beside the agent: the step time gpuscope adds")
     ap.add_argument("--rounds", type=int, default=3, help="--overhead: interleaved rounds")
+    ap.add_argument("--steady", action="store_true",
+                    help="the agent's CPU beside one clean workload (the first of --workloads) from 30 s on")
     a = ap.parse_args()
     if a.score:
         score(a.score)
@@ -633,6 +668,9 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     if a.overhead:
         overhead(a)
+        return
+    if a.steady:
+        steady(a)
         return
     todo = [(w, s, int(i)) for w in a.workloads.split(",") for s in a.scenarios.split(",")
             for i in (a.intensities.split(",") if s != "clean" else ["1"])]

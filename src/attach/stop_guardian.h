@@ -23,7 +23,7 @@
 namespace gpuscope::attach {
 
 // The guardian's process name (and command line).
-#define kGuardianName "gs-guardian"
+inline constexpr char kGuardianName[] = "gs-guardian";
 
 class StopGuardian {
  public:

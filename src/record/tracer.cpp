@@ -195,18 +195,16 @@ void Tracer::start() {
 void Tracer::stop() {
   if (stopped_threads_) return;
   stopped_threads_ = true;
+  // No new stops from here on; those already made are in the ring buffer or the control queue,
+  // and are answered below, so that no process is left stopped (in the ring of a tracer that
+  // never consumed, they are still listed: the guardian's last round continues them).
+  bpf_->stop_stopping_processes();
   if (consuming_.exchange(false)) {
-    // No new stops from here on; those already made are in the ring buffer or the control
-    // queue, and are answered below, so that no process is left stopped.
-    bpf_->stop_stopping_processes();
     consumer_.join();
     while (bpf_->poll(0) > 0) pipeline_->end_batch();  // drain what is left
     pipeline_->end_batch();
     handle_control();
   }
-  // Stops left in the ring of a tracer that never consumed are still listed: the guardian's
-  // last round continues them.
-  bpf_->stop_stopping_processes();
   if (guardian_) guardian_->ended_in_order();
   if (nvml_) nvml_->stop();
   pressure_.stop();

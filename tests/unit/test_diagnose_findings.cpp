@@ -118,14 +118,24 @@ struct CraftedRun {
   }
 };
 
-std::vector<std::string> causes(const std::string& path) {
+// The record at `path`, diagnosed, then removed.
+diagnose::Diagnosis diagnosis_at(const std::string& path) {
   store::RecordReader reader(path);
-  const auto d = diagnose::diagnose(reader);
-  std::vector<std::string> out;
-  for (const auto& p : d.processes)
-    for (const auto& f : p.findings) out.push_back(f.cause);
+  auto d = diagnose::diagnose(reader);
   std::filesystem::remove(path);
+  return d;
+}
+
+std::vector<std::string> causes(const std::string& path) {
+  std::vector<std::string> out;
+  for (const auto& p : diagnosis_at(path).processes)
+    for (const auto& f : p.findings) out.push_back(f.cause);
   return out;
+}
+
+diagnose::Diagnosis diagnosis_of(CraftedRun& r) {
+  r.w.finish();
+  return diagnosis_at(r.path);
 }
 
 std::vector<std::string> causes_of(CraftedRun& r) {
@@ -497,10 +507,7 @@ TEST(DiagnoseFindings, RetransmitsOnTheWayToARemoteSourceAreInTheEvidence) {
     p.tcp_out_segs = k * 2000;
     p.tcp_retrans_segs = k * 100;
   });
-  r.w.finish();
-  store::RecordReader reader(r.path);
-  const auto d = diagnose::diagnose(reader);
-  std::filesystem::remove(r.path);
+  const auto d = diagnosis_of(r);
   ASSERT_EQ(d.processes.size(), 1u);
   const auto& f = d.processes[0].findings;
   ASSERT_FALSE(f.empty());
@@ -523,10 +530,7 @@ std::vector<diagnose::Finding> findings_with_xid(const std::string& name, uint32
   gpu::NvmlSampler::Batch b;
   b.events.push_back({1'000'000 + 30 * kStepNs, 0, "xid", xid});
   r.w.add_gpu_batch(b);
-  r.w.finish();
-  store::RecordReader reader(r.path);
-  auto d = diagnose::diagnose(reader);
-  std::filesystem::remove(r.path);
+  const auto d = diagnosis_of(r);
   return d.processes.empty() ? std::vector<diagnose::Finding>{} : d.processes[0].findings;
 }
 
@@ -572,10 +576,7 @@ TEST(DiagnoseFindings, ACauseOfAFewSlowStepsRanksByTheTimeItExplainsOverAll) {
     r.w.add_thread_time(w);
     t += len;
   }
-  r.w.finish();
-  store::RecordReader reader(r.path);
-  const auto d = diagnose::diagnose(reader);
-  std::filesystem::remove(r.path);
+  const auto d = diagnosis_of(r);
   ASSERT_EQ(d.processes.size(), 1u);
   const auto& f = d.processes[0].findings;
   ASSERT_EQ(f.size(), 2u);

@@ -571,7 +571,7 @@ def steady(a):
         p = subprocess.Popen([a.python, WORKLOAD, "--workload", w, "--seconds", str(a.seconds), "--dir", a.out],
                              stdout=subprocess.PIPE, text=True, env=env)
         time.sleep(30)
-        cpu0, t0 = cpu_seconds(ag.pid), time.monotonic()
+        cpu0, t0, threads0 = cpu_seconds(ag.pid), time.monotonic(), thread_cpu(ag.pid)
         samples = []
         while p.poll() is None:
             time.sleep(10)
@@ -584,6 +584,26 @@ def steady(a):
             t, c, _ = samples[-1]
             log(f"{w}: agent CPU {c / t * 100:.2f}% of a core from 30 s to {30 + t:.0f} s "
                 f"(cpu_profile_hz {a.cpu_hz}), RSS at most {max(r for _, _, r in samples):.1f} MiB; {out.strip()}")
+            log(f"by thread: {thread_split(threads0, thread_cpu(ag.pid), t)}")
+
+
+def thread_cpu(pid):
+    """CPU seconds of each of the process's threads, by name (gpuscope names its threads gs-*)."""
+    out = {}
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = open(f"/proc/{pid}/task/{t}/comm").read().strip()
+            fields = open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] = out.get(name, 0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def thread_split(before, after, seconds):
+    """Each thread's share of a core between two thread_cpu() readings, the largest first."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    return ", ".join(f"{k} {v / seconds * 100:.2f}%" for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v > 0)
 
 
 def rss_mib(pid):
@@ -686,6 +706,7 @@ def main():
 
     with ctx as ag:
         cpu0, t0 = (cpu_seconds(ag.pid), time.monotonic()) if ag else (0, 0)
+        threads0 = thread_cpu(ag.pid) if ag else {}
         lanes = 1 if a.live else max(1, a.lanes)
         if lanes == 1:
             for w, s, i in todo:
@@ -704,6 +725,7 @@ def main():
         if ag:
             log(f"agent CPU: {(cpu_seconds(ag.pid) - cpu0) / (time.monotonic() - t0) * 100:.2f}% of a core "
                 f"(CPU sampling {a.cpu_hz} Hz)")
+            log(f"by thread: {thread_split(threads0, thread_cpu(ag.pid), time.monotonic() - t0)}")
     DIAGNOSES.shutdown(wait=True)
     score(a.out)
 

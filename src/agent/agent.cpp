@@ -28,6 +28,7 @@
 #include "discover/proc.h"
 #include "record/tracer.h"
 #include "report/flamegraph.h"
+#include "common/thread_name.h"
 
 // The calibration probe's target: a function of our own that begins as the CUDA libraries' do,
 // with `push %rbp`. The kernel emulates that instruction at a uprobe; most others (a compiled
@@ -660,7 +661,10 @@ int Agent::run() {
   if (live_) tracer_->start_pressure(2);
   update_health();
   start_server();
-  exporter_ = std::thread([this] { exporter_loop(); });
+  exporter_ = std::thread([this] {
+    name_this_thread("gs-export");
+    exporter_loop();
+  });
 
   const uint64_t deadline = deadline_after_ns(monotonic_ns(), run_.duration_s);
   uint64_t next_health = 0;

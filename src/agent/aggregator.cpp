@@ -342,11 +342,13 @@ void Aggregator::high_rate_found(uint32_t pid, uint64_t t_ns, bool at_start) {
 void Aggregator::high_rate_switched_on(uint32_t pid, uint64_t t_ns) {
   std::lock_guard lock(mu_);
   if (Process* p = process(pid)) p->cycles.switched_on(t_ns, p->high);
+  if (live_) live_->high_rate_probes(pid, true, t_ns);
 }
 
 void Aggregator::high_rate_switched_off(uint32_t pid, uint64_t t_ns, double probe_share) {
   std::lock_guard lock(mu_);
   if (auto it = processes_.find(pid); it != processes_.end()) it->second.cycles.switched_off(t_ns, probe_share);
+  if (live_) live_->high_rate_probes(pid, false, t_ns);
 }
 
 void Aggregator::high_rate_let_go(uint32_t pid, uint64_t t_ns) {
@@ -671,7 +673,7 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
     const uint64_t now_ns = monotonic_ns();
     auto [last_pass, first_pass] = last_symbol_pass_.try_emplace({path, build_id});
     const uint64_t wait_ns = std::min(kSymbolPassMaxWaitNs, last_pass->second.cost_ns * limits_.symbol_pass_spacing);
-    if (!first_pass && now_ns - last_pass->second.at_ns < wait_ns) {
+    if (!first_pass && (now_ns - last_pass->second.at_ns < wait_ns || now_ns < next_symbol_pass_ns_)) {
       for (auto* f : unknown) {
         name_frame(*f, "");
         f->deferred = true;
@@ -694,6 +696,7 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
       }
     }
     last_pass->second.cost_ns = monotonic_ns() - now_ns;
+    next_symbol_pass_ns_ = now_ns + last_pass->second.cost_ns * (limits_.symbol_pass_spacing_all + 1);
     names.resize(unknown.size());
     for (size_t i = 0; i < unknown.size(); ++i) {
       auto& n = names[i];

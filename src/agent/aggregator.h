@@ -34,6 +34,8 @@ struct AggregatorLimits {
   // A file's next symbol pass waits this many times as long as its last pass took (see
   // Aggregator::last_symbol_pass_), at most a minute.
   uint64_t symbol_pass_spacing = 100;
+  // And passes over all files together at most ~0.3% of a thread (the first of each file aside).
+  uint64_t symbol_pass_spacing_all = 300;
 };
 
 // What the overhead budget needs of a process: its probe hits so far (observed, not scaled).
@@ -206,6 +208,10 @@ class Aggregator final : public store::EventSink {
     uint64_t cost_ns = 0;
   };
   std::map<std::pair<std::string, std::string>, SymbolPass> last_symbol_pass_;
+  // The same over every file together (a PyTorch process samples in a dozen large libraries):
+  // after each pass but a file's first, none until limits_.symbol_pass_spacing_all times its
+  // cost has gone by.
+  uint64_t next_symbol_pass_ns_ = 0;
   std::atomic<uint64_t> deferred_frames_{0};  // named file+offset while their file's pass waited
   std::atomic<uint64_t> stack_epoch_{0};
   int64_t python_module_ = 0;

@@ -24,7 +24,9 @@ struct BudgetConfig {
   double budget = 0.01;           // share of the process's CPU time; 1 (or more): no limit
   double entry_hit_ns = 0;        // an entry-only probe hit (uprobe)
   double return_hit_ns = 0;       // a call probed at entry and return (uprobe + uretprobe)
-  double cycle_s = 10;            // high-rate probes are on for duty * cycle_s of each cycle
+  // High-rate probes are on for duty * cycle_s of each cycle. Short, so that the live diagnosis
+  // sees whole steps within seconds of any moment (steps across an off-period are not analysed).
+  double cycle_s = 2;
   double min_on_s = 0.2;          // shorter on-periods are not worth their attach cost
 };
 

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/thread_name.h"
 
 namespace gpuscope::agent {
 
@@ -149,7 +150,10 @@ HttpServer::HttpServer(const std::string& host, int port, Handler handler) : imp
   if (!impl_->daemon)
     throw Error("cannot listen on {}:{}: {} (is another agent running? set listen: in the config)", host, port,
                 errno ? std::strerror(errno) : "the HTTP server did not start");
-  impl_->reaper = std::thread([impl = impl_.get()] { impl->reap(); });
+  impl_->reaper = std::thread([impl = impl_.get()] {
+    name_this_thread("gs-http-reaper");
+    impl->reap();
+  });
 }
 
 HttpServer::~HttpServer() {

@@ -17,10 +17,13 @@ void LiveDiagnosis::add_call(const CallEvent& e) {
   c.ts_ns = e.ts_ns;
   c.duration_ns = e.duration_ns;
   c.tid = e.tid;
-  c.kind = std::string(cuda::to_string(f->kind));
-  if (e.host_mem != HostMem::NotApplicable) c.host_mem = std::string(to_string(e.host_mem));
+  c.kind = f->kind;
+  c.pageable = e.host_mem == HostMem::Pageable;
   c.bytes = int64_t(e.bytes);
-  c.key = std::hash<std::string>{}(fmt::format("{}:{}:{}", e.func, e.kernel_handle, int(e.dir)));
+  // What was called, mixed into one word (the pipeline thread does this for every call).
+  uint64_t key = (uint64_t(e.func) << 8 | uint64_t(e.dir)) * 0x9E3779B97F4A7C15ull;
+  key ^= uint64_t(e.kernel_handle) + 0x7F4A7C159E3779B9ull + (key << 6) + (key >> 2);
+  c.key = key;
   c.to_device = e.dir == cuda::CopyDir::HostToDevice;
   std::lock_guard lock(mu_);
   if (!processes_.contains(e.pid) && processes_.size() >= limits_.max_processes) return;
@@ -105,8 +108,22 @@ void LiveDiagnosis::forget_process(uint32_t pid) {
   pressure_.erase(pid);
 }
 
+void LiveDiagnosis::high_rate_probes(uint32_t pid, bool on, uint64_t t_ns) {
+  std::lock_guard lock(mu_);
+  if (!processes_.contains(pid) && processes_.size() >= limits_.max_processes) return;
+  auto& p = processes_[pid];
+  if (!on) {
+    if (!p.off_since) p.off_since = t_ns;
+  } else if (p.off_since) {
+    p.unobserved.emplace_back(p.off_since, std::max(t_ns, p.off_since));
+    if (p.unobserved.size() > 64) p.unobserved.pop_front();
+    p.off_since = 0;
+  }
+}
+
 void LiveDiagnosis::trim(Process& p, uint64_t before_ns) {
   while (!p.calls.empty() && p.calls.front().ts_ns < before_ns) p.calls.pop_front();
+  while (!p.unobserved.empty() && p.unobserved.front().second < before_ns) p.unobserved.pop_front();
   for (auto it = p.windows.begin(); it != p.windows.end();) {
     auto& q = it->second;
     while (!q.empty() && q.front().end_ns < before_ns) {
@@ -122,10 +139,17 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
   // The evidence is copied under the lock and analysed without it: the pipeline thread keeps adding.
   std::vector<diagnose::ProcessEvidence> evidence;
   diagnose::ProcessNames names;
+  std::vector<uint32_t> unseen;  // no whole step in the window
   {
     std::lock_guard lock(mu_);
     for (auto it = processes_.begin(); it != processes_.end();) {
       trim(it->second, from);
+      if (it->second.calls.empty() && it->second.off_since) {
+        // No call seen while its probes are off: the last analysis stands (hold_ns).
+        unseen.push_back(it->first);
+        ++it;
+        continue;
+      }
       if (it->second.calls.empty()) {
         pressure_.erase(it->first);
         it = processes_.erase(it);
@@ -137,6 +161,8 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
       e.calls.assign(it->second.calls.begin(), it->second.calls.end());
       for (const auto& [tid, q] : it->second.windows) e.windows[tid].assign(q.begin(), q.end());
       e.until_ns = now_ns;
+      e.unobserved.assign(it->second.unobserved.begin(), it->second.unobserved.end());
+      if (it->second.off_since) e.unobserved.emplace_back(it->second.off_since, now_ns);
       // Its GPU's readings: where NVML saw it, else the only GPU there is.
       const auto g = process_gpu_.find(it->first);
       const auto gpu = g != process_gpu_.end() ? gpus_.find(g->second) : gpus_.size() == 1 ? gpus_.begin() : gpus_.end();
@@ -161,8 +187,12 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
   std::vector<Current> found;
   for (const auto& e : evidence) {
     const auto d = diagnose::analyze(e, names, true, 0, diagnose::SlowSteps::RankedAmongThemselves);
-    if (d.step_ms.empty() || !d.steps.count()) continue;  // no loop seen in the window
+    if (d.step_ms.empty() || !d.steps.count()) {
+      unseen.push_back(e.pid);
+      continue;
+    }
     Current c;
+    c.analysed_ns = now_ns;
     c.pid = e.pid;
     c.comm = e.comm;
     c.step_s = d.p50_ms / 1e3;
@@ -172,6 +202,9 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
     found.push_back(std::move(c));
   }
   std::lock_guard lock(mu_);
+  for (const auto& c : current_)
+    if (std::find(unseen.begin(), unseen.end(), c.pid) != unseen.end() && now_ns - c.analysed_ns < limits_.hold_ns)
+      found.push_back(c);
   constexpr uint64_t kRetellNs = 60'000'000'000;
   for (const auto& c : found)
     for (const auto& f : c.findings) {

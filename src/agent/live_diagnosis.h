@@ -27,6 +27,9 @@ class LiveDiagnosis {
     size_t max_calls = 20000;            // per process, within the window
     size_t max_windows = 4096;           // thread windows per process, within the window
     size_t max_processes = 256;
+    // A window without a whole step seen (the budget had the launch probes off throughout) keeps
+    // the last analysis this long.
+    uint64_t hold_ns = 10'000'000'000;
   };
   explicit LiveDiagnosis(Limits limits) : limits_(limits) {}
 
@@ -38,6 +41,9 @@ class LiveDiagnosis {
   // PSI and cpu.stat (host::PressureSampler): the host's (pid 0) and each process's cgroup's.
   void add_pressure(const host::PressureReading& r);
   void forget_process(uint32_t pid);
+  // The overhead budget switched the process's launch, copy and memset probes off or on at t_ns:
+  // steps across the time they were off are not analysed (their calls went unseen).
+  void high_rate_probes(uint32_t pid, bool on, uint64_t t_ns);
 
   // Analyses every process with calls in the window ending at now_ns (CLOCK_MONOTONIC); what it
   // finds is what families() exports until the next tick.
@@ -48,6 +54,7 @@ class LiveDiagnosis {
     double step_s = 0;
     size_t steps = 0;
     std::vector<diagnose::Finding> findings;  // not `none`
+    uint64_t analysed_ns = 0;  // the tick whose window held these steps
   };
   std::vector<Current> current() const;
   // Findings that began since the last call: a cause a process did not have at the tick before
@@ -68,6 +75,8 @@ class LiveDiagnosis {
     std::deque<diagnose::CudaCall> calls;
     std::map<uint32_t, std::deque<diagnose::ThreadWindow>> windows;
     size_t window_count = 0;
+    std::deque<std::pair<uint64_t, uint64_t>> unobserved;  // spans with the high-rate probes off
+    uint64_t off_since = 0;                                // they are off now, since then
   };
   void trim(Process& p, uint64_t before_ns);
 

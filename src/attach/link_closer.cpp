@@ -1,4 +1,5 @@
 #include "attach/link_closer.h"
+#include "common/thread_name.h"
 
 namespace gpuscope::attach {
 
@@ -21,7 +22,10 @@ void LinkCloser::close(pid_t pid, std::function<void()> job) {
       ++unfinished_[pid];
       if (idle_ < int(jobs_.size()) && int(threads_.size()) < max_threads_) {
         ++idle_;  // until it takes its first job
-        threads_.emplace_back([this] { work(); });
+        threads_.emplace_back([this] {
+          name_this_thread("gs-link-closer");
+          work();
+        });
       }
       wake_.notify_one();
       return;

@@ -218,7 +218,7 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
   // memory or records events (the DataLoader's pin-memory thread) is not one.
   std::set<uint32_t> launching_threads;
   for (const auto& c : e.calls)
-    if (c.kind == "launch" || c.kind == "graph_launch" || c.kind == "memcpy" || c.kind == "memset")
+    if (c.gpu_work())
       launching_threads.insert(c.tid);
   // Its other threads that are themselves fed by another process: a wait they end passes on that
   // process's lateness (the pin-memory thread waits for the DataLoader's workers).
@@ -256,8 +256,8 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
   std::vector<Token> tokens;
   std::vector<const CudaCall*> calls;
   for (const auto& c : e.calls) {
-    if (c.kind == "launch" || c.kind == "graph_launch" || c.kind == "memcpy" || c.kind == "memset" || c.kind == "sync")
-      tokens.push_back({c.ts_ns, c.key, c.kind == "memcpy" && c.to_device});
+    if (c.gpu_work() || c.kind == cuda::CallKind::Sync)
+      tokens.push_back({c.ts_ns, c.key, c.kind == cuda::CallKind::Memcpy && c.to_device});
     if (c.tid == p.feeding_tid) calls.push_back(&c);
   }
   if (tokens.empty()) return p;
@@ -281,10 +281,17 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
         partners[tid] = thread_segments(pw->second, e.until_ns);
   const auto& kernels = e.kernels;
 
+  // The steps seen whole: none that overlaps a span whose launches went unobserved.
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  for (size_t i = 0, u = 0; i + 1 < starts.size(); ++i) {
+    const uint64_t s = starts[i], end = starts[i + 1];
+    while (u < e.unobserved.size() && e.unobserved[u].second <= s) ++u;
+    if (u < e.unobserved.size() && e.unobserved[u].first < end) continue;
+    spans.emplace_back(s, end);
+  }
   std::vector<Breakdown> per_step;
   size_t seg = 0, call = 0, any_call = 0, kern = 0, reading = 0, proc_reading = 0;
-  for (size_t i = 0; i + 1 < starts.size(); ++i) {
-    const uint64_t s = starts[i], end = starts[i + 1];
+  for (const auto& [s, end] : spans) {
     Breakdown b;
     b.steps = 1;
     b.window_ns = double(end - s);
@@ -364,16 +371,16 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
     for (size_t j = call; j < calls.size() && calls[j]->ts_ns < end; ++j) {
       const auto& c = *calls[j];
       b.in_cuda += double(c.duration_ns);
-      if (c.kind == "sync") {
+      if (c.kind == cuda::CallKind::Sync) {
         b.in_sync += double(c.duration_ns);
         ++b.syncs;
         b.sync_stacks[c.stack_id] += double(c.duration_ns);
-      } else if (c.kind == "launch" || c.kind == "graph_launch") {
+      } else if (c.launch()) {
         b.in_launch += double(c.duration_ns);
-      } else if (c.kind == "memcpy") {
+      } else if (c.kind == cuda::CallKind::Memcpy) {
         b.in_copy += double(c.duration_ns);
         b.copy_bytes += double(std::max<int64_t>(c.bytes, 0));
-        if (c.host_mem == "pageable") {
+        if (c.pageable) {
           b.in_pageable_copy += double(c.duration_ns);
           ++b.pageable_copies;
           b.pageable_bytes += double(c.bytes);
@@ -383,7 +390,7 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
     // Launches by any of its threads (the backward pass's come from autograd's).
     while (any_call < e.calls.size() && e.calls[any_call].ts_ns < s) ++any_call;
     for (size_t j = any_call; j < e.calls.size() && e.calls[j].ts_ns < end; ++j)
-      if (e.calls[j].kind == "launch" || e.calls[j].kind == "graph_launch") ++b.launches;
+      if (e.calls[j].launch()) ++b.launches;
     if (!kernels.empty()) {
       b.gpu_known = true;
       while (kern < kernels.size() && kernels[kern].end_ns <= s) ++kern;
@@ -448,18 +455,19 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
     if (p.step_ms[i] > kSlowStep * p.p50_ms) {
       ++p.slow_steps;
       p.slow.add(per_step[i]);
-      if (!slow_from) slow_from = starts[i];
-      slow_to = starts[i + 1];
+      if (!slow_from) slow_from = spans[i].first;
+      slow_to = spans[i].second;
     }
   }
-  p.all.host_pressure = pressure_between(e.host_pressure, starts.front(), starts.back());
-  p.all.cgroup_pressure = pressure_between(e.cgroup_pressure, starts.front(), starts.back());
+  const uint64_t first = spans.front().first, last = spans.back().second;
+  p.all.host_pressure = pressure_between(e.host_pressure, first, last);
+  p.all.cgroup_pressure = pressure_between(e.cgroup_pressure, first, last);
   if (p.slow_steps) {
     p.slow.host_pressure = pressure_between(e.host_pressure, slow_from, slow_to);
     p.slow.cgroup_pressure = pressure_between(e.cgroup_pressure, slow_from, slow_to);
   }
   auto since_origin = [&](uint64_t t) { return t - std::min(t, origin_ns); };
-  const uint64_t from = since_origin(starts.front()), to = since_origin(starts.back());
+  const uint64_t from = since_origin(first), to = since_origin(last);
   findings_from(p.all, names, e, from, to, telemetry, p.findings, {});
   // Causes of the slow steps alone (a hog that came for a while), in their window (see SlowSteps).
   if (p.slow_steps >= 2 && p.all.window_ns > 0) {
@@ -480,8 +488,8 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
     }
   }
   // Until its exit, where the record has it (the report that ended it counts).
-  const uint64_t until = e.until_ns > starts.back() ? e.until_ns : UINT64_MAX;
-  const auto xid = xid_finding(e.xids, starts.front(), starts.back(), until, origin_ns);
+  const uint64_t until = e.until_ns > last ? e.until_ns : UINT64_MAX;
+  const auto xid = xid_finding(e.xids, first, last, until, origin_ns);
   if (xid) p.findings.push_back(xid->finding);
   std::stable_sort(p.findings.begin(), p.findings.end(),
                    [](const Finding& a, const Finding& b) { return a.share > b.share; });

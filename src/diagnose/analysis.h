@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/functions.h"
 #include "diagnose/steps.h"
 #include "host/pressure.h"
 #include "store/record_reader.h"
@@ -118,12 +119,15 @@ struct ThreadWindow {  // a store::ThreadTimeRow of the thread
 struct CudaCall {  // a top-level call
   uint64_t ts_ns = 0, duration_ns = 0;
   uint32_t tid = 0;
-  std::string kind;      // the function's kind: launch, memcpy, sync...
-  std::string host_mem;  // copies: pageable, pinned, unknown
+  cuda::CallKind kind{};  // the function's kind: launch, memcpy, sync...
+  bool pageable = false;  // a copy from or to pageable host memory
   int64_t bytes = 0;
   uint64_t key = 0;      // what was called (function, kernel, copy direction): the steps' pattern
   bool to_device = false;  // a copy from the host to the GPU
   int64_t stack_id = 0;
+  bool launch() const { return kind == cuda::CallKind::Launch || kind == cuda::CallKind::GraphLaunch; }
+  // Work for the GPU: a launch, a copy or a memset.
+  bool gpu_work() const { return launch() || kind == cuda::CallKind::Memcpy || kind == cuda::CallKind::Memset; }
 };
 struct GpuReading {  // NVML, the process's GPU; -1: not read
   uint64_t ts_ns = 0;
@@ -156,6 +160,9 @@ struct ProcessEvidence {
   std::vector<XidEvent> xids;                             // in time order
   std::vector<host::PressureReading> host_pressure, cgroup_pressure;  // in time order
   uint64_t until_ns = 0;  // its exit, or the end of what was seen
+  // Spans in which its launches, copies and memsets were not observed (the agent's overhead budget
+  // had their probes off), in time order: a step that overlaps one is not a step seen whole.
+  std::vector<std::pair<uint64_t, uint64_t>> unobserved;
   // The Python line (or native caller) of a call's stack, for the evidence; "" when unknown.
   std::function<std::string(int64_t stack_id)> site;
 };

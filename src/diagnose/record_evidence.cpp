@@ -8,12 +8,21 @@
 #include <functional>
 #include <optional>
 
+#include "common/model.h"
 #include "cuda/functions.h"
 #include "report/call_sites.h"
 
 namespace gpuscope::diagnose {
 
 namespace {
+
+// A function's kind as the record's functions table names it.
+cuda::CallKind call_kind(const std::string& name) {
+  for (auto k : {cuda::CallKind::Launch, cuda::CallKind::GraphLaunch, cuda::CallKind::Memcpy, cuda::CallKind::Memset,
+                 cuda::CallKind::Sync, cuda::CallKind::Alloc, cuda::CallKind::Free})
+    if (cuda::to_string(k) == name) return k;
+  return cuda::CallKind::KernelLookup;  // none that diagnose looks at
+}
 
 // The GPU a process used: where NVML saw it or its children; the only GPU sampled when it saw
 // none of them.
@@ -131,7 +140,8 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites) {
           "FROM calls c JOIN functions f ON f.id = c.func WHERE c.pid = ?1 AND c.parent_id IS NULL ORDER BY c.ts_ns");
       q.bind(1, int64_t(pid));
       while (q.step())
-        e.calls.push_back({uint64_t(q.i64(0)), uint64_t(q.i64(1)), uint32_t(q.i64(8)), q.str(2), q.str(3), q.i64(4),
+        e.calls.push_back({uint64_t(q.i64(0)), uint64_t(q.i64(1)), uint32_t(q.i64(8)), call_kind(q.str(2)),
+                           q.str(3) == to_string(gpuscope::HostMem::Pageable), q.i64(4),
                            std::hash<std::string>{}(fmt::format("{}:{}:{}", q.i64(5), q.i64(6), q.str(7))),
                            q.str(7) == cuda::to_string(cuda::CopyDir::HostToDevice), q.i64(9)});
     }

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/clock.h"
+#include "common/thread_name.h"
 
 namespace gpuscope::gpu {
 namespace {
@@ -387,26 +388,24 @@ std::vector<std::pair<std::string, double>> NvmlSampler::call_costs() const {
 
 void NvmlSampler::start(double hz, Sink sink, double slow_hz) {
   if (!lib_ || hz <= 0 || thread_.joinable()) return;
-  stopping_ = false;
+  stop_.reset();
   thread_ = std::thread([this, hz, slow_hz, sink = std::move(sink)] {
+    name_this_thread("gs-nvml");
     const auto period = std::chrono::nanoseconds(static_cast<int64_t>(1e9 / hz));
     const uint64_t slow_every = std::max<uint64_t>(1, uint64_t(hz / std::max(slow_hz, 1e-6) + 0.5));
     auto next = std::chrono::steady_clock::now();
-    for (uint64_t tick = 0; !stopping_; ++tick) {
+    for (uint64_t tick = 0;; ++tick) {
       sink(sample_once(tick % slow_every == 0));
       next += period;
       const auto now = std::chrono::steady_clock::now();
       if (next < now) next = now;  // a slow tick (PCIe counters take ~20 ms): no catching up
-      // Short sleeps, so that stop() returns quickly.
-      while (!stopping_ && std::chrono::steady_clock::now() < next)
-        std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(next - std::chrono::steady_clock::now(),
-                                                                        std::chrono::milliseconds(20)));
+      if (!stop_.sleep_until(next)) break;
     }
   });
 }
 
 void NvmlSampler::stop() {
-  stopping_ = true;
+  stop_.stop();
   if (thread_.joinable()) thread_.join();
 }
 

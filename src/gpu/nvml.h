@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/stop_signal.h"
+
 namespace gpuscope::gpu {
 
 struct GpuDevice {
@@ -99,7 +101,7 @@ class NvmlSampler {
   void note_cost(uint32_t metric, uint64_t ns);
   std::array<std::pair<uint64_t, uint64_t>, 13> costs_{};  // per metric bit: (calls, ns)
   std::thread thread_;
-  std::atomic<bool> stopping_{false};
+  StopSignal stop_;
 };
 
 }  // namespace gpuscope::gpu

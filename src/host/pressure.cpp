@@ -11,6 +11,7 @@
 
 #include "common/clock.h"
 #include "common/files.h"
+#include "common/thread_name.h"
 
 namespace gpuscope::host {
 namespace {
@@ -185,24 +186,22 @@ std::vector<PressureReading> PressureSampler::sample_once() {
 
 void PressureSampler::start(double hz, Sink sink) {
   if (hz <= 0 || thread_.joinable()) return;
-  stopping_ = false;
+  stop_.reset();
   thread_ = std::thread([this, hz, sink = std::move(sink)] {
+    name_this_thread("gs-pressure");
     const auto period = std::chrono::nanoseconds(int64_t(1e9 / hz));
     auto next = std::chrono::steady_clock::now();
-    while (!stopping_) {
+    do {
       auto batch = sample_once();
       if (!batch.empty()) sink(std::move(batch));
       next += period;
-      while (!stopping_ && std::chrono::steady_clock::now() < next)
-        std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(next - std::chrono::steady_clock::now(),
-                                                                        std::chrono::milliseconds(20)));
       if (next < std::chrono::steady_clock::now()) next = std::chrono::steady_clock::now();
-    }
+    } while (stop_.sleep_until(next));
   });
 }
 
 void PressureSampler::stop() {
-  stopping_ = true;
+  stop_.stop();
   if (thread_.joinable()) thread_.join();
 }
 

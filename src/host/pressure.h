@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/stop_signal.h"
+
 namespace gpuscope::host {
 
 struct PressureReading {
@@ -60,7 +62,7 @@ class PressureSampler {
   std::mutex mu_;
   std::vector<pid_t> pids_;
   std::map<pid_t, std::pair<std::string, bool>> cgroups_;  // pid -> its cgroup, read once
-  std::atomic<bool> stopping_{false};
+  StopSignal stop_;
   std::thread thread_;
 };
 

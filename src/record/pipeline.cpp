@@ -12,6 +12,7 @@
 #include "cuda/handoffs.h"
 #include "decode/decoder.h"
 #include "discover/proc.h"
+#include "common/thread_name.h"
 
 namespace gpuscope::record {
 
@@ -167,7 +168,10 @@ void Pipeline::add_pressure(std::vector<host::PressureReading>&& readings) {
 
 void Pipeline::start() {
   last_commit_ns_ = monotonic_ns();
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("gs-pipeline");
+    run();
+  });
 }
 
 void Pipeline::stop() {

@@ -16,6 +16,7 @@
 #include "cuda/handoffs.h"
 #include "discover/proc.h"
 #include "elf/elf_file.h"
+#include "common/thread_name.h"
 
 namespace gpuscope::record {
 
@@ -185,6 +186,7 @@ void Tracer::start() {
   pipeline_->start();
   consuming_ = true;
   consumer_ = std::thread([this] {
+    name_this_thread("gs-ringbuf");
     while (consuming_.load(std::memory_order_relaxed)) {
       bpf_->poll(opts_.poll_ms);
       pipeline_->end_batch();

@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "cuda/functions.h"
 #include "store/schema.h"
+#include "common/thread_name.h"
 
 namespace gpuscope::store {
 namespace {
@@ -220,7 +221,10 @@ RecordWriter::RecordWriter(const std::string& path)
     if (sql) throw Error("cannot write the record file '{}': {}; choose a writable path with -o", path_, sql->reason());
     throw;
   }
-  writer_ = std::thread([this] { write_loop(); });
+  writer_ = std::thread([this] {
+    name_this_thread("gs-writer");
+    write_loop();
+  });
 }
 
 RecordWriter::~RecordWriter() {

@@ -1,5 +1,6 @@
 // The agent's parts that need no kernel: cgroup paths, runtime bundles, the config file, the
 // aggregates and the budget's duty cycle.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -521,7 +522,7 @@ TEST(Aggregator, ACheapSymbolPassIsNotPutOff) {
   const auto offsets = elf->function_offsets({"main", "gpuscope_test_other_function"});
   ASSERT_EQ(offsets.size(), 2u);
   agent::AggregatorLimits limits;
-  limits.symbol_pass_spacing = 0;
+  limits.symbol_pass_spacing = limits.symbol_pass_spacing_all = 0;
   agent::Aggregator agg(limits, 100);
   const uint32_t pid = static_cast<uint32_t>(getpid());
   const int64_t m = agg.intern_module(exe, elf->build_id());
@@ -533,6 +534,39 @@ TEST(Aggregator, ACheapSymbolPassIsNotPutOff) {
     EXPECT_EQ(window[0].cpu.stacks.begin()->first.back(), fn);
   }
   EXPECT_EQ(agg.shed().frame_names, 0u);
+}
+
+TEST(Aggregator, SymbolPassesOverAllLibrariesTogetherAreSpacedByTheirCost) {
+  // A PyTorch process samples in a dozen large libraries: each file's first pass is made at once,
+  // a later one (here the test binary's, no spacing of its own) waits for the passes over every
+  // file to have used their share of a thread (here: far longer than the test).
+  const std::string exe = fs::read_symlink("/proc/self/exe");
+  auto elf = elf::ElfFile::open(exe);
+  const auto offsets = elf->function_offsets({"main", "gpuscope_test_other_function"});
+  ASSERT_EQ(offsets.size(), 2u);
+  // A function of the C library, and where its file is mapped.
+  Dl_info info{};
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(&getppid), &info), 0);
+  const std::string libc = fs::canonical(info.dli_fname);
+  auto libc_elf = elf::ElfFile::open(libc);
+  const auto libc_offsets = libc_elf->function_offsets({"getppid"});
+  ASSERT_EQ(libc_offsets.size(), 1u);
+  agent::AggregatorLimits limits;
+  limits.symbol_pass_spacing = 0;
+  limits.symbol_pass_spacing_all = 1'000'000'000'000;
+  agent::Aggregator agg(limits, 100);
+  const uint32_t pid = static_cast<uint32_t>(getpid());
+  const int64_t m = agg.intern_module(exe, elf->build_id()), c = agg.intern_module(libc, libc_elf->build_id());
+  auto leaf = [&](int64_t module, uint64_t offset) {
+    agg.add_sample(0, pid, pid, 0, agg.intern_stack({{module, offset, 0}}), 0);
+    auto window = agg.take_profiles();
+    return window.size() == 1 && window[0].cpu.stacks.size() == 1 ? window[0].cpu.stacks.begin()->first.back() : "";
+  };
+  EXPECT_EQ(leaf(m, offsets.at("main") + 1), "main");
+  EXPECT_EQ(leaf(c, libc_offsets.at("getppid") + 1), "getppid");  // another file's first pass
+  const uint64_t in_target = offsets.at("gpuscope_test_other_function") + 1;
+  EXPECT_EQ(leaf(m, in_target), fmt::format("{}+{:#x}", fs::path(exe).filename().string(), in_target));
+  EXPECT_EQ(agg.shed().frame_names, 1u);
 }
 
 TEST(Budget, KernelLookupsBeforeEachLaunchAreDutyCycledOthersStayOn) {

@@ -14,12 +14,14 @@ constexpr uint64_t kStepNs = 10'000'000;
 
 // `seconds` of a loop from `from_ns`: a copy and two launches a step; its main thread sleeps
 // `sleep_ns` of each step, or is runnable `throttled_ns` of it while its CPU is idle.
+// `calls`: false while the overhead budget has the launch and copy probes off (none is seen).
 void feed_loop(agent::LiveDiagnosis& live, uint64_t from_ns, double seconds, uint64_t sleep_ns,
-               uint64_t throttled_ns = 0) {
+               uint64_t throttled_ns = 0, bool calls = true) {
   const auto steps = uint64_t(seconds * 1e9 / kStepNs);
   for (uint64_t s = 0; s < steps; ++s) {
     const uint64_t t = from_ns + s * kStepNs;
-    for (auto [fn, dt, handle] : {std::tuple{"cudaMemcpyAsync", 0ull, 0ull}, {"cudaLaunchKernel", 100'000ull, 0xa0ull},
+    if (calls)
+      for (auto [fn, dt, handle] : {std::tuple{"cudaMemcpyAsync", 0ull, 0ull}, {"cudaLaunchKernel", 100'000ull, 0xa0ull},
                                   {"cudaLaunchKernel", 200'000ull, 0xb0ull}}) {
       CallEvent e;
       e.func = cuda::function_by_symbol(fn)->id;
@@ -131,4 +133,32 @@ TEST(LiveDiagnosis, ACgroupsThrottlingIsCitedLive) {
   EXPECT_NE(f.evidence.find("cpu.stat: its cgroup (/job) was throttled in 100% of its quota periods, 500 ms a second"),
             std::string::npos)
       << f.evidence;
+}
+
+TEST(LiveDiagnosis, StepsAcrossTimeWithTheLaunchProbesOffAreNotAnalysed) {
+  // A clean loop whose launch and copy probes the budget switched off for a second: the step that
+  // spans that second (from the last launch seen to the next) is no step, and what its thread did
+  // then is in no finding.
+  agent::LiveDiagnosis live({});
+  const uint64_t t0 = 1'000'000'000, s = 1'000'000'000;
+  feed_loop(live, t0, 1, 0);
+  live.high_rate_probes(kPid, false, t0 + s);
+  feed_loop(live, t0 + s, 1, 5'000'000, 0, false);  // unseen: its steps could be anything
+  live.high_rate_probes(kPid, true, t0 + 2 * s);
+  feed_loop(live, t0 + 2 * s, 1, 0);
+  live.tick(t0 + 3 * s);
+  auto cur = live.current();
+  ASSERT_EQ(cur.size(), 1u);
+  EXPECT_NEAR(cur[0].step_s, 0.01, 1e-6);
+  EXPECT_GE(cur[0].steps, 190u);
+  EXPECT_TRUE(cur[0].findings.empty()) << cur[0].findings[0].cause;
+
+  // Off again for longer than the window: nothing whole to analyse, the last analysis stays.
+  live.high_rate_probes(kPid, false, t0 + 3 * s);
+  feed_loop(live, t0 + 3 * s, 4, 5'000'000, 0, false);
+  live.tick(t0 + 7 * s);
+  cur = live.current();
+  ASSERT_EQ(cur.size(), 1u);
+  EXPECT_NEAR(cur[0].step_s, 0.01, 1e-6);
+  EXPECT_EQ(cur[0].analysed_ns, t0 + 3 * s);
 }

@@ -377,7 +377,8 @@ def finish(a, e):
         log(f"{e['run']:28} {e['step_ms'] or 0:7.2f} ms  expected {e['expected']:16} top "
             f"{f[0]['cause'] if f else '?'}  (diagnose {e.get('diagnose_s', 0):.1f} s, {e.get('record_mb', 0):.0f} MB)")
     elif "detect_s" in e:
-        log(f"{e['run']:28} detected {e['detect_s']} root cause {e['root_cause_s']}")
+        log(f"{e['run']:28} detected {e['detect_s']} root cause {e['root_cause_s']}; top after the onset (polls): "
+            f"{e.get('live_tops')}; last {e.get('live_last')}")
     else:
         log(f"{e['run']:28} FAILED rc {e['rc']}: {e.get('error', '')}")
     return e
@@ -408,6 +409,8 @@ class LiveWatch:
         self.url, self.expected = f"http://127.0.0.1:{a.agent_port}/metrics", expected
         self.t_onset = self.pid = None
         self.before, self.detected, self.rooted = [], None, None
+        self.tops = {}  # top finding after the onset -> polls it was top in (what was found instead)
+        self.last = {}
 
     def onset(self, t, workload_pid):
         self.t_onset, self.pid = t, str(workload_pid)
@@ -430,6 +433,9 @@ class LiveWatch:
             if step:
                 self.before.append(step)
             return
+        self.tops[top] = self.tops.get(top, 0) + 1
+        if shares:
+            self.last = {c: round(v, 3) for c, v in sorted(shares.items(), key=lambda kv: -kv[1])[:3]}
         base = sorted(self.before)[len(self.before) // 2] if self.before else None
         if self.detected is None and ((step and base and step > 1.2 * base) or top != "none"):
             self.detected = now - self.t_onset
@@ -437,7 +443,7 @@ class LiveWatch:
             self.rooted = now - self.t_onset
 
     def result(self):
-        return {"detect_s": self.detected, "root_cause_s": self.rooted}
+        return {"detect_s": self.detected, "root_cause_s": self.rooted, "live_tops": self.tops, "live_last": self.last}
 
 
 # A fault that slows the step less than this (against the same workload's clean run) had no effect

@@ -672,7 +672,10 @@ int Agent::run() {
   bool running = true;
   while (running) {
     pollfd fds[2] = {{sfd, POLLIN, 0}, {tracer_->control_fd(), POLLIN, 0}};
-    ::poll(fds, 2, tracer_->control_poll_ms());
+    int timeout_ms = tracer_->control_poll_ms();
+    if (const uint64_t next = budget_->next_switch_ns(), t = monotonic_ns(); next != UINT64_MAX)
+      timeout_ms = next <= t ? 0 : int(std::min<uint64_t>(uint64_t(timeout_ms), (next - t + 999'999) / 1'000'000));
+    ::poll(fds, 2, timeout_ms);
     tracer_->tick(fds[1].revents & POLLIN);
     signalfd_siginfo si{};
     while (read(sfd, &si, sizeof(si)) == sizeof(si)) {

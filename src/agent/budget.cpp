@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/log.h"
+
 namespace gpuscope::agent {
 namespace {
 
@@ -171,6 +173,9 @@ void BudgetController::tick(uint64_t now_ns) {
       // The calls of the period just ended count for it and for the off-period as it goes
       // (Aggregator, observed_cycles.h): whatever the duty, the cycle weighs what it lasted.
       agg_.high_rate_switched_off(uint32_t(pid), off_at, st.probe_share);
+      log_debug("PID {}: launch and copy probes off for {:.2f} s (on {:.2f} s; duty {:.3f}, their cost {:.2f}% of its CPU "
+                "time while on)",
+                pid, st.off_len_s, live_s, duty, st.probe_share * 100);
     } else if (!st.on && (duty >= 1 || phase_s >= st.off_len_s)) {
       st.on = switch_(pid, true);
       st.phase_start_ns = now_ns;
@@ -178,6 +183,17 @@ void BudgetController::tick(uint64_t now_ns) {
       if (st.on) agg_.high_rate_switched_on(uint32_t(pid), now_ns + elapsed_ns(tick_start));
     }
   }
+}
+
+uint64_t BudgetController::next_switch_ns() const {
+  uint64_t next = UINT64_MAX;
+  for (const auto& [pid, st] : state_) {
+    const double duty = duty_now(st);
+    if (duty >= 1 && st.on) continue;
+    const double len_s = st.on ? std::max(cfg_.min_on_s, duty * cfg_.cycle_s) : st.off_len_s;
+    next = std::min(next, st.phase_start_ns + uint64_t(len_s * 1e9));
+  }
+  return next;
 }
 
 void BudgetController::note_agent_cpu(double share, double budget) {

@@ -57,6 +57,9 @@ class BudgetController {
   void remove_process(pid_t pid, uint64_t now_ns = 0);
   // Re-estimates each process's duty and switches probes where a cycle's phase says so.
   void tick(uint64_t now_ns);
+  // When the next planned switch is due (CLOCK_MONOTONIC; UINT64_MAX: none): the caller ticks
+  // then, so that on-periods last what the duty plans, not up to a poll interval more.
+  uint64_t next_switch_ns() const;
 
   struct ProcessState {
     bool on = true;

@@ -49,11 +49,22 @@ int run_report(const std::string& path, bool json, size_t top) {
   return 0;
 }
 
-int run_diagnose(const std::string& path, bool json) {
+int run_diagnose(const std::string& path, bool json, double from_s, double to_s, bool as_agent, double duty) {
   store::RecordReader reader(path);
   symbolize::Symbolizer symbolizer;
   report::CallSites sites(reader.db(), symbolizer);
-  const auto doc = diagnose::to_json(diagnose::diagnose(reader, &sites));
+  diagnose::DiagnoseOptions opts;
+  opts.from_ns = uint64_t(std::max(0.0, from_s) * 1e9);
+  opts.to_ns = to_s > 0 ? uint64_t(to_s * 1e9) : 0;
+  if (as_agent) {
+    // The agent's view at --to: the last 3 s (LiveDiagnosis::Limits), slow steps ranked among themselves.
+    if (to_s <= 0) throw Error("--as-agent needs --to: the instant the agent would analyse");
+    opts.from_ns = opts.to_ns > 3'000'000'000 ? opts.to_ns - 3'000'000'000 : 0;
+    opts.slow_ranking = diagnose::SlowSteps::RankedAmongThemselves;
+    opts.duty = std::clamp(duty, 0.01, 1.0);
+  }
+  if (opts.to_ns && opts.to_ns <= opts.from_ns) throw Error("--to must come after --from");
+  const auto doc = diagnose::to_json(diagnose::diagnose(reader, &sites, opts));
   if (json)
     std::cout << doc.dump(2) << "\n";
   else
@@ -226,6 +237,17 @@ int main(int argc, char** argv) {
   auto* diag = app.add_subcommand("diagnose", "Say why the GPU waited: the causes of slow steps, ranked, with evidence and fixes");
   diag->add_option("file", diag_path, "Record file")->required();
   diag->add_flag("--json", diag_json, "Print JSON instead of text");
+  double diag_from = 0, diag_to = 0, diag_duty = 1;
+  bool diag_as_agent = false;
+  diag->add_option("--from", diag_from, "Only the steps from this many seconds into the recording");
+  diag->add_option("--to", diag_to, "Only the steps until this many seconds into the recording");
+  diag->add_flag("--as-agent", diag_as_agent,
+                 "What the agent's live diagnosis would have said at --to: the 3 s before it, its slow steps' causes "
+                 "ranked among themselves");
+  diag->add_option("--agent-duty", diag_duty,
+                   "With --as-agent: the share of each 2 s its overhead budget observed launches and copies (the "
+                   "process's gpuscope_observed_ratio)")
+      ->capture_default_str();
 
   std::string flame_path, metric = "cpu", flame_out, native = "auto";
   int64_t flame_pid = 0;
@@ -339,7 +361,7 @@ int main(int argc, char** argv) {
         throw Error("--from must be >= 0 and --to after it");
       return run_timeline(tl_path, tl_out, tl_opt);
     }
-    if (*diag) return run_diagnose(diag_path, diag_json);
+    if (*diag) return run_diagnose(diag_path, diag_json, diag_from, diag_to, diag_as_agent, diag_duty);
     if (*flame) return run_flamegraph(flame_path, metric, flame_out, flame_pid, peak, native);
     return run_report(report_path, json, top);
   } catch (const std::exception& e) {

@@ -191,7 +191,18 @@ struct Diagnosis {
   std::vector<std::string> notes;           // what the record could not tell (no host telemetry...)
 };
 
+struct DiagnoseOptions {
+  // Only the calls in [from_ns, to_ns) (from the recording's start; 0: its start, its end): the
+  // steps of a stretch of the run.
+  uint64_t from_ns = 0, to_ns = 0;
+  SlowSteps slow_ranking = SlowSteps::RankedOverAll;
+  // Launches, copies and memsets seen only `duty` of each `cycle_ns` (from the window's start), as
+  // the agent's overhead budget observes them: what its live diagnosis would have had.
+  double duty = 1;
+  uint64_t cycle_ns = 2'000'000'000;
+};
+
 // `sites` names the Python lines of the calls the evidence cites (none: they go unnamed).
-Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites = nullptr);
+Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites = nullptr, const DiagnoseOptions& opts = {});
 
 }  // namespace gpuscope::diagnose

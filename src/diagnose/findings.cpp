@@ -183,7 +183,16 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
         "Keep network interrupts and packet steering off the job's CPUs (IRQ affinity, the RPS/XPS masks in "
         "/sys/class/net/*/queues, irqbalance's banned CPUs), or give the job CPUs apart from them",
         "high");
-    const double contended = b.runnable - b.runnable_idle - behind_ksoftirqd;
+    // While its cgroup's quota is spent, none of its threads runs, whoever then takes their CPU: a
+    // wait for a CPU that another task held is the quota's too, up to the time cpu.stat says the
+    // cgroup was throttled (some other task on the CPU ends most such waits on a busy host).
+    const auto& cg = b.cgroup_pressure;
+    const double quota_held =
+        cg.throttled_periods >= kThrottledMost && cg.throttled > 0
+            ? std::clamp(std::min(cg.throttled * b.window_ns, b.runnable - b.runnable_idle - behind_ksoftirqd), 0.0,
+                         b.runnable)
+            : 0.0;
+    const double contended = b.runnable - b.runnable_idle - behind_ksoftirqd - quota_held;
     if (contended > 0) {
       std::map<uint32_t, double> others = b.waited_for;
       others.erase(0);
@@ -204,7 +213,6 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
                   : "Use fewer threads than the cores the job has (torch.set_num_threads, OMP_NUM_THREADS)",
           of >= 0.5 ? "high" : "medium");
     }
-    const auto& cg = b.cgroup_pressure;
     const std::string throttled =
         cg.throttled_periods >= 0
             ? fmt::format("; cpu.stat: its cgroup ({}) was throttled in {} of its quota periods, {:.0f} ms a second",
@@ -213,15 +221,17 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
     // Throttled in most of its periods, the job's other threads are held back too: a wait for one of
     // them (a lock, the GIL) is the quota's doing. Waits ended by another process stay theirs.
     double own_waits = 0;
-    if (cg.throttled_periods >= kThrottledMost && b.runnable_idle / b.window_ns >= kMinShare) {
+    if (cg.throttled_periods >= kThrottledMost && (b.runnable_idle + quota_held) / b.window_ns >= kMinShare) {
       double outside = 0;
       for (const auto& [who, ns] : b.woken_by)
         if (who != pid && who != 0) outside += ns;
       own_waits = std::max(0.0, b.lock - outside);
     }
-    add("cpu_throttling", "The job's CPU quota throttles the thread that feeds the GPU", b.runnable_idle + own_waits,
-        fmt::format("runnable {} a step while its CPU had gone idle: the scheduler held it back (cgroup cpu.max){}{}{}",
-                    ms(b.runnable_idle / b.steps),
+    add("cpu_throttling", "The job's CPU quota throttles the thread that feeds the GPU",
+        b.runnable_idle + quota_held + own_waits,
+        fmt::format("runnable {} a step while its cgroup's quota was spent: the scheduler held it back (cgroup "
+                    "cpu.max){}{}{}",
+                    ms((b.runnable_idle + quota_held) / b.steps),
                     own_waits > 0 ? fmt::format(", and it waited {} a step for its own threads, throttled as well",
                                                 ms(own_waits / b.steps))
                                   : "",

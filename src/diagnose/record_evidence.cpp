@@ -81,7 +81,7 @@ void read_nvml(store::Db& db, uint32_t gpu, ProcessEvidence& e) {
 
 }  // namespace
 
-Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites) {
+Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites, const DiagnoseOptions& opts) {
   Diagnosis d;
   store::Db& db = rec.db();
   d.origin_ns = uint64_t(rec.meta_i64("start_ns", 0));
@@ -222,7 +222,19 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites) {
       }
     }
     e.site = [&sites](int64_t stack_id) { return sites ? sites->python_or_caller(stack_id) : std::string(); };
-    ProcessDiagnosis p = analyze(e, names, d.host_telemetry, d.origin_ns);
+    if (opts.from_ns || opts.to_ns) {
+      const uint64_t from = d.origin_ns + opts.from_ns, to = opts.to_ns ? d.origin_ns + opts.to_ns : UINT64_MAX;
+      std::erase_if(e.calls, [&](const CudaCall& c) { return c.ts_ns < from || c.ts_ns >= to; });
+      e.until_ns = std::min(e.until_ns, to);
+    }
+    if (opts.duty < 1 && opts.cycle_ns) {
+      const uint64_t start = d.origin_ns + opts.from_ns, on_ns = uint64_t(opts.duty * double(opts.cycle_ns));
+      std::erase_if(e.calls, [&](const CudaCall& c) {
+        return c.gpu_work() && c.ts_ns >= start && (c.ts_ns - start) % opts.cycle_ns >= on_ns;
+      });
+      for (uint64_t t = start; t < e.until_ns; t += opts.cycle_ns) e.unobserved.emplace_back(t + on_ns, t + opts.cycle_ns);
+    }
+    ProcessDiagnosis p = analyze(e, names, d.host_telemetry, d.origin_ns, opts.slow_ranking);
     if (!p.step_ms.empty()) d.processes.push_back(std::move(p));
   }
   if (procs.empty()) d.notes.push_back("no process in this record launched a kernel or copied: nothing to diagnose");

@@ -411,6 +411,7 @@ class LiveWatch:
         self.before, self.detected, self.rooted = [], None, None
         self.tops = {}  # top finding after the onset -> polls it was top in (what was found instead)
         self.last = {}
+        self.evidence, self.polls = None, 0  # /debug/diagnosis for the process, read every 10 polls
 
     def onset(self, t, workload_pid):
         self.t_onset, self.pid = t, str(workload_pid)
@@ -434,6 +435,13 @@ class LiveWatch:
                 self.before.append(step)
             return
         self.tops[top] = self.tops.get(top, 0) + 1
+        self.polls += 1
+        if self.polls % 10 == 0:
+            try:
+                doc = json.loads(urllib.request.urlopen(self.url.replace("/metrics", "/debug/diagnosis"), timeout=2).read())
+                self.evidence = next((p for p in doc if str(p["pid"]) == self.pid), self.evidence)
+            except (OSError, ValueError):
+                pass
         if shares:
             self.last = {c: round(v, 3) for c, v in sorted(shares.items(), key=lambda kv: -kv[1])[:3]}
         base = sorted(self.before)[len(self.before) // 2] if self.before else None
@@ -443,7 +451,8 @@ class LiveWatch:
             self.rooted = now - self.t_onset
 
     def result(self):
-        return {"detect_s": self.detected, "root_cause_s": self.rooted, "live_tops": self.tops, "live_last": self.last}
+        return {"detect_s": self.detected, "root_cause_s": self.rooted, "live_tops": self.tops, "live_last": self.last,
+                "live_diagnosis": self.evidence}
 
 
 # A fault that slows the step less than this (against the same workload's clean run) had no effect

@@ -1,6 +1,7 @@
 #include "agent/agent.h"
 
 #include <httplib.h>
+#include <nlohmann/json.hpp>
 #include <malloc.h>
 #include <poll.h>
 #include <signal.h>
@@ -25,10 +26,10 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "discover/proc.h"
 #include "record/tracer.h"
 #include "report/flamegraph.h"
-#include "common/thread_name.h"
 
 // The calibration probe's target: a function of our own that begins as the CUDA libraries' do,
 // with `push %rbp`. The kernel emulates that instruction at a uprobe; most others (a compiled
@@ -274,7 +275,24 @@ HttpResponse Agent::serve(const HttpRequest& req) {
                          p.launches.stacks.size());
     return {200, "text/plain", std::move(out)};
   }
-  return {404, "text/plain", "not found: /metrics, /healthz, /debug/pprof/\n"};
+  if (req.path == "/debug/diagnosis") {
+    // The live diagnosis's findings with their evidence and fixes (the series carry only shares):
+    // behind the token as profiles are, since the evidence names processes, files and lines.
+    if (!authorized(req, true)) return {401, "text/plain", "a bearer token is required\n"};
+    nlohmann::json out = nlohmann::json::array();
+    if (live_)
+      for (const auto& c : live_->current()) {
+        nlohmann::json findings = nlohmann::json::array();
+        for (const auto& f : c.findings)
+          findings.push_back({{"cause", f.cause}, {"title", f.title}, {"share_of_step", f.share},
+                              {"ms_per_step", f.ms_per_step}, {"evidence", f.evidence}, {"fix", f.fix},
+                              {"confidence", f.confidence}});
+        out.push_back({{"pid", c.pid}, {"comm", c.comm}, {"step_seconds", c.step_s}, {"steps", c.steps},
+                       {"analysed_monotonic_ns", c.analysed_ns}, {"findings", std::move(findings)}});
+      }
+    return {200, "application/json", out.dump(1) + "\n"};
+  }
+  return {404, "text/plain", "not found: /metrics, /healthz, /debug/pprof/, /debug/diagnosis\n"};
 }
 
 void Agent::stop_server() { server_.reset(); }

@@ -14,6 +14,8 @@ namespace {
 
 constexpr double kSlowStep = 1.25;        // a step this much longer than the median is slow
 constexpr uint64_t kFallbackWindowNs = 1'000'000'000;
+// Pieces of a span with the launches unobserved (ProcessEvidence::unobserved): about a step.
+constexpr uint64_t kMinDarkPieceNs = 10'000'000, kMaxDarkPieceNs = 250'000'000;
 
 void add_map(std::map<uint32_t, double>& to, const std::map<uint32_t, double>& from) {
   for (const auto& [k, v] : from) to[k] += v;
@@ -289,9 +291,28 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
     if (u < e.unobserved.size() && e.unobserved[u].first < end) continue;
     spans.emplace_back(s, end);
   }
-  std::vector<Breakdown> per_step;
+  // The spans themselves: the host's side and the GPU's are seen there whole, the launches and
+  // copies not. Cut into pieces of about a step (the median of those seen whole), each stands for
+  // the steps it held, its calls at the rate of the steps seen (below).
+  std::vector<std::pair<uint64_t, uint64_t>> dark;
+  if (!e.unobserved.empty() && !spans.empty() && !segments.empty()) {
+    std::vector<double> lens;
+    for (const auto& [s, end] : spans) lens.push_back(double(end - s));
+    std::nth_element(lens.begin(), lens.begin() + lens.size() / 2, lens.end());
+    const uint64_t piece = std::clamp(uint64_t(lens[lens.size() / 2]), kMinDarkPieceNs, kMaxDarkPieceNs);
+    const uint64_t lo = segments.front().w.start_ns, hi = std::min(e.until_ns, segments.back().w.end_ns);
+    for (const auto& [a, z] : e.unobserved)
+      for (uint64_t t = std::max(a, lo); t + piece / 2 < std::min(z, hi); t += piece) dark.emplace_back(t, std::min({t + piece, z, hi}));
+  }
+  // Whole steps and dark pieces, in time order: the loop below reads each source once.
+  std::vector<std::pair<uint64_t, uint64_t>> measured;
+  std::vector<bool> is_dark;
+  std::merge(spans.begin(), spans.end(), dark.begin(), dark.end(), std::back_inserter(measured));
+  for (const auto& m : measured) is_dark.push_back(std::binary_search(dark.begin(), dark.end(), m));
+  std::vector<Breakdown> per_step, per_dark;
   size_t seg = 0, call = 0, any_call = 0, kern = 0, reading = 0, proc_reading = 0;
-  for (const auto& [s, end] : spans) {
+  for (size_t m = 0; m < measured.size(); ++m) {
+    const auto [s, end] = measured[m];
     Breakdown b;
     b.steps = 1;
     b.window_ns = double(end - s);
@@ -441,10 +462,31 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
       }
       b.sm_n += any_sm;
     }
+    if (is_dark[m]) {
+      per_dark.push_back(std::move(b));
+      continue;
+    }
     per_step.push_back(std::move(b));
     p.step_ms.push_back(double(end - s) / 1e6);
   }
   if (per_step.empty()) return p;
+  if (!per_dark.empty()) {
+    // The calls a dark piece held, at the rate of the steps seen whole; its syncs were seen.
+    Breakdown seen;
+    for (const auto& b : per_step) seen.add(b);
+    for (auto& b : per_dark) {
+      const double k = b.window_ns / seen.window_ns;
+      b.steps = b.window_ns / (seen.window_ns / seen.steps);
+      b.launches = seen.launches * k;
+      b.in_launch = seen.in_launch * k;
+      b.in_copy = seen.in_copy * k;
+      b.in_pageable_copy = seen.in_pageable_copy * k;
+      b.pageable_copies = seen.pageable_copies * k;
+      b.pageable_bytes = seen.pageable_bytes * k;
+      b.copy_bytes = seen.copy_bytes * k;
+      b.in_cuda = b.in_sync + (seen.in_cuda - seen.in_sync) * k;
+    }
+  }
   std::vector<double> sorted = p.step_ms;
   std::sort(sorted.begin(), sorted.end());
   p.p50_ms = sorted[sorted.size() / 2];
@@ -459,7 +501,8 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
       slow_to = spans[i].second;
     }
   }
-  const uint64_t first = spans.front().first, last = spans.back().second;
+  for (const auto& b : per_dark) p.all.add(b);
+  const uint64_t first = measured.front().first, last = measured.back().second;
   p.all.host_pressure = pressure_between(e.host_pressure, first, last);
   p.all.cgroup_pressure = pressure_between(e.cgroup_pressure, first, last);
   if (p.slow_steps) {

@@ -241,6 +241,12 @@ def test_agent_finds_a_cpu_hog_live(agent):
         except AssertionError as e:
             raise AssertionError(f"(seconds, step, cpu_contention share): {history}") from e
         print(f"cpu_contention found {time.time() - onset:.1f} s after the hogs started; {history}")
+        # Its evidence and fix, as /debug/diagnosis serves them: the hogs named.
+        from agent_util import http_get
+        doc = json.loads(http_get(a.url + "/debug/diagnosis")[1])
+        [proc] = [p for p in doc if p["pid"] == loop.pid]
+        [hog] = [f for f in proc["findings"] if f["cause"] == "cpu_contention"]
+        assert "python3 (pid " in hog["evidence"] and hog["fix"], hog
     finally:
         for h in hogs:
             h.kill()

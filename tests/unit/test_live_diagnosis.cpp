@@ -135,15 +135,16 @@ TEST(LiveDiagnosis, ACgroupsThrottlingIsCitedLive) {
       << f.evidence;
 }
 
-TEST(LiveDiagnosis, StepsAcrossTimeWithTheLaunchProbesOffAreNotAnalysed) {
-  // A clean loop whose launch and copy probes the budget switched off for a second: the step that
-  // spans that second (from the last launch seen to the next) is no step, and what its thread did
-  // then is in no finding.
+TEST(LiveDiagnosis, TimeWithTheLaunchProbesOffHoldsNoStepButItsHostTimeCounts) {
+  // A loop whose launch and copy probes the budget switched off for a second, in which its thread
+  // slept half the time: the step that spans that second (from the last launch seen to the next)
+  // is no step, while the thread's time then, seen whole by the host telemetry, counts at the
+  // steps' pace: the sleep explains half of that second, a sixth of the three.
   agent::LiveDiagnosis live({});
   const uint64_t t0 = 1'000'000'000, s = 1'000'000'000;
   feed_loop(live, t0, 1, 0);
   live.high_rate_probes(kPid, false, t0 + s);
-  feed_loop(live, t0 + s, 1, 5'000'000, 0, false);  // unseen: its steps could be anything
+  feed_loop(live, t0 + s, 1, 5'000'000, 0, false);
   live.high_rate_probes(kPid, true, t0 + 2 * s);
   feed_loop(live, t0 + 2 * s, 1, 0);
   live.tick(t0 + 3 * s);
@@ -151,7 +152,9 @@ TEST(LiveDiagnosis, StepsAcrossTimeWithTheLaunchProbesOffAreNotAnalysed) {
   ASSERT_EQ(cur.size(), 1u);
   EXPECT_NEAR(cur[0].step_s, 0.01, 1e-6);
   EXPECT_GE(cur[0].steps, 190u);
-  EXPECT_TRUE(cur[0].findings.empty()) << cur[0].findings[0].cause;
+  ASSERT_EQ(cur[0].findings.size(), 1u);
+  EXPECT_EQ(cur[0].findings[0].cause, "sleep");
+  EXPECT_NEAR(cur[0].findings[0].share, 1.0 / 6, 0.02);
 
   // Off again for longer than the window: nothing whole to analyse, the last analysis stays.
   live.high_rate_probes(kPid, false, t0 + 3 * s);

@@ -270,3 +270,27 @@ def test_timeline_shows_steps_and_findings(record, gpuscope, tmp_path):
     # It spans the steps it was seen in, and says what to do.
     assert sleep["dur"] >= 0.8 * sum(e["dur"] for e in steps)
     assert "Remove the sleep" in sleep["args"]["fix"]
+
+
+def test_a_stretch_of_the_run_and_the_agents_view_of_it(record, gpuscope):
+    rec = record("--", TARGETS / "diag_steps", "sleep", 180)  # 2.7 s
+    out = gpuscope("diagnose", "--json", rec.path)
+    [whole] = [p for p in json.loads(out.stdout)["processes"] if p["comm"] == "diag_steps"]
+    start_ns, end_ns = whole["findings"][0]["window_ns"]
+    mid = (start_ns + end_ns) / 2 / 1e9
+    # The steps of the first half only: about half of them, the same cause.
+    out = gpuscope("diagnose", "--json", "--to", f"{mid:.3f}", rec.path)
+    assert out.returncode == 0, out.stderr
+    [half] = [p for p in json.loads(out.stdout)["processes"] if p["comm"] == "diag_steps"]
+    assert 0.3 * whole["steps"]["count"] <= half["steps"]["count"] <= 0.7 * whole["steps"]["count"], half["steps"]
+    assert half["findings"][0]["cause"] == "sleep" and half["findings"][0]["window_ns"][1] <= mid * 1e9 + 1
+    # As the agent would have seen it at the end, with launches observed 30% of each 2 s (the
+    # first 0.6 s of the 3 s before it): the steps seen then, the sleep seen throughout.
+    out = gpuscope("diagnose", "--json", "--as-agent", "--to", f"{end_ns / 1e9:.3f}", "--agent-duty", "0.3", rec.path)
+    assert out.returncode == 0, out.stderr
+    [agent] = [p for p in json.loads(out.stdout)["processes"] if p["comm"] == "diag_steps"]
+    assert agent["findings"][0]["cause"] == "sleep", agent["findings"]
+    # Bad input: one line each, non-zero.
+    for args, said in [(("--as-agent",), "--as-agent needs --to"), (("--from", "2", "--to", "1"), "--to must come after")]:
+        out = gpuscope("diagnose", *args, rec.path)
+        assert out.returncode != 0 and said in out.stderr and out.stderr.count("\n") == 1, out.stderr

@@ -302,7 +302,8 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
     const uint64_t piece = std::clamp(uint64_t(lens[lens.size() / 2]), kMinDarkPieceNs, kMaxDarkPieceNs);
     const uint64_t lo = segments.front().w.start_ns, hi = std::min(e.until_ns, segments.back().w.end_ns);
     for (const auto& [a, z] : e.unobserved)
-      for (uint64_t t = std::max(a, lo); t + piece / 2 < std::min(z, hi); t += piece) dark.emplace_back(t, std::min({t + piece, z, hi}));
+      for (uint64_t t = std::max(a, lo); t + piece / 2 < std::min(z, hi); t += piece)
+        dark.emplace_back(t, std::min({t + piece, z, hi}));
   }
   // Whole steps and dark pieces, in time order: the loop below reads each source once.
   std::vector<std::pair<uint64_t, uint64_t>> measured;

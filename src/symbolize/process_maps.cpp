@@ -120,9 +120,15 @@ std::optional<ModuleAddress> ProcessMaps::resolve(pid_t pid, uint64_t addr) {
   {
     std::lock_guard lock(mu_);
     if (auto it = processes_.find(pid); it != processes_.end()) {
+      // The kernel says a file maps it: the snapshot is older than that mapping (taken at a
+      // library's load while the loader was still mapping its segments), so it is read again at
+      // once, unless it was read for this very page a moment ago (a mapping the snapshot leaves out).
+      auto& st = it->second;
+      const bool again = mapped == FileMapping::Yes && st.yes_refresh_page != page;
       const uint64_t wait = mapped == FileMapping::Yes ? kMinRefreshIntervalNs
-                                                       : std::max(it->second.miss_refresh_interval_ns, kMinRefreshIntervalNs);
-      if (monotonic_ns() - it->second.refreshed_ns < wait) return std::nullopt;
+                                                       : std::max(st.miss_refresh_interval_ns, kMinRefreshIntervalNs);
+      if (!again && monotonic_ns() - st.refreshed_ns < wait) return std::nullopt;
+      if (mapped == FileMapping::Yes) st.yes_refresh_page = page;
     }
   }
   if (!refresh(pid)) return std::nullopt;

@@ -51,6 +51,7 @@ class ProcessMaps {
     std::vector<discover::Mapping> maps;
     uint64_t refreshed_ns = 0;
     uint64_t miss_refresh_interval_ns = 0;  // 0: the shortest (see kMinRefreshIntervalNs)
+    uint64_t yes_refresh_page = 0;  // the page a file maps that the last read at once was for
     // openable_path's recent answers, by path: (answer, when asked).
     std::unordered_map<std::string, std::pair<std::string, uint64_t>> open_paths;
     // Pages the kernel said no file maps (the vDSO, JIT code), until the next read of the maps:

@@ -340,6 +340,17 @@ TEST(ProcessMaps, AMissReReadsTheMapsOnlyWhenAFileMapsTheAddressNow) {
   ASSERT_TRUE(found);
   EXPECT_EQ(found->path, copy.string());
   EXPECT_EQ(maps.reads(), reads + 1);
+  // One loaded just after a read of the maps (a snapshot taken at its load while the loader was
+  // still mapping it): found at once, not 20 ms later (a stack unwound meanwhile lost its frame).
+  const fs::path second = dir / "libgpuscope_maps_test2.so";
+  fs::copy_file("/usr/lib/x86_64-linux-gnu/libbz2.so.1.0", second, fs::copy_options::overwrite_existing);
+  ASSERT_TRUE(maps.refresh(pid));
+  void* lib2 = dlopen(second.c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib2, nullptr) << dlerror();
+  const auto found2 = maps.resolve(pid, reinterpret_cast<uint64_t>(dlsym(lib2, "BZ2_bzlibVersion")));
+  ASSERT_TRUE(found2);
+  EXPECT_EQ(found2->path, second.string());
+  dlclose(lib2);
   dlclose(lib);
   fs::remove_all(dir);
 }

@@ -1,8 +1,8 @@
 #include "agent/agent.h"
 
 #include <httplib.h>
-#include <nlohmann/json.hpp>
 #include <malloc.h>
+#include <nlohmann/json.hpp>
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>

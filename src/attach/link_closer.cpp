@@ -1,4 +1,5 @@
 #include "attach/link_closer.h"
+
 #include "common/thread_name.h"
 
 namespace gpuscope::attach {

@@ -26,10 +26,6 @@ class StopSignal {
     std::lock_guard lock(mu_);
     stopped_ = false;
   }
-  bool stopped() {
-    std::lock_guard lock(mu_);
-    return stopped_;
-  }
 
  private:
   std::mutex mu_;

@@ -187,12 +187,11 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
     // wait for a CPU that another task held is the quota's too, up to the time cpu.stat says the
     // cgroup was throttled (some other task on the CPU ends most such waits on a busy host).
     const auto& cg = b.cgroup_pressure;
-    const double quota_held =
-        cg.throttled_periods >= kThrottledMost && cg.throttled > 0
-            ? std::clamp(std::min(cg.throttled * b.window_ns, b.runnable - b.runnable_idle - behind_ksoftirqd), 0.0,
-                         b.runnable)
-            : 0.0;
-    const double contended = b.runnable - b.runnable_idle - behind_ksoftirqd - quota_held;
+    const double cpu_waits = b.runnable - b.runnable_idle - behind_ksoftirqd;  // behind other tasks
+    const double quota_held = cg.throttled_periods >= kThrottledMost && cg.throttled > 0
+                                  ? std::max(0.0, std::min(cg.throttled * b.window_ns, cpu_waits))
+                                  : 0.0;
+    const double contended = cpu_waits - quota_held;
     if (contended > 0) {
       std::map<uint32_t, double> others = b.waited_for;
       others.erase(0);

@@ -232,7 +232,8 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites, const Dia
       std::erase_if(e.calls, [&](const CudaCall& c) {
         return c.gpu_work() && c.ts_ns >= start && (c.ts_ns - start) % opts.cycle_ns >= on_ns;
       });
-      for (uint64_t t = start; t < e.until_ns; t += opts.cycle_ns) e.unobserved.emplace_back(t + on_ns, t + opts.cycle_ns);
+      for (uint64_t t = start; t < e.until_ns; t += opts.cycle_ns)
+        e.unobserved.emplace_back(t + on_ns, t + opts.cycle_ns);
     }
     ProcessDiagnosis p = analyze(e, names, d.host_telemetry, d.origin_ns, opts.slow_ranking);
     if (!p.step_ms.empty()) d.processes.push_back(std::move(p));

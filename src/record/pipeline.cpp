@@ -8,11 +8,11 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "cuda/functions.h"
 #include "cuda/handoffs.h"
 #include "decode/decoder.h"
 #include "discover/proc.h"
-#include "common/thread_name.h"
 
 namespace gpuscope::record {
 

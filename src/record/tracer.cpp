@@ -12,11 +12,11 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "cuda/functions.h"
 #include "cuda/handoffs.h"
 #include "discover/proc.h"
 #include "elf/elf_file.h"
-#include "common/thread_name.h"
 
 namespace gpuscope::record {
 

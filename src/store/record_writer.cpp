@@ -16,9 +16,9 @@
 
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/thread_name.h"
 #include "cuda/functions.h"
 #include "store/schema.h"
-#include "common/thread_name.h"
 
 namespace gpuscope::store {
 namespace {

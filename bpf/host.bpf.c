@@ -264,6 +264,21 @@ static __always_inline void woken(struct task_struct *p)
 	send_window(t, p, now, false);
 }
 
+/* A profile sample interrupted a followed thread on its CPU. A thread that keeps its CPU has no
+ * event to send its window at: without this, the state its last window ended in (preempted,
+ * often) would stand for all the time it then ran. */
+static __always_inline void host_sampled(void)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct thread_time *t = tracked_thread(task);
+	if (!t || t->state != GS_TS_ON_CPU)
+		return;
+	__u64 now = bpf_ktime_get_ns();
+	if (now - t->start_ns < GS_THREAD_WINDOW_NS)
+		return;
+	send_window(t, task, charge(t, now), false);
+}
+
 SEC("tp_btf/sched_waking")
 int BPF_PROG(host_waking, struct task_struct *p)
 {

@@ -25,6 +25,8 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
+	if (host_telemetry && host_followed(tgid))
+		host_sampled();
 	if (tgid == 0 || !is_target(tgid))
 		return 0;
 	if (sample_only_targets && !bpf_map_lookup_elem(&targets, &tgid))

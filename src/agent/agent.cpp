@@ -513,6 +513,7 @@ void Agent::update_hit_cost() {
   hit_cost_.entry_ns = trap_cost_.entry_ns + bpf_entry_ns_;
   hit_cost_.return_ns = trap_cost_.return_ns + bpf_pair_ns_;
   if (budget_) budget_->set_hit_costs(hit_cost_.entry_ns, hit_cost_.return_ns);
+  if (live_) live_->set_probe_costs(hit_cost_.entry_ns, hit_cost_.return_ns);
 }
 
 void Agent::enforce_memory_limit() {

@@ -10,7 +10,12 @@
 namespace gpuscope::agent {
 
 void LiveDiagnosis::add_call(const CallEvent& e) {
-  if (e.parent_id) return;  // a driver call inside a runtime call: counted with it
+  if (e.parent_id) {
+    // A driver call inside a runtime call: analysed with it, its probes' cost too.
+    std::lock_guard lock(mu_);
+    if (auto it = processes_.find(e.pid); it != processes_.end()) ++(e.has_return ? it->second.pair_hits : it->second.entry_hits);
+    return;
+  }
   const auto* f = cuda::function_by_id(e.func);
   if (!f) return;
   diagnose::CudaCall c;
@@ -29,6 +34,8 @@ void LiveDiagnosis::add_call(const CallEvent& e) {
   if (!processes_.contains(e.pid) && processes_.size() >= limits_.max_processes) return;
   auto& p = processes_[e.pid];
   if (p.comm.empty()) p.comm = e.comm;
+  ++(e.has_return ? p.pair_hits : p.entry_hits);
+  ++p.top_calls;
   p.calls.push_back(std::move(c));
   if (p.calls.size() > limits_.max_calls) p.calls.pop_front();
 }
@@ -121,6 +128,12 @@ void LiveDiagnosis::high_rate_probes(uint32_t pid, bool on, uint64_t t_ns) {
   }
 }
 
+void LiveDiagnosis::set_probe_costs(double entry_ns, double pair_ns) {
+  std::lock_guard lock(mu_);
+  entry_hit_ns_ = entry_ns;
+  pair_hit_ns_ = pair_ns;
+}
+
 void LiveDiagnosis::trim(Process& p, uint64_t before_ns) {
   while (!p.calls.empty() && p.calls.front().ts_ns < before_ns) p.calls.pop_front();
   while (!p.unobserved.empty() && p.unobserved.front().second < before_ns) p.unobserved.pop_front();
@@ -163,6 +176,8 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
       e.until_ns = now_ns;
       e.unobserved.assign(it->second.unobserved.begin(), it->second.unobserved.end());
       if (it->second.off_since) e.unobserved.emplace_back(it->second.off_since, now_ns);
+      if (const auto& q = it->second; q.top_calls)
+        e.probe_ns_per_call = (double(q.entry_hits) * entry_hit_ns_ + double(q.pair_hits) * pair_hit_ns_) / double(q.top_calls);
       // Its GPU's readings: where NVML saw it, else the only GPU there is.
       const auto g = process_gpu_.find(it->first);
       const auto gpu = g != process_gpu_.end() ? gpus_.find(g->second) : gpus_.size() == 1 ? gpus_.begin() : gpus_.end();

@@ -44,6 +44,9 @@ class LiveDiagnosis {
   // The overhead budget switched the process's launch, copy and memset probes off or on at t_ns:
   // steps across the time they were off are not analysed (their calls went unseen).
   void high_rate_probes(uint32_t pid, bool on, uint64_t t_ns);
+  // What a probe hit costs the process (its trap and its program): a hit at entry only, and a call
+  // probed at entry and return. The analysis takes what the probes added off the job's time.
+  void set_probe_costs(double entry_ns, double pair_ns);
 
   // Analyses every process with calls in the window ending at now_ns (CLOCK_MONOTONIC); what it
   // finds is what families() exports until the next tick.
@@ -77,6 +80,9 @@ class LiveDiagnosis {
     size_t window_count = 0;
     std::deque<std::pair<uint64_t, uint64_t>> unobserved;  // spans with the high-rate probes off
     uint64_t off_since = 0;                                // they are off now, since then
+    // Its calls seen, and of them, those at the top (not within another): what the probes cost
+    // each of the latter.
+    uint64_t entry_hits = 0, pair_hits = 0, top_calls = 0;
   };
   void trim(Process& p, uint64_t before_ns);
 
@@ -94,6 +100,7 @@ class LiveDiagnosis {
   std::vector<Current> current_;
   std::vector<Onset> onsets_;                                     // at most 256 waiting
   std::map<std::pair<uint32_t, std::string>, uint64_t> reported_;  // (pid, cause) -> when last told
+  double entry_hit_ns_ = 0, pair_hit_ns_ = 0;
 };
 
 }  // namespace gpuscope::agent

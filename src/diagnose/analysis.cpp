@@ -13,7 +13,10 @@ namespace gpuscope::diagnose {
 namespace {
 
 constexpr double kSlowStep = 1.25;        // a step this much longer than the median is slow
+constexpr size_t kOnsetSteps = 3;         // slow steps in a row, the last seen: something began
 constexpr uint64_t kFallbackWindowNs = 1'000'000'000;
+// How long a thread's last window's state, on a CPU or runnable, is taken to last (see thread_segments).
+constexpr uint64_t kTrailingStateNs = 60'000'000;
 // Pieces of a span with the launches unobserved (ProcessEvidence::unobserved): about a step.
 constexpr uint64_t kMinDarkPieceNs = 10'000'000, kMaxDarkPieceNs = 250'000'000;
 
@@ -55,8 +58,17 @@ std::vector<Segment> thread_segments(const std::vector<ThreadWindow>& windows, u
     out.push_back({w, w.waited_ns > 0 && w.waited_for_tid == 0 ? w.runnable : 0});
     state = w.state;
   }
-  if (!out.empty() && state != "exited" && until_ns > out.back().w.end_ns)
-    out.push_back({in_state(out.back().w.end_ns, until_ns, state)});
+  // After its last window: a blocked thread's wait goes on until the wake-up that would send the
+  // next one. Any other state may have changed within the next window's first GS_THREAD_WINDOW_NS
+  // without a word (a preempted thread back on its CPU, a running one blocked): it stands a while
+  // (a thread that keeps its CPU sends windows at its profile samples), and what follows is not
+  // seen. Taken as lasting, a preemption at the last window's end made a thread that then ran for
+  // half a second look runnable throughout.
+  if (!out.empty() && state != "exited" && until_ns > out.back().w.end_ns) {
+    const uint64_t from = out.back().w.end_ns;
+    const bool blocked = state == "io" || state == "lock" || state == "fd" || state == "sleep" || state == "other";
+    out.push_back({in_state(from, blocked ? until_ns : std::min(until_ns, from + kTrailingStateNs), state)});
+  }
   return out;
 }
 
@@ -155,6 +167,7 @@ void Breakdown::add(const Breakdown& o) {
   in_copy += o.in_copy;
   in_cuda += o.in_cuda;
   syncs += o.syncs;
+  probes += o.probes;
   pageable_copies += o.pageable_copies;
   pageable_bytes += o.pageable_bytes;
   in_launch += o.in_launch;
@@ -409,10 +422,13 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
         }
       }
     }
-    // Launches by any of its threads (the backward pass's come from autograd's).
+    // Launches by any of its threads (the backward pass's come from autograd's), and what the
+    // probes added to their calls.
     while (any_call < e.calls.size() && e.calls[any_call].ts_ns < s) ++any_call;
-    for (size_t j = any_call; j < e.calls.size() && e.calls[j].ts_ns < end; ++j)
+    for (size_t j = any_call; j < e.calls.size() && e.calls[j].ts_ns < end; ++j) {
       if (e.calls[j].launch()) ++b.launches;
+      b.probes += e.probe_ns_per_call;
+    }
     if (!kernels.empty()) {
       b.gpu_known = true;
       while (kern < kernels.size() && kernels[kern].end_ns <= s) ++kern;
@@ -493,15 +509,26 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
   p.p50_ms = sorted[sorted.size() / 2];
   p.p90_ms = sorted[std::min(sorted.size() - 1, sorted.size() * 9 / 10)];
   uint64_t slow_from = 0, slow_to = 0;
+  double all_ms = 0, slow_excess_ms = 0;
+  size_t slow_run = 0;  // slow steps in a row, up to the last
   for (size_t i = 0; i < per_step.size(); ++i) {
     p.all.add(per_step[i]);
+    all_ms += p.step_ms[i];
+    slow_run = p.step_ms[i] > kSlowStep * p.p50_ms ? slow_run + 1 : 0;
     if (p.step_ms[i] > kSlowStep * p.p50_ms) {
       ++p.slow_steps;
       p.slow.add(per_step[i]);
+      slow_excess_ms += p.step_ms[i] - p.p50_ms;
       if (!slow_from) slow_from = spans[i].first;
       slow_to = spans[i].second;
     }
   }
+  // Ranked among themselves, the slow steps stand for what slows the job now only when they weigh:
+  // their time over the median is a share of the steps' worth a finding (a cause that has gone on a
+  // while), or the last steps seen are slow in a row (its onset). A healthy job's few slow steps
+  // here and there (a kernel worker's turn on its CPU) explain nothing about it.
+  const bool slow_steps_weigh = slow_ranking == SlowSteps::RankedOverAll || slow_run >= kOnsetSteps ||
+                                (all_ms > 0 && slow_excess_ms / all_ms >= kMinShare);
   for (const auto& b : per_dark) p.all.add(b);
   const uint64_t first = measured.front().first, last = measured.back().second;
   p.all.host_pressure = pressure_between(e.host_pressure, first, last);
@@ -514,7 +541,7 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
   const uint64_t from = since_origin(first), to = since_origin(last);
   findings_from(p.all, names, e, from, to, telemetry, p.findings, {});
   // Causes of the slow steps alone (a hog that came for a while), in their window (see SlowSteps).
-  if (p.slow_steps >= 2 && p.all.window_ns > 0) {
+  if (p.slow_steps >= 2 && slow_steps_weigh && p.all.window_ns > 0) {
     std::set<std::string> have;
     for (const auto& f : p.findings) have.insert(f.cause);
     std::vector<Finding> slow;

@@ -47,6 +47,9 @@ struct Breakdown {
   double in_sync = 0, in_pageable_copy = 0, in_copy = 0, in_launch = 0, in_cuda = 0;  // in CUDA calls
                                                                                         // (in_cuda: all)
   double syncs = 0, pageable_copies = 0;
+  // What gpuscope's own probes added to the process's CUDA calls (their traps and programs run in
+  // the kernel, in its threads' time): the observer's cost, not the job's.
+  double probes = 0;
   double pageable_bytes = 0;
   double launches = 0;
   std::map<int64_t, double> sync_stacks;  // the stacks of its syncs -> time in them
@@ -163,6 +166,8 @@ struct ProcessEvidence {
   // Spans in which its launches, copies and memsets were not observed (the agent's overhead budget
   // had their probes off), in time order: a step that overlaps one is not a step seen whole.
   std::vector<std::pair<uint64_t, uint64_t>> unobserved;
+  // What the probes add to each of its CUDA calls, its driver calls within included (0: unknown).
+  double probe_ns_per_call = 0;
   // The Python line (or native caller) of a call's stack, for the evidence; "" when unknown.
   std::function<std::string(int64_t stack_id)> site;
 };

@@ -101,6 +101,14 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
   const double busy = b.busy_share();
   const bool gpu_view = busy >= 0;
   const double idle = gpu_view ? 1 - busy : 1;
+  // gpuscope's own probes: their traps and programs run in the kernel, in the job's threads, and
+  // where the host fed the GPU, the GPU waited for them. Neither is the job's doing: their time is
+  // no host cause's, and the GPU's idle time they account for is left out of what host causes can
+  // explain.
+  const double probes = std::min(b.probes, b.on_cpu);
+  b.on_cpu -= probes;
+  b.sys = std::max(0.0, b.sys - probes);
+  const double host_idle = gpu_view ? std::max(0.0, idle - probes / b.window_ns) : idle;
   const double steps_ms = b.window_ns / b.steps / 1e6;
   auto add_share = [&](std::string cause, std::string title, double share, std::string evidence, std::string fix,
                        std::string confidence) {
@@ -112,7 +120,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
   };
   auto add = [&](std::string cause, std::string title, double ns, std::string evidence, std::string fix,
                  std::string confidence) {
-    add_share(std::move(cause), std::move(title), std::min(ns / b.window_ns, idle), std::move(evidence),
+    add_share(std::move(cause), std::move(title), std::min(ns / b.window_ns, host_idle), std::move(evidence),
               std::move(fix), std::move(confidence));
   };
   const std::string gpu_idle_note =
@@ -373,7 +381,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
   // that thread's running is the host's work too.
   const double own_work = std::max(0.0, b.on_cpu - b.net_softirq - kernel_time(b) - b.in_cuda) +
                           std::min(b.in_launch, b.launches * kLaunchNs) + b.handoff;
-  const double residual = std::min({std::max(0.0, idle - blocked / b.window_ns - b.in_pageable_copy / b.window_ns),
+  const double residual = std::min({std::max(0.0, host_idle - blocked / b.window_ns - b.in_pageable_copy / b.window_ns),
                                     own_work / b.window_ns, b.gpu_known ? b.host_late / b.window_ns : 1.0});
   if (b.syncs >= b.steps && b.in_sync / b.window_ns >= kMinShare) {
     std::pair<int64_t, double> where{0, 0};

@@ -31,6 +31,7 @@ json breakdown_json(const Breakdown& b) {
            {"pageable_copies", per_step_ms(b.in_pageable_copy)}}},
          {"syncs_per_step", b.syncs / b.steps},
          {"launches_per_step", b.launches / b.steps}};
+  if (b.probes > 0) j["cuda_ms"]["gpuscope_probes"] = per_step_ms(b.probes);
   if (const double busy = b.busy_share(); busy >= 0) {
     j["gpu_busy_share"] = busy;
     j["gpu_busy_from"] = b.gpu_known ? "gpu_times" : "nvml";
@@ -94,13 +95,16 @@ std::string render_text(const json& doc) {
           "A step of the thread that feeds the GPU (tid {}): on a CPU {:.1f} ms ({:.1f} of it system time), waiting for "
           "a CPU {:.1f}, I/O {:.1f}, "
           "lock {:.1f}, pipe/socket {:.1f}, sleep {:.1f}, for its other CUDA threads {:.1f}, other {:.1f}, not seen "
-          "{:.1f}; in CUDA calls {:.1f} ms (syncs {:.1f}, copies {:.1f})\n",
+          "{:.1f}; in CUDA calls {:.1f} ms (syncs {:.1f}, copies {:.1f}){}\n",
           p.at("feeding_tid").get<int64_t>(), t.at("on_cpu").get<double>(), t.value("on_cpu_in_kernel", 0.0),
           t.at("runnable").get<double>(),
           t.at("io").get<double>(), t.at("lock").get<double>(), t.at("fd").get<double>(), t.at("sleep").get<double>(),
           t.at("handoff").get<double>(),
           t.at("other").get<double>(), t.at("unseen").get<double>(), b.at("cuda_ms").at("all").get<double>(),
-          b.at("cuda_ms").at("sync").get<double>(), b.at("cuda_ms").at("copies").get<double>());
+          b.at("cuda_ms").at("sync").get<double>(), b.at("cuda_ms").at("copies").get<double>(),
+          b.at("cuda_ms").contains("gpuscope_probes")
+              ? fmt::format("; gpuscope's probes added {:.2f} ms", b.at("cuda_ms").at("gpuscope_probes").get<double>())
+              : "");
       if (b.contains("gpu_busy_share"))
         out += fmt::format("The GPU was busy {:.0f}% of the steps ({}); {:.0f} launches a step\n",
                            b.at("gpu_busy_share").get<double>() * 100,

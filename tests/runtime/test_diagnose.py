@@ -207,8 +207,8 @@ def test_memory_limit_is_memory_pressure(record, gpuscope):
 
 
 def test_agent_finds_a_cpu_hog_live(agent):
-    """The agent's live diagnosis: a hog that comes mid-run onto the loop's CPU is exported as a
-    cpu_contention finding within seconds."""
+    """The agent's live diagnosis: a clean loop has no finding; a hog that comes mid-run onto its
+    CPU is exported as a cpu_contention finding within seconds."""
     from agent_util import series
     # Every call observed (no duty cycling of the probes under the overhead budget), and the agent on
     # another CPU than the loop's: its own work is not the contention looked for.
@@ -218,28 +218,32 @@ def test_agent_finds_a_cpu_hog_live(agent):
     history = []
 
     def seen(m):
-        """The loop's step time and its cpu_contention share, kept for the failure message."""
+        """The loop's step time, its cpu_contention share and its largest finding's, kept for the
+        failure message."""
         step = series(m, "gpuscope_step_seconds", pid=loop.pid)
         share = max(series(m, "gpuscope_finding_share", pid=loop.pid, cause="cpu_contention"), default=0)
-        history.append((round(time.time() - t0, 1), step[0] if step else None, share))
-        return step, share
+        top = max(series(m, "gpuscope_finding_share", pid=loop.pid), default=0)
+        history.append((round(time.time() - t0, 1), step[0] if step else None, share, top))
+        return step, share, top
     t0 = time.time()
     try:
         m = a.wait_for(lambda m: seen(m)[0], timeout=30, what="the loop's steps")
         assert 0.008 < series(m, "gpuscope_step_seconds", pid=loop.pid)[0] < 0.02
-        # Its first seconds (its start, the agent attaching) hold real contention of up to a third of
-        # a step: the hogs come once that has passed, so that what is found is theirs.
-        try:
-            a.wait_for(lambda m: seen(m)[1] < 0.1, timeout=20, what="the start's contention to pass")
-        except AssertionError as e:
-            raise AssertionError(f"(seconds, step, cpu_contention share): {history}") from e
+        # Clean, from the first analysis on: no cause explains a tenth of its steps (a thread that
+        # ran on after being preempted was once taken as waiting all along: a third of a step).
+        quiet_until = time.time() + 4
+        while time.time() < quiet_until:
+            a.wait_for(lambda m: seen(m)[0], timeout=10, what="the loop's steps")
+            time.sleep(0.5)
+        clean = [h for h in history if h[1]]
+        assert clean and max(h[3] for h in clean) < 0.1, f"(seconds, step, cpu_contention, top finding): {history}"
         # Two hogs: the loop gets a third of its CPU, runnable two thirds of the time.
         hogs = [subprocess.Popen(["taskset", "-c", "0", "python3", "-c", "while True: pass"]) for _ in range(2)]
         onset = time.time()
         try:
             a.wait_for(lambda m: seen(m)[1] > 0.3, timeout=20, what="a cpu_contention finding")
         except AssertionError as e:
-            raise AssertionError(f"(seconds, step, cpu_contention share): {history}") from e
+            raise AssertionError(f"(seconds, step, cpu_contention, top finding): {history}") from e
         print(f"cpu_contention found {time.time() - onset:.1f} s after the hogs started; {history}")
         # Its evidence and fix, as /debug/diagnosis serves them: the hogs named.
         from agent_util import http_get

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <set>
 
 #include "cuda/functions.h"
 #include "diagnose/analysis.h"
@@ -550,16 +551,17 @@ TEST(DiagnoseFindings, AGpuThatFellOffTheBusComesFirst) {
   EXPECT_NE(g[0].fix.find("compute-sanitizer"), std::string::npos);
 }
 
-TEST(DiagnoseFindings, ACauseOfAFewSlowStepsRanksByTheTimeItExplainsOverAll) {
-  // 40 steps of 10 ms, each blocked 3 ms on a lock another thread of the job ends (29% of the
-  // run); two of them 16 ms, asleep 6 ms more: over a third of those two, 3% of the run. The lock explains
-  // more of the job's time and comes first; the sleep is still told, with its share of the slow
-  // steps.
-  CraftedRun r("slow_steps");
+namespace {
+
+// 40 steps of 10 ms, each blocked 3 ms on a lock another thread of the job ends (29% of the run);
+// the steps in `slow` 16 ms, asleep 6 ms more.
+diagnose::Diagnosis diagnosis_with_slow_steps(const std::string& name, const std::set<uint64_t>& slow,
+                                              diagnose::SlowSteps ranking) {
+  CraftedRun r(name);
   uint64_t t = 1'000'000;
   for (uint64_t s = 0; s < 40; ++s) {
-    const bool slow = s == 12 || s == 27;
-    const uint64_t len = slow ? 16'000'000 : kStepNs, sleep = slow ? 6'000'000 : 0;
+    const bool is_slow = slow.contains(s);
+    const uint64_t len = is_slow ? 16'000'000 : kStepNs, sleep = is_slow ? 6'000'000 : 0;
     r.call("cudaMemcpyAsync", kPid, t, 10'000, 0, 4 << 20);
     for (int k = 0; k < 3; ++k) r.call("cudaLaunchKernel", kPid, t + 50'000 + k * 20'000, 5'000, 0x1000 + k);
     store::ThreadTimeRow w;
@@ -576,7 +578,28 @@ TEST(DiagnoseFindings, ACauseOfAFewSlowStepsRanksByTheTimeItExplainsOverAll) {
     r.w.add_thread_time(w);
     t += len;
   }
-  const auto d = diagnosis_of(r);
+  r.w.finish();
+  store::RecordReader reader(r.path);
+  diagnose::DiagnoseOptions opts;
+  opts.slow_ranking = ranking;
+  auto d = diagnose::diagnose(reader, nullptr, opts);
+  std::filesystem::remove(r.path);
+  return d;
+}
+
+bool has_cause(const diagnose::Diagnosis& d, const std::string& cause) {
+  for (const auto& p : d.processes)
+    for (const auto& f : p.findings)
+      if (f.cause == cause) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST(DiagnoseFindings, ACauseOfAFewSlowStepsRanksByTheTimeItExplainsOverAll) {
+  // Two slow steps: over a third of those two, 3% of the run. The lock explains more of the job's
+  // time and comes first; the sleep is still told, with its share of the slow steps.
+  const auto d = diagnosis_with_slow_steps("slow_steps", {12, 27}, diagnose::SlowSteps::RankedOverAll);
   ASSERT_EQ(d.processes.size(), 1u);
   const auto& f = d.processes[0].findings;
   ASSERT_EQ(f.size(), 2u);
@@ -585,4 +608,18 @@ TEST(DiagnoseFindings, ACauseOfAFewSlowStepsRanksByTheTimeItExplainsOverAll) {
   EXPECT_NEAR(f[1].share, 12.0 / 412, 0.01);
   EXPECT_NE(f[1].evidence.find("in the 2 slow steps (8% of the time), 3"), std::string::npos)
       << f[1].evidence;
+}
+
+TEST(DiagnoseFindings, LiveAFewSlowStepsHereAndThereSayNothingButARunOfThemAtTheEndDoes) {
+  // Ranked among themselves (the agent's recent window), the slow steps' cause is told when they
+  // weigh: two scattered ones (3% of the time over the median) are a healthy job's noise; the
+  // same slowness in the last three steps seen whole (the 40th is not) is something that has just begun.
+  EXPECT_FALSE(has_cause(diagnosis_with_slow_steps("scattered", {12, 27}, diagnose::SlowSteps::RankedAmongThemselves),
+                         "sleep"));
+  EXPECT_TRUE(has_cause(diagnosis_with_slow_steps("onset", {36, 37, 38, 39}, diagnose::SlowSteps::RankedAmongThemselves),
+                        "sleep"));
+  // Gone on a while (8 slow steps, 12% of the time over the median), scattered or not.
+  EXPECT_TRUE(has_cause(diagnosis_with_slow_steps("a_while", {3, 8, 13, 18, 23, 28, 33, 36},
+                                                  diagnose::SlowSteps::RankedAmongThemselves),
+                        "sleep"));
 }

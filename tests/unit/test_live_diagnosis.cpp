@@ -165,3 +165,94 @@ TEST(LiveDiagnosis, TimeWithTheLaunchProbesOffHoldsNoStepButItsHostTimeCounts) {
   EXPECT_NEAR(cur[0].step_s, 0.01, 1e-6);
   EXPECT_EQ(cur[0].analysed_ns, t0 + 3 * s);
 }
+
+namespace {
+
+// 3 s of a loop of 100 launches a 10 ms step, each launch a runtime call with the driver's call
+// within it; its main thread on a CPU throughout, 1.6 ms of each step in the kernel (the probes'
+// traps and programs are system time); the GPU busy 85% of the time.
+void feed_launch_loop(agent::LiveDiagnosis& live, uint64_t from_ns) {
+  for (uint64_t s = 0; s < 300; ++s) {
+    const uint64_t t = from_ns + s * kStepNs;
+    for (uint64_t k = 0; k < 100; ++k) {
+      CallEvent e;
+      e.pid = e.tid = kPid;
+      e.comm = "python3";
+      e.has_return = true;
+      e.kernel_handle = 0xa0 + k;
+      e.call_id = s * 1000 + k * 2 + 1;
+      e.func = cuda::function_by_symbol("cuLaunchKernel")->id;
+      e.parent_id = e.call_id + 1;
+      e.ts_ns = t + k * 100'000 + 2'000;
+      e.duration_ns = 6'000;
+      live.add_call(e);
+      e.func = cuda::function_by_symbol("cudaLaunchKernel")->id;
+      e.call_id = e.parent_id;
+      e.parent_id = 0;
+      e.ts_ns = t + k * 100'000;
+      e.duration_ns = 10'000;
+      live.add_call(e);
+    }
+    store::ThreadTimeRow r;
+    r.pid = r.tid = kPid;
+    r.start_ns = t;
+    r.end_ns = t + kStepNs;
+    r.on_cpu_ns = kStepNs;
+    r.sys_ns = 1'600'000;
+    r.state = "on_cpu";
+    live.add_thread_time(r);
+  }
+  feed_gpu(live, from_ns, 3, 85);
+}
+
+}  // namespace
+
+TEST(LiveDiagnosis, GpuIdleTimeTheProbesAccountForIsNoFinding) {
+  // Without the probes' cost known, the GPU's idle 15% is the job's doing (its time in the kernel).
+  agent::LiveDiagnosis unknown({});
+  const uint64_t t0 = 1'000'000'000;
+  feed_launch_loop(unknown, t0);
+  unknown.tick(t0 + 3'000'000'000);
+  EXPECT_EQ(causes(unknown), std::vector<std::string>{"host_kernel"});
+  // Two probed calls a launch at 8 µs each add 1.6 ms to a 10 ms step: the idle time is theirs,
+  // and so is the system time they were counted in.
+  agent::LiveDiagnosis known({});
+  known.set_probe_costs(3'000, 8'000);
+  feed_launch_loop(known, t0);
+  known.tick(t0 + 3'000'000'000);
+  ASSERT_EQ(known.current().size(), 1u);
+  EXPECT_TRUE(causes(known).empty()) << causes(known)[0];
+}
+
+TEST(LiveDiagnosis, AThreadThatKeepsItsCpuIsNotTakenAsStillWaitingForIt) {
+  // The loop's last window ended as it was preempted, 2 s before the analysis; it has run since (a
+  // thread on its CPU sends no window until it leaves it or a profile sample comes). Those 2 s are
+  // not time it waited for a CPU.
+  agent::LiveDiagnosis live({});
+  const uint64_t t0 = 1'000'000'000;
+  feed_loop(live, t0, 1, 0);
+  store::ThreadTimeRow last;
+  last.pid = last.tid = kPid;
+  last.start_ns = t0 + 1'000'000'000;
+  last.end_ns = last.start_ns + kStepNs;
+  last.on_cpu_ns = kStepNs - 100'000;
+  last.runnable_ns = 100'000;
+  last.state = "runnable";
+  live.add_thread_time(last);
+  for (uint64_t s = 101; s < 300; ++s)
+    for (auto [fn, dt, handle] : {std::tuple{"cudaMemcpyAsync", 0ull, 0ull}, {"cudaLaunchKernel", 100'000ull, 0xa0ull},
+                                {"cudaLaunchKernel", 200'000ull, 0xb0ull}}) {
+      CallEvent e;
+      e.func = cuda::function_by_symbol(fn)->id;
+      e.pid = e.tid = kPid;
+      e.comm = "python3";
+      e.ts_ns = t0 + s * kStepNs + dt;
+      e.duration_ns = 5'000;
+      e.has_return = true;
+      e.kernel_handle = handle;
+      live.add_call(e);
+    }
+  live.tick(t0 + 3'000'000'000);
+  ASSERT_EQ(live.current().size(), 1u);
+  EXPECT_TRUE(causes(live).empty()) << causes(live)[0];
+}

@@ -412,6 +412,7 @@ class LiveWatch:
         self.tops = {}  # top finding after the onset -> polls it was top in (what was found instead)
         self.last = {}
         self.evidence, self.polls = None, 0  # /debug/diagnosis for the process, read every 10 polls
+        self.process_series = {}  # the agent's last series of the process (is it seen at all?)
 
     def onset(self, t, workload_pid):
         self.t_onset, self.pid = t, str(workload_pid)
@@ -436,6 +437,10 @@ class LiveWatch:
             return
         self.tops[top] = self.tops.get(top, 0) + 1
         self.polls += 1
+        for line in text.splitlines():
+            if f'pid="{self.pid}"' in line and line.split("{", 1)[0] in (
+                    "gpuscope_observed_ratio", "gpuscope_probe_hits_total", "gpuscope_kernel_launches_total"):
+                self.process_series[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
         if self.polls % 10 == 0:
             try:
                 doc = json.loads(urllib.request.urlopen(self.url.replace("/metrics", "/debug/diagnosis"), timeout=2).read())
@@ -452,7 +457,7 @@ class LiveWatch:
 
     def result(self):
         return {"detect_s": self.detected, "root_cause_s": self.rooted, "live_tops": self.tops, "live_last": self.last,
-                "live_diagnosis": self.evidence}
+                "live_diagnosis": self.evidence, "process_series": self.process_series}
 
 
 # A fault that slows the step less than this (against the same workload's clean run) had no effect
@@ -539,6 +544,12 @@ def score(out):
     if ds:
         log(f"diagnose took {ds[len(ds) // 2]:.1f} s (median), {ds[-1]:.1f} s at most, on records of "
             f"{sorted(r['record_mb'] for r in runs if 'record_mb' in r)[-1]:.0f} MB at most")
+    quiet = [r for r in runs if "live_tops" in r and r["scenario"] == "clean"]
+    if quiet:
+        polls = sum(sum(r["live_tops"].values()) for r in quiet)
+        found = sum(n for r in quiet for c, n in r["live_tops"].items() if c != "none")
+        log(f"live, clean runs: a finding in {found} of {polls} polls of /metrics "
+            f"({', '.join(f'{c} {n}' for r in quiet for c, n in r['live_tops'].items() if c != 'none') or 'none'})")
     lat = [r for r in runs if "detect_s" in r and r["scenario"] != "clean"]
     if lat:
         def pct(v, q):
@@ -563,7 +574,8 @@ def agent(a):
     s.close()
     write(cfg, f"listen: 127.0.0.1:{a.agent_port}\ninterval: 1s\ncpu_profile_hz: {a.cpu_hz}\ngpu_sample_hz: 10\n")
     logf = open(os.path.join(a.out, "agent.log"), "w")
-    p = subprocess.Popen(["taskset", "-c", "0", f"{a.build}/gpuscope", "agent", "--config", cfg], stderr=logf)
+    p = subprocess.Popen(["taskset", "-c", "0", f"{a.build}/gpuscope", "agent", "--config", cfg]
+                         + (["-v"] if a.agent_verbose else []), stderr=logf)
     deadline = time.time() + 60
     while "serving /metrics" not in open(logf.name).read():
         if p.poll() is not None or time.time() > deadline:
@@ -687,6 +699,7 @@ def main():
     ap.add_argument("--skip-done", action="store_true", help="skip the runs that DIR/runs.jsonl already holds")
     ap.add_argument("--live", action="store_true", help="the agent's live findings instead of record+diagnose")
     ap.add_argument("--cpu-hz", type=int, default=100, help="the agent's CPU sampling (--live)")
+    ap.add_argument("--agent-verbose", action="store_true", help="the agent's debugging detail in OUT/agent.log")
     ap.add_argument("--score", metavar="DIR", help="print the scores of the runs in DIR and stop")
     ap.add_argument("--overhead", action="store_true",
                     help="the clean workloads alone, under record and beside the agent: the step time gpuscope adds")

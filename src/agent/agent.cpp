@@ -282,13 +282,19 @@ HttpResponse Agent::serve(const HttpRequest& req) {
     nlohmann::json out = nlohmann::json::array();
     if (live_)
       for (const auto& c : live_->current()) {
+        nlohmann::json steps = nlohmann::json::array(), unobserved = nlohmann::json::array();
+        for (const auto& [start, ms] : c.recent_steps) steps.push_back({start, ms});
+        for (const auto& [from, to] : c.unobserved) unobserved.push_back({from, to});
         nlohmann::json findings = nlohmann::json::array();
         for (const auto& f : c.findings)
           findings.push_back({{"cause", f.cause}, {"title", f.title}, {"share_of_step", f.share},
                               {"ms_per_step", f.ms_per_step}, {"evidence", f.evidence}, {"fix", f.fix},
                               {"confidence", f.confidence}});
         out.push_back({{"pid", c.pid}, {"comm", c.comm}, {"step_seconds", c.step_s}, {"steps", c.steps},
-                       {"analysed_monotonic_ns", c.analysed_ns}, {"findings", std::move(findings)}});
+                       {"analysed_monotonic_ns", c.analysed_ns}, {"findings", std::move(findings)},
+                       // [start (CLOCK_MONOTONIC ns), ms] of the steps seen whole in the window, and
+                       // [from, to) of the spans the overhead budget had the launch probes off in.
+                       {"recent_steps", std::move(steps)}, {"probes_off", std::move(unobserved)}});
       }
     return {200, "application/json", out.dump(1) + "\n"};
   }

@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 
 #include "common/log.h"
@@ -145,6 +146,15 @@ void BudgetController::tick(uint64_t now_ns) {
         const double before = st.duty;
         st.duty = std::clamp(wanted < st.duty ? wanted : std::min(wanted, st.duty * 2), kMinDuty, 1.0);
         changes_ += st.duty != before;
+        // Lowered while on: what ran at the higher duty was within the budget then, and the on-period
+        // counts as one of the new duty's at most (it ends now if it has lasted that long). A
+        // process's start-up (imports, model building: few calls) runs at full duty until its loop
+        // begins; the off-period sized from all of it hid the loop for 10-50 s on the H100, and
+        // the live diagnosis with it.
+        if (st.on && st.duty < before) {
+          const auto planned_ns = uint64_t(std::ceil(std::max(cfg_.min_on_s, duty_now(st) * cfg_.cycle_s) * 1e9));
+          st.phase_start_ns = std::max(st.phase_start_ns, now_ns - std::min(now_ns, planned_ns));
+        }
         st.acc_on_wall_ns = 0;
         st.acc_on_cpu_ns = st.acc_cpu_ns = st.acc_high_added_ns = st.acc_low_added_ns = 0;
       }

@@ -212,6 +212,8 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
     c.comm = e.comm;
     c.step_s = d.p50_ms / 1e3;
     c.steps = d.steps.count();
+    for (size_t i = 0; i < d.step_ms.size(); ++i) c.recent_steps.emplace_back(d.step_start_ns[i], d.step_ms[i]);
+    c.unobserved = e.unobserved;
     for (const auto& f : d.findings)
       if (f.cause != "none") c.findings.push_back(f);
     found.push_back(std::move(c));

@@ -58,6 +58,9 @@ class LiveDiagnosis {
     size_t steps = 0;
     std::vector<diagnose::Finding> findings;  // not `none`
     uint64_t analysed_ns = 0;  // the tick whose window held these steps
+    // The steps seen whole (start, ms) and the spans with the launch probes off, for /debug/diagnosis.
+    std::vector<std::pair<uint64_t, double>> recent_steps;
+    std::vector<std::pair<uint64_t, uint64_t>> unobserved;
   };
   std::vector<Current> current() const;
   // Findings that began since the last call: a cause a process did not have at the tick before

@@ -485,6 +485,7 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
     }
     per_step.push_back(std::move(b));
     p.step_ms.push_back(double(end - s) / 1e6);
+    p.step_start_ns.push_back(s);
   }
   if (per_step.empty()) return p;
   if (!per_dark.empty()) {
@@ -544,6 +545,11 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
   if (p.slow_steps >= 2 && slow_steps_weigh && p.all.window_ns > 0) {
     std::set<std::string> have;
     for (const auto& f : p.findings) have.insert(f.cause);
+    // Ranked among themselves, the GPU idle while the host ran its own code is one cause, told as
+    // launch_bound or host_compute by the host time a launch takes: slow steps of a launch-bound
+    // job are not a second cause, above the first, for taking a little longer per launch.
+    if (slow_ranking == SlowSteps::RankedAmongThemselves && (have.contains("launch_bound") || have.contains("host_compute")))
+      have.insert({"launch_bound", "host_compute"});
     std::vector<Finding> slow;
     findings_from(p.slow, names, e, since_origin(slow_from), since_origin(slow_to), telemetry, slow, have);
     const double weight = p.slow.window_ns / p.all.window_ns;

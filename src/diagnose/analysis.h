@@ -101,6 +101,7 @@ struct ProcessDiagnosis {
   std::string comm, cmdline;
   Steps steps;
   std::vector<double> step_ms;
+  std::vector<uint64_t> step_start_ns;  // where each of step_ms began (the evidence's clock)
   double p50_ms = 0, p90_ms = 0;
   size_t slow_steps = 0;   // longer than 1.25x the median
   Breakdown all, slow;

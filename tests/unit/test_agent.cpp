@@ -363,11 +363,11 @@ TEST(Budget, DutyFollowsWhatTheProbesCostAgainstTheProcessCpu) {
   budget.tick(now);
   const auto& st = budget.processes().at(pid);
   EXPECT_NEAR(st.duty, 0.01 / cost, 0.02);  // 1% budget / the cost
-  // On for duty * 10 s of each cycle (already spent), then off for (1 - duty) / duty times what
-  // the on-period really lasted (5 s).
+  // On for duty * 2 s of each cycle (already spent: the 5 s at full duty were within the budget
+  // as it then stood), then off for (1 - duty) / duty times that.
   EXPECT_FALSE(st.on);
   EXPECT_EQ(switches.back(), std::make_pair(pid, false));
-  EXPECT_NEAR(st.off_len_s, on_s * (1 - st.duty) / st.duty, 0.01);
+  EXPECT_NEAR(st.off_len_s, std::max(0.2, st.duty * 2) * (1 - st.duty) / st.duty, 0.01);
   const double off_s = st.off_len_s;
   now += uint64_t((off_s - 0.3) * 1e9);
   budget.tick(now);
@@ -425,7 +425,8 @@ TEST(Budget, AlwaysOnProbesTakeTheirShareAndLateHitsStillCount) {
 
 TEST(Budget, SlowSwitchesLengthenTheOffPeriodNotTheShareObserved) {
   // Detaching takes the agent time during which the probes still fire: the off-period is
-  // sized from the on-period as it really was, so the share observed stays the duty.
+  // sized from the on-period as it really was (from the duty's planned length on, the time
+  // before at full duty aside), so the share observed stays the duty.
   agent::Aggregator agg({}, 0);
   const pid_t pid = getpid();
   const agent::BudgetConfig cfg = one_percent_budget(1000, 1000);
@@ -443,9 +444,10 @@ TEST(Budget, SlowSwitchesLengthenTheOffPeriodNotTheShareObserved) {
   const auto& st = budget.processes().at(pid);
   ASSERT_FALSE(st.on);
   EXPECT_NEAR(st.duty, 0.1, 0.02);
-  // Live for 1.05 s and the 0.3 s the switch-off took: off for 1.35 * (1 - duty) / duty.
-  EXPECT_GT(st.off_len_s, 1.34 * (1 - st.duty) / st.duty);
-  EXPECT_LT(st.off_len_s, 1.45 * (1 - st.duty) / st.duty);
+  // Live for the 0.2 s a duty of 0.1 plans and the 0.3 s the switch-off took: off for
+  // 0.5 * (1 - duty) / duty.
+  EXPECT_GT(st.off_len_s, 0.49 * (1 - st.duty) / st.duty);
+  EXPECT_LT(st.off_len_s, 0.56 * (1 - st.duty) / st.duty);
 }
 
 TEST(NameOffsets, AgreesWithTheIndexedFileAndKeepsNothing) {
@@ -698,9 +700,9 @@ TEST(Budget, OnlyTheAgentsWorkOnObservedCallsCutsEveryDuty) {
 
 TEST(Budget, AnOnPeriodsLaunchesCountForTheCycleAsItIsLived) {
   // A process is found with its probes on (duty 1); its first estimate cuts them to 2%. The
-  // launches seen in that first on-period stand for the whole cycle as it is lived: once each as
-  // they come, rising while the off-period passes, to 1 / duty each when the cycle has run the
-  // length the duty planned. (They were once counted 1 / duty each at the switch-off, before the
+  // launches seen in that first on-period (0.3 s) stand for the whole cycle as it is lived: once
+  // each as they come, rising while the off-period (49 times the 0.2 s the duty plans) passes, to
+  // the cycle's length over the on-period's each when it has run. (They were once counted 1 / duty each at the switch-off, before the
   // off-period was lived: a process that exited in it was counted for a cycle it never had.)
   FoundProcess found;
   const uint64_t burnt = burn_cpu(200'000'000);
@@ -716,12 +718,14 @@ TEST(Budget, AnOnPeriodsLaunchesCountForTheCycleAsItIsLived) {
   found.budget.tick(found.now);
   ASSERT_TRUE(found.budget.processes().at(found.pid).on);
   const double duty = found.budget.processes().at(found.pid).duty;
-  EXPECT_NEAR(value(found.agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches) / duty,
-              1e-3 * double(launches) / duty);
+  EXPECT_NEAR(st.off_len_s, 0.2 * (1 - duty) / duty, 0.01);
+  const double each = (0.3 + st.off_len_s) / 0.3;
+  EXPECT_NEAR(value(found.agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches) * each,
+              1e-3 * double(launches) * each);
   // One arriving late, after the switch-off, belongs to that period: it counts the same.
   auto late = call(uint32_t(found.pid), "cudaLaunchKernel");
   late.ts_ns = 1'000'000'000 + 100'000'000;  // made 0.1 s into the on-period
   found.agg.add_call(late);
-  EXPECT_NEAR(value(found.agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches + 1) / duty,
-              1e-3 * double(launches) / duty);
+  EXPECT_NEAR(value(found.agg.snapshot({}, 1), "gpuscope_kernel_launches_total"), double(launches + 1) * each,
+              1e-3 * double(launches) * each);
 }

@@ -623,3 +623,41 @@ TEST(DiagnoseFindings, LiveAFewSlowStepsHereAndThereSayNothingButARunOfThemAtThe
                                                   diagnose::SlowSteps::RankedAmongThemselves),
                         "sleep"));
 }
+
+TEST(DiagnoseFindings, LiveSlowStepsOfALaunchBoundJobAreNotASecondCause) {
+  // 100 launches a 10 ms step, on a CPU throughout, the GPU half idle: launch-bound. The last four
+  // steps take 20 ms for the same launches: slower per launch (host_compute by the host time a
+  // launch takes), but the same cause, not another above it.
+  CraftedRun r("launch_bound_slow");
+  uint64_t t = 1'000'000;
+  for (uint64_t s = 0; s < 40; ++s) {
+    const uint64_t len = s >= 36 ? 2 * kStepNs : kStepNs;
+    r.call("cudaMemcpyAsync", kPid, t, 10'000, 0, 4 << 20);
+    for (uint64_t k = 0; k < 100; ++k) r.call("cudaLaunchKernel", kPid, t + 50'000 + k * (len / 101), 5'000, 0x1000 + k);
+    store::ThreadTimeRow w;
+    w.pid = w.tid = kPid;
+    w.start_ns = t;
+    w.end_ns = t + len;
+    w.on_cpu_ns = len;
+    w.state = "on_cpu";
+    r.w.add_thread_time(w);
+    gpu::NvmlSampler::Batch b;
+    gpu::GpuSample g;
+    g.ts_ns = t + len / 2;
+    g.gpu_util = 50;
+    b.samples.push_back(g);
+    r.w.add_gpu_batch(b);
+    t += len;
+  }
+  r.w.finish();
+  store::RecordReader reader(r.path);
+  diagnose::DiagnoseOptions opts;
+  opts.slow_ranking = diagnose::SlowSteps::RankedAmongThemselves;
+  const auto d = diagnose::diagnose(reader, nullptr, opts);
+  std::filesystem::remove(r.path);
+  ASSERT_EQ(d.processes.size(), 1u);
+  const auto& f = d.processes[0].findings;
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f[0].cause, "launch_bound");
+  EXPECT_FALSE(has_cause(d, "host_compute"));
+}

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/log.h"
 #include "cuda/functions.h"
 
 namespace gpuscope::agent {
@@ -203,6 +204,13 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
   for (const auto& e : evidence) {
     const auto d = diagnose::analyze(e, names, true, 0, diagnose::SlowSteps::RankedAmongThemselves);
     if (d.step_ms.empty() || !d.steps.count()) {
+      if (g_verbose) {
+        size_t work = 0;
+        for (const auto& c : e.calls) work += c.gpu_work();
+        log_debug("PID {}: no step seen whole in the last {:.1f} s: {} calls ({} launches, copies or memsets), {} "
+                  "steps in their pattern, {} spans with the launch probes off",
+                  e.pid, double(limits_.window_ns) / 1e9, e.calls.size(), work, d.steps.count(), e.unobserved.size());
+      }
       unseen.push_back(e.pid);
       continue;
     }

@@ -14,6 +14,7 @@ namespace {
 
 constexpr double kSlowStep = 1.25;        // a step this much longer than the median is slow
 constexpr size_t kOnsetSteps = 3;         // slow steps in a row, the last seen: something began
+constexpr uint64_t kMinSlowSpanNs = 250'000'000;  // slow steps over less time than this are a hiccup
 constexpr uint64_t kFallbackWindowNs = 1'000'000'000;
 // How long a thread's last window's state, on a CPU or runnable, is taken to last (see thread_segments).
 constexpr uint64_t kTrailingStateNs = 60'000'000;
@@ -267,11 +268,16 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
   };
   double max_clock = 0;
   for (const auto& r : e.gpu) max_clock = std::max(max_clock, r.sm_clock_mhz);
-  // The process's calls, as the steps' pattern; the feeding thread's, for where its time went.
+  // The process's calls, as the steps' pattern (those seen while its launches and copies were:
+  // the syncs alone, seen throughout, are not the pattern); the feeding thread's, for where its
+  // time went.
   std::vector<Token> tokens;
   std::vector<const CudaCall*> calls;
+  size_t off = 0;
   for (const auto& c : e.calls) {
-    if (c.gpu_work() || c.kind == cuda::CallKind::Sync)
+    while (off < e.unobserved.size() && e.unobserved[off].second <= c.ts_ns) ++off;
+    const bool seen_whole = off == e.unobserved.size() || c.ts_ns < e.unobserved[off].first;
+    if (seen_whole && (c.gpu_work() || c.kind == cuda::CallKind::Sync))
       tokens.push_back({c.ts_ns, c.key, c.kind == cuda::CallKind::Memcpy && c.to_device});
     if (c.tid == p.feeding_tid) calls.push_back(&c);
   }
@@ -525,11 +531,13 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
     }
   }
   // Ranked among themselves, the slow steps stand for what slows the job now only when they weigh:
-  // their time over the median is a share of the steps' worth a finding (a cause that has gone on a
-  // while), or the last steps seen are slow in a row (its onset). A healthy job's few slow steps
-  // here and there (a kernel worker's turn on its CPU) explain nothing about it.
+  // their time over the median is a share of the steps' worth a finding, over a quarter of a second
+  // or more (a cause that has gone on a while), or the last steps seen are slow in a row (its
+  // onset). A healthy job's few slow steps here and there (a kernel worker's turn on its CPU), or
+  // one hiccup of 50 ms (8 of 37 steps, all in 70 ms, on the H100), explain nothing about it.
   const bool slow_steps_weigh = slow_ranking == SlowSteps::RankedOverAll || slow_run >= kOnsetSteps ||
-                                (all_ms > 0 && slow_excess_ms / all_ms >= kMinShare);
+                                (all_ms > 0 && slow_excess_ms / all_ms >= kMinShare &&
+                                 slow_to - slow_from >= kMinSlowSpanNs);
   for (const auto& b : per_dark) p.all.add(b);
   const uint64_t first = measured.front().first, last = measured.back().second;
   p.all.host_pressure = pressure_between(e.host_pressure, first, last);

@@ -554,9 +554,10 @@ TEST(DiagnoseFindings, AGpuThatFellOffTheBusComesFirst) {
 namespace {
 
 // 40 steps of 10 ms, each blocked 3 ms on a lock another thread of the job ends (29% of the run);
-// the steps in `slow` 16 ms, asleep 6 ms more.
+// the steps in `slow` 16 ms, asleep 6 ms more. `slow_util` >= 0: NVML reads the GPU busy in each
+// step, fully but in the slow ones (that share).
 diagnose::Diagnosis diagnosis_with_slow_steps(const std::string& name, const std::set<uint64_t>& slow,
-                                              diagnose::SlowSteps ranking) {
+                                              diagnose::SlowSteps ranking, int slow_util = -1) {
   CraftedRun r(name);
   uint64_t t = 1'000'000;
   for (uint64_t s = 0; s < 40; ++s) {
@@ -576,6 +577,14 @@ diagnose::Diagnosis diagnosis_with_slow_steps(const std::string& name, const std
     w.waker_pid = kPid;
     w.state = "on_cpu";
     r.w.add_thread_time(w);
+    if (slow_util >= 0) {
+      gpu::NvmlSampler::Batch b;
+      gpu::GpuSample g;
+      g.ts_ns = t + len / 2;
+      g.gpu_util = is_slow ? uint32_t(slow_util) : 100;
+      b.samples.push_back(g);
+      r.w.add_gpu_batch(b);
+    }
     t += len;
   }
   r.w.finish();
@@ -618,7 +627,12 @@ TEST(DiagnoseFindings, LiveAFewSlowStepsHereAndThereSayNothingButARunOfThemAtThe
                          "sleep"));
   EXPECT_TRUE(has_cause(diagnosis_with_slow_steps("onset", {36, 37, 38, 39}, diagnose::SlowSteps::RankedAmongThemselves),
                         "sleep"));
-  // Gone on a while (8 slow steps, 12% of the time over the median), scattered or not.
+  // One hiccup: five slow steps in a row mid-window, 7% of the time over the median, all within
+  // 80 ms, the only time the GPU idled (30% of them; 4% of the window: less than a finding).
+  EXPECT_FALSE(has_cause(diagnosis_with_slow_steps("hiccup", {20, 21, 22, 23, 24},
+                                                   diagnose::SlowSteps::RankedAmongThemselves, 70),
+                         "sleep"));
+  // Gone on a while (8 slow steps, 12% of the time over the median, over 330 ms), scattered or not.
   EXPECT_TRUE(has_cause(diagnosis_with_slow_steps("a_while", {3, 8, 13, 18, 23, 28, 33, 36},
                                                   diagnose::SlowSteps::RankedAmongThemselves),
                         "sleep"));

@@ -256,3 +256,44 @@ TEST(LiveDiagnosis, AThreadThatKeepsItsCpuIsNotTakenAsStillWaitingForIt) {
   ASSERT_EQ(live.current().size(), 1u);
   EXPECT_TRUE(causes(live).empty()) << causes(live)[0];
 }
+
+TEST(LiveDiagnosis, SyncsSeenWhileTheLaunchProbesAreOffDoNotHideTheSteps) {
+  // A loop that synchronises every step (an .item()): its syncs' probes stay on, its launches' and
+  // copies' are on for 0.4 s of the 3 s. The steps are found in the time they were all seen.
+  agent::LiveDiagnosis live({});
+  const uint64_t t0 = 1'000'000'000;
+  for (uint64_t s = 0; s < 300; ++s) {
+    const uint64_t t = t0 + s * kStepNs;
+    const bool on = s >= 200 && s < 240;
+    if (s == 0 || s == 200 || s == 240) live.high_rate_probes(kPid, on, t);
+    auto add = [&](const char* fn, uint64_t dt, uint64_t handle) {
+      CallEvent e;
+      e.func = cuda::function_by_symbol(fn)->id;
+      e.pid = e.tid = kPid;
+      e.comm = "python3";
+      e.ts_ns = t + dt;
+      e.duration_ns = 5'000;
+      e.has_return = true;
+      e.kernel_handle = handle;
+      live.add_call(e);
+    };
+    if (on) {
+      add("cudaMemcpyAsync", 0, 0);
+      add("cudaLaunchKernel", 100'000, 0xa0);
+      add("cudaLaunchKernel", 200'000, 0xb0);
+    }
+    add("cudaStreamSynchronize", 300'000, 0);
+    store::ThreadTimeRow r;
+    r.pid = r.tid = kPid;
+    r.start_ns = t;
+    r.end_ns = t + kStepNs;
+    r.on_cpu_ns = kStepNs - 5'000'000;
+    r.sleep_ns = 5'000'000;
+    r.state = "on_cpu";
+    live.add_thread_time(r);
+  }
+  live.tick(t0 + 3'000'000'000);
+  ASSERT_EQ(live.current().size(), 1u);
+  EXPECT_GT(live.current()[0].steps, 30u);
+  EXPECT_EQ(causes(live), std::vector<std::string>{"sleep"});
+}

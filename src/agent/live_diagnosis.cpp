@@ -1,6 +1,7 @@
 #include "agent/live_diagnosis.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <utility>
@@ -19,6 +20,18 @@ void LiveDiagnosis::add_call(const CallEvent& e) {
   }
   const auto* f = cuda::function_by_id(e.func);
   if (!f) return;
+  // What the analysis reads: work for the GPU and syncs (the steps' pattern), and calls long enough
+  // to matter to the host's time (an allocation that waits, a free that syncs). A start-up's
+  // thousands of kernel registrations a second would fill the window and push out its launches.
+  const bool kept = f->kind == cuda::CallKind::Launch || f->kind == cuda::CallKind::GraphLaunch ||
+                    f->kind == cuda::CallKind::Memcpy || f->kind == cuda::CallKind::Memset ||
+                    f->kind == cuda::CallKind::Sync || e.duration_ns >= kLongCallNs;
+  if (!kept) {
+    // Its probes' cost goes to the calls kept.
+    std::lock_guard lock(mu_);
+    if (auto it = processes_.find(e.pid); it != processes_.end()) ++(e.has_return ? it->second.pair_hits : it->second.entry_hits);
+    return;
+  }
   diagnose::CudaCall c;
   c.ts_ns = e.ts_ns;
   c.duration_ns = e.duration_ns;
@@ -195,6 +208,7 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
       ++it;
     }
     for (const auto& [pid, comm] : names_.comm) names.comm.try_emplace(pid, comm);
+    names.observer = uint32_t(getpid());
     for (auto& [device, gpu] : gpus_) {
       while (!gpu.readings.empty() && gpu.readings.front().ts_ns < from) gpu.readings.pop_front();
       while (!gpu.processes.empty() && gpu.processes.front().ts_ns < from) gpu.processes.pop_front();

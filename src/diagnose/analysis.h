@@ -177,6 +177,9 @@ struct ProcessNames {
   std::map<uint32_t, std::string> comm;
   std::map<uint32_t, uint32_t> ppid;
   std::string of(uint32_t pid) const;
+  // gpuscope's own process (the agent, the recorder): a CPU it held is its overhead, not another
+  // tenant's contention.
+  uint32_t observer = 0;
 };
 
 // How the causes of the slow steps alone rank against the rest: by the time they explain over all

@@ -195,7 +195,10 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
     // wait for a CPU that another task held is the quota's too, up to the time cpu.stat says the
     // cgroup was throttled (some other task on the CPU ends most such waits on a busy host).
     const auto& cg = b.cgroup_pressure;
-    const double cpu_waits = b.runnable - b.runnable_idle - behind_ksoftirqd;  // behind other tasks
+    // Behind other tasks; gpuscope's own threads aside (its overhead, bounded apart, is no finding).
+    const auto by_observer = names.observer ? b.waited_for.find(names.observer) : b.waited_for.end();
+    const double behind_observer = by_observer != b.waited_for.end() ? by_observer->second : 0;
+    const double cpu_waits = std::max(0.0, b.runnable - b.runnable_idle - behind_ksoftirqd - behind_observer);
     const double quota_held = cg.throttled_periods >= kThrottledMost && cg.throttled > 0
                                   ? std::max(0.0, std::min(cg.throttled * b.window_ns, cpu_waits))
                                   : 0.0;
@@ -204,6 +207,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
       std::map<uint32_t, double> others = b.waited_for;
       others.erase(0);
       others.erase(pid);  // its own threads: too many threads for the cores it has
+      others.erase(names.observer);
       const auto [culprit, of] = top(others);
       const std::string who = culprit ? names.of(culprit) : "its own threads";
       add("cpu_contention", "The thread that feeds the GPU waits for a CPU", contended,

@@ -98,6 +98,7 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites, const Dia
   const uint64_t end_ns = uint64_t(rec.meta_i64("end_ns", 0));
 
   ProcessNames names;
+  names.observer = uint32_t(rec.meta_i64("recorder_pid", 0));
   {
     auto q = db.prepare("SELECT pid, comm, ppid FROM processes");
     while (q.step()) {

@@ -319,6 +319,7 @@ int Recorder::run() {
   std::string what = join(opts_.command);
   for (pid_t p : opts_.pids) what += (what.empty() ? "" : " ") + std::to_string(p);
   writer_->set_meta("gpuscope_version", GPUSCOPE_VERSION);
+  writer_->set_meta("recorder_pid", std::to_string(getpid()));
   writer_->set_meta("host", u.nodename);
   writer_->set_meta("kernel", u.release);
   writer_->set_meta("mode", mode);

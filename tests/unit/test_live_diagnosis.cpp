@@ -297,3 +297,47 @@ TEST(LiveDiagnosis, SyncsSeenWhileTheLaunchProbesAreOffDoNotHideTheSteps) {
   EXPECT_GT(live.current()[0].steps, 30u);
   EXPECT_EQ(causes(live), std::vector<std::string>{"sleep"});
 }
+
+namespace {
+
+// 3 s of the loop, its main thread runnable 3 ms of each step behind `holder` (a process).
+std::vector<std::string> causes_when_held_by(uint32_t holder) {
+  const uint64_t t0 = 1'000'000'000;
+  agent::LiveDiagnosis held({});
+  for (uint64_t s = 0; s < 300; ++s) {
+    const uint64_t t = t0 + s * kStepNs;
+    for (auto [fn, dt, handle] : {std::tuple{"cudaMemcpyAsync", 0ull, 0ull}, {"cudaLaunchKernel", 100'000ull, 0xa0ull},
+                                {"cudaLaunchKernel", 200'000ull, 0xb0ull}}) {
+      CallEvent e;
+      e.func = cuda::function_by_symbol(fn)->id;
+      e.pid = e.tid = kPid;
+      e.comm = "python3";
+      e.ts_ns = t + dt;
+      e.duration_ns = 5'000;
+      e.has_return = true;
+      e.kernel_handle = handle;
+      held.add_call(e);
+    }
+    store::ThreadTimeRow r;
+    r.pid = r.tid = kPid;
+    r.start_ns = t;
+    r.end_ns = t + kStepNs;
+    r.on_cpu_ns = kStepNs - 3'000'000;
+    r.runnable_ns = r.waited_ns = 3'000'000;
+    r.waited_for_pid = r.waited_for_tid = holder;
+    r.waited_for_comm = "holder";
+    r.state = "on_cpu";
+    held.add_thread_time(r);
+  }
+  held.tick(t0 + 3'000'000'000);
+  return causes(held);
+}
+
+}  // namespace
+
+TEST(LiveDiagnosis, TheCpuGpuscopeItselfHeldIsNotContention) {
+  // The agent (this process) preempting the loop costs it time, but that is gpuscope's overhead,
+  // kept within its budget apart: not a cause in the job's host to fix.
+  EXPECT_EQ(causes_when_held_by(4242), std::vector<std::string>{"cpu_contention"});
+  EXPECT_TRUE(causes_when_held_by(uint32_t(getpid())).empty());
+}

@@ -229,14 +229,17 @@ def test_agent_finds_a_cpu_hog_live(agent):
     try:
         m = a.wait_for(lambda m: seen(m)[0], timeout=30, what="the loop's steps")
         assert 0.008 < series(m, "gpuscope_step_seconds", pid=loop.pid)[0] < 0.02
-        # Clean, from the first analysis on: no cause explains a tenth of its steps (a thread that
-        # ran on after being preempted was once taken as waiting all along: a third of a step).
+        # Clean, from the first analysis on: no cause explains a tenth of its steps in nearly every
+        # poll (a thread that ran on after being preempted was once taken as waiting all along: a
+        # third of a step in every poll). The rest of the test run shares the loop's CPU now and
+        # then.
         quiet_until = time.time() + 4
         while time.time() < quiet_until:
             a.wait_for(lambda m: seen(m)[0], timeout=10, what="the loop's steps")
             time.sleep(0.5)
         clean = [h for h in history if h[1]]
-        assert clean and max(h[3] for h in clean) < 0.1, f"(seconds, step, cpu_contention, top finding): {history}"
+        assert clean and sum(h[3] < 0.1 for h in clean) >= 0.75 * len(clean), \
+            f"(seconds, step, cpu_contention, top finding): {history}"
         # Two hogs: the loop gets a third of its CPU, runnable two thirds of the time.
         hogs = [subprocess.Popen(["taskset", "-c", "0", "python3", "-c", "while True: pass"]) for _ in range(2)]
         onset = time.time()

@@ -13,7 +13,10 @@ namespace gpuscope::diagnose {
 namespace {
 
 constexpr double kSlowStep = 1.25;        // a step this much longer than the median is slow
-constexpr size_t kOnsetSteps = 3;         // slow steps in a row, the last seen: something began
+// Slow steps in a row, the last seen, this many over this long: something began (a hiccup's
+// decaying tail on the H100: 21, 13, 9 and 7 ms steps against 3.7).
+constexpr size_t kOnsetSteps = 3;
+constexpr double kOnsetMs = 100;
 constexpr uint64_t kMinSlowSpanNs = 250'000'000;  // slow steps over less time than this are a hiccup
 constexpr uint64_t kFallbackWindowNs = 1'000'000'000;
 // How long a thread's last window's state, on a CPU or runnable, is taken to last (see thread_segments).
@@ -518,10 +521,12 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
   uint64_t slow_from = 0, slow_to = 0;
   double all_ms = 0, slow_excess_ms = 0;
   size_t slow_run = 0;  // slow steps in a row, up to the last
+  double slow_run_ms = 0;
   for (size_t i = 0; i < per_step.size(); ++i) {
     p.all.add(per_step[i]);
     all_ms += p.step_ms[i];
     slow_run = p.step_ms[i] > kSlowStep * p.p50_ms ? slow_run + 1 : 0;
+    slow_run_ms = slow_run ? slow_run_ms + p.step_ms[i] : 0;
     if (p.step_ms[i] > kSlowStep * p.p50_ms) {
       ++p.slow_steps;
       p.slow.add(per_step[i]);
@@ -532,10 +537,11 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
   }
   // Ranked among themselves, the slow steps stand for what slows the job now only when they weigh:
   // their time over the median is a share of the steps' worth a finding, over a quarter of a second
-  // or more (a cause that has gone on a while), or the last steps seen are slow in a row (its
-  // onset). A healthy job's few slow steps here and there (a kernel worker's turn on its CPU), or
+  // or more (a cause that has gone on a while), or the last steps seen are slow in a row for a
+  // tenth of a second (its onset). A healthy job's few slow steps here and there (a kernel worker's turn on its CPU), or
   // one hiccup of 50 ms (8 of 37 steps, all in 70 ms, on the H100), explain nothing about it.
-  const bool slow_steps_weigh = slow_ranking == SlowSteps::RankedOverAll || slow_run >= kOnsetSteps ||
+  const bool onset = slow_run >= kOnsetSteps && slow_run_ms >= kOnsetMs;
+  const bool slow_steps_weigh = slow_ranking == SlowSteps::RankedOverAll || onset ||
                                 (all_ms > 0 && slow_excess_ms / all_ms >= kMinShare &&
                                  slow_to - slow_from >= kMinSlowSpanNs);
   for (const auto& b : per_dark) p.all.add(b);

@@ -622,11 +622,15 @@ TEST(DiagnoseFindings, ACauseOfAFewSlowStepsRanksByTheTimeItExplainsOverAll) {
 TEST(DiagnoseFindings, LiveAFewSlowStepsHereAndThereSayNothingButARunOfThemAtTheEndDoes) {
   // Ranked among themselves (the agent's recent window), the slow steps' cause is told when they
   // weigh: two scattered ones (3% of the time over the median) are a healthy job's noise; the
-  // same slowness in the last three steps seen whole (the 40th is not) is something that has just begun.
+  // same slowness in the last seven steps seen whole (112 ms; the 40th is not whole) is something
+  // that has just begun, in the last three (48 ms) the tail of a hiccup.
   EXPECT_FALSE(has_cause(diagnosis_with_slow_steps("scattered", {12, 27}, diagnose::SlowSteps::RankedAmongThemselves),
                          "sleep"));
-  EXPECT_TRUE(has_cause(diagnosis_with_slow_steps("onset", {36, 37, 38, 39}, diagnose::SlowSteps::RankedAmongThemselves),
+  EXPECT_TRUE(has_cause(diagnosis_with_slow_steps("onset", {32, 33, 34, 35, 36, 37, 38, 39},
+                                                  diagnose::SlowSteps::RankedAmongThemselves),
                         "sleep"));
+  EXPECT_FALSE(has_cause(diagnosis_with_slow_steps("tail", {36, 37, 38, 39}, diagnose::SlowSteps::RankedAmongThemselves),
+                         "sleep"));
   // One hiccup: five slow steps in a row mid-window, 7% of the time over the median, all within
   // 80 ms, the only time the GPU idled (30% of them; 4% of the window: less than a finding).
   EXPECT_FALSE(has_cause(diagnosis_with_slow_steps("hiccup", {20, 21, 22, 23, 24},

@@ -274,7 +274,7 @@ static __always_inline void host_sampled(void)
 	if (!t || t->state != GS_TS_ON_CPU)
 		return;
 	__u64 now = bpf_ktime_get_ns();
-	if (now - t->start_ns < GS_THREAD_WINDOW_NS)
+	if (now - t->start_ns < GS_SAMPLED_WINDOW_NS)
 		return;
 	send_window(t, task, charge(t, now), false);
 }

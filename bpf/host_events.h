@@ -6,6 +6,10 @@
 #define GPUSCOPE_BPF_HOST_EVENTS_H
 
 #define GS_THREAD_WINDOW_NS 10000000ULL
+/* A thread that keeps its CPU sends its window at a CPU profile sample once it is this long: what it
+ * does now is known to within it (diagnose/analysis.cpp lets a last state stand 60 ms), at a fifth of
+ * the records a window per sample would cost at 100 Hz. */
+#define GS_SAMPLED_WINDOW_NS 50000000ULL
 #define GS_HOST_PIDS (1 << 22)  /* PID_MAX_LIMIT on 64-bit kernels */
 
 /* Where a thread's time went. A thread off its CPU is runnable (woken or preempted, waiting for a

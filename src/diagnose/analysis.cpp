@@ -19,7 +19,9 @@ constexpr size_t kOnsetSteps = 3;
 constexpr double kOnsetMs = 100;
 constexpr uint64_t kMinSlowSpanNs = 250'000'000;  // slow steps over less time than this are a hiccup
 constexpr uint64_t kFallbackWindowNs = 1'000'000'000;
-// How long a thread's last window's state, on a CPU or runnable, is taken to last (see thread_segments).
+// How long a thread's last window's state, on a CPU or runnable, is taken to last (see
+// thread_segments): a thread that keeps its CPU sends a window at the first profile sample past
+// GS_SAMPLED_WINDOW_NS (50 ms).
 constexpr uint64_t kTrailingStateNs = 60'000'000;
 // Pieces of a span with the launches unobserved (ProcessEvidence::unobserved): about a step.
 constexpr uint64_t kMinDarkPieceNs = 10'000'000, kMaxDarkPieceNs = 250'000'000;

@@ -12,10 +12,14 @@
 namespace gpuscope::agent {
 
 void LiveDiagnosis::add_call(const CallEvent& e) {
-  if (e.parent_id) {
-    // A driver call inside a runtime call: analysed with it, its probes' cost too.
+  // A call not kept: its probes' cost goes to the calls kept.
+  auto count_hit_only = [&] {
     std::lock_guard lock(mu_);
-    if (auto it = processes_.find(e.pid); it != processes_.end()) ++(e.has_return ? it->second.pair_hits : it->second.entry_hits);
+    if (auto it = processes_.find(e.pid); it != processes_.end())
+      ++(e.has_return ? it->second.pair_hits : it->second.entry_hits);
+  };
+  if (e.parent_id) {  // a driver call inside a runtime call: analysed with it
+    count_hit_only();
     return;
   }
   const auto* f = cuda::function_by_id(e.func);
@@ -27,9 +31,7 @@ void LiveDiagnosis::add_call(const CallEvent& e) {
                     f->kind == cuda::CallKind::Memcpy || f->kind == cuda::CallKind::Memset ||
                     f->kind == cuda::CallKind::Sync || e.duration_ns >= kLongCallNs;
   if (!kept) {
-    // Its probes' cost goes to the calls kept.
-    std::lock_guard lock(mu_);
-    if (auto it = processes_.find(e.pid); it != processes_.end()) ++(e.has_return ? it->second.pair_hits : it->second.entry_hits);
+    count_hit_only();
     return;
   }
   diagnose::CudaCall c;
@@ -191,7 +193,8 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
       e.unobserved.assign(it->second.unobserved.begin(), it->second.unobserved.end());
       if (it->second.off_since) e.unobserved.emplace_back(it->second.off_since, now_ns);
       if (const auto& q = it->second; q.top_calls)
-        e.probe_ns_per_call = (double(q.entry_hits) * entry_hit_ns_ + double(q.pair_hits) * pair_hit_ns_) / double(q.top_calls);
+        e.probe_ns_per_call =
+            (double(q.entry_hits) * entry_hit_ns_ + double(q.pair_hits) * pair_hit_ns_) / double(q.top_calls);
       // Its GPU's readings: where NVML saw it, else the only GPU there is.
       const auto g = process_gpu_.find(it->first);
       const auto gpu = g != process_gpu_.end() ? gpus_.find(g->second) : gpus_.size() == 1 ? gpus_.begin() : gpus_.end();

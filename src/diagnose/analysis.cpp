@@ -540,8 +540,9 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
   // Ranked among themselves, the slow steps stand for what slows the job now only when they weigh:
   // their time over the median is a share of the steps' worth a finding, over a quarter of a second
   // or more (a cause that has gone on a while), or the last steps seen are slow in a row for a
-  // tenth of a second (its onset). A healthy job's few slow steps here and there (a kernel worker's turn on its CPU), or
-  // one hiccup of 50 ms (8 of 37 steps, all in 70 ms, on the H100), explain nothing about it.
+  // tenth of a second (its onset). A healthy job's few slow steps here and there (a kernel
+  // worker's turn on its CPU), or one hiccup of 50 ms (8 of 37 steps, all in 70 ms, on the H100),
+  // explain nothing about it.
   const bool onset = slow_run >= kOnsetSteps && slow_run_ms >= kOnsetMs;
   const bool slow_steps_weigh = slow_ranking == SlowSteps::RankedOverAll || onset ||
                                 (all_ms > 0 && slow_excess_ms / all_ms >= kMinShare &&
@@ -564,7 +565,8 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
     // Ranked among themselves, the GPU idle while the host ran its own code is one cause, told as
     // launch_bound or host_compute by the host time a launch takes: slow steps of a launch-bound
     // job are not a second cause, above the first, for taking a little longer per launch.
-    if (slow_ranking == SlowSteps::RankedAmongThemselves && (have.contains("launch_bound") || have.contains("host_compute")))
+    const bool host_work_found = have.contains("launch_bound") || have.contains("host_compute");
+    if (slow_ranking == SlowSteps::RankedAmongThemselves && host_work_found)
       have.insert({"launch_bound", "host_compute"});
     std::vector<Finding> slow;
     findings_from(p.slow, names, e, since_origin(slow_from), since_origin(slow_to), telemetry, slow, have);

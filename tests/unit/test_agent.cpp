@@ -702,8 +702,9 @@ TEST(Budget, AnOnPeriodsLaunchesCountForTheCycleAsItIsLived) {
   // A process is found with its probes on (duty 1); its first estimate cuts them to 2%. The
   // launches seen in that first on-period (0.3 s) stand for the whole cycle as it is lived: once
   // each as they come, rising while the off-period (49 times the 0.2 s the duty plans) passes, to
-  // the cycle's length over the on-period's each when it has run. (They were once counted 1 / duty each at the switch-off, before the
-  // off-period was lived: a process that exited in it was counted for a cycle it never had.)
+  // the cycle's length over the on-period's each when it has run. (They were once counted 1 / duty
+  // each at the switch-off, before the off-period was lived: a process that exited in it was
+  // counted for a cycle it never had.)
   FoundProcess found;
   const uint64_t burnt = burn_cpu(200'000'000);
   const uint64_t launches = burnt / 2 / 1000;  // 50% of the CPU time at 1 us a hit

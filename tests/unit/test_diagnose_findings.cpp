@@ -629,8 +629,8 @@ TEST(DiagnoseFindings, LiveAFewSlowStepsHereAndThereSayNothingButARunOfThemAtThe
   EXPECT_TRUE(has_cause(diagnosis_with_slow_steps("onset", {32, 33, 34, 35, 36, 37, 38, 39},
                                                   diagnose::SlowSteps::RankedAmongThemselves),
                         "sleep"));
-  EXPECT_FALSE(has_cause(diagnosis_with_slow_steps("tail", {36, 37, 38, 39}, diagnose::SlowSteps::RankedAmongThemselves),
-                         "sleep"));
+  EXPECT_FALSE(has_cause(
+      diagnosis_with_slow_steps("tail", {36, 37, 38, 39}, diagnose::SlowSteps::RankedAmongThemselves), "sleep"));
   // One hiccup: five slow steps in a row mid-window, 7% of the time over the median, all within
   // 80 ms, the only time the GPU idled (30% of them; 4% of the window: less than a finding).
   EXPECT_FALSE(has_cause(diagnosis_with_slow_steps("hiccup", {20, 21, 22, 23, 24},
@@ -651,7 +651,8 @@ TEST(DiagnoseFindings, LiveSlowStepsOfALaunchBoundJobAreNotASecondCause) {
   for (uint64_t s = 0; s < 40; ++s) {
     const uint64_t len = s >= 36 ? 2 * kStepNs : kStepNs;
     r.call("cudaMemcpyAsync", kPid, t, 10'000, 0, 4 << 20);
-    for (uint64_t k = 0; k < 100; ++k) r.call("cudaLaunchKernel", kPid, t + 50'000 + k * (len / 101), 5'000, 0x1000 + k);
+    for (uint64_t k = 0; k < 100; ++k)
+      r.call("cudaLaunchKernel", kPid, t + 50'000 + k * (len / 101), 5'000, 0x1000 + k);
     store::ThreadTimeRow w;
     w.pid = w.tid = kPid;
     w.start_ns = t;

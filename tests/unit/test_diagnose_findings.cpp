@@ -99,6 +99,28 @@ struct CraftedRun {
       w.add_pressure(p);
     }
   }
+  // NVML: one reading of the GPU at `ts`, busy `util` (0..100).
+  void gpu_reading(uint64_t ts, uint32_t util) {
+    gpu::NvmlSampler::Batch b;
+    gpu::GpuSample g;
+    g.ts_ns = ts;
+    g.gpu_util = util;
+    b.samples.push_back(g);
+    w.add_gpu_batch(b);
+  }
+  // The run, finished, diagnosed with its slow steps ranked so, then removed.
+  diagnose::Diagnosis diagnosed(diagnose::SlowSteps ranking) {
+    w.finish();
+    diagnose::Diagnosis d;
+    {
+      store::RecordReader reader(path);
+      diagnose::DiagnoseOptions opts;
+      opts.slow_ranking = ranking;
+      d = diagnose::diagnose(reader, nullptr, opts);
+    }
+    std::filesystem::remove(path);
+    return d;
+  }
   // NVML: a reading of the GPU a step, busy `util` (0..100); per-process readings each 10th step.
   void gpu(uint32_t util, std::vector<std::pair<uint32_t, uint32_t>> sm = {}, uint32_t pcie_kbs = 0,
            uint32_t clock_mhz = 1980, uint64_t throttle = 0) {
@@ -577,23 +599,10 @@ diagnose::Diagnosis diagnosis_with_slow_steps(const std::string& name, const std
     w.waker_pid = kPid;
     w.state = "on_cpu";
     r.w.add_thread_time(w);
-    if (slow_util >= 0) {
-      gpu::NvmlSampler::Batch b;
-      gpu::GpuSample g;
-      g.ts_ns = t + len / 2;
-      g.gpu_util = is_slow ? uint32_t(slow_util) : 100;
-      b.samples.push_back(g);
-      r.w.add_gpu_batch(b);
-    }
+    if (slow_util >= 0) r.gpu_reading(t + len / 2, is_slow ? uint32_t(slow_util) : 100);
     t += len;
   }
-  r.w.finish();
-  store::RecordReader reader(r.path);
-  diagnose::DiagnoseOptions opts;
-  opts.slow_ranking = ranking;
-  auto d = diagnose::diagnose(reader, nullptr, opts);
-  std::filesystem::remove(r.path);
-  return d;
+  return r.diagnosed(ranking);
 }
 
 bool has_cause(const diagnose::Diagnosis& d, const std::string& cause) {
@@ -660,20 +669,10 @@ TEST(DiagnoseFindings, LiveSlowStepsOfALaunchBoundJobAreNotASecondCause) {
     w.on_cpu_ns = len;
     w.state = "on_cpu";
     r.w.add_thread_time(w);
-    gpu::NvmlSampler::Batch b;
-    gpu::GpuSample g;
-    g.ts_ns = t + len / 2;
-    g.gpu_util = 50;
-    b.samples.push_back(g);
-    r.w.add_gpu_batch(b);
+    r.gpu_reading(t + len / 2, 50);
     t += len;
   }
-  r.w.finish();
-  store::RecordReader reader(r.path);
-  diagnose::DiagnoseOptions opts;
-  opts.slow_ranking = diagnose::SlowSteps::RankedAmongThemselves;
-  const auto d = diagnose::diagnose(reader, nullptr, opts);
-  std::filesystem::remove(r.path);
+  const auto d = r.diagnosed(diagnose::SlowSteps::RankedAmongThemselves);
   ASSERT_EQ(d.processes.size(), 1u);
   const auto& f = d.processes[0].findings;
   ASSERT_FALSE(f.empty());

@@ -12,6 +12,26 @@ namespace {
 constexpr uint32_t kPid = 500;
 constexpr uint64_t kStepNs = 10'000'000;
 
+// A call of the loop's main thread at `ts_ns`, 5 us long.
+void add_call(agent::LiveDiagnosis& live, const char* fn, uint64_t ts_ns, uint64_t handle = 0) {
+  CallEvent e;
+  e.func = cuda::function_by_symbol(fn)->id;
+  e.pid = e.tid = kPid;
+  e.comm = "python3";
+  e.ts_ns = ts_ns;
+  e.duration_ns = 5'000;
+  e.has_return = true;
+  e.kernel_handle = handle;
+  live.add_call(e);
+}
+
+// A step's calls from `t`: a copy in and two launches.
+void add_step_calls(agent::LiveDiagnosis& live, uint64_t t) {
+  add_call(live, "cudaMemcpyAsync", t);
+  add_call(live, "cudaLaunchKernel", t + 100'000, 0xa0);
+  add_call(live, "cudaLaunchKernel", t + 200'000, 0xb0);
+}
+
 // `seconds` of a loop from `from_ns`: a copy and two launches a step; its main thread sleeps
 // `sleep_ns` of each step, or is runnable `throttled_ns` of it while its CPU is idle.
 // `calls`: false while the overhead budget has the launch and copy probes off (none is seen).
@@ -20,20 +40,7 @@ void feed_loop(agent::LiveDiagnosis& live, uint64_t from_ns, double seconds, uin
   const auto steps = uint64_t(seconds * 1e9 / kStepNs);
   for (uint64_t s = 0; s < steps; ++s) {
     const uint64_t t = from_ns + s * kStepNs;
-    if (calls)
-      for (auto [fn, dt, handle] : {std::tuple{"cudaMemcpyAsync", 0ull, 0ull}, {"cudaLaunchKernel", 100'000ull, 0xa0ull},
-                                  {"cudaLaunchKernel", 200'000ull, 0xb0ull}}) {
-      CallEvent e;
-      e.func = cuda::function_by_symbol(fn)->id;
-      e.pid = kPid;
-      e.tid = kPid;
-      e.comm = "python3";
-      e.ts_ns = t + dt;
-      e.duration_ns = 5'000;
-      e.has_return = true;
-      e.kernel_handle = handle;
-      live.add_call(e);
-    }
+    if (calls) add_step_calls(live, t);
     store::ThreadTimeRow r;
     r.pid = kPid;
     r.tid = kPid;
@@ -239,19 +246,7 @@ TEST(LiveDiagnosis, AThreadThatKeepsItsCpuIsNotTakenAsStillWaitingForIt) {
   last.runnable_ns = 100'000;
   last.state = "runnable";
   live.add_thread_time(last);
-  for (uint64_t s = 101; s < 300; ++s)
-    for (auto [fn, dt, handle] : {std::tuple{"cudaMemcpyAsync", 0ull, 0ull}, {"cudaLaunchKernel", 100'000ull, 0xa0ull},
-                                {"cudaLaunchKernel", 200'000ull, 0xb0ull}}) {
-      CallEvent e;
-      e.func = cuda::function_by_symbol(fn)->id;
-      e.pid = e.tid = kPid;
-      e.comm = "python3";
-      e.ts_ns = t0 + s * kStepNs + dt;
-      e.duration_ns = 5'000;
-      e.has_return = true;
-      e.kernel_handle = handle;
-      live.add_call(e);
-    }
+  for (uint64_t s = 101; s < 300; ++s) add_step_calls(live, t0 + s * kStepNs);
   live.tick(t0 + 3'000'000'000);
   ASSERT_EQ(live.current().size(), 1u);
   EXPECT_TRUE(causes(live).empty()) << causes(live)[0];
@@ -266,23 +261,8 @@ TEST(LiveDiagnosis, SyncsSeenWhileTheLaunchProbesAreOffDoNotHideTheSteps) {
     const uint64_t t = t0 + s * kStepNs;
     const bool on = s >= 200 && s < 240;
     if (s == 0 || s == 200 || s == 240) live.high_rate_probes(kPid, on, t);
-    auto add = [&](const char* fn, uint64_t dt, uint64_t handle) {
-      CallEvent e;
-      e.func = cuda::function_by_symbol(fn)->id;
-      e.pid = e.tid = kPid;
-      e.comm = "python3";
-      e.ts_ns = t + dt;
-      e.duration_ns = 5'000;
-      e.has_return = true;
-      e.kernel_handle = handle;
-      live.add_call(e);
-    };
-    if (on) {
-      add("cudaMemcpyAsync", 0, 0);
-      add("cudaLaunchKernel", 100'000, 0xa0);
-      add("cudaLaunchKernel", 200'000, 0xb0);
-    }
-    add("cudaStreamSynchronize", 300'000, 0);
+    if (on) add_step_calls(live, t);
+    add_call(live, "cudaStreamSynchronize", t + 300'000);
     store::ThreadTimeRow r;
     r.pid = r.tid = kPid;
     r.start_ns = t;
@@ -306,18 +286,7 @@ std::vector<std::string> causes_when_held_by(uint32_t holder) {
   agent::LiveDiagnosis held({});
   for (uint64_t s = 0; s < 300; ++s) {
     const uint64_t t = t0 + s * kStepNs;
-    for (auto [fn, dt, handle] : {std::tuple{"cudaMemcpyAsync", 0ull, 0ull}, {"cudaLaunchKernel", 100'000ull, 0xa0ull},
-                                {"cudaLaunchKernel", 200'000ull, 0xb0ull}}) {
-      CallEvent e;
-      e.func = cuda::function_by_symbol(fn)->id;
-      e.pid = e.tid = kPid;
-      e.comm = "python3";
-      e.ts_ns = t + dt;
-      e.duration_ns = 5'000;
-      e.has_return = true;
-      e.kernel_handle = handle;
-      held.add_call(e);
-    }
+    add_step_calls(held, t);
     store::ThreadTimeRow r;
     r.pid = r.tid = kPid;
     r.start_ns = t;

@@ -566,13 +566,14 @@ def a_seconds(r):
 
 
 @contextlib.contextmanager
-def agent(a):
+def agent(a, gpu_hz=10, budget=None):
     cfg = os.path.join(a.out, "agent.yaml")
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     a.agent_port = s.getsockname()[1]
     s.close()
-    write(cfg, f"listen: 127.0.0.1:{a.agent_port}\ninterval: 1s\ncpu_profile_hz: {a.cpu_hz}\ngpu_sample_hz: 10\n")
+    write(cfg, f"listen: 127.0.0.1:{a.agent_port}\ninterval: 1s\ncpu_profile_hz: {a.cpu_hz}\ngpu_sample_hz: {gpu_hz}\n"
+          + (f"budget: {budget}\n" if budget is not None else ""))
     logf = open(os.path.join(a.out, "agent.log"), "w")
     p = subprocess.Popen(["taskset", "-c", "0", f"{a.build}/gpuscope", "agent", "--config", cfg]
                          + (["-v"] if a.agent_verbose else []), stderr=logf)
@@ -643,17 +644,21 @@ def rss_mib(pid):
 def overhead(a):
     """Each clean workload alone, under `gpuscope record` (its defaults: host telemetry, NVML,
     stacks within their budget) and beside the agent (CPU sampling at --cpu-hz), interleaved
-    --rounds times; the median step time of each and what gpuscope adds."""
+    --rounds times; the median step time of each and what gpuscope adds. `agent-gpu1`: the agent
+    reading NVML once a second (the default) instead of the suite's 10 times; `agent-always`: its
+    probes on throughout (budget 1), not cycled under the 1% budget."""
     times = {}
+    modes = a.modes.split(",")
     for rnd in range(a.rounds):
         for w in a.workloads.split(","):
-            for mode in ("alone", "record", "agent"):
+            for mode in modes:
                 wl = [a.python, WORKLOAD, "--workload", w, "--seconds", str(a.seconds), "--dir", a.out]
                 env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(a.lane)}
                 if mode == "record":
                     wl = [f"{a.build}/gpuscope", "record", "-q", "-o", os.path.join(a.out, "overhead.gpuscope"), "--"] + wl
-                if mode == "agent":
-                    ctx = agent(a)
+                if mode.startswith("agent"):
+                    ctx = agent(a, gpu_hz=1 if mode == "agent-gpu1" else 10,
+                                budget=1 if mode == "agent-always" else None)
                 else:
                     ctx = contextlib.nullcontext()
                 with ctx as ag:
@@ -669,7 +674,7 @@ def overhead(a):
                     + (f"; agent CPU {agent_cpu * 100:.2f}% of a core" if agent_cpu is not None else ""))
     for w in a.workloads.split(","):
         base = sorted(times.get((w, "alone"), [0]))[len(times.get((w, "alone"), [0])) // 2]
-        for mode in ("record", "agent"):
+        for mode in [m for m in modes if m != "alone"]:
             v = sorted(times.get((w, mode), [0]))
             med = v[len(v) // 2]
             if base:
@@ -704,6 +709,7 @@ def main():
     ap.add_argument("--overhead", action="store_true",
                     help="the clean workloads alone, under record and beside the agent: the step time gpuscope adds")
     ap.add_argument("--rounds", type=int, default=3, help="--overhead: interleaved rounds")
+    ap.add_argument("--modes", default="alone,record,agent", help="--overhead: of alone, record, agent, agent-gpu1, agent-always")
     ap.add_argument("--steady", action="store_true",
                     help="the agent's CPU beside one clean workload (the first of --workloads) from 30 s on")
     a = ap.parse_args()

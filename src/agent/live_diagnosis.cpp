@@ -192,9 +192,11 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
       e.until_ns = now_ns;
       e.unobserved.assign(it->second.unobserved.begin(), it->second.unobserved.end());
       if (it->second.off_since) e.unobserved.emplace_back(it->second.off_since, now_ns);
-      if (const auto& q = it->second; q.top_calls)
-        e.probe_ns_per_call =
-            (double(q.entry_hits) * entry_hit_ns_ + double(q.pair_hits) * pair_hit_ns_) / double(q.top_calls);
+      auto& q = it->second;
+      if (q.top_calls > 0) e.probe_ns_per_call = (q.entry_hits * entry_hit_ns_ + q.pair_hits * pair_hit_ns_) / q.top_calls;
+      q.entry_hits /= 2;
+      q.pair_hits /= 2;
+      q.top_calls /= 2;
       // Its GPU's readings: where NVML saw it, else the only GPU there is.
       const auto g = process_gpu_.find(it->first);
       const auto gpu = g != process_gpu_.end() ? gpus_.find(g->second) : gpus_.size() == 1 ? gpus_.begin() : gpus_.end();

@@ -84,8 +84,9 @@ class LiveDiagnosis {
     std::deque<std::pair<uint64_t, uint64_t>> unobserved;  // spans with the high-rate probes off
     uint64_t off_since = 0;                                // they are off now, since then
     // Its calls seen, and of them, those kept at the top (not within another): what the probes cost
-    // each of the latter.
-    uint64_t entry_hits = 0, pair_hits = 0, top_calls = 0;
+    // each of the latter. Halved at each analysis: the last seconds count, not a start-up's kernel
+    // registrations (thousands of hits before the first launch).
+    double entry_hits = 0, pair_hits = 0, top_calls = 0;
   };
   void trim(Process& p, uint64_t before_ns);
   static constexpr uint64_t kLongCallNs = 10'000;  // other calls are kept from this long

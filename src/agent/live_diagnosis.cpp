@@ -193,7 +193,8 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
       e.unobserved.assign(it->second.unobserved.begin(), it->second.unobserved.end());
       if (it->second.off_since) e.unobserved.emplace_back(it->second.off_since, now_ns);
       auto& q = it->second;
-      if (q.top_calls > 0) e.probe_ns_per_call = (q.entry_hits * entry_hit_ns_ + q.pair_hits * pair_hit_ns_) / q.top_calls;
+      if (q.top_calls > 0)
+        e.probe_ns_per_call = (q.entry_hits * entry_hit_ns_ + q.pair_hits * pair_hit_ns_) / q.top_calls;
       q.entry_hits /= 2;
       q.pair_hits /= 2;
       q.top_calls /= 2;

@@ -709,7 +709,8 @@ def main():
     ap.add_argument("--overhead", action="store_true",
                     help="the clean workloads alone, under record and beside the agent: the step time gpuscope adds")
     ap.add_argument("--rounds", type=int, default=3, help="--overhead: interleaved rounds")
-    ap.add_argument("--modes", default="alone,record,agent", help="--overhead: of alone, record, agent, agent-gpu1, agent-always")
+    ap.add_argument("--modes", default="alone,record,agent",
+                    help="--overhead: of alone, record, agent, agent-gpu1, agent-always")
     ap.add_argument("--steady", action="store_true",
                     help="the agent's CPU beside one clean workload (the first of --workloads) from 30 s on")
     a = ap.parse_args()

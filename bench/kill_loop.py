@@ -71,8 +71,8 @@ def main():
         print(f"run {i}, killed after {delay:.3f} s: left {left}", flush=True)
         for p in left:
             show(p)
-        os.system("for id in $(bpftool map show | awk '/stopped_held/{print $1}' | tr -d :); do "
-                  "echo stopped_held $id; bpftool map dump id $id; done; "
+        os.system("for id in $(bpftool map show | awk '/stops_made|stops_answered/{print $1}' | tr -d :); do "
+                  "echo map $id; bpftool map dump id $id; done; "
                   "echo links: $(bpftool link show | grep -c .); echo stopping programs: $(bpftool prog show | grep -c on_close)")
         for p in left:
             os.kill(p, signal.SIGCONT)

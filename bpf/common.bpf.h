@@ -247,6 +247,26 @@ struct {
 	__type(value, __u64); /* user pointer to the path being opened */
 } openat_args SEC(".maps");
 
+/* Processes stopped at a library's load, counted (libload.bpf.c), and the stops user space has
+ * answered with SIGCONT. A guardian process holds both maps (attach/stop_guardian.h): if
+ * gpuscope dies (kill -9, a crash, the OOM killer), it continues every process with more stops
+ * made than answered. Counts, not a set that user space empties as it answers: a process
+ * continued may be stopped again at its next library before the answer's removal would land,
+ * and would then be stopped unlisted. Removed at the process's end (procs.bpf.c). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct gs_stop_count);
+} stops_made SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct gs_stop_count);
+} stops_answered SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1024);

@@ -159,6 +159,14 @@ struct gs_batch3d_entry {
 	__u64 dst0;
 };
 
+/* The stops of one process (key: tgid): made by the BPF side (stops_made), answered with SIGCONT
+ * by user space (stops_answered). The start time tells a process from a later one given its pid. */
+struct gs_stop_count {
+	__u64 start_ns;      /* the process's start (task->start_time of its leader) */
+	__u32 count;
+	__u32 pad;
+};
+
 struct gs_libload_record {
 	__u16 kind;          /* GS_REC_LIBLOAD */
 	__u8 cuda_name;      /* 1: named like a CUDA library; 0: a shared object that may hold a static runtime */
@@ -169,6 +177,7 @@ struct gs_libload_record {
 	__u64 ts_ns;
 	__u64 dev;           /* the file's device (kernel encoding: major << 20 | minor) and inode */
 	__u64 ino;
+	struct gs_stop_count stop; /* when stopped: which of the process's stops this is */
 	char path[GS_PATH_LEN];
 };
 
@@ -512,7 +521,8 @@ GS_ASSERT_SIZE(struct gs_call_record, 296);
 GS_ASSERT_SIZE(struct gs_call_record_long, 424);
 GS_ASSERT_SIZE(struct gs_batch_entry, 32);
 GS_ASSERT_SIZE(struct gs_batch3d_entry, 80);
-GS_ASSERT_SIZE(struct gs_libload_record, 296);
+GS_ASSERT_SIZE(struct gs_libload_record, 312);
+GS_ASSERT_SIZE(struct gs_stop_count, 16);
 GS_ASSERT_SIZE(struct gs_file_key, 16);
 GS_ASSERT_SIZE(struct gs_proc_record, 40);
 GS_ASSERT_SIZE(struct gs_sample_record, 56);

@@ -95,16 +95,6 @@ int on_openat_exit(struct trace_event_raw_sys_exit *ctx)
 	return 0;
 }
 
-/* Processes stopped here and not continued yet by user space, which deletes each as it sends
- * SIGCONT. A guardian process holds this map too (attach/stop_guardian.h): if gpuscope dies
- * holding a process (kill -9, a crash, the OOM killer), the guardian continues every one listed. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32);
-	__type(value, __u8);
-} stopped_held SEC(".maps");
-
 /* Element 0: 1 while a guardian watches gpuscope; before (or without one) nothing is stopped.
  * The guardian alone sets it: to 1 once it watches, to 0 when gpuscope ends, since a dead
  * gpuscope's programs stay attached until the kernel has released its links. A map, not a
@@ -115,6 +105,22 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } stop_guard SEC(".maps");
+
+/* Counts a stop of process tgid in stops_made, before it is made; false if it cannot be (the
+ * map is full): then the process is not stopped. */
+static __always_inline bool count_stop(__u32 tgid, struct gs_stop_count *stop)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	stop->start_ns = BPF_CORE_READ(task, group_leader, start_time);
+	stop->pad = 0;
+	struct gs_stop_count *made = bpf_map_lookup_elem(&stops_made, &tgid);
+	if (made && made->start_ns == stop->start_ns) {
+		stop->count = __sync_add_and_fetch(&made->count, 1);
+		return true;
+	}
+	stop->count = 1;
+	return bpf_map_update_elem(&stops_made, &tgid, stop, BPF_ANY) == 0;
+}
 
 SEC("tracepoint/syscalls/sys_enter_close")
 int on_close(struct trace_event_raw_sys_enter *ctx)
@@ -154,10 +160,9 @@ int on_close(struct trace_event_raw_sys_enter *ctx)
 		/* Stop first: the signal is delivered when close returns, before the loader
 		 * can run the library's code. User space continues the process. Only a process the
 		 * guardian knows of is stopped: none is left stopped if gpuscope dies. */
-		__u32 tgid = id >> 32, zero = 0;
-		__u8 held = 1;
+		__u32 zero = 0;
 		__u32 *guarded = bpf_map_lookup_elem(&stop_guard, &zero);
-		if (r->stopped && (!guarded || !*guarded || bpf_map_update_elem(&stopped_held, &tgid, &held, BPF_ANY)))
+		if (r->stopped && (!guarded || !*guarded || !count_stop(id >> 32, &r->stop)))
 			r->stopped = 0;
 		if (r->stopped)
 			bpf_send_signal(SIGSTOP);

@@ -49,6 +49,13 @@ int on_exit(void *ctx)
 		bpf_map_delete_elem(&unwind_procs, &tgid);
 	if (!is_target(tgid))
 		return 0;
+	/* The process's last thread (signal->live was counted down before this tracepoint): no stop
+	 * can follow, and its pid is not given to another process before this. */
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	if (BPF_CORE_READ(task, signal, live.counter) == 0) {
+		bpf_map_delete_elem(&stops_made, &tgid);
+		bpf_map_delete_elem(&stops_answered, &tgid);
+	}
 	if (tid != tgid) {
 		if (filter_targets)
 			bpf_map_delete_elem(&targets, &tid);
@@ -64,7 +71,6 @@ int on_exit(void *ctx)
 		count_lost(GS_LOST_RINGBUF_FULL);
 		return 0;
 	}
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	r->kind = GS_REC_EXIT;
 	r->pid = tgid;
 	r->ppid = 0;

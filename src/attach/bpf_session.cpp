@@ -838,7 +838,9 @@ void BpfSession::forget_stack_budget(pid_t pid) {
   bpf_map__delete_elem(skel_->maps.stack_costs, &key, sizeof(key), 0);
 }
 
-int BpfSession::stopped_held_fd() const { return bpf_map__fd(skel_->maps.stopped_held); }
+int BpfSession::stops_made_fd() const { return bpf_map__fd(skel_->maps.stops_made); }
+
+int BpfSession::stops_answered_fd() const { return bpf_map__fd(skel_->maps.stops_answered); }
 
 int BpfSession::stop_guard_fd() const { return bpf_map__fd(skel_->maps.stop_guard); }
 
@@ -856,9 +858,20 @@ bool BpfSession::stops_guarded() const {
   return bpf_map_lookup_elem(stop_guard_fd(), &key, &value) == 0 && value;
 }
 
-void BpfSession::release_stopped(pid_t pid) {
+void BpfSession::answer_stop(pid_t pid, const gs_stop_count& stop) {
   const uint32_t key = uint32_t(pid);
-  bpf_map_delete_elem(bpf_map__fd(skel_->maps.stopped_held), &key);
+  bpf_map_update_elem(stops_answered_fd(), &key, &stop, BPF_ANY);
+}
+
+void BpfSession::forget_process(pid_t pid) {
+  set_high_rate_probes(pid, false);
+  // The BPF side removes both counts at the process's end; an answer written after that (to a
+  // stop whose record came late) is removed here.
+  const uint32_t key = uint32_t(pid);
+  gs_stop_count made{}, answered{};
+  if (bpf_map_lookup_elem(stops_answered_fd(), &key, &answered) == 0 &&
+      (bpf_map_lookup_elem(stops_made_fd(), &key, &made) != 0 || made.start_ns != answered.start_ns))
+    bpf_map_delete_elem(stops_answered_fd(), &key);
 }
 
 }  // namespace gpuscope::attach

@@ -145,14 +145,16 @@ class BpfSession {
   void forget_native_stacks(const std::vector<uint64_t>& ids);
   // Empties the map of Python stacks sent: each is sent again when next walked.
   void forget_python_stacks();
-  // Processes the BPF side stops at a CUDA library's load (stop_guardian.h): the map a guardian
-  // holds with stop_guard_fd(), which it turns on once it watches; a process continued is taken
-  // off the map.
-  int stopped_held_fd() const;
+  // The stops the BPF side makes at a library's load and those answered (stop_guardian.h): maps a
+  // guardian holds with stop_guard_fd(), which it turns on once it watches.
+  int stops_made_fd() const;
+  int stops_answered_fd() const;
   int stop_guard_fd() const;  // whether processes may be stopped (see bpf: stop_guard)
   uint32_t stopping_program_id() const;  // the kernel's id of the program that stops them
   bool stops_guarded() const;
-  void release_stopped(pid_t pid);
+  // Notes that `stop` (from its libload record) was answered with SIGCONT: sent before, so that
+  // a guardian continues the process if gpuscope dies in between.
+  void answer_stop(pid_t pid, const gs_stop_count& stop);
   // Tells the BPF side not to stop processes again for this file (see bpf: checked_files).
   void mark_checked(uint64_t dev, uint64_t ino);
   // Detaches the tracepoint that stops processes at library loads. Called first when the
@@ -181,7 +183,7 @@ class BpfSession {
   // LinkCloser's threads: this returns without waiting for them.
   int set_high_rate_probes(pid_t pid, bool on);
   // Removes what a process that exited still holds.
-  void forget_process(pid_t pid) { set_high_rate_probes(pid, false); }
+  void forget_process(pid_t pid);
   size_t processes_with_high_rate_probes() const { return high_rate_links_.size(); }
 
   // Called with each record, on the thread that calls poll(). Returns after `timeout_ms` or

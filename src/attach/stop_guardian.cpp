@@ -16,15 +16,21 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "events.h"
 
 namespace gpuscope::attach {
 namespace {
 
-// Closes every descriptor above 2 but these three: the guardian must not keep gpuscope's probes
-// (BPF links), ring buffer or files alive, nor the write end of its own pipe. No allocation (see
-// guard).
-void close_all_but(int a, int b, int c) {
-  int keep[3] = {a, b, c};
+// The maps the guardian keeps.
+struct StopMaps {
+  int made, answered, guard;
+};
+
+// Closes every descriptor above 2 but the maps and the pipe's read end: the guardian must not keep
+// gpuscope's probes (BPF links), ring buffer or files alive, nor the write end of its own pipe. No
+// allocation (see guard).
+void close_all_but(const StopMaps& maps, int pipe_read) {
+  int keep[4] = {maps.made, maps.answered, maps.guard, pipe_read};
   std::sort(std::begin(keep), std::end(keep));
   unsigned from = 3;
   for (int fd : keep) {
@@ -35,12 +41,17 @@ void close_all_but(int a, int b, int c) {
   syscall(SYS_close_range, from, ~0U, 0);
 }
 
-// SIGCONT to every process in the map.
-void continue_listed(int held_map_fd) {
+// SIGCONT to every process with more stops made than answered. One whose answer is missing
+// because gpuscope died between its SIGCONT and the note gets a second: harmless.
+void continue_unanswered(const StopMaps& maps) {
   uint32_t key = 0, next = 0;
   bool first = true;
-  while (bpf_map_get_next_key(held_map_fd, first ? nullptr : &key, &next) == 0) {
-    kill(pid_t(next), SIGCONT);
+  while (bpf_map_get_next_key(maps.made, first ? nullptr : &key, &next) == 0) {
+    gs_stop_count made{}, answered{};
+    if (bpf_map_lookup_elem(maps.made, &next, &made) == 0 &&
+        (bpf_map_lookup_elem(maps.answered, &next, &answered) != 0 || answered.start_ns != made.start_ns ||
+         answered.count < made.count))
+      kill(pid_t(next), SIGCONT);
     key = next;
     first = false;
   }
@@ -98,7 +109,7 @@ void rename_command_line() {
 
 // The guardian's life: system calls only. It is forked from a process whose other threads may
 // hold locks (malloc's) that no thread will release in it.
-[[noreturn]] void guard(int held_map_fd, int guard_map_fd, int pipe_read, uint32_t stop_prog_id) {
+[[noreturn]] void guard(const StopMaps& maps, int pipe_read, uint32_t stop_prog_id) {
   // Whatever is sent to gpuscope's process group (Ctrl-C, SIGTERM) is for gpuscope: the guardian
   // outlives it by design, until the pipe's end.
   sigset_t all;
@@ -114,11 +125,11 @@ void rename_command_line() {
     dup2(null, STDOUT_FILENO);
     if (null > STDERR_FILENO) close(null);
   }
-  close_all_but(held_map_fd, guard_map_fd, pipe_read);
+  close_all_but(maps, pipe_read);
   // Stops are allowed only from here, by the guardian itself: were its pipe's end to come before
   // gpuscope had allowed them, nothing would turn them off again.
   const uint32_t key = 0, on = 1, off = 0;
-  bpf_map_update_elem(guard_map_fd, &key, &on, BPF_ANY);
+  bpf_map_update_elem(maps.guard, &key, &on, BPF_ANY);
   // A byte before the end: gpuscope ended in order, having answered every stop it made.
   bool orderly = false;
   for (;;) {
@@ -127,12 +138,12 @@ void rename_command_line() {
     if (n == 1) orderly = true;
     if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
   }
-  bpf_map_update_elem(guard_map_fd, &key, &off, BPF_ANY);
-  continue_listed(held_map_fd);
+  bpf_map_update_elem(maps.guard, &key, &off, BPF_ANY);
+  continue_unanswered(maps);
   if (orderly) {
     // Once more for a program that passed the check just before stops were turned off.
     sleep_ms(20);
-    continue_listed(held_map_fd);
+    continue_unanswered(maps);
     _exit(0);
   }
   // gpuscope died. Stops are off for programs that start from now on, but one that passed the
@@ -144,7 +155,7 @@ void rename_command_line() {
   uint64_t released_at = 0;
   while (now_ms() - start < kGiveUpMs) {
     sleep_ms(kRoundMs);
-    continue_listed(held_map_fd);
+    continue_unanswered(maps);
     if (!released_at && !stopping_program_exists(stop_prog_id)) released_at = now_ms();
     if (released_at && now_ms() - released_at >= kAfterReleaseMs) break;
   }
@@ -153,7 +164,8 @@ void rename_command_line() {
 
 }  // namespace
 
-StopGuardian::StopGuardian(int held_map_fd, int guard_map_fd, uint32_t stop_prog_id) {
+StopGuardian::StopGuardian(int made_map_fd, int answered_map_fd, int guard_map_fd, uint32_t stop_prog_id) {
+  const StopMaps maps{made_map_fd, answered_map_fd, guard_map_fd};
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) throw Error("cannot start the stop guardian: pipe: {}", std::strerror(errno));
   pid_ = fork();
@@ -163,7 +175,7 @@ StopGuardian::StopGuardian(int held_map_fd, int guard_map_fd, uint32_t stop_prog
     close(fds[1]);
     throw Error("cannot start the stop guardian: fork: {}", std::strerror(err));
   }
-  if (pid_ == 0) guard(held_map_fd, guard_map_fd, fds[0], stop_prog_id);
+  if (pid_ == 0) guard(maps, fds[0], stop_prog_id);
   close(fds[0]);
   pipe_write_ = fds[1];
 }

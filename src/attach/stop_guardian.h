@@ -3,13 +3,14 @@
 // dies between the two (kill -9, a crash, the OOM killer), nothing would continue it: the
 // process, possibly one gpuscope only looked at (--all), would stay stopped for good.
 //
-// The guardian is a small process forked at start that holds the BPF map of the processes held
-// stopped (stopped_held: the BPF side adds a process before stopping it, user space deletes it as
-// it continues it), the map that allows stopping (stop_guard), and a pipe whose write end only
-// gpuscope holds. When gpuscope is gone, however it went, the kernel closes that end; the
-// guardian reads end-of-file, forbids further stops (the probes stay attached for a while as
-// the kernel releases a dead gpuscope's links, and would go on stopping processes that load a
-// CUDA library), sends SIGCONT to every process listed, and goes on doing so every 20 ms until
+// The guardian is a small process forked at start that holds the BPF maps of the stops made
+// (stops_made: the BPF side counts a process's stop before making it) and answered
+// (stops_answered: user space notes each after its SIGCONT), the map that allows stopping
+// (stop_guard), and a pipe whose write end only gpuscope holds. When gpuscope is gone, however it
+// went, the kernel closes that end; the guardian reads end-of-file, forbids further stops (the
+// probes stay attached for a while as the kernel releases a dead gpuscope's links, and would go
+// on stopping processes that load a CUDA library), sends SIGCONT to every process with a stop
+// not answered, and goes on doing so every 20 ms until
 // the kernel has released the program that stops processes and half a second past that (a
 // program that passed the check just before may stop its process after any one round), then
 // exits. The BPF side stops nothing until the guardian runs. When gpuscope ends in order, having
@@ -27,9 +28,9 @@ inline constexpr char kGuardianName[] = "gs-guardian";
 
 class StopGuardian {
  public:
-  // Forks the guardian, which keeps `held_map_fd` and `guard_map_fd` and watches for the release
-  // of the program `stop_prog_id`. Throws Error if it cannot be started.
-  StopGuardian(int held_map_fd, int guard_map_fd, uint32_t stop_prog_id);
+  // Forks the guardian, which keeps the three maps and watches for the release of the program
+  // `stop_prog_id`. Throws Error if it cannot be started.
+  StopGuardian(int made_map_fd, int answered_map_fd, int guard_map_fd, uint32_t stop_prog_id);
   // Closes the pipe. After ended_in_order(), waits for the guardian's last rounds (20 ms);
   // otherwise leaves it to answer stops until this process's probes are released.
   ~StopGuardian();

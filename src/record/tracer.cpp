@@ -69,20 +69,24 @@ class Tracer::ControlQueue {
   std::vector<std::pair<pid_t, uint64_t>> exits_;
 };
 
-void StoppedProcesses::resume(pid_t pid) {
+void StoppedProcesses::answer(pid_t pid, const gs_stop_count& stop) {
   // Without CAP_KILL (root with capabilities dropped) the process would stay stopped: say so.
   if (kill(pid, SIGCONT) != 0 && errno != ESRCH)
     log_error("cannot continue PID {}, stopped while its CUDA library was probed: {} (gpuscope needs CAP_KILL)", pid,
               strerror(errno));
-  if (bpf_) bpf_->release_stopped(pid);
-  pids_.erase(pid);
+  // After the signal: dying in between leaves the stop unanswered for the guardian.
+  if (bpf_) bpf_->answer_stop(pid, stop);
+}
+
+void StoppedProcesses::resume(pid_t pid) {
+  auto it = stops_.find(pid);
+  if (it == stops_.end()) return;
+  answer(pid, it->second);
+  stops_.erase(it);
 }
 
 StoppedProcesses::~StoppedProcesses() {
-  for (pid_t p : pids_) {
-    kill(p, SIGCONT);
-    if (bpf_) bpf_->release_stopped(p);
-  }
+  for (const auto& [pid, stop] : stops_) answer(pid, stop);
 }
 
 Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
@@ -132,8 +136,8 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   // Processes are stopped at their CUDA library's load only with a guardian to continue them if
   // gpuscope dies holding one.
   try {
-    guardian_ = std::make_unique<attach::StopGuardian>(bpf_->stopped_held_fd(), bpf_->stop_guard_fd(),
-                                                       bpf_->stopping_program_id());
+    guardian_ = std::make_unique<attach::StopGuardian>(bpf_->stops_made_fd(), bpf_->stops_answered_fd(),
+                                                       bpf_->stop_guard_fd(), bpf_->stopping_program_id());
     stopped_.set_session(bpf_.get());
     // The guardian allows stops once it watches (a few ms): the command starts after that, so
     // that its CUDA library's load is held like any later one.
@@ -371,7 +375,7 @@ void Tracer::handle_control() {
   control_->take(libloads, execs);
   for (const auto& l : libloads) {
     const pid_t pid = static_cast<pid_t>(l.pid);
-    if (l.stopped) stopped_.add(pid);
+    if (l.stopped) stopped_.add(pid, l.stop);
     const std::string path(l.path, strnlen(l.path, sizeof(l.path)));
     const std::string open_path = discover::path_in_target(pid, path);
     // Stopped at its first CUDA library's load: no CUDA call has run, so every allocation of

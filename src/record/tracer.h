@@ -85,13 +85,14 @@ struct TracerOptions {
 class StoppedProcesses {
  public:
   void set_session(attach::BpfSession* bpf) { bpf_ = bpf; }
-  void add(pid_t pid) { pids_.insert(pid); }
+  void add(pid_t pid, const gs_stop_count& stop) { stops_[pid] = stop; }
   void resume(pid_t pid);
   ~StoppedProcesses();
 
  private:
+  void answer(pid_t pid, const gs_stop_count& stop);
   attach::BpfSession* bpf_ = nullptr;
-  std::set<pid_t> pids_;
+  std::map<pid_t, gs_stop_count> stops_;  // the last stop of each process held
 };
 
 class Tracer {

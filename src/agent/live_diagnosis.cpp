@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "common/log.h"
 #include "cuda/functions.h"
+#include "diagnose/findings.h"
 
 namespace gpuscope::agent {
 
@@ -49,7 +51,10 @@ void LiveDiagnosis::add_call(const CallEvent& e) {
   std::lock_guard lock(mu_);
   if (!processes_.contains(e.pid) && processes_.size() >= limits_.max_processes) return;
   auto& p = processes_[e.pid];
-  if (p.comm.empty()) p.comm = e.comm;
+  if (p.comm.empty()) {
+    p.comm = e.comm;
+    if (traced_.size() < 4 * limits_.max_processes) traced_[e.pid] = e.comm;
+  }
   ++(e.has_return ? p.pair_hits : p.entry_hits);
   ++p.top_calls;
   p.calls.push_back(std::move(c));
@@ -108,11 +113,19 @@ void LiveDiagnosis::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
     q.push_back(r);
     if (q.size() > limits_.max_windows) q.pop_front();
   }
+  for (const auto& ev : b.events) {
+    if (ev.kind != "xid") continue;
+    auto& q = gpus_[ev.device].xids;
+    q.push_back({ev.ts_ns, uint32_t(ev.value)});
+    if (q.size() > kMaxXids) q.pop_front();
+  }
   for (const auto& s : b.processes) {
     auto& q = gpus_[s.device].processes;
     q.push_back({s.ts_ns, s.pid, s.sm_util ? double(*s.sm_util) / 100 : -1});
     if (q.size() > limits_.max_windows) q.pop_front();
-    if (processes_.contains(s.pid)) process_gpu_[s.pid] = s.device;
+    // Any process NVML lists (ones with a context on a GPU), its calls seen yet or not.
+    if (process_gpu_.contains(s.pid) || process_gpu_.size() < 4 * limits_.max_processes)
+      process_gpu_[s.pid] = s.device;
   }
 }
 
@@ -129,6 +142,7 @@ void LiveDiagnosis::forget_process(uint32_t pid) {
   processes_.erase(pid);
   process_gpu_.erase(pid);
   pressure_.erase(pid);
+  traced_.erase(pid);
 }
 
 void LiveDiagnosis::high_rate_probes(uint32_t pid, bool on, uint64_t t_ns) {
@@ -250,6 +264,7 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
   for (const auto& c : current_)
     if (std::find(unseen.begin(), unseen.end(), c.pid) != unseen.end() && now_ns - c.analysed_ns < limits_.hold_ns)
       found.push_back(c);
+  add_xid_findings(found, now_ns);
   constexpr uint64_t kRetellNs = 60'000'000'000;
   for (const auto& c : found)
     for (const auto& f : c.findings) {
@@ -266,6 +281,45 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
   for (auto it = reported_.begin(); it != reported_.end();)
     it = processes_.contains(it->first.first) ? std::next(it) : reported_.erase(it);
   current_ = std::move(found);
+}
+
+void LiveDiagnosis::add_xid_findings(std::vector<Current>& found, uint64_t now_ns) {
+  for (auto& [device, gpu] : gpus_) {
+    while (!gpu.xids.empty() && gpu.xids.front().ts_ns + kXidHoldNs < now_ns) gpu.xids.pop_front();
+    if (gpu.xids.empty()) continue;
+    // The processes on it: those NVML lists there (a hung one too), those it was last seen on,
+    // and with one GPU, every process traced.
+    std::set<uint32_t> on_it;
+    for (const auto& r : gpu.processes) on_it.insert(r.pid);
+    for (const auto& [pid, dev] : process_gpu_)
+      if (dev == device) on_it.insert(pid);
+    if (gpus_.size() == 1)
+      for (const auto& [pid, comm] : traced_) on_it.insert(pid);
+    const std::vector<diagnose::XidEvent> xids(gpu.xids.begin(), gpu.xids.end());
+    // Over the analysis window, or since the first report if it came before: its share is the part
+    // of that time after the first report.
+    const uint64_t window_start = now_ns > limits_.window_ns ? now_ns - limits_.window_ns : 0;
+    const auto xid = diagnose::xid_finding(xids, std::min(window_start, xids.front().ts_ns), now_ns, now_ns, 0);
+    if (!xid) continue;
+    for (uint32_t pid : on_it) {
+      // Only processes the agent traces: NVML lists every process with a context on the GPU.
+      const auto traced = traced_.find(pid);
+      if (traced == traced_.end()) continue;
+      auto c = std::find_if(found.begin(), found.end(), [&](const Current& o) { return o.pid == pid; });
+      if (c == found.end()) {
+        found.push_back(Current{.pid = pid, .comm = traced->second, .analysed_ns = now_ns});
+        c = std::prev(found.end());
+      }
+      auto& f = c->findings;
+      f.erase(std::remove_if(f.begin(), f.end(), [](const diagnose::Finding& g) { return g.cause == "gpu_error"; }),
+              f.end());
+      // A GPU that failed comes before any slowness; an error in the program's work, by its share.
+      const auto at = xid->fatal ? f.begin() : std::find_if(f.begin(), f.end(), [&](const diagnose::Finding& g) {
+        return g.share < xid->finding.share;
+      });
+      f.insert(at, xid->finding);
+    }
+  }
 }
 
 std::vector<LiveDiagnosis::Onset> LiveDiagnosis::take_onsets() {
@@ -287,11 +341,11 @@ std::vector<MetricFamily> LiveDiagnosis::families(const std::function<Labels(uin
                      "Share of the process's step time a cause explains over the last seconds (gpuscope diagnose's "
                      "findings, live): cpu_contention, cpu_throttling, memory_pressure, io_wait, input_wait, "
                      "lock_wait, sleep, softirq, host_kernel, pageable_copies, sync_per_step, launch_bound, host_compute, "
-                     "gpu_contention, pcie_contention, gpu_clocks_throttled",
+                     "gpu_contention, pcie_contention, gpu_clocks_throttled, gpu_error",
                      "ratio", MetricType::Gauge, {}};
   for (const auto& c : current()) {
     Labels base = labels_of(c.pid);
-    steps.samples.push_back({base, c.step_s});
+    if (c.steps) steps.samples.push_back({base, c.step_s});  // none: a finding without steps (gpu_error)
     for (const auto& f : c.findings) {
       Labels l = base;
       l.emplace_back("cause", f.cause);

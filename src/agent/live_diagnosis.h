@@ -94,7 +94,15 @@ class LiveDiagnosis {
   struct Gpu {
     std::deque<diagnose::GpuReading> readings;
     std::deque<diagnose::GpuProcessReading> processes;
+    std::deque<diagnose::XidEvent> xids;  // the last kXidHoldNs
   };
+  // The driver's error reports (XIDs) stand this long: a GPU that failed often leaves its
+  // processes hung in a call that never returns, with nothing more to see.
+  static constexpr uint64_t kXidHoldNs = 60'000'000'000;
+  static constexpr size_t kMaxXids = 256;  // per GPU
+  // Adds the gpu_error finding to every process on a GPU with XIDs in the last kXidHoldNs, steps
+  // seen or not (under mu_).
+  void add_xid_findings(std::vector<Current>& found, uint64_t now_ns);
   Limits limits_;
   mutable std::mutex mu_;
   std::map<uint32_t, Gpu> gpus_;                 // by device, within the window
@@ -102,6 +110,7 @@ class LiveDiagnosis {
   std::map<uint32_t, std::deque<host::PressureReading>> pressure_;  // pid (0: the host), within the window
   std::map<uint32_t, Process> processes_;
   diagnose::ProcessNames names_;  // comm of processes seen in the evidence
+  std::map<uint32_t, std::string> traced_;  // comm of the processes whose calls were seen, until they exit
   std::vector<Current> current_;
   std::vector<Onset> onsets_;                                     // at most 256 waiting
   std::map<std::pair<uint32_t, std::string>, uint64_t> reported_;  // (pid, cause) -> when last told

@@ -262,6 +262,36 @@ def test_agent_finds_a_cpu_hog_live(agent):
         loop.wait()
 
 
+def test_the_agent_names_a_gpu_that_failed_live(agent, tmp_path):
+    """An XID the driver reports (NVML's event, here from a stand-in library) about the GPU a
+    traced process runs on is a live finding of that process within seconds, first whatever its
+    slowness, with the XID's meaning; XIDs of the other GPU are not its."""
+    from agent_util import http_get, series
+    control = tmp_path / "nvml"
+    control.mkdir()
+    a = agent("budget: 1\ngpu_sample_hz: 5\ngpu_process_sample_interval: 1s\n",
+              env={"LD_LIBRARY_PATH": str(TARGETS / "fake-nvml"), "FAKE_NVML_CONTROL": str(control)})
+    loop = subprocess.Popen([TARGETS / "diag_steps", "sleep", "3000"], stdout=subprocess.DEVNULL)
+    try:
+        (control / "pid").write_text(str(loop.pid))  # NVML lists it on GPU 0
+        m = a.wait_for(lambda m: series(m, "gpuscope_finding_share", pid=loop.pid, cause="sleep"), timeout=30,
+                       what="the loop's sleep")
+        assert not series(m, "gpuscope_finding_share", pid=loop.pid, cause="gpu_error")
+        time.sleep(1.5)  # a reading of NVML's processes since the pid was set
+        (control / "xid").write_text("79")
+        t0 = time.time()
+        a.wait_for(lambda m: series(m, "gpuscope_finding_share", pid=loop.pid, cause="gpu_error"), timeout=10,
+                   what="the GPU's error as a finding")
+        assert time.time() - t0 < 5
+        [proc] = [p for p in json.loads(http_get(a.url + "/debug/diagnosis")[1]) if p["pid"] == loop.pid]
+        first = proc["findings"][0]
+        assert first["cause"] == "gpu_error" and "Xid 79 (the GPU has fallen off the bus" in first["evidence"], first
+        assert "reset" in first["fix"]
+    finally:
+        loop.kill()
+        loop.wait()
+
+
 def test_timeline_shows_steps_and_findings(record, gpuscope, tmp_path):
     rec = record("--", TARGETS / "diag_steps", "sleep", STEPS)
     out = tmp_path / "trace.json"

@@ -4,6 +4,7 @@
  * (bench/gpu/nvml_check.py); this one tests what happens to the readings after NVML. */
 #include <dirent.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -15,10 +16,28 @@ static int xid_sent;
 
 static int index_of(nvmlDevice_t d) { return (int *)d - devices; }
 
+/* FAKE_NVML_CONTROL=DIR: a test steers the fake through files in DIR. DIR/pid: the process on
+ * GPU 0 (otherwise the recorder's command, below); DIR/xid: an XID on GPU 0, sent once when the
+ * file appears (otherwise one XID 79 at the start). */
+static int read_control(const char *name, unsigned int *value)
+{
+	const char *dir = getenv("FAKE_NVML_CONTROL");
+	if (!dir) return 0;
+	char path[512];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	FILE *f = fopen(path, "r");
+	if (!f) return 0;
+	int ok = fscanf(f, "%u", value) == 1;
+	fclose(f);
+	return ok;
+}
+
 /* The pid of the calling process's first child that is not gpuscope's stop guardian: the
  * recorded command. */
 static unsigned int first_child(void)
 {
+	unsigned int controlled;
+	if (read_control("pid", &controlled)) return controlled;
 	char path[64], buf[512] = {0};
 	snprintf(path, sizeof(path), "/proc/%d/task/%d/children", getpid(), getpid());
 	FILE *f = fopen(path, "r");
@@ -110,10 +129,14 @@ nvmlReturn_t nvmlEventSetWait_v2(void *set, event_t *e, unsigned int ms)
 {
 	(void)set;
 	(void)ms;
-	if (xid_sent) return TIMEOUT;
+	unsigned int xid = 79;
+	if (xid_sent || (getenv("FAKE_NVML_CONTROL") && !read_control("xid", &xid))) {
+		if (getenv("FAKE_NVML_CONTROL")) usleep(ms * 1000);  /* waits, as the real one does */
+		return TIMEOUT;
+	}
 	xid_sent = 1;
 	e->device = &devices[0];
 	e->type = 0x8;
-	e->data = 79;
+	e->data = xid;
 	return OK;
 }

@@ -332,3 +332,80 @@ TEST(LiveDiagnosis, AStartUpsKernelRegistrationsDoNotWeighOnTheProbesCostOfTheLo
   ASSERT_FALSE(found.empty());
   EXPECT_EQ(found[0], "sleep");
 }
+
+namespace {
+
+void add_xid(agent::LiveDiagnosis& live, uint64_t ts_ns, uint32_t xid, uint32_t device = 0) {
+  gpu::NvmlSampler::Batch b;
+  b.events.push_back({ts_ns, device, "xid", xid});
+  live.add_gpu_batch(b);
+}
+
+}  // namespace
+
+TEST(LiveDiagnosis, AGpuThatFailedIsNamedFirstAndStaysNamedWhileItsProcessHangs) {
+  agent::LiveDiagnosis live({});
+  const uint64_t t0 = 1'000'000'000;
+  feed_gpu(live, t0, 3, 40);
+  feed_loop(live, t0, 3, 5'000'000);  // a slowness of its own: sleep
+  add_xid(live, t0 + 2'500'000'000, 79);
+  live.tick(t0 + 3'000'000'000);
+  const auto now = causes(live);
+  ASSERT_EQ(now.size(), 2u);
+  EXPECT_EQ(now[0], "gpu_error");  // fatal: before the sleep, whatever its share
+  EXPECT_EQ(now[1], "sleep");
+  const auto f = live.current()[0].findings[0];
+  EXPECT_NE(f.evidence.find("Xid 79"), std::string::npos) << f.evidence;
+  EXPECT_EQ(f.title, "The GPU reported a hardware fault");
+  const auto onsets = live.take_onsets();
+  ASSERT_EQ(onsets.size(), 2u);
+
+  // Its process hangs in a call that never returns: no call, no step, for 40 s. The finding
+  // stands, once told, its share the whole window (the report came before it).
+  for (uint64_t s = 4; s <= 43; ++s) live.tick(t0 + s * 1'000'000'000);
+  ASSERT_EQ(causes(live), std::vector<std::string>{"gpu_error"});
+  EXPECT_EQ(live.current()[0].steps, 0u);
+  EXPECT_DOUBLE_EQ(live.current()[0].findings[0].share, 1.0);
+  EXPECT_TRUE(live.take_onsets().empty());
+  // No step time is exported for it, the finding is.
+  const auto fams = live.families([](uint32_t) { return agent::Labels{}; });
+  EXPECT_TRUE(fams[0].samples.empty());
+  ASSERT_EQ(fams[1].samples.size(), 1u);
+
+  // A minute after the report, it is gone.
+  live.tick(t0 + 63'000'000'000);
+  EXPECT_TRUE(causes(live).empty());
+}
+
+TEST(LiveDiagnosis, AnErrorInTheProgramsWorkRanksByItsShareAndOnlyOnItsGpu) {
+  agent::LiveDiagnosis live({});
+  const uint64_t t0 = 1'000'000'000;
+  // Two GPUs; NVML saw the loop on GPU 1. An XID on GPU 0 is another job's.
+  for (uint32_t device : {0u, 1u}) {
+    gpu::NvmlSampler::Batch b;
+    gpu::GpuSample s;
+    s.ts_ns = t0;
+    s.device = device;
+    s.gpu_util = 40;
+    b.samples.push_back(s);
+    live.add_gpu_batch(b);
+  }
+  feed_loop(live, t0, 3, 5'000'000);
+  {
+    gpu::NvmlSampler::Batch b;
+    b.processes.push_back({.ts_ns = t0 + 100, .device = 1, .pid = kPid});
+    live.add_gpu_batch(b);
+  }
+  add_xid(live, t0 + 2'000'000'000, 13, 0);
+  live.tick(t0 + 3'000'000'000);
+  EXPECT_EQ(causes(live), std::vector<std::string>{"sleep"});
+
+  // Xid 13 (a graphics engine exception: the program's kernel faulted) on its GPU, in the last
+  // third of the window: ranked by that share, below the sleep's half of each step.
+  add_xid(live, t0 + 2'000'000'000, 13, 1);
+  live.tick(t0 + 3'000'000'000);
+  EXPECT_EQ(causes(live), (std::vector<std::string>{"sleep", "gpu_error"}));
+  const auto f = live.current()[0].findings[1];
+  EXPECT_NEAR(f.share, 1.0 / 3, 0.01);
+  EXPECT_EQ(f.title, "The GPU reported an error in the program's work");
+}

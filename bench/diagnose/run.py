@@ -9,6 +9,8 @@ each record and scores the findings against the fault injected. On the GPU machi
     python3 bench/diagnose/run.py --live ...         # the agent instead: detection and root-cause latency
     python3 bench/diagnose/run.py --overhead ...     # the step time record and the agent add to clean runs
     python3 bench/diagnose/run.py --steady --seconds 120 ...  # the agent's CPU beside one job, settled
+    python3 bench/diagnose/run.py --paired --seconds 200 --modes agent,agent-always ...
+                                                 # what the agent adds, in turns beside one running job
 
 Scenarios (the cause diagnose must rank first); those marked * are injected from outside, 1 s after
 the workload says it is warm, until it ends; the others from inside the workload, all along:
@@ -33,6 +35,8 @@ kept in DIR; scores are printed from them: top-1 and top-3 accuracy, precision a
 findings per hour on clean runs. --lane N runs on CPUs 4N+2.. and GPU N (several lanes on a host
 with several GPUs, one process each)."""
 import argparse
+import array
+import bisect
 import concurrent.futures
 import contextlib
 import glob
@@ -566,14 +570,23 @@ def a_seconds(r):
 
 
 @contextlib.contextmanager
-def agent(a, gpu_hz=10, budget=None):
+def agent(a, gpu_hz=10, budget=None, extra="", suite=True):
     cfg = os.path.join(a.out, "agent.yaml")
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     a.agent_port = s.getsockname()[1]
     s.close()
-    write(cfg, f"listen: 127.0.0.1:{a.agent_port}\ninterval: 1s\ncpu_profile_hz: {a.cpu_hz}\ngpu_sample_hz: {gpu_hz}\n"
-          + (f"budget: {budget}\n" if budget is not None else ""))
+    # The suite's: profiles every second and NVML at 10 Hz; otherwise the agent's defaults. Lines of
+    # `extra` replace those of the same key.
+    keys = {"listen": f"127.0.0.1:{a.agent_port}", "cpu_profile_hz": a.cpu_hz}
+    if suite:
+        keys.update(interval="1s", gpu_sample_hz=gpu_hz)
+    if budget is not None:
+        keys["budget"] = budget
+    for line in extra.splitlines():
+        k, _, v = line.partition(":")
+        keys[k.strip()] = v.strip()
+    write(cfg, "".join(f"{k}: {v}\n" for k, v in keys.items()))
     logf = open(os.path.join(a.out, "agent.log"), "w")
     p = subprocess.Popen(["taskset", "-c", "0", f"{a.build}/gpuscope", "agent", "--config", cfg]
                          + (["-v"] if a.agent_verbose else []), stderr=logf)
@@ -591,9 +604,11 @@ def agent(a, gpu_hz=10, budget=None):
 
 def steady(a):
     """The agent's CPU and memory beside one clean workload once both have settled: from 30 s after
-    the workload starts to its end (run it for --seconds 90 or more). The suite's figure includes
-    every new process's start-up (attaching, unwind tables for PyTorch's libraries)."""
-    with agent(a) as ag:
+    the workload starts to its end (run it for --seconds 90 or more). The agent runs with its
+    defaults but --cpu-hz (until 2026-11-27 with the suite's profiles every second and NVML at 10
+    Hz). The suite's figure includes every new process's start-up (attaching, unwind tables for
+    PyTorch's libraries)."""
+    with agent(a, suite=False) as ag:
         w = a.workloads.split(",")[0]
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(a.lane)}
         p = subprocess.Popen([a.python, WORKLOAD, "--workload", w, "--seconds", str(a.seconds), "--dir", a.out],
@@ -646,7 +661,8 @@ def overhead(a):
     stacks within their budget) and beside the agent (CPU sampling at --cpu-hz), interleaved
     --rounds times; the median step time of each and what gpuscope adds. `agent-gpu1`: the agent
     reading NVML once a second (the default) instead of the suite's 10 times; `agent-always`: its
-    probes on throughout (budget 1), not cycled under the 1% budget."""
+    probes on throughout (budget 1), not cycled under the 1% budget; `agent:KEY=VALUE;...`: the
+    agent with those lines added to its configuration (`agent:diagnose=false`), to find what costs."""
     times = {}
     modes = a.modes.split(",")
     for rnd in range(a.rounds):
@@ -657,8 +673,7 @@ def overhead(a):
                 if mode == "record":
                     wl = [f"{a.build}/gpuscope", "record", "-q", "-o", os.path.join(a.out, "overhead.gpuscope"), "--"] + wl
                 if mode.startswith("agent"):
-                    ctx = agent(a, gpu_hz=1 if mode == "agent-gpu1" else 10,
-                                budget=1 if mode == "agent-always" else None)
+                    ctx = agent_mode(a, mode)
                 else:
                     ctx = contextlib.nullcontext()
                 with ctx as ag:
@@ -679,6 +694,90 @@ def overhead(a):
             med = v[len(v) // 2]
             if base:
                 log(f"{w:6} {mode:6} median {med:8.3f} ms vs {base:8.3f} alone: {(med / base - 1) * 100:+.2f}%")
+
+
+def agent_mode(a, mode, suite=True):
+    """The agent of an --overhead or --paired mode: agent, agent-gpu1, agent-always, agent:KEY=VALUE;..."""
+    extra = "".join(f"{kv.replace('=', ': ', 1)}\n" for kv in mode.partition(":")[2].split(";") if kv)
+    return agent(a, gpu_hz=1 if mode == "agent-gpu1" else 10, budget=1 if mode == "agent-always" else None,
+                 extra=extra, suite=suite)
+
+
+def paired(a):
+    """What the agent adds to one running job, measured inside it: the workload runs once for
+    --seconds and records the end of each step; the agent is started and stopped beside it in
+    turns (--segment seconds each: alone, a mode, alone, the next mode, ...), so that every
+    agent segment is compared with the alone segments either side of it in the same process (no
+    run-to-run spread of clocks, memory placement or start-up). The first --settle seconds of each
+    segment are left out: the agent attaching (and its first on-period at full duty), or the
+    probes' release. The agent runs with its defaults but --cpu-hz (not the suite's 1 s profiles
+    and 10 Hz NVML). Prints each segment and, per mode, the added step time: the median and the
+    spread over its segments."""
+    modes = a.modes.split(",")
+    modes = [m for m in modes if m != "alone"] or ["agent"]
+    w = a.workloads.split(",")[0]
+    series = os.path.join(a.out, "paired-series.bin")
+    ready = os.path.join(a.out, "paired-ready")
+    for f in (series, ready):
+        if os.path.exists(f):
+            os.unlink(f)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(a.lane)}
+    p = subprocess.Popen([a.python, WORKLOAD, "--workload", w, "--seconds", str(a.seconds), "--dir", a.out,
+                          "--ready", ready, "--series", series], stdout=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(ready):
+        if p.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the workload did not get ready: {p.stdout.read()[-300:] if p.stdout else ''}")
+        time.sleep(0.1)
+    loop_end = float(open(ready).read()) + a.seconds
+    segments = []  # (mode, start, end)
+    i = 0
+    while time.monotonic() + a.segment + 2 < loop_end and p.poll() is None:
+        mode = "alone" if i % 2 == 0 else modes[(i // 2) % len(modes)]
+        t0 = time.monotonic()
+        if mode == "alone":
+            time.sleep(a.segment)
+        else:
+            with agent_mode(a, mode, suite=False) as ag:
+                t0 = time.monotonic()  # from the agent serving: its start-up is its own
+                time.sleep(a.segment)
+                cpu = cpu_seconds(ag.pid)
+            log(f"segment {i} {mode}: agent CPU {cpu / (time.monotonic() - t0) * 100:.2f}% of a core over its life")
+        segments.append((mode, t0, time.monotonic()))
+        i += 1
+    out = p.communicate()[0]
+    ends = array.array("d")
+    with open(series, "rb") as f:
+        ends.frombytes(f.read())
+    log(out.strip())
+    report_paired(ends, segments, a.settle)
+
+
+def report_paired(ends, segments, settle):
+    """Mean step time in each segment (past its first `settle` seconds), and each agent segment
+    against the mean of the alone segments either side."""
+    def mean_step(t0, t1):
+        lo, hi = bisect.bisect_left(ends, t0 + settle), bisect.bisect_right(ends, t1)
+        n = hi - lo - 1
+        return (ends[hi - 1] - ends[lo]) / n * 1e3 if n >= 10 else None
+    means = [(mode, mean_step(t0, t1)) for mode, t0, t1 in segments]
+    added = {}
+    for k, (mode, ms) in enumerate(means):
+        line = f"segment {k:2} {mode:24} " + (f"{ms:8.3f} ms a step" if ms else "too few steps")
+        if mode != "alone" and ms:
+            around = [m for _, m in (means[k - 1:k] + means[k + 1:k + 2]) if m]
+            if around:
+                base = sum(around) / len(around)
+                added.setdefault(mode, []).append((ms / base - 1) * 100)
+                line += f"  {added[mode][-1]:+6.2f}% against the alone segments beside it ({base:.3f} ms)"
+        log(line)
+    for mode, v in added.items():
+        v = sorted(v)
+        log(f"{mode}: added step time median {v[len(v) // 2]:+.2f}% over {len(v)} segments "
+            f"(spread {v[0]:+.2f}% .. {v[-1]:+.2f}%)")
+    alone = sorted(m for mode, m in means if mode == "alone" and m)
+    if len(alone) > 1:
+        log(f"alone segments: {alone[0]:.3f} .. {alone[-1]:.3f} ms a step (the job's own drift)")
 
 
 def cpu_seconds(pid):
@@ -710,7 +809,11 @@ def main():
                     help="the clean workloads alone, under record and beside the agent: the step time gpuscope adds")
     ap.add_argument("--rounds", type=int, default=3, help="--overhead: interleaved rounds")
     ap.add_argument("--modes", default="alone,record,agent",
-                    help="--overhead: of alone, record, agent, agent-gpu1, agent-always")
+                    help="--overhead: of alone, record, agent, agent-gpu1, agent-always, agent:KEY=VALUE;...")
+    ap.add_argument("--paired", action="store_true",
+                    help="the agent started and stopped beside one running job, in turns (see paired())")
+    ap.add_argument("--segment", type=float, default=12, help="--paired: seconds of each segment")
+    ap.add_argument("--settle", type=float, default=4, help="--paired: seconds left out at a segment's start")
     ap.add_argument("--steady", action="store_true",
                     help="the agent's CPU beside one clean workload (the first of --workloads) from 30 s on")
     a = ap.parse_args()
@@ -726,6 +829,9 @@ def main():
         return
     if a.steady:
         steady(a)
+        return
+    if a.paired:
+        paired(a)
         return
     todo = [(w, s, int(i)) for w in a.workloads.split(",") for s in a.scenarios.split(",")
             for i in (a.intensities.split(",") if s != "clean" else ["1"])]

@@ -28,6 +28,7 @@ Never synchronises in the loop unless the fault does; times the loop by throughp
 (with the monotonic time) once warm, pins its main thread to --cpu then (so that a hog can be put
 beside it, and the DataLoader's workers are not), and prints the mean step time."""
 import argparse
+import array
 import os
 import socket
 import threading
@@ -85,6 +86,7 @@ def main():
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--dir", default="/tmp")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies the batch (calibration)")
+    ap.add_argument("--series", default="", help="write each step's end (time.monotonic(), doubles) to this file")
     a = ap.parse_args()
     hi = a.intensity >= 2
     dev = torch.device("cuda")
@@ -249,12 +251,18 @@ def main():
             f.write(f"{t_ready:.6f}\n")
         os.rename(a.ready + ".tmp", a.ready)
     steps = 0
+    ends = array.array("d")
     t0 = time.perf_counter()
     end = t0 + a.seconds
     while time.perf_counter() < end:
         step()
         steps += 1
+        if a.series:
+            ends.append(time.monotonic())
     torch.cuda.synchronize()
+    if a.series:
+        with open(a.series, "wb") as f:
+            ends.tofile(f)
     dt = time.perf_counter() - t0
     stop.set()
     for f in (ckpt, dataset):

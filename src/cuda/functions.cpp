@@ -1,5 +1,6 @@
 #include "cuda/functions.h"
 
+#include <algorithm>
 #include <array>
 #include <unordered_map>
 
@@ -332,15 +333,29 @@ static_assert(sizes_out_have_no_entry_data(), "a size read at return is the entr
 
 std::span<const FunctionSpec> all_functions() { return kFunctions; }
 
-const FunctionSpec* function_by_id(uint16_t id) {
-  static const auto* index = [] {
-    auto* m = new std::unordered_map<uint16_t, const FunctionSpec*>;
-    for (const auto& f : kFunctions) m->emplace(f.id, &f);
-    return m;
-  }();
-  auto it = index->find(id);
-  return it == index->end() ? nullptr : it->second;
-}
+namespace {
+
+constexpr uint16_t kMaxId = [] {
+  uint16_t m = 0;
+  for (const auto& f : kFunctions) m = std::max(m, f.id);
+  return m;
+}();
+
+// By id, a table: looked up for every call the agent and the recorder read.
+constexpr auto kById = [] {
+  std::array<const FunctionSpec*, kMaxId + 1> t{};
+  for (const auto& f : kFunctions) t[f.id] = &f;
+  return t;
+}();
+static_assert([] {
+  size_t listed = 0;
+  for (const auto* f : kById) listed += f != nullptr;
+  return listed == kFunctions.size();
+}(), "two functions with one id");
+
+}  // namespace
+
+const FunctionSpec* function_by_id(uint16_t id) { return id <= kMaxId ? kById[id] : nullptr; }
 
 const FunctionSpec* function_by_symbol(std::string_view symbol) {
   for (const auto& f : kFunctions)

@@ -99,10 +99,11 @@ void Pipeline::push(const void* data, size_t size) {
   if (route && route->to_control && size >= route->min_size && control_record_) control_record_(kind, data);
   if (route && !route->handle) return;  // the control loop's alone
   const uint32_t len = static_cast<uint32_t>(size);
-  const size_t at = filling_.size();
-  filling_.resize(at + sizeof(len) + size);
-  std::memcpy(filling_.data() + at, &len, sizeof(len));
-  std::memcpy(filling_.data() + at + sizeof(len), data, size);
+  // Appended, not resized and copied over: a resize zeroes the bytes first.
+  const auto* len_bytes = reinterpret_cast<const uint8_t*>(&len);
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  filling_.insert(filling_.end(), len_bytes, len_bytes + sizeof(len));
+  filling_.insert(filling_.end(), bytes, bytes + size);
   ++filling_records_;
   if (filling_.size() >= cfg_.max_batch_bytes) end_batch();
 }

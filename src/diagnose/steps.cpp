@@ -1,6 +1,7 @@
 #include "diagnose/steps.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <unordered_map>
 
@@ -22,6 +23,44 @@ double self_similarity(const std::vector<Token>& s, size_t period) {
   size_t same = 0;
   for (size_t i = 0; i + period < s.size(); ++i) same += s[i].key == s[i + period].key;
   return double(same) / double(s.size() - period);
+}
+
+// A loop that makes one kind of call (a kernel launched N times, then host work) has no pattern
+// to find once its repeats are collapsed: its steps are the bursts of calls between the host's
+// longer gaps, if the bursts are alike (as many calls, about as long).
+Steps bursts(const std::vector<Token>& tokens, size_t min_steps) {
+  if (tokens.size() < 2 * (min_steps + 1)) return {};
+  std::vector<uint64_t> gaps;
+  for (size_t i = 1; i < tokens.size(); ++i) gaps.push_back(tokens[i].ts_ns - tokens[i - 1].ts_ns);
+  std::vector<uint64_t> sorted = gaps;
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  constexpr uint64_t kMinGapNs = 50'000;
+  const uint64_t cut = std::max(10 * sorted[sorted.size() / 2], kMinGapNs);
+  // The first burst may have begun before the window: steps start after a gap.
+  std::vector<size_t> first_calls;
+  for (size_t i = 0; i < gaps.size(); ++i)
+    if (gaps[i] >= cut) first_calls.push_back(i + 1);
+  if (first_calls.size() < min_steps + 1) return {};
+  std::map<size_t, size_t> calls_per_burst;
+  std::vector<uint64_t> lengths;
+  for (size_t b = 0; b + 1 < first_calls.size(); ++b) {
+    ++calls_per_burst[first_calls[b + 1] - first_calls[b]];
+    lengths.push_back(tokens[first_calls[b + 1]].ts_ns - tokens[first_calls[b]].ts_ns);
+  }
+  const auto mode = std::max_element(calls_per_burst.begin(), calls_per_burst.end(),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+  const double alike = double(mode->second) / double(lengths.size());
+  std::nth_element(lengths.begin(), lengths.begin() + lengths.size() / 2, lengths.end());
+  const double median = double(lengths[lengths.size() / 2]);
+  size_t near = 0;
+  for (uint64_t l : lengths) near += std::abs(double(l) - median) <= 0.5 * median;
+  if (alike < 0.7 || double(near) / double(lengths.size()) < 0.7) return {};
+  Steps s;
+  s.period = mode->first;
+  s.similarity = alike;
+  s.anchor_key = tokens[first_calls.front()].key;
+  for (size_t i : first_calls) s.starts.push_back(tokens[i].ts_ns);
+  return s;
 }
 
 }  // namespace
@@ -73,6 +112,7 @@ Steps find_steps(const std::vector<Token>& tokens, size_t min_steps, double min_
       break;
     }
   }
+  if (!best.count() && seq.size() <= min_steps) return bursts(tokens, min_steps);
   return best;
 }
 

@@ -27,7 +27,9 @@ struct Steps {
 // Tokens in time order. Steps are found when at least `min_steps` of them repeat with a period
 // that the whole sequence follows (similarity >= min_similarity); otherwise none (count() 0).
 // A period is never shorter than the one a regular copy to the GPU comes at (a model's identical
-// layers repeat within the step that copies their input once).
+// layers repeat within the step that copies their input once). A loop of one kind of call alone
+// (the same kernel launched N times, then host work) is cut at the host's longer gaps instead,
+// where the bursts between them are alike.
 Steps find_steps(const std::vector<Token>& tokens, size_t min_steps = 3, double min_similarity = 0.7);
 
 }  // namespace gpuscope::diagnose

@@ -83,3 +83,31 @@ TEST(DiagnoseSteps, IdenticalLayersRepeatWithinTheStepThatCopiesTheirInput) {
   for (auto& tok : tokens) tok.input = false;
   EXPECT_EQ(find_steps(tokens).period, 3u);
 }
+
+TEST(DiagnoseSteps, ALoopOfOneKindOfCallIsCutAtTheHostsGaps) {
+  // 30 launches of one kernel 5 us apart, then 4 ms of host work: no pattern once the repeats
+  // are collapsed, but bursts.
+  std::vector<Token> tokens;
+  uint64_t t = 1'000'000;
+  for (int s = 0; s < 40; ++s) {
+    for (int i = 0; i < 30; ++i) tokens.push_back({t += 5'000, 9});
+    t += 4'000'000;
+  }
+  const Steps s = find_steps(tokens);
+  ASSERT_EQ(s.count(), 38u);  // the first burst counts from the first gap
+  EXPECT_EQ(s.period, 30u);
+  for (size_t i = 1; i < s.starts.size(); ++i) EXPECT_EQ(s.starts[i] - s.starts[i - 1], 4'150'000u);
+
+  // Calls one kind at even spacing (no host gap), or bursts that are not alike: no steps.
+  std::vector<Token> even;
+  for (int i = 0; i < 500; ++i) even.push_back({1'000'000 + uint64_t(i) * 100'000, 9});
+  EXPECT_EQ(find_steps(even).count(), 0u);
+  std::mt19937 rng(3);
+  std::vector<Token> ragged;
+  t = 1'000'000;
+  for (int s = 0; s < 40; ++s) {
+    for (int i = 0, n = 1 + int(rng() % 40); i < n; ++i) ragged.push_back({t += 5'000, 9});
+    t += 1'000'000 + rng() % 8'000'000;
+  }
+  EXPECT_EQ(find_steps(ragged).count(), 0u);
+}

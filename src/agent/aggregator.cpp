@@ -9,6 +9,7 @@
 #include "attach/bpf_session.h"
 #include "common/clock.h"
 #include "cuda/functions.h"
+#include "diagnose/kernel_activity.h"
 #include "discover/proc.h"
 #include "report/frame_names.h"
 #include "report/stored_stacks.h"
@@ -294,10 +295,30 @@ void Aggregator::add_symbol(int64_t module_id, uint64_t offset, const std::strin
   symbols_[{module_id, offset}] = name;
 }
 
-void Aggregator::add_sample(uint64_t, uint32_t pid, uint32_t, uint32_t, int64_t stack_id, int64_t) {
-  std::lock_guard lock(mu_);
-  Process* p = process(pid);
-  if (p && stack_id) p->cpu_window[stack_id] += 1;
+void Aggregator::add_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, uint32_t, int64_t stack_id,
+                            int64_t kernel_stack_id) {
+  std::string in_kernel;
+  {
+    std::lock_guard lock(mu_);
+    Process* p = process(pid);
+    if (p && stack_id) p->cpu_window[stack_id] += 1;
+    // What a sample taken in the kernel found the thread doing there, for the live diagnosis
+    // (host_kernel's evidence); a stack's answer is kept as long as the stack.
+    if (live_ && p && kernel_stack_id) {
+      auto known = kernel_activity_.find(kernel_stack_id);
+      if (known == kernel_activity_.end()) {
+        std::vector<std::string> names;
+        if (const auto st = stacks_.find(kernel_stack_id); st != stacks_.end())
+          for (const auto& f : st->second) {
+            const auto sym = symbols_.find({f.module_id, f.offset});
+            names.push_back(sym == symbols_.end() ? "" : sym->second);
+          }
+        known = kernel_activity_.emplace(kernel_stack_id, diagnose::kernel_activity(names)).first;
+      }
+      in_kernel = known->second;
+    }
+  }
+  if (!in_kernel.empty()) live_->add_kernel_sample(ts_ns, pid, tid, in_kernel);
 }
 
 void Aggregator::set_lost(const std::string& cause, uint64_t count) {
@@ -640,6 +661,7 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
     if (stacks_.size() >= limits_.max_stacks / 2) {
       stacks_.clear();
       stack_ids_.clear();
+      kernel_activity_.clear();
       python_frames_.clear();
       python_ids_.clear();
       stack_epoch_.fetch_add(1, std::memory_order_relaxed);

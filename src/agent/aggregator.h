@@ -182,6 +182,7 @@ class Aggregator final : public store::EventSink {
   // Ids are never reused, so that one handed out before is simply not found after.
   std::unordered_map<int64_t, std::vector<store::StoredFrame>> stacks_;
   std::unordered_map<std::string, int64_t> stack_ids_;  // frames' bytes -> id
+  std::unordered_map<int64_t, std::string> kernel_activity_;  // kernel stack id -> what it was doing
   std::unordered_map<int64_t, report::PythonFrameRow> python_frames_;
   std::unordered_map<std::string, int64_t> python_ids_;
   int64_t next_stack_id_ = 1, next_python_id_ = 1;

@@ -61,6 +61,15 @@ void LiveDiagnosis::add_call(const CallEvent& e) {
   if (p.calls.size() > limits_.max_calls) p.calls.pop_front();
 }
 
+void LiveDiagnosis::add_kernel_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, const std::string& what) {
+  std::lock_guard lock(mu_);
+  const auto p = processes_.find(pid);
+  if (p == processes_.end()) return;  // samples alone do not make a process analysed
+  auto& q = p->second.kernel_samples;
+  q.push_back({ts_ns, tid, what});
+  if (q.size() > limits_.max_windows) q.pop_front();
+}
+
 void LiveDiagnosis::add_thread_time(const store::ThreadTimeRow& r) {
   diagnose::ThreadWindow w;
   w.start_ns = r.start_ns;
@@ -167,6 +176,7 @@ void LiveDiagnosis::set_probe_costs(double entry_ns, double pair_ns) {
 void LiveDiagnosis::trim(Process& p, uint64_t before_ns) {
   while (!p.calls.empty() && p.calls.front().ts_ns < before_ns) p.calls.pop_front();
   while (!p.unobserved.empty() && p.unobserved.front().second < before_ns) p.unobserved.pop_front();
+  while (!p.kernel_samples.empty() && p.kernel_samples.front().ts_ns < before_ns) p.kernel_samples.pop_front();
   for (auto it = p.windows.begin(); it != p.windows.end();) {
     auto& q = it->second;
     while (!q.empty() && q.front().end_ns < before_ns) {
@@ -205,6 +215,7 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
       for (const auto& [tid, q] : it->second.windows) e.windows[tid].assign(q.begin(), q.end());
       e.until_ns = now_ns;
       e.unobserved.assign(it->second.unobserved.begin(), it->second.unobserved.end());
+      e.kernel_samples.assign(it->second.kernel_samples.begin(), it->second.kernel_samples.end());
       if (it->second.off_since) e.unobserved.emplace_back(it->second.off_since, now_ns);
       auto& q = it->second;
       if (q.top_calls > 0)

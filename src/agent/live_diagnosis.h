@@ -36,6 +36,8 @@ class LiveDiagnosis {
   // From the pipeline thread (the aggregator's sink calls).
   void add_call(const CallEvent& e);
   void add_thread_time(const store::ThreadTimeRow& r);
+  // A CPU sample that found thread `tid` in the kernel, doing `what` (diagnose/kernel_activity.h).
+  void add_kernel_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, const std::string& what);
   // NVML's readings (the GPU's side: busy share, other tenants, PCIe, clocks).
   void add_gpu_batch(const gpu::NvmlSampler::Batch& b);
   // PSI and cpu.stat (host::PressureSampler): the host's (pid 0) and each process's cgroup's.
@@ -81,6 +83,7 @@ class LiveDiagnosis {
     std::deque<diagnose::CudaCall> calls;
     std::map<uint32_t, std::deque<diagnose::ThreadWindow>> windows;
     size_t window_count = 0;
+    std::deque<diagnose::KernelSample> kernel_samples;
     std::deque<std::pair<uint64_t, uint64_t>> unobserved;  // spans with the high-rate probes off
     uint64_t off_since = 0;                                // they are off now, since then
     // Its calls seen, and of them, those kept at the top (not within another): what the probes cost

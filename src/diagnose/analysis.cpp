@@ -201,6 +201,7 @@ void Breakdown::add(const Breakdown& o) {
   add_map(relayed, o.relayed);
   for (const auto& [k, v] : o.io_in) io_in[k] += v;
   for (const auto& [k, v] : o.fd_in) fd_in[k] += v;
+  for (const auto& [k, v] : o.kernel_in) kernel_in[k] += v;
 }
 
 double Breakdown::busy_share() const {
@@ -335,7 +336,7 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
   std::merge(spans.begin(), spans.end(), dark.begin(), dark.end(), std::back_inserter(measured));
   for (const auto& m : measured) is_dark.push_back(std::binary_search(dark.begin(), dark.end(), m));
   std::vector<Breakdown> per_step, per_dark;
-  size_t seg = 0, call = 0, any_call = 0, kern = 0, reading = 0, proc_reading = 0;
+  size_t seg = 0, call = 0, any_call = 0, kern = 0, reading = 0, proc_reading = 0, ksample = 0;
   for (size_t m = 0; m < measured.size(); ++m) {
     const auto [s, end] = measured[m];
     Breakdown b;
@@ -455,6 +456,10 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
         covered_to = std::max(covered_to, z);
       }
     }
+    // What the thread that feeds the GPU was doing when samples found it in the kernel.
+    while (ksample < e.kernel_samples.size() && e.kernel_samples[ksample].ts_ns < s) ++ksample;
+    for (size_t j = ksample; j < e.kernel_samples.size() && e.kernel_samples[j].ts_ns < end; ++j)
+      if (const auto& k = e.kernel_samples[j]; k.tid == p.feeding_tid && !k.what.empty()) b.kernel_in[k.what] += 1;
     // NVML's readings of its GPU taken within the step.
     while (reading < e.gpu.size() && e.gpu[reading].ts_ns < s) ++reading;
     for (size_t j = reading; j < e.gpu.size() && e.gpu[j].ts_ns < end; ++j) {

@@ -78,6 +78,8 @@ struct Breakdown {
   // Blocked time by what it blocked in ("fsync on /data/ckpt.pt", "recvfrom on tcp a -> b"): the
   // window's longest blocked stretch stands for its I/O, and for its pipe, socket and lock waits.
   std::map<std::string, double> io_in, fd_in;
+  // Its CPU samples taken in the kernel, by what it was doing there (kernel_activity.h).
+  std::map<std::string, double> kernel_in;
   void add(const Breakdown& o);
 };
 
@@ -145,6 +147,11 @@ struct GpuProcessReading {  // NVML, per process on the process's GPU
   uint32_t pid = 0;
   double sm = -1;  // share of the SMs' time (0..1); -1: not read (a process seen by its memory alone)
 };
+struct KernelSample {  // a CPU sample that found one of its threads in the kernel
+  uint64_t ts_ns = 0;
+  uint32_t tid = 0;
+  std::string what;  // kernel_activity(): a system call's name, "page faults", "interrupts"
+};
 struct XidEvent {  // the driver's error report about the process's GPU
   uint64_t ts_ns = 0;
   uint32_t xid = 0;
@@ -162,6 +169,7 @@ struct ProcessEvidence {
   std::vector<GpuReading> gpu;                            // in time order
   std::vector<GpuProcessReading> gpu_processes;           // in time order
   std::vector<XidEvent> xids;                             // in time order
+  std::vector<KernelSample> kernel_samples;               // in time order
   std::vector<host::PressureReading> host_pressure, cgroup_pressure;  // in time order
   uint64_t until_ns = 0;  // its exit, or the end of what was seen
   // Spans in which its launches, copies and memsets were not observed (the agent's overhead budget

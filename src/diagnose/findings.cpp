@@ -13,6 +13,27 @@ std::string ms(double ns) { return fmt::format("{:.1f} ms", ns / 1e6); }
 // "; 80% of it in fsync (on /data/ckpt.pt)" when one call accounts for most of `by` (keys "call"
 // or "call on what"): the call, and what it was most often on where that was still known (a
 // descriptor closed before it could be named leaves only the call).
+// What the CPU samples of the thread in the kernel say it was doing there: the largest one or two
+// of a dozen samples or more ("; its samples there: 62% in page faults, 21% in futex system calls").
+std::string kernel_doing(const std::map<std::string, double>& by) {
+  if (by.empty()) return "";
+  double total = 0;
+  std::vector<std::pair<double, std::string>> ranked;
+  for (const auto& [what, n] : by) {
+    total += n;
+    ranked.emplace_back(n, what);
+  }
+  if (total < 12) return "";
+  std::sort(ranked.rbegin(), ranked.rend());
+  auto named = [](const std::string& what) {
+    return what == "page faults" || what == "interrupts" ? what : what + " system calls";
+  };
+  std::string out = fmt::format("; its CPU samples there: {} in {}", pct(ranked[0].first / total), named(ranked[0].second));
+  if (ranked.size() > 1 && ranked[1].first >= 0.15 * total)
+    out += fmt::format(", {} in {}", pct(ranked[1].first / total), named(ranked[1].second));
+  return out;
+}
+
 std::string most_in(const std::map<std::string, double>& by) {
   if (by.empty()) return "";
   double total = 0;
@@ -358,8 +379,9 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
                     gpu_idle_note),
         "Remove the sleep (or the polling loop that sleeps) from the training loop", "high");
     add("host_kernel", "The thread that feeds the GPU works in the kernel", kernel,
-        fmt::format("on a CPU in the kernel (system calls, page faults) {} a step ({} of the step){}",
-                    ms(kernel / b.steps), pct(kernel / b.window_ns), gpu_idle_note),
+        fmt::format("on a CPU in the kernel{} {} a step ({} of the step){}{}",
+                    kernel_doing(b.kernel_in).empty() ? " (system calls, page faults)" : "", ms(kernel / b.steps),
+                    pct(kernel / b.window_ns), kernel_doing(b.kernel_in), gpu_idle_note),
         "Make fewer, larger system calls (read in bigger chunks, or map the file), and keep page faults out of the "
         "loop (allocate and touch buffers once); `perf trace -s -p PID` counts the calls",
         "medium");

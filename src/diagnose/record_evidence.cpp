@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <optional>
 
 #include "common/model.h"
 #include "cuda/functions.h"
+#include "diagnose/kernel_activity.h"
 #include "report/call_sites.h"
 
 namespace gpuscope::diagnose {
@@ -77,6 +79,31 @@ void read_nvml(store::Db& db, uint32_t gpu, ProcessEvidence& e) {
   p.bind(1, int64_t(gpu));
   while (p.step())
     e.gpu_processes.push_back({uint64_t(p.i64(0)), uint32_t(p.i64(1)), p.is_null(2) ? -1 : double(p.i64(2)) / 100});
+}
+
+// The process's CPU samples taken in the kernel, each with what its kernel stack says it was
+// doing there (kernel_activity.h); each stack is read once.
+void read_kernel_samples(store::Db& db, uint32_t pid, ProcessEvidence& e) {
+  if (!db.has_table("samples") || !db.has_column("samples", "kernel_stack_id")) return;
+  std::map<int64_t, std::string> what_of;
+  auto frames = db.prepare(
+      "SELECT coalesce(y.name, '') FROM stack_frames f LEFT JOIN symbols y ON y.module_id = f.module_id AND "
+      "y.offset = f.offset WHERE f.stack_id = ?1 ORDER BY f.depth");
+  auto q = db.prepare(
+      "SELECT ts_ns, tid, kernel_stack_id FROM samples WHERE pid = ?1 AND kernel_stack_id > 0 ORDER BY ts_ns");
+  q.bind(1, int64_t(pid));
+  while (q.step()) {
+    const int64_t stack = q.i64(2);
+    auto it = what_of.find(stack);
+    if (it == what_of.end()) {
+      std::vector<std::string> names;
+      frames.reset();
+      frames.bind(1, stack);
+      while (frames.step()) names.push_back(frames.str(0));
+      it = what_of.emplace(stack, kernel_activity(names)).first;
+    }
+    e.kernel_samples.push_back({uint64_t(q.i64(0)), uint32_t(q.i64(1)), it->second});
+  }
 }
 
 }  // namespace
@@ -185,6 +212,7 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites, const Dia
         e.windows[uint32_t(q.i64(0))].push_back(std::move(w));
       }
     }
+    read_kernel_samples(db, pid, e);
     if (d.gpu_times) {
       auto q = db.prepare(
           "SELECT a.start_ns, a.end_ns, coalesce(c.ts_ns, 0) FROM gpu_activities a LEFT JOIN calls c ON c.id = "

@@ -262,6 +262,18 @@ def test_agent_finds_a_cpu_hog_live(agent):
         loop.wait()
 
 
+def test_kernel_time_is_named_with_what_the_samples_found_there(record, gpuscope):
+    # A loop that takes 8192 page faults a step: with CPU samples (user and kernel stacks), the
+    # time in the kernel is said to be page faults.
+    rec = record("--cpu-profile", "199", "--", TARGETS / "diag_steps", "faults", 150)
+    assert rec.returncode == 0, rec.stderr
+    out = gpuscope("diagnose", "--json", rec.path)
+    [proc] = [p for p in json.loads(out.stdout)["processes"] if p["comm"] == "diag_steps"]
+    first = proc["findings"][0]
+    assert first["cause"] == "host_kernel", proc["findings"]
+    assert re.search(r"its CPU samples there: \d+% in page faults", first["evidence"]), first["evidence"]
+
+
 def test_the_agent_names_a_gpu_that_failed_live(agent, tmp_path):
     """An XID the driver reports (NVML's event, here from a stand-in library) about the GPU a
     traced process runs on is a live finding of that process within seconds, first whatever its

@@ -8,11 +8,14 @@
 //   sleep  5 ms of computation, then 10 ms asleep
 //   memory 5 ms of computation, then 16 MiB read on through a 256 MiB file in DIR (written first):
 //          run in a memory cgroup smaller than the file, every read must reclaim page cache
+//   faults 3 ms of computation, then 32 MiB of fresh anonymous memory touched page by page and
+//          unmapped (8192 page faults a step: time in the kernel)
 // (A CPU hog is brought from outside: run it and this on one CPU.) Without a GPU every CUDA call
 // fails at once, but each is a real call into the real libcudart, so its probes fire.
 //   diag_steps MODE STEPS [DIR]
 #include <cuda_runtime.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -104,6 +107,13 @@ int main(int argc, char** argv) {
       compute(5);
       if (pread(data_fd, chunk_buf.data(), chunk, off_t(data_at)) != ssize_t(chunk)) return 1;
       data_at = (data_at + chunk) % data_bytes;
+    } else if (mode == "faults") {
+      compute(3);
+      const size_t bytes = size_t(32) << 20;
+      void* fresh = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (fresh == MAP_FAILED) return 1;
+      for (size_t at = 0; at < bytes; at += 4096) static_cast<volatile char*>(fresh)[at] = 1;
+      munmap(fresh, bytes);
     } else if (mode == "sleep") {
       compute(5);
       std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -10,6 +10,7 @@
 
 #include "cuda/functions.h"
 #include "diagnose/analysis.h"
+#include "diagnose/kernel_activity.h"
 #include "store/record_reader.h"
 #include "store/record_writer.h"
 
@@ -57,6 +58,23 @@ struct CraftedRun {
       if (sync_ns) call("cudaStreamSynchronize", kPid, t + kStepNs - sync_ns - 100'000, sync_ns);
     }
   }
+  // `per_step` CPU samples of the main thread a step, each found in the kernel at `frames`
+  // (innermost first), symbolised as the recorder names kernel frames.
+  void kernel_samples(int per_step, const std::vector<std::string>& frames) {
+    const int64_t module = w.intern_module("[kernel]", "test");
+    std::vector<store::StoredFrame> stack;
+    for (const auto& f : frames) {
+      const uint64_t ip = 0xffffffff81000000ull + (next_ip += 0x100);
+      w.add_symbol(module, ip, f);
+      stack.push_back({module, ip, ip});
+    }
+    const int64_t id = w.intern_stack(stack);
+    for (uint64_t s = 0; s < 40; ++s)
+      for (int k = 0; k < per_step; ++k)
+        w.add_sample(1'000'000 + s * kStepNs + uint64_t(k + 1) * kStepNs / uint64_t(per_step + 1), kPid, kPid, 0, 0,
+                     id);
+  }
+  uint64_t next_ip = 0;
   // A window a step of the main thread: on a CPU for the rest of the step.
   void windows(uint64_t lock_ns = 0, uint32_t waker_tid = 0, uint32_t waker_pid = kPid) {
     for (uint64_t s = 0; s < 40; ++s) {
@@ -678,4 +696,39 @@ TEST(DiagnoseFindings, LiveSlowStepsOfALaunchBoundJobAreNotASecondCause) {
   ASSERT_FALSE(f.empty());
   EXPECT_EQ(f[0].cause, "launch_bound");
   EXPECT_FALSE(has_cause(d, "host_compute"));
+}
+
+TEST(DiagnoseFindings, KernelTimeSaysWhatTheThreadDidThereFromItsSamples) {
+  // 6 ms a step in the kernel, nothing it served; the CPU samples found the thread in page faults
+  // twice as often as in futex.
+  CraftedRun r("kernel_said");
+  r.steps(100);
+  r.windows_where([&](store::ThreadTimeRow& row) { row.sys_ns = 6'000'000; });
+  r.kernel_samples(2, {"clear_page_erms", "do_anonymous_page", "handle_mm_fault", "do_user_addr_fault",
+                       "exc_page_fault", "asm_exc_page_fault"});
+  r.kernel_samples(1, {"futex_wait_queue", "futex_wait", "do_futex", "__x64_sys_futex", "do_syscall_64",
+                       "entry_SYSCALL_64_after_hwframe"});
+  r.gpu(40);
+  const auto d = r.diagnosed(diagnose::SlowSteps::RankedOverAll);
+  ASSERT_FALSE(d.processes.empty());
+  const auto& f = d.processes[0].findings.front();
+  EXPECT_EQ(f.cause, "host_kernel");
+  EXPECT_NE(f.evidence.find("its CPU samples there: 67% in page faults, 33% in futex system calls"), std::string::npos)
+      << f.evidence;
+}
+
+TEST(DiagnoseFindings, AKernelStackSaysWhatTheThreadWasDoingThere) {
+  using diagnose::kernel_activity;
+  // A system call, by the outermost wrapper named (a device's interrupt within it is its time).
+  EXPECT_EQ(kernel_activity({"copy_user_generic", "asm_sysvec_apic_timer_interrupt", "ksys_read", "__x64_sys_read",
+                             "do_syscall_64", "entry_SYSCALL_64_after_hwframe"}),
+            "read");
+  EXPECT_EQ(kernel_activity({"futex_wait", "__se_sys_futex.isra.0", "do_syscall_64"}), "futex");
+  EXPECT_EQ(kernel_activity({"clear_page_erms", "handle_mm_fault", "exc_page_fault", "asm_exc_page_fault"}),
+            "page faults");
+  EXPECT_EQ(kernel_activity({"net_rx_action", "handle_softirqs", "irq_exit_rcu", "sysvec_apic_timer_interrupt",
+                             "asm_sysvec_apic_timer_interrupt"}),
+            "interrupts");
+  EXPECT_EQ(kernel_activity({"schedule", "", "0xffffffff81000000"}), "");
+  EXPECT_EQ(kernel_activity({}), "");
 }

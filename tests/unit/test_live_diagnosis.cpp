@@ -409,3 +409,32 @@ TEST(LiveDiagnosis, AnErrorInTheProgramsWorkRanksByItsShareAndOnlyOnItsGpu) {
   EXPECT_NEAR(f.share, 1.0 / 3, 0.01);
   EXPECT_EQ(f.title, "The GPU reported an error in the program's work");
 }
+
+TEST(LiveDiagnosis, KernelTimeIsSaidWithWhatTheSamplesFoundThere) {
+  agent::LiveDiagnosis live({});
+  const uint64_t t0 = 1'000'000'000;
+  for (uint64_t s = 0; s < 300; ++s) {
+    const uint64_t t = t0 + s * kStepNs;
+    add_step_calls(live, t);
+    store::ThreadTimeRow r;
+    r.pid = r.tid = kPid;
+    r.start_ns = t;
+    r.end_ns = t + kStepNs;
+    r.on_cpu_ns = kStepNs;
+    r.sys_ns = 6'000'000;
+    r.state = "on_cpu";
+    live.add_thread_time(r);
+    // The 19 Hz sampler's view, about: one sample in the kernel every fifth step.
+    if (s % 5 == 0) live.add_kernel_sample(t + 1'000'000, kPid, kPid, s % 20 ? "page faults" : "mmap");
+    if (s % 5 == 1) live.add_kernel_sample(t + 1'000'000, kPid, kPid + 1, "read");  // another thread's
+  }
+  feed_gpu(live, t0, 3, 30);
+  live.tick(t0 + 3'000'000'000);
+  const auto c = live.current();
+  ASSERT_EQ(c.size(), 1u);
+  ASSERT_FALSE(c[0].findings.empty());
+  EXPECT_EQ(c[0].findings[0].cause, "host_kernel");
+  EXPECT_NE(c[0].findings[0].evidence.find("its CPU samples there: 75% in page faults, 25% in mmap system calls"),
+            std::string::npos)
+      << c[0].findings[0].evidence;
+}

@@ -140,12 +140,12 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites, const Dia
     }
   }
 
-  // The processes that drive a GPU: those that launched kernels or copied, busiest first.
+  // The processes that drive a GPU: those that launched kernels, copied or set memory, busiest first.
   std::vector<uint32_t> procs;
   {
     auto q = db.prepare(
         "SELECT c.pid, count(*) FROM calls c JOIN functions f ON f.id = c.func WHERE c.parent_id IS NULL AND "
-        "f.kind IN ('launch', 'graph_launch', 'memcpy') GROUP BY c.pid ORDER BY 2 DESC LIMIT 8");
+        "f.kind IN ('launch', 'graph_launch', 'memcpy', 'memset') GROUP BY c.pid ORDER BY 2 DESC LIMIT 8");
     while (q.step()) procs.push_back(uint32_t(q.i64(0)));
   }
   for (uint32_t pid : procs) {
@@ -267,7 +267,7 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites, const Dia
     ProcessDiagnosis p = analyze(e, names, d.host_telemetry, d.origin_ns, opts.slow_ranking);
     if (!p.step_ms.empty()) d.processes.push_back(std::move(p));
   }
-  if (procs.empty()) d.notes.push_back("no process in this record launched a kernel or copied: nothing to diagnose");
+  if (procs.empty()) d.notes.push_back("no process in this record launched a kernel, copied or set memory: nothing to diagnose");
   return d;
 }
 

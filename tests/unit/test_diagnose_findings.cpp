@@ -732,3 +732,14 @@ TEST(DiagnoseFindings, AKernelStackSaysWhatTheThreadWasDoingThere) {
   EXPECT_EQ(kernel_activity({"schedule", "", "0xffffffff81000000"}), "");
   EXPECT_EQ(kernel_activity({}), "");
 }
+
+TEST(DiagnoseFindings, ALoopOfMemsetsAloneIsDiagnosed) {
+  // 30 cudaMemsetAsync a step, then 4 ms of host work: a process that drives a GPU, its steps cut
+  // at the host's gaps.
+  CraftedRun r("memsets");
+  for (uint64_t s = 0; s < 40; ++s)
+    for (uint64_t k = 0; k < 30; ++k) r.call("cudaMemsetAsync", kPid, 1'000'000 + s * kStepNs + k * 5'000, 2'000);
+  const auto d = r.diagnosed(diagnose::SlowSteps::RankedOverAll);
+  ASSERT_EQ(d.processes.size(), 1u);
+  EXPECT_EQ(d.processes[0].steps.count(), 38u);
+}

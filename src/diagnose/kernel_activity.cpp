@@ -12,15 +12,18 @@ std::string_view syscall_name(std::string_view f) {
   return {};
 }
 
+// Kernels before 5.8 enter a fault at do_page_fault (through page_fault), later ones at
+// exc_page_fault (through asm_exc_page_fault).
 bool is_fault(std::string_view f) {
-  return f == "asm_exc_page_fault" || f == "exc_page_fault" || f == "do_user_addr_fault" ||
-         f == "handle_mm_fault";
+  return f == "asm_exc_page_fault" || f == "exc_page_fault" || f == "do_user_addr_fault" || f == "page_fault" ||
+         f == "do_page_fault" || f == "handle_mm_fault";
 }
 
+// Likewise interrupts: asm_sysvec_* and common_interrupt now, do_IRQ and smp_*_interrupt before.
 bool is_interrupt(std::string_view f) {
   return f.starts_with("asm_sysvec_") || f.starts_with("asm_common_interrupt") || f.starts_with("sysvec_") ||
-         f == "common_interrupt" || f == "handle_softirqs" || f == "__do_softirq" || f == "irq_exit_rcu" ||
-         f == "__irq_exit_rcu";
+         f.ends_with("_interrupt") || f == "do_IRQ" || f == "handle_softirqs" || f == "__do_softirq" ||
+         f == "irq_exit" || f == "irq_exit_rcu" || f == "__irq_exit_rcu";
 }
 
 }  // namespace

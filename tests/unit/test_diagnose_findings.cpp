@@ -729,6 +729,11 @@ TEST(DiagnoseFindings, AKernelStackSaysWhatTheThreadWasDoingThere) {
   EXPECT_EQ(kernel_activity({"net_rx_action", "handle_softirqs", "irq_exit_rcu", "sysvec_apic_timer_interrupt",
                              "asm_sysvec_apic_timer_interrupt"}),
             "interrupts");
+  // Older kernels' entries.
+  EXPECT_EQ(kernel_activity({"clear_page_erms", "__do_page_fault", "do_page_fault", "page_fault"}), "page faults");
+  EXPECT_EQ(kernel_activity({"net_rx_action", "__do_softirq", "irq_exit", "smp_apic_timer_interrupt",
+                             "apic_timer_interrupt"}),
+            "interrupts");
   EXPECT_EQ(kernel_activity({"schedule", "", "0xffffffff81000000"}), "");
   EXPECT_EQ(kernel_activity({}), "");
 }

@@ -55,6 +55,18 @@ void feed_loop(agent::LiveDiagnosis& live, uint64_t from_ns, double seconds, uin
   }
 }
 
+// The main thread's window of the step from `t`: on a CPU all of it, `sys_ns` in the kernel.
+void add_busy_step(agent::LiveDiagnosis& live, uint64_t t, uint64_t sys_ns) {
+  store::ThreadTimeRow r;
+  r.pid = r.tid = kPid;
+  r.start_ns = t;
+  r.end_ns = t + kStepNs;
+  r.on_cpu_ns = kStepNs;
+  r.sys_ns = sys_ns;
+  r.state = "on_cpu";
+  live.add_thread_time(r);
+}
+
 void feed_gpu(agent::LiveDiagnosis& live, uint64_t from_ns, double seconds, uint32_t util) {
   for (uint64_t t = from_ns; t < from_ns + uint64_t(seconds * 1e9); t += 100'000'000) {
     gpu::NvmlSampler::Batch b;
@@ -200,14 +212,7 @@ void feed_launch_loop(agent::LiveDiagnosis& live, uint64_t from_ns) {
       e.duration_ns = 10'000;
       live.add_call(e);
     }
-    store::ThreadTimeRow r;
-    r.pid = r.tid = kPid;
-    r.start_ns = t;
-    r.end_ns = t + kStepNs;
-    r.on_cpu_ns = kStepNs;
-    r.sys_ns = 1'600'000;
-    r.state = "on_cpu";
-    live.add_thread_time(r);
+    add_busy_step(live, t, 1'600'000);
   }
   feed_gpu(live, from_ns, 3, 85);
 }
@@ -416,14 +421,7 @@ TEST(LiveDiagnosis, KernelTimeIsSaidWithWhatTheSamplesFoundThere) {
   for (uint64_t s = 0; s < 300; ++s) {
     const uint64_t t = t0 + s * kStepNs;
     add_step_calls(live, t);
-    store::ThreadTimeRow r;
-    r.pid = r.tid = kPid;
-    r.start_ns = t;
-    r.end_ns = t + kStepNs;
-    r.on_cpu_ns = kStepNs;
-    r.sys_ns = 6'000'000;
-    r.state = "on_cpu";
-    live.add_thread_time(r);
+    add_busy_step(live, t, 6'000'000);
     // The 19 Hz sampler's view, about: one sample in the kernel every fifth step.
     if (s % 5 == 0) live.add_kernel_sample(t + 1'000'000, kPid, kPid, s % 20 ? "page faults" : "mmap");
     if (s % 5 == 1) live.add_kernel_sample(t + 1'000'000, kPid, kPid + 1, "read");  // another thread's

@@ -378,10 +378,11 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
         fmt::format("in nanosleep {} a step ({} of the step){}", ms(b.sleep / b.steps), pct(b.sleep / b.window_ns),
                     gpu_idle_note),
         "Remove the sleep (or the polling loop that sleeps) from the training loop", "high");
+    const std::string doing = kernel_doing(b.kernel_in);
     add("host_kernel", "The thread that feeds the GPU works in the kernel", kernel,
         fmt::format("on a CPU in the kernel{} {} a step ({} of the step){}{}",
-                    kernel_doing(b.kernel_in).empty() ? " (system calls, page faults)" : "", ms(kernel / b.steps),
-                    pct(kernel / b.window_ns), kernel_doing(b.kernel_in), gpu_idle_note),
+                    doing.empty() ? " (system calls, page faults)" : "", ms(kernel / b.steps),
+                    pct(kernel / b.window_ns), doing, gpu_idle_note),
         "Make fewer, larger system calls (read in bigger chunks, or map the file), and keep page faults out of the "
         "loop (allocate and touch buffers once); `perf trace -s -p PID` counts the calls",
         "medium");

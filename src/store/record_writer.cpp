@@ -252,10 +252,13 @@ void RecordWriter::keep() {
 
 void RecordWriter::discard() { keep_.store(false); }
 
-bool RecordWriter::fold() {
+bool RecordWriter::fold(bool one_file) {
   for (int attempt = 0;; ++attempt) {
     try {
-      db_.exec("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;");
+      db_.exec("PRAGMA wal_checkpoint(TRUNCATE);");
+      // Out of WAL through OFF: the header's switch is written without a -journal, which a
+      // kill would leave hot; OFF to DELETE writes nothing.
+      if (one_file) db_.exec("PRAGMA journal_mode=OFF; PRAGMA journal_mode=DELETE;");
       return true;
     } catch (const SqliteError& e) {
       if (!e.disk_full()) throw;
@@ -270,16 +273,16 @@ void RecordWriter::place() {
   if (placed_) return;
   placed_ = true;
   // SQLite refuses to write a database renamed while open (SQLITE_READONLY_DBMOVED): folded
-  // into one file, closed, renamed, and opened again at its place. An earlier record's log
-  // files at the place would be read as this one's: they go first. On a disk too full to fold,
-  // the log goes along with the file (path-wal), where SQLite reads it.
-  const bool folded = fold();
+  // into its main file (still in WAL mode: opened again, it writes nothing), closed (the last
+  // connection's close removes the log), renamed, and opened again at its place. An earlier
+  // record's log files at the place would be read as this one's: they go first. On a disk too
+  // full to fold, the log goes along with the file (path-wal), where SQLite reads it.
+  const bool folded = fold(false);
   close_statements();
   db_.close();
   std::string at = path_;
   std::error_code ec;
-  for (const char* suffix : {"-shm", "-journal"}) std::filesystem::remove(path_ + suffix, ec);
-  if (folded) std::filesystem::remove(path_ + "-wal", ec);
+  for (const char* suffix : {"-shm", "-journal", "-wal"}) std::filesystem::remove(path_ + suffix, ec);
   if (std::rename(temp_.path.c_str(), path_.c_str()) != 0) {
     fmt::print(stderr, "gpuscope: error: cannot move the record into place at {}: {}; it is at {}\n", path_,
                std::strerror(errno), temp_.path);
@@ -536,7 +539,7 @@ void RecordWriter::on_disk_full(const Batch& b) {
     if (keep_.load() && !placed_)
       place();
     else
-      fold();
+      fold(true);
   } catch (const std::exception& e) {
     fmt::print(stderr, "gpuscope: error: closing the record on a full disk failed: {}\n", e.what());
   }
@@ -691,7 +694,7 @@ void RecordWriter::finish() {
     }
   }
   // Back to a single file: a record is something people copy around.
-  if (!fold())
+  if (!fold(true))
     fmt::print(stderr, "gpuscope: warning: the disk holding {} is too full to fold the record into one file: its "
                "end is in {}-wal, which must stay beside it\n", path_, path_);
   if (reserve_fd_ >= 0) {

@@ -115,9 +115,12 @@ class RecordWriter final : public EventSink {
   void checkpoint();  // on the writer thread
   // The record takes -o's place (on the writer thread, or once it stopped).
   void place();
-  // The write-ahead log into the main file, back to one file; on a full disk the reserve is
-  // given back for it. False if the disk is too full even then.
-  bool fold();
+  // The write-ahead log into the main file; on a full disk the reserve is given back for it.
+  // False if the disk is too full even then. `one_file`: back to a rollback journal too, what a
+  // finished record is; without it the file stays in WAL mode, so that opening it again writes
+  // nothing. (A switch of journal mode through a -journal, killed, would leave a hot journal at
+  // the record that a read-only reader cannot roll back.)
+  bool fold(bool one_file);
 
   // The temporary file, removed once the database is closed if the recording never began.
   struct TempFile {

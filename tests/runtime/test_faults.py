@@ -1,11 +1,13 @@
 """Faults in gpuscope itself never harm a target: whatever kills gpuscope, no process is left
 stopped, and what was recorded stays readable."""
 import contextlib
+import ctypes
 import os
 import random
 import shutil
 import signal
 import sqlite3
+import struct
 import subprocess
 import sys
 import time
@@ -261,6 +263,47 @@ def test_kill_9_at_random_moments_of_a_recording(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert rec.returncode == 0, rec.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.gpuscope"]
+
+
+def files_made_in(directory, during):
+    """The names of files created in a directory while `during()` runs (inotify)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    in_create, in_moved_to = 0x100, 0x80
+    fd = libc.inotify_init1(os.O_NONBLOCK)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    try:
+        assert libc.inotify_add_watch(fd, str(directory).encode(), in_create | in_moved_to) >= 0
+        during()
+        names, data = [], b""
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(fd, 65536):
+                data += chunk
+        while data:
+            _wd, _mask, _cookie, size = struct.unpack_from("iIII", data)
+            names.append(data[16:16 + size].rstrip(b"\0").decode())
+            data = data[16 + size:]
+        return names
+    finally:
+        os.close(fd)
+
+
+def test_a_record_at_its_place_never_has_a_rollback_journal(tmp_path):
+    # A -journal beside the record is hot once its writer is killed, and a read-only reader
+    # cannot roll it back ("attempt to write a readonly database"): the record takes its place
+    # and ends (replacing an earlier one too) without one.
+    out = tmp_path / "r.gpuscope"
+
+    def two_recordings():
+        for _ in range(2):
+            rec = subprocess.run([str(GPUSCOPE), "record", "-o", str(out), "--", str(TARGETS / "launch_count"), "10"],
+                                 capture_output=True, text=True, timeout=60)
+            assert rec.returncode == 0, rec.stderr
+
+    made = files_made_in(tmp_path, two_recordings)
+    assert "r.gpuscope" in made
+    assert "r.gpuscope-journal" not in made, made
+    with sqlite3.connect(f"file:{out}?mode=ro", uri=True) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # one file to copy around
 
 
 def test_kill_9_of_the_agent_at_random_moments_leaves_no_process_stopped(agent):

@@ -496,10 +496,15 @@ def test_budget_duty_cycles_a_launch_heavy_process(agent, tmp_path):
     assert "error" not in a.stderr(), a.stderr()
 
 
-def check_count(export, truth):
+def check_count(export, truth, agent=None):
     """A process's exported launch count is exact where it says it observed everything (and is
     marked exact), else an estimate within 5% of the truth and within the error bound it states
-    (and marked as an estimate). Returns the observed ratio."""
+    (and marked as an estimate). Returns the observed ratio. On failure the message lists the
+    process's series whole (and the agent's lost events)."""
+    lines = [f"{n}{dict(sorted(l))} = {v}" for (n, l), v in sorted(export.items(), key=lambda kv: kv[0][0])]
+    if agent is not None:
+        lines += [f"{n}{dict(sorted(l))} = {v}" for (n, l), v in agent.metrics().items() if "lost" in n]
+    export_text = "\n".join(lines)
     def one(name):
         values = [v for (n, _), v in export.items() if n == name]
         assert len(values) == 1, (name, export)
@@ -507,12 +512,12 @@ def check_count(export, truth):
     launches = sum(v for (n, _), v in export.items() if n == "gpuscope_kernel_launches_total")
     ratio = one("gpuscope_observed_ratio")
     if ratio == 1:
-        assert launches == truth, export
-        assert one("gpuscope_counts_exact") == 1 and one("gpuscope_estimate_error_ratio") == 0, export
+        assert launches == truth, export_text
+        assert one("gpuscope_counts_exact") == 1 and one("gpuscope_estimate_error_ratio") == 0, export_text
     else:
-        assert abs(launches - truth) <= 0.05 * truth, export
-        assert one("gpuscope_counts_exact") == 0, export
-        assert abs(launches - truth) <= one("gpuscope_estimate_error_ratio") * launches, export
+        assert abs(launches - truth) <= 0.05 * truth, export_text
+        assert one("gpuscope_counts_exact") == 0, export_text
+        assert abs(launches - truth) <= one("gpuscope_estimate_error_ratio") * launches, export_text
     return ratio
 
 
@@ -530,7 +535,7 @@ def test_default_counts_of_short_processes_are_exact_beside_process_churn(agent)
             # at once (6 ms in all here), 4 of 60 processes exited before the agent, busy with the
             # churn on 2 cores, had attached their probes, and went unseen.
             proc = subprocess.Popen([TARGETS / "launch_count", "1007", "--after", "50"], stdout=subprocess.DEVNULL)
-            check_count(last_export_of(a, proc), 1007)
+            check_count(last_export_of(a, proc), 1007, a)
             assert proc.wait() == 0
 
 
@@ -555,7 +560,7 @@ def test_a_duty_cycled_process_is_estimated_within_5_percent_and_its_bound(agent
     with process_churn():
         proc = subprocess.Popen([TARGETS / "launch_count", "4000", "--over", "4", "--after", "50"],
                                 stdout=subprocess.DEVNULL)
-        ratio = check_count(last_export_of(a, proc), 4000)
+        ratio = check_count(last_export_of(a, proc), 4000, a)
         assert proc.wait() == 0
     # Observed until its duty is first estimated (after a second or two; later on a loaded
     # machine: 0.54 of its life was seen once), then only for short on-periods.

@@ -82,6 +82,8 @@ both = sys.argv[1] == "2"
 h = torch.empty(64 << 20, dtype=torch.float32).pin_memory()
 d = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
 s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+d.copy_(h); torch.cuda.synchronize()
+print("ready", flush=True); sys.stdin.readline()  # set up before the fault begins (Injector.prepare)
 while True:
     with torch.cuda.stream(s1):
         d.copy_(h, non_blocking=True)
@@ -95,6 +97,8 @@ import sys, time, torch
 full = sys.argv[1] == "2"
 n = 8192 if full else 4096
 a = torch.randn(n, n, device="cuda"); b = torch.randn(n, n, device="cuda")
+c = a @ b; torch.cuda.synchronize()
+print("ready", flush=True); sys.stdin.readline()  # set up before the fault begins (Injector.prepare)
 while True:
     t0 = time.perf_counter()
     for _ in range(10):
@@ -176,15 +180,32 @@ class Injector:
 
     def __init__(self, kind, intensity, lane, cgroup, python):  # cgroup: a Cgroup
         self.kind, self.hi, self.lane, self.cgroup, self.python = kind, intensity >= 2, lane, cgroup, python
-        self.procs, self.undo = [], []
+        self.procs, self.undo, self.held = [], [], []
 
-    def spawn(self, args, cpus=None):
+    def spawn(self, args, cpus=None, held=False):
         cmd = (["taskset", "-c", cpus] if cpus else []) + args
-        self.procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                           env={**os.environ, "CUDA_VISIBLE_DEVICES": str(self.lane)}))
+        self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE if held else subprocess.DEVNULL,
+                                           stdin=subprocess.PIPE if held else None, stderr=subprocess.DEVNULL,
+                                           env={**os.environ, "CUDA_VISIBLE_DEVICES": str(self.lane)}, text=True))
+        if held:
+            self.held.append(self.procs[-1])
+
+    # The GPU tenants start (Python, torch, a CUDA context: seconds) beside the workload's own
+    # start-up and wait, so that the fault begins at start(), not seconds into a 5 s run.
+    def prepare(self):
+        if self.kind == "pcie":
+            self.spawn([self.python, "-c", PCIE_TENANT, "2" if self.hi else "1"], held=True)
+        elif self.kind == "gpu_share":
+            self.spawn([self.python, "-c", GPU_TENANT, "2" if self.hi else "1"], held=True)
 
     def start(self, loop_cpu):
         k = self.kind
+        for p in self.held:
+            if p.stdout.readline().strip() != "ready":
+                raise OSError(f"the {k} tenant did not start (exit code {p.wait()})")
+        for p in self.held:
+            p.stdin.write("go\n")
+            p.stdin.flush()
         if k == "hog":
             for _ in range(3 if self.hi else 1):
                 self.spawn([self.python, "-c", "while True: pass"], str(loop_cpu))
@@ -208,10 +229,6 @@ class Injector:
             time.sleep(0.2)
             for _ in range(3 if self.hi else 1):
                 self.spawn([self.python, "-c", UDP_SOURCE, str(port)], other)
-        elif k == "pcie":
-            self.spawn([self.python, "-c", PCIE_TENANT, "2" if self.hi else "1"])
-        elif k == "gpu_share":
-            self.spawn([self.python, "-c", GPU_TENANT, "2" if self.hi else "1"])
         return time.monotonic()
 
     def stop(self):
@@ -291,6 +308,8 @@ def run_one(a, lane, workload, scenario, intensity):
     loop_cpu = (4 * lane + 2) % os.cpu_count()
     server = Server() if outside == "server" else None
     inj = Injector(outside, intensity, lane, cg, a.python) if outside and outside != "server" else None
+    if inj:
+        inj.prepare()
     wl = [a.python, WORKLOAD, "--workload", workload, "--fault", fault, "--intensity", str(intensity),
           "--seconds", str(a.seconds), "--ready", ready, "--cpu", str(loop_cpu), "--dir", a.out]
     if server:

@@ -168,6 +168,8 @@ void Breakdown::add(const Breakdown& o) {
   reclaim += o.reclaim;
   net_softirq += o.net_softirq;
   sys += o.sys;
+  storm_sys += o.storm_sys;
+  storm_softirq += o.storm_softirq;
   in_sync += o.in_sync;
   in_pageable_copy += o.in_pageable_copy;
   in_copy += o.in_copy;
@@ -399,6 +401,10 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
       b.reclaim += g.reclaim * f;
       b.net_softirq += g.net_softirq * f;
       b.sys += std::min(g.sys, g.on_cpu) * f;
+      if (g.net_softirq > 0 && g.net_softirq >= kSoftirqStorm * g.on_cpu) {
+        b.storm_sys += std::min(g.sys, g.on_cpu) * f;
+        b.storm_softirq += g.net_softirq * f;
+      }
       if (g.runnable > 0) b.waited_for[g.waited_for_pid] += (g.runnable - runnable_idle) * f;
       if (!g.blocked_syscall.empty()) {
         const std::string what =

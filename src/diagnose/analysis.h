@@ -30,6 +30,10 @@ struct Pressure {
   double tcp_retrans_per_s = -1, tcp_retrans_share = -1;  // TCP segments retransmitted: a second, of those sent
 };
 
+// A thread window where network softirqs took this share of its CPU time or more: its CPU is
+// under a storm of packets (Breakdown::storm_sys).
+constexpr double kSoftirqStorm = 0.1;
+
 // Where the feeding thread's time went in some steps (nanoseconds, summed over them).
 struct Breakdown {
   double steps = 0;  // how many
@@ -44,6 +48,10 @@ struct Breakdown {
   double reclaim = 0;       // in direct reclaim (within the states above)
   double net_softirq = 0;   // of on_cpu: network softirqs the kernel ran on its CPU
   double sys = 0;           // of on_cpu: system time (the kernel's work for its system calls and faults)
+  // Of sys and net_softirq: those of its windows where softirqs took a tenth of its CPU time or
+  // more. There the interrupt work on its CPU costs it more system time than the softirqs measured
+  // (the interrupts that raise them, and on a VM their exits).
+  double storm_sys = 0, storm_softirq = 0;
   double in_sync = 0, in_pageable_copy = 0, in_copy = 0, in_launch = 0, in_cuda = 0;  // in CUDA calls
                                                                                         // (in_cuda: all)
   double syncs = 0, pageable_copies = 0;

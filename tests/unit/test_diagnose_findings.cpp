@@ -533,6 +533,34 @@ TEST(DiagnoseFindings, KernelTimeGoesWithWhatItServed) {
   EXPECT_EQ(c.front(), "launch_bound");
 }
 
+TEST(DiagnoseFindings, SystemTimeUnderAStormOfPacketsIsTheStorms) {
+  // 100 launches a step; the thread on a CPU all the step, 1.5 ms of it in softirqs and 4.5 ms in
+  // system time (the interrupts that bring the packets: the loopback flood on the H100 VM), the
+  // GPU busy 40%. Its own work is 4 ms a step: the packets take the GPU's idle time, not launching.
+  auto run = [](const char* name, uint64_t softirq_ns, uint64_t sys_ns) {
+    CraftedRun r(name);
+    r.steps(100);
+    r.windows_where([&](store::ThreadTimeRow& w) {
+      w.net_softirq_ns = softirq_ns;
+      w.sys_ns = sys_ns;
+    });
+    r.gpu(40, {{kPid, 40}});
+    return diagnosis_of(r);
+  };
+  auto d = run("storm", 1'500'000, 4'500'000);
+  ASSERT_FALSE(d.processes.empty());
+  auto f = d.processes[0].findings;
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f[0].cause, "softirq");
+  EXPECT_NEAR(f[0].share, 0.45, 0.01);  // the softirqs and the system time beyond them
+  EXPECT_NE(f[0].evidence.find("3.0 ms a step more"), std::string::npos) << f[0].evidence;
+  // Softirqs a twentieth of its time: no storm; its system time beyond them is its own (host_kernel).
+  d = run("calm", 500'000, 4'500'000);
+  f = d.processes[0].findings;
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f[0].cause, "host_kernel");
+}
+
 TEST(DiagnoseFindings, RetransmitsOnTheWayToARemoteSourceAreInTheEvidence) {
   // 4 ms a step blocked receiving from a remote server (woken from the network, by no process)
   // while the job's network namespace retransmits 5% of its TCP segments.

@@ -1,5 +1,6 @@
 #include "agent/agent.h"
 
+#include <fcntl.h>
 #include <httplib.h>
 #include <malloc.h>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <cstdio>
 
 #include <condition_variable>
 #include <set>
@@ -53,11 +55,24 @@ gpuscope_calibration_target:
 namespace gpuscope::agent {
 namespace {
 
-uint64_t self_rss_bytes() {
-  std::ifstream in("/proc/self/statm");
-  uint64_t size = 0, resident = 0;
-  in >> size >> resident;
-  return resident * uint64_t(sysconf(_SC_PAGESIZE));
+struct SelfMemory {
+  uint64_t resident = 0;
+  // Of it, anonymous: the heap, which grows with the workload. The rest (the binary, the files
+  // it reads symbols and unwind tables from, mapped) is the page cache's to drop.
+  uint64_t anonymous = 0;
+};
+SelfMemory self_memory() {
+  // /proc/self/statm: size resident shared text lib data dt, in pages (shared: file-backed and
+  // shared memory).
+  char buf[128] = {};
+  const int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  unsigned long long size = 0, resident = 0, shared = 0;
+  if (n <= 0 || std::sscanf(buf, "%llu %llu %llu", &size, &resident, &shared) != 3) return {};
+  const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
+  return {resident * page, (resident > shared ? resident - shared : 0) * page};
 }
 
 double self_cpu_s() {
@@ -167,7 +182,8 @@ class Agent {
   std::condition_variable exporter_cv_;
   bool exporter_stop_ = false;
   uint64_t shed_memory_ = 0;
-  uint64_t rss_after_trim_ = 0, last_trim_ns_ = 0;  // enforce_memory_limit's last malloc_trim
+  uint64_t rss_after_trim_ = 0, last_trim_ns_ = 0;  // enforce_memory_limit's last malloc_trim (heap after it)
+  uint64_t heap_after_shed_ = 0, last_shed_ns_ = 0;  // and its last shedding
   std::set<pid_t> probe_errors_said_;
   double last_cpu_s_ = 0, last_main_cpu_s_ = 0;  // the agent's CPU; this (the main) thread's
   uint64_t last_cpu_ns_ = 0;
@@ -476,8 +492,12 @@ void Agent::update_health() {
   add("gpuscope_agent_attached_processes", "Processes whose CUDA libraries are probed", "", MetricType::Gauge,
       {{{}, double(budget_->processes().size())}});
   add("gpuscope_agent_cpu_seconds_total", "CPU time the agent used", "seconds", MetricType::Counter, {{{}, self_cpu_s()}});
+  const SelfMemory mem = self_memory();
   add("gpuscope_agent_resident_memory_bytes", "The agent's resident memory", "bytes", MetricType::Gauge,
-      {{{}, double(self_rss_bytes())}});
+      {{{}, double(mem.resident)}});
+  add("gpuscope_agent_anonymous_memory_bytes",
+      "The agent's anonymous resident memory (its heap, kept under memory_limit_mb)", "bytes", MetricType::Gauge,
+      {{{}, double(mem.anonymous)}});
   add("gpuscope_agent_probe_hit_cost_seconds",
       "What one probe hit costs a process here: the trap (measured at start) and the probe programs' mean run time",
       "seconds",
@@ -523,29 +543,34 @@ void Agent::update_hit_cost() {
 }
 
 void Agent::enforce_memory_limit() {
+  // The limit is on anonymous memory: what grows with the workload. Beside a PyTorch job on the
+  // H100 the whole resident set sat at 90 MiB with the files read for symbols and unwinding
+  // mapped, and the window's profiles were dropped at every tick (2026-11-27).
   const uint64_t limit = uint64_t(cfg_.memory_limit_mb) << 20;
   // Bursts (a program registering thousands of kernels at its start) leave freed heap behind
   // that the allocator keeps unless asked: hand it back first. A trim walks the whole heap
-  // (4.5% of the agent's CPU on the H100 when done every second), so only once resident
-  // memory has grown since the last one, or after a minute.
+  // (4.5% of the agent's CPU on the H100 when done every second), so only once the heap has
+  // grown since the last one, or after a minute.
   const uint64_t now = monotonic_ns();
-  uint64_t rss = self_rss_bytes();
-  if (rss >= limit * 7 / 10 && (rss >= rss_after_trim_ + (limit >> 5) || now >= last_trim_ns_ + 60'000'000'000ull)) {
+  uint64_t heap = self_memory().anonymous;
+  if (heap >= limit * 7 / 10 && (heap >= rss_after_trim_ + (limit >> 5) || now >= last_trim_ns_ + 60'000'000'000ull)) {
     malloc_trim(0);
-    rss = self_rss_bytes();
-    rss_after_trim_ = rss;
+    heap = self_memory().anonymous;
+    rss_after_trim_ = heap;
     last_trim_ns_ = now;
   }
-  if (rss < limit * 9 / 10) return;
+  if (heap < limit * 9 / 10) return;
   // Then shed what grows with the workload: the window's stacks (the profiles of this window
-  // are lost; the counters are not).
+  // are lost; the counters are not). Not again while that did not bring it down and it has not
+  // grown since (shedding each tick would lose every profile and only cost CPU).
+  if (shed_memory_ > 0 && heap < heap_after_shed_ + (limit >> 5) && now < last_shed_ns_ + 15'000'000'000ull) return;
   agg_->take_profiles();
   malloc_trim(0);
-  rss_after_trim_ = self_rss_bytes();
-  last_trim_ns_ = now;
+  rss_after_trim_ = heap_after_shed_ = self_memory().anonymous;
+  last_trim_ns_ = last_shed_ns_ = now;
   ++shed_memory_;
   if (shed_memory_ == 1 || g_verbose)
-    log_warn("resident memory near the {} MiB limit: dropped this window's profiles (counted in "
+    log_warn("memory (anonymous, resident) near the {} MiB limit: dropped this window's profiles (counted in "
              "gpuscope_agent_shed_total{{what=\"memory_limit\"}})",
              cfg_.memory_limit_mb);
 }

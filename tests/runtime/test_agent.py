@@ -138,6 +138,9 @@ def test_prometheus_scrapes_calls_gpus_and_health(agent, prometheus):
 
     # The agent's own health.
     assert one(prom.query('gpuscope_agent_resident_memory_bytes')) > 0
+    # Its heap, what memory_limit_mb bounds: part of the resident set (the binary's pages are not).
+    assert 0 < one(prom.query('gpuscope_agent_anonymous_memory_bytes')) < one(
+        prom.query('gpuscope_agent_resident_memory_bytes'))
     assert one(prom.query('gpuscope_agent_probe_hit_cost_seconds{probe="entry"}')) > 0
     assert sum(prom.query('gpuscope_agent_lost_events_total').values()) == 0
     assert f"tracing PID {labels['pid']} (cuda_ops)" in a.stderr()

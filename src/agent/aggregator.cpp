@@ -574,7 +574,15 @@ struct Aggregator::PendingFrame {
   bool deferred = false;  // named file+offset: its file's symbols were passed over too recently
   std::string python_file;
   int64_t python_line = 0;
+  uint64_t key = 0;  // frame_key: kept in frame_names_ once named
 };
+
+uint64_t Aggregator::frame_key(int64_t module_id, uint64_t offset) {
+  constexpr int kOffsetBits = 44;  // 16 TiB into a file
+  if (module_id <= 0 || uint64_t(module_id) >= (1ull << (64 - kOffsetBits)) || offset >= (1ull << kOffsetBits))
+    return 0;
+  return (uint64_t(module_id) << kOffsetBits) | offset;
+}
 
 std::vector<Aggregator::PendingFrame> Aggregator::pending_frames(uint32_t pid, int64_t stack_id) const {
   std::vector<PendingFrame> out;
@@ -584,6 +592,12 @@ std::vector<Aggregator::PendingFrame> Aggregator::pending_frames(uint32_t pid, i
   for (auto f = frames.rbegin(); f != frames.rend(); ++f) {  // outermost first
     // Named as the report names a stored frame (report::classify_frame); native frames are
     // symbolised after, in one pass per file.
+    const uint64_t key = f->module_id == python_module_ ? 0 : frame_key(f->module_id, f->offset);
+    if (key)
+      if (auto known = frame_names_.find(key); known != frame_names_.end()) {
+        out.push_back(PendingFrame{.name = known->second});
+        continue;
+      }
     report::StoredFrameRow row;
     row.ip = f->ip;
     row.offset = f->offset;
@@ -603,6 +617,7 @@ std::vector<Aggregator::PendingFrame> Aggregator::pending_frames(uint32_t pid, i
       p.path = row.path;
       p.build_id = row.build_id;
       p.offset = row.offset;
+      p.key = key;
     } else {
       p.name = report::frame_label(named, true, /*addresses=*/true);
       if (row.python) {
@@ -676,6 +691,7 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
     known_functions_.clear();
     known_function_count_ = 0;
   }
+  if (frame_names_.size() >= kMaxFrameNames) frame_names_.clear();
   for (auto& [file, frames] : by_file) {
     const auto& [open_path, path, build_id] = file;
     auto& known = known_functions_[{path, build_id}];
@@ -739,6 +755,7 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
     bool deferred = false;
     for (auto& f : frames) {
       if (!f.python_file.empty()) sources.try_emplace(f.name, f.python_file, f.python_line);
+      if (f.key && !f.deferred) frame_names_.try_emplace(f.key, f.name);
       names.push_back(std::move(f.name));
       deferred |= f.deferred;
     }

@@ -189,6 +189,13 @@ class Aggregator final : public store::EventSink {
   std::mutex profile_mu_;  // take_profiles; guards names_cache_
   std::unordered_map<int64_t, std::vector<std::string>> names_cache_;  // stack id -> names, outermost first
   uint64_t names_epoch_ = 0;
+  // Native frames named before, by (module id, offset): stacks share most of their frames, and
+  // with Python's in them at 100 Hz the stack table fills and is emptied about every window, and
+  // names_cache_ with it (naming every frame of every stack again was half the agent's exporter
+  // thread beside a PyTorch job). Guarded by profile_mu_; at most kMaxFrameNames.
+  static constexpr size_t kMaxFrameNames = 100000;
+  static uint64_t frame_key(int64_t module_id, uint64_t offset);  // 0: not kept
+  std::unordered_map<uint64_t, std::string> frame_names_;
   // Functions named before, kept across windows so that a new stack through known functions
   // (CPU samples land at ever new offsets in the same hot ones) costs no pass over a library's
   // symbols. By (file, build id): start offset -> (end, name); offsets in no function are kept

@@ -422,10 +422,11 @@ int Recorder::run() {
                                   "taken as zeros (the process was gone)",
                                   st.copy_holes_read + st.copy_holes_zeroed, st.copy_holes_read, st.copy_holes_zeroed));
   record_own_cost();
-  writer_->finish();
+  writer_->finish(/*seal_later=*/true);
   close(sfd);
   store_gpu_times(start_ns, end_ns);
   record_peak_memory();
+  writer_->seal();
 
   const auto st = tracer_->stats();
   const auto lost = tracer_->bpf().lost();

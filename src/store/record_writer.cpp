@@ -228,6 +228,12 @@ RecordWriter::RecordWriter(const std::string& path)
 }
 
 RecordWriter::~RecordWriter() {
+  if (finished_) {
+    try {
+      seal();
+    } catch (...) {
+    }
+  }
   if (!finished_) {
     try {
       commit();
@@ -676,7 +682,7 @@ void RecordWriter::set_lost(const std::string& cause, uint64_t count) {
   filling_.ops.push_back([=, this] { set_lost_.bind(1, cause).bind(2, count).run(); });
 }
 
-void RecordWriter::finish() {
+void RecordWriter::finish(bool seal_later) {
   set_meta("complete", "1");
   push_batch(true);
   stop_writer();
@@ -693,6 +699,12 @@ void RecordWriter::finish() {
                  "goes without its indexes (reading it is slower)\n", path_);
     }
   }
+  if (!seal_later) seal();
+}
+
+void RecordWriter::seal() {
+  if (!finished_ || sealed_) return;
+  sealed_ = true;
   // Back to a single file: a record is something people copy around.
   if (!fold(true))
     fmt::print(stderr, "gpuscope: warning: the disk holding {} is too full to fold the record into one file: its "

@@ -72,9 +72,14 @@ class RecordWriter final : public EventSink {
   // Committed batches are folded from the write-ahead log into the main file this often: a
   // record killed with kill -9 is readable from that one file, less its last interval.
   static constexpr uint64_t kCheckpointNs = 1'000'000'000;
-  // Writes what is queued, indexes, marks the record complete, folds the write-ahead log
-  // into the one file.
-  void finish();
+  // Writes what is queued, indexes, marks the record complete, and (unless `seal_later`) folds
+  // the write-ahead log into the one file. With `seal_later` the record stays in WAL mode, so
+  // that what others then write into it through their own connections (GPU times, the
+  // recorder's peak memory) goes through the log: written in rollback mode, a kill would leave a
+  // hot -journal beside the record that a read-only reader cannot roll back. seal() (or the
+  // destructor) folds it then.
+  void finish(bool seal_later = false);
+  void seal();
 
   // Space held aside for the end of a recording on a disk that fills: an unlinked file of this
   // size, open until the disk fills (or gpuscope exits, even by kill -9). Folding the last
@@ -139,7 +144,7 @@ class RecordWriter final : public EventSink {
   std::unordered_map<std::string, int64_t> python_frames_;
   std::unordered_map<std::vector<StoredFrame>, int64_t, FrameVecHash> stacks_;
   int64_t next_stack_id_ = 1, next_kernel_id_ = 1, next_module_id_ = 1, next_python_frame_id_ = 1;
-  bool finished_ = false;
+  bool finished_ = false, sealed_ = false;
   std::atomic<bool> keep_{false};
   bool placed_ = false;         // the writer thread's, then finish's
   bool dirty_ = false;          // committed since the last checkpoint

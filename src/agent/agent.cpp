@@ -1,6 +1,5 @@
 #include "agent/agent.h"
 
-#include <fcntl.h>
 #include <httplib.h>
 #include <malloc.h>
 #include <nlohmann/json.hpp>
@@ -27,6 +26,7 @@
 #include "attach/preflight.h"
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/files.h"
 #include "common/log.h"
 #include "common/thread_name.h"
 #include "discover/proc.h"
@@ -64,13 +64,9 @@ struct SelfMemory {
 SelfMemory self_memory() {
   // /proc/self/statm: size resident shared text lib data dt, in pages (shared: file-backed and
   // shared memory).
-  char buf[128] = {};
-  const int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return {};
-  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
-  ::close(fd);
+  const auto text = read_text_file("/proc/self/statm");
   unsigned long long size = 0, resident = 0, shared = 0;
-  if (n <= 0 || std::sscanf(buf, "%llu %llu %llu", &size, &resident, &shared) != 3) return {};
+  if (!text || std::sscanf(text->c_str(), "%llu %llu %llu", &size, &resident, &shared) != 3) return {};
   const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
   return {resident * page, (resident > shared ? resident - shared : 0) * page};
 }
@@ -182,7 +178,7 @@ class Agent {
   std::condition_variable exporter_cv_;
   bool exporter_stop_ = false;
   uint64_t shed_memory_ = 0;
-  uint64_t rss_after_trim_ = 0, last_trim_ns_ = 0;  // enforce_memory_limit's last malloc_trim (heap after it)
+  uint64_t heap_after_trim_ = 0, last_trim_ns_ = 0;  // enforce_memory_limit's last malloc_trim (heap after it)
   uint64_t heap_after_shed_ = 0, last_shed_ns_ = 0;  // and its last shedding
   std::set<pid_t> probe_errors_said_;
   double last_cpu_s_ = 0, last_main_cpu_s_ = 0;  // the agent's CPU; this (the main) thread's
@@ -553,10 +549,10 @@ void Agent::enforce_memory_limit() {
   // grown since the last one, or after a minute.
   const uint64_t now = monotonic_ns();
   uint64_t heap = self_memory().anonymous;
-  if (heap >= limit * 7 / 10 && (heap >= rss_after_trim_ + (limit >> 5) || now >= last_trim_ns_ + 60'000'000'000ull)) {
+  if (heap >= limit * 7 / 10 && (heap >= heap_after_trim_ + (limit >> 5) || now >= last_trim_ns_ + 60'000'000'000ull)) {
     malloc_trim(0);
     heap = self_memory().anonymous;
-    rss_after_trim_ = heap;
+    heap_after_trim_ = heap;
     last_trim_ns_ = now;
   }
   if (heap < limit * 9 / 10) return;
@@ -566,7 +562,7 @@ void Agent::enforce_memory_limit() {
   if (shed_memory_ > 0 && heap < heap_after_shed_ + (limit >> 5) && now < last_shed_ns_ + 15'000'000'000ull) return;
   agg_->take_profiles();
   malloc_trim(0);
-  rss_after_trim_ = heap_after_shed_ = self_memory().anonymous;
+  heap_after_trim_ = heap_after_shed_ = self_memory().anonymous;
   last_trim_ns_ = last_shed_ns_ = now;
   ++shed_memory_;
   if (shed_memory_ == 1 || g_verbose)

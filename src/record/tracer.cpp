@@ -247,7 +247,9 @@ void Tracer::attach_library(pid_t pid, const std::string& open_path, const std::
   if (res.already_attached) return;
   store::LibraryRow row{static_cast<uint32_t>(pid), shown_path, res.build_id, res.runtime_probes, res.driver_probes,
                         ts_ns, res.error};
-  if (!res.error.empty())
+  if (!res.error.empty() && !discover::process_exists(pid))  // it exited meanwhile: nothing to say
+    log_debug("PID {} exited while {} was being probed: {}", pid, shown_path, res.error);
+  else if (!res.error.empty())
     log_error("could not probe {} in PID {}: {}", shown_path, pid, res.error);
   else if (res.runtime_probes + res.driver_probes > 0)
     ++libraries_attached_;

@@ -225,21 +225,32 @@ def test_agent_finds_a_cpu_hog_live(agent):
         top = max(series(m, "gpuscope_finding_share", pid=loop.pid), default=0)
         history.append((round(time.time() - t0, 1), step[0] if step else None, share, top))
         return step, share, top
+    from agent_util import http_get
+    noisy = []  # what /debug/diagnosis said of the clean loop when it had a finding
+
+    def findings():
+        return [p["findings"] for p in json.loads(http_get(a.url + "/debug/diagnosis")[1]) if p["pid"] == loop.pid]
+    # The test's own polling (parsing each export) stays off the loop's CPU: on two cores it was
+    # once a tenth of the loop's first analysis, a true finding of contention.
+    affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {1})
     t0 = time.time()
     try:
         m = a.wait_for(lambda m: seen(m)[0], timeout=30, what="the loop's steps")
         assert 0.008 < series(m, "gpuscope_step_seconds", pid=loop.pid)[0] < 0.02
         # Clean, from the first analysis on: no cause explains a tenth of its steps in nearly every
-        # poll (a thread that ran on after being preempted was once taken as waiting all along: a
-        # third of a step in every poll). The rest of the test run shares the loop's CPU now and
-        # then.
+        # analysis (a thread that ran on after being preempted was once taken as waiting all along:
+        # a third of a step in every one). The rest of the machine shares the loop's CPU now and
+        # then. Polls that saw the same analysis count once.
         quiet_until = time.time() + 4
         while time.time() < quiet_until:
             a.wait_for(lambda m: seen(m)[0], timeout=10, what="the loop's steps")
+            if history[-1][3] >= 0.1 and len(noisy) < 3:
+                noisy.append(findings())
             time.sleep(0.5)
-        clean = [h for h in history if h[1]]
+        clean = list({h[1:]: h for h in history if h[1]}.values())
         assert clean and sum(h[3] < 0.1 for h in clean) >= 0.75 * len(clean), \
-            f"(seconds, step, cpu_contention, top finding): {history}"
+            f"(seconds, step, cpu_contention, top finding): {history}; findings: {noisy}"
         # Two hogs: the loop gets a third of its CPU, runnable two thirds of the time.
         hogs = [subprocess.Popen(["taskset", "-c", "0", "python3", "-c", "while True: pass"]) for _ in range(2)]
         onset = time.time()
@@ -249,12 +260,12 @@ def test_agent_finds_a_cpu_hog_live(agent):
             raise AssertionError(f"(seconds, step, cpu_contention, top finding): {history}") from e
         print(f"cpu_contention found {time.time() - onset:.1f} s after the hogs started; {history}")
         # Its evidence and fix, as /debug/diagnosis serves them: the hogs named.
-        from agent_util import http_get
         doc = json.loads(http_get(a.url + "/debug/diagnosis")[1])
         [proc] = [p for p in doc if p["pid"] == loop.pid]
         [hog] = [f for f in proc["findings"] if f["cause"] == "cpu_contention"]
         assert "python3 (pid " in hog["evidence"] and hog["fix"], hog
     finally:
+        os.sched_setaffinity(0, affinity)
         for h in hogs:
             h.kill()
             h.wait()

@@ -308,6 +308,10 @@ struct gs_py_process {
  * C call into the interpreter (user space pairs those with _PyEval_EvalFrameDefault frames of
  * the native stack), and the instruction it is at. */
 #define GS_PY_FRAME_ENTRY 1ULL
+/* Bits 48..63 of a frame's code tell apart code objects that one address held in turn (a
+ * tag of the object's fields, python.bpf.c's send_py_code); the address is the rest. */
+#define GS_PY_CODE_TAG_SHIFT 48
+#define GS_PY_CODE_ADDRESS_MASK ((1ULL << GS_PY_CODE_TAG_SHIFT) - 1 - GS_PY_FRAME_ENTRY)
 struct gs_py_frame {
 	__u64 code;
 	__u64 instr;
@@ -337,7 +341,7 @@ struct gs_py_code_record {
 	__u16 kind;          /* GS_REC_PY_CODE */
 	__u16 flags;
 	__u32 pid;
-	__u64 code;          /* the code object's address */
+	__u64 code;          /* the code object's address and tag (GS_PY_CODE_TAG_SHIFT) */
 	__s32 firstlineno;
 	__u32 linetable_len;
 	char qualname[GS_PY_NAME_LEN];

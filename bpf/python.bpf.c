@@ -240,7 +240,25 @@ static long send_py_code(__u32 i, void *ctx)
 	struct py_scratch *s = ((struct py_walk *)ctx)->s;
 	if (!s || i >= s->rec.depth)
 		return 1;
-	__u64 code = s->rec.frames[i & (GS_MAX_PY_FRAMES - 1)].code & ~GS_PY_FRAME_ENTRY;
+	struct gs_py_frame *f = &s->rec.frames[i & (GS_MAX_PY_FRAMES - 1)];
+	__u64 code = f->code & ~GS_PY_FRAME_ENTRY;
+	if (code & ~GS_PY_CODE_ADDRESS_MASK)
+		return 0;
+	/* A code object freed (a module's, once it has run) and another made at its address would
+	 * keep the first one's names: the frame carries a tag of the object's own fields, and a
+	 * code object is one address and tag. Read at every frame of a new stack only: a stack
+	 * already sent is known by its frames' addresses and instructions, so the same stack made
+	 * again of new code objects at the old ones' addresses (generated code run again from one
+	 * call site) keeps the first one's names. */
+	if (bpf_probe_read_user(s->buf, PY_CODE_READ, (void *)code))
+		return 0;
+	__u64 tag = buf_u64(s, s->off.code_qualname) ^ (buf_u64(s, s->off.code_filename) << 7) ^
+		    (buf_u64(s, s->off.code_linetable) << 13) ^
+		    ((__u64)*(__u32 *)(s->buf + (s->off.code_firstlineno & 255)) * 0x9e3779b97f4a7c15ULL);
+	tag ^= tag >> 32;
+	tag ^= tag >> 16;
+	code |= (tag & 0xffff) << GS_PY_CODE_TAG_SHIFT;
+	f->code = code | (f->code & GS_PY_FRAME_ENTRY);
 	struct py_code_key key = {.tgid = s->rec.pid, .code = code};
 	if (bpf_map_lookup_elem(&py_codes_sent, &key))
 		return 0;
@@ -252,11 +270,8 @@ static long send_py_code(__u32 i, void *ctx)
 	r->flags = 0;
 	r->pid = s->rec.pid;
 	r->code = code;
-	r->firstlineno = 0;
-	r->linetable_len = 0;
-	if (bpf_probe_read_user(s->buf, PY_CODE_READ, (void *)code))
-		return 0;
 	r->firstlineno = *(__s32 *)(s->buf + (s->off.code_firstlineno & 255));
+	r->linetable_len = 0;
 	if (read_py_ascii(r->qualname, sizeof(r->qualname), buf_u64(s, s->off.code_qualname), &s->off))
 		r->flags |= GS_PY_CODE_NAME_OK;
 	if (read_py_ascii(r->filename, sizeof(r->filename), buf_u64(s, s->off.code_filename), &s->off))

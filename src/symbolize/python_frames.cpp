@@ -232,8 +232,9 @@ void PythonFrames::on_code(const gs_py_code_record& rec) {
   const auto want = GS_PY_CODE_NAME_OK | GS_PY_CODE_FILE_OK | GS_PY_CODE_LINETABLE_OK;
   if ((rec.flags & want) != want)
     if (const auto layout = layout_of(static_cast<pid_t>(rec.pid)))
-      read_from_process(static_cast<pid_t>(rec.pid), rec.code, *layout, c, rec.flags);
-  codes_[{static_cast<pid_t>(rec.pid), rec.code}] = std::move(c);
+      read_from_process(static_cast<pid_t>(rec.pid), rec.code & GS_PY_CODE_ADDRESS_MASK, *layout, c, rec.flags);
+  c.tag = uint16_t(rec.code >> GS_PY_CODE_TAG_SHIFT);
+  codes_[{static_cast<pid_t>(rec.pid), rec.code & GS_PY_CODE_ADDRESS_MASK}] = std::move(c);
 }
 
 void PythonFrames::on_stack(const uint8_t* data, size_t size) {
@@ -256,22 +257,28 @@ void PythonFrames::new_generation() {
 }
 
 PythonFrame PythonFrames::name(pid_t pid, const discover::PythonLayout* layout, const gs_py_frame& f) {
-  const uint64_t code_addr = f.code & ~GS_PY_FRAME_ENTRY;
+  const uint64_t code_addr = f.code & GS_PY_CODE_ADDRESS_MASK;
+  const auto tag = uint16_t(f.code >> GS_PY_CODE_TAG_SHIFT);
   PythonFrame out;
   out.entry = f.code & GS_PY_FRAME_ENTRY;
   auto it = codes_.find({pid, code_addr});
-  if (it == codes_.end()) {
-    // Its record was lost; the process may still be there to ask.
-    Code c;
-    if (layout && read_from_process(pid, code_addr, *layout, c, 0))
-      it = codes_.emplace(std::pair{pid, code_addr}, std::move(c)).first;
+  const Code* found = it != codes_.end() && (it->second.tag == tag || !tag) ? &it->second : nullptr;
+  Code asked;
+  if (!found && layout && read_from_process(pid, code_addr, *layout, asked, 0)) {
+    // Its record was lost, or came after a newer object at its address: the process may still
+    // hold it to ask. What it answers is kept only where nothing newer is.
+    asked.tag = tag;
+    if (it == codes_.end())
+      found = &codes_.emplace(std::pair{pid, code_addr}, std::move(asked)).first->second;
+    else
+      found = &asked;
   }
-  if (it == codes_.end() || it->second.qualname.empty()) {
+  if (!found || found->qualname.empty()) {
     ++unnamed_;
     out.function = "[python code unreadable]";
     return out;
   }
-  const Code& c = it->second;
+  const Code& c = *found;
   out.function = valid_utf8(c.qualname);
   out.file = valid_utf8(c.filename);
   out.line = c.firstlineno;

@@ -79,6 +79,7 @@ class PythonFrames {
   struct Code {
     std::string qualname, filename, linetable;
     int firstlineno = 0;
+    uint16_t tag = 0;  // which of the code objects its address held in turn (GS_PY_CODE_TAG_SHIFT)
   };
   std::optional<discover::PythonProcess> process(pid_t pid);
   // Fills what the record could not carry from the live process; false if it is gone.
@@ -87,6 +88,7 @@ class PythonFrames {
 
   std::mutex mu_;
   std::unordered_map<pid_t, discover::PythonProcess> processes_;
+  // By address: the latest code object there, which a new one at that address replaces.
   std::map<std::pair<pid_t, uint64_t>, Code> codes_;
   // Two generations (see new_generation). A stack sampled on the CPU is new whenever the
   // leaf's instruction is, so without a bound the tables grow for the process's life.

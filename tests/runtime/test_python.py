@@ -278,6 +278,17 @@ def test_python_stacks_stay_right_past_the_number_held(record):
     assert rec.scalar("SELECT count FROM lost WHERE cause = 'python_stack'") == 0
 
 
+def test_a_code_object_made_where_a_freed_one_was_has_its_own_name(record):
+    # Each function's code object takes the address of the one before it, freed: every call
+    # must still show the function that made it, not the first one seen at that address.
+    n = 20
+    rec = record("--", PYTHON, SCRIPTS / "py_reused_code.py", CUDART, n)
+    assert rec.returncode == 0, rec.stderr
+    frees = python_stacks(rec, "cudaFree")
+    assert len(frees) == n
+    assert [[f[0::2] for f in s[:-2]] for s in frees] == [[(f"f{i}", i + 2)] * (i + 1) for i in range(n)], frees
+
+
 INTERPRETER_FRAME = re.compile(r"^(lib)?python3(\.\d+)?")
 LIBRARY = re.compile(r"^([\w.+-]+\.so(\.[\d.]+)?|python3(\.\d+)?)$")  # a library's name, standing for its unnamed frames
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstddef>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -189,4 +190,34 @@ TEST(PythonFrames, KeepsTheGenerationBeforeAndForgetsOlderOnes) {
   EXPECT_EQ(py.sent(11), nullptr);
   EXPECT_NE(py.sent(22), nullptr);
   EXPECT_EQ(py.sent(33), nullptr);
+}
+
+namespace {
+gs_py_code_record py_code_record(uint64_t code, const char* qualname) {
+  gs_py_code_record rec{};
+  rec.kind = GS_REC_PY_CODE;
+  rec.pid = 1;
+  rec.code = code;
+  rec.firstlineno = 7;
+  rec.flags = GS_PY_CODE_NAME_OK | GS_PY_CODE_FILE_OK | GS_PY_CODE_LINETABLE_OK;
+  std::snprintf(rec.qualname, sizeof(rec.qualname), "%s", qualname);
+  std::snprintf(rec.filename, sizeof(rec.filename), "m.py");
+  return rec;
+}
+}  // namespace
+
+TEST(PythonFrames, ACodeObjectMadeWhereAFreedOneWasHasItsOwnName) {
+  // A module's code object freed once it ran, and a function's made at its address: frames of
+  // each, told apart by their tags, keep their own names; the older one, no longer known, is
+  // never named as the newer.
+  symbolize::PythonFrames py;
+  const uint64_t addr = 0x7f0000001230, first = addr | (1ULL << GS_PY_CODE_TAG_SHIFT),
+                 second = addr | (2ULL << GS_PY_CODE_TAG_SHIFT);
+  py.on_code(py_code_record(first, "<module>"));
+  EXPECT_EQ(py.name(1, nullptr, gs_py_frame{first | GS_PY_FRAME_ENTRY, 0}).function, "<module>");
+  py.on_code(py_code_record(second, "from_native"));
+  const auto named = py.name(1, nullptr, gs_py_frame{second, 0});
+  EXPECT_EQ(named.function, "from_native");
+  EXPECT_EQ(named.file, "m.py");
+  EXPECT_EQ(py.name(1, nullptr, gs_py_frame{first, 0}).function, "[python code unreadable]");
 }

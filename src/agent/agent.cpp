@@ -169,7 +169,8 @@ class Agent {
   std::string token_;
   std::vector<MetricFamily> health_;  // the agent's own series and the budget's, at the last tick
   uint64_t health_changes_ = 0;       // the budget's changes() health_ was made at
-  std::vector<ProcessProfile> profiles_;  // the last complete window
+  // The last complete window, shared with the exporter's push (never copied: its stacks are large).
+  std::shared_ptr<const std::vector<ProcessProfile>> profiles_ = std::make_shared<std::vector<ProcessProfile>>();
   std::map<std::string, double> export_errors_;
 
   std::unique_ptr<HttpServer> server_;
@@ -211,7 +212,7 @@ std::string Agent::profile_bytes(const std::string& type, int64_t pid, bool& fou
   std::lock_guard lock(mu_);
   report::FlameData merged;
   found = false;
-  for (const auto& p : profiles_) {
+  for (const auto& p : *profiles_) {
     if (pid && p.pid != uint64_t(pid)) continue;
     const auto& d = type == "cpu" ? p.cpu : p.launches;
     if (!found) {
@@ -282,7 +283,7 @@ HttpResponse Agent::serve(const HttpRequest& req) {
         "profiles of the last window (pprof): /debug/pprof/profile (CPU), /debug/pprof/cuda_launches; ?pid=N for one "
         "process\n";
     std::lock_guard lock(mu_);
-    for (const auto& p : profiles_)
+    for (const auto& p : *profiles_)
       out += fmt::format("pid {} ({}): {} CPU stacks, {} launch stacks\n", p.pid, p.comm, p.cpu.stacks.size(),
                          p.launches.stacks.size());
     return {200, "text/plain", std::move(out)};
@@ -387,11 +388,13 @@ void Agent::push_finding_logs() {
 }
 
 void Agent::take_and_push_profiles() {
-  auto profiles = agg_->take_profiles();
+  const auto taken = std::make_shared<const std::vector<ProcessProfile>>(agg_->take_profiles());
+  const auto& profiles = *taken;
   PushTarget target;
+  std::shared_ptr<const std::vector<ProcessProfile>> last;  // freed after the lock is let go
   {
     std::lock_guard lock(mu_);
-    profiles_ = profiles;
+    last = std::exchange(profiles_, taken);
     target = cfg_.pyroscope;
   }
   if (target.url.empty()) return;

@@ -575,6 +575,7 @@ struct Aggregator::PendingFrame {
   std::string python_file;
   int64_t python_line = 0;
   uint64_t key = 0;  // frame_key: kept in frame_names_ once named
+  int64_t python_id = 0;  // kept in python_labels_ once labelled
 };
 
 uint64_t Aggregator::frame_key(int64_t module_id, uint64_t offset) {
@@ -589,13 +590,21 @@ std::vector<Aggregator::PendingFrame> Aggregator::pending_frames(uint32_t pid, i
   const auto stack = stacks_.find(stack_id);
   if (stack == stacks_.end()) return out;
   const auto& frames = stack->second;
+  out.reserve(frames.size());
   for (auto f = frames.rbegin(); f != frames.rend(); ++f) {  // outermost first
     // Named as the report names a stored frame (report::classify_frame); native frames are
     // symbolised after, in one pass per file.
-    const uint64_t key = f->module_id == python_module_ ? 0 : frame_key(f->module_id, f->offset);
+    const bool python = f->module_id == python_module_;
+    const uint64_t key = python ? 0 : frame_key(f->module_id, f->offset);
     if (key)
       if (auto known = frame_names_.find(key); known != frame_names_.end()) {
         out.push_back(PendingFrame{.name = known->second});
+        continue;
+      }
+    if (python)
+      if (auto known = python_labels_.find(int64_t(f->offset)); known != python_labels_.end()) {
+        const PythonLabel& l = known->second;
+        out.push_back(PendingFrame{.name = l.name, .python_file = l.file, .python_line = l.line});
         continue;
       }
     report::StoredFrameRow row;
@@ -623,6 +632,7 @@ std::vector<Aggregator::PendingFrame> Aggregator::pending_frames(uint32_t pid, i
       if (row.python) {
         p.python_file = row.python->file;
         p.python_line = row.python->line;
+        p.python_id = int64_t(f->offset);
       }
     }
     out.push_back(std::move(p));
@@ -636,6 +646,7 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
   // Names of stacks from before the table was last emptied are of no use any more.
   if (names_epoch_ != stack_epoch() || names_cache_.size() >= limits_.max_stacks) {
     names_cache_.clear();
+    python_labels_.clear();
     names_epoch_ = stack_epoch();
   }
   const uint64_t now = realtime_ns();
@@ -748,7 +759,7 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
       name_frame(*unknown[i], n.name);
     }
   }
-  std::map<std::string, std::pair<std::string, int64_t>> sources;
+  std::unordered_map<std::string, std::pair<std::string, int64_t>> sources;
   std::vector<int64_t> name_again;  // stacks with deferred frames: named for this window only
   for (auto& [stack_id, frames] : pending) {
     std::vector<std::string> names;
@@ -756,6 +767,7 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
     for (auto& f : frames) {
       if (!f.python_file.empty()) sources.try_emplace(f.name, f.python_file, f.python_line);
       if (f.key && !f.deferred) frame_names_.try_emplace(f.key, f.name);
+      if (f.python_id) python_labels_.try_emplace(f.python_id, PythonLabel{f.name, f.python_file, f.python_line});
       names.push_back(std::move(f.name));
       deferred |= f.deferred;
     }

@@ -196,6 +196,14 @@ class Aggregator final : public store::EventSink {
   static constexpr size_t kMaxFrameNames = 100000;
   static uint64_t frame_key(int64_t module_id, uint64_t offset);  // 0: not kept
   std::unordered_map<uint64_t, std::string> frame_names_;
+  // Python frames labelled before, by their id (ids are not reused), until the stack table is
+  // emptied: a frame is in many stacks, and its label took a format each time. Guarded by
+  // profile_mu_.
+  struct PythonLabel {
+    std::string name, file;
+    int64_t line = 0;
+  };
+  std::unordered_map<int64_t, PythonLabel> python_labels_;
   // Functions named before, kept across windows so that a new stack through known functions
   // (CPU samples land at ever new offsets in the same hot ones) costs no pass over a library's
   // symbols. By (file, build id): start offset -> (end, name); offsets in no function are kept

@@ -222,12 +222,18 @@ class StackResolver {
   // Stacks walked in BPF (GS_REC_NATIVE_STACK), by process and id; and those stored, by (id,
   // Python stack). Dropped at the process's exit or exec, or once a process has too many.
   static constexpr size_t kMaxNativeStacksPerProcess = 65536;
+  // (native stack id, Python stack id): both are hashes already.
+  struct StackPairHash {
+    size_t operator()(const std::pair<uint64_t, uint64_t>& k) const { return k.first ^ (k.second * 0x9e3779b97f4a7c15ull); }
+  };
   struct NativeStacks {
     std::unordered_map<uint64_t, Unwound> stacks;
-    std::map<std::pair<uint64_t, uint64_t>, int64_t> stored;
+    // Looked up at every call and sample: a hash (a tree of tens of thousands was the agent's
+    // pipeline's largest single cost beside a Python job sampled at 100 Hz).
+    std::unordered_map<std::pair<uint64_t, uint64_t>, int64_t, StackPairHash> stored;
     // Samples' stacks (sent with each sample) stored before, by (id, Python stack): a hot
     // loop's samples repeat a few stacks, resolved once. Emptied when full.
-    std::map<std::pair<uint64_t, uint64_t>, int64_t> once_stored;
+    std::unordered_map<std::pair<uint64_t, uint64_t>, int64_t, StackPairHash> once_stored;
   };
   static constexpr size_t kMaxOnceStoredPerProcess = 16384;
   std::unordered_map<uint32_t, NativeStacks> native_stacks_;

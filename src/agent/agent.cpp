@@ -135,6 +135,13 @@ class Agent {
   // The live findings that began since the last push, as OTLP log records to the collector's /v1/logs.
   void push_finding_logs();
   void take_and_push_profiles();
+  // Profiles are named only while someone takes them (a Pyroscope push, or a request for
+  // /debug/pprof/ in the last kProfileAskedNs): naming a window's stacks was a third of the
+  // agent's CPU beside a PyTorch job. Otherwise each window is kept unnamed, and a request
+  // names the last one then.
+  bool profiles_wanted(uint64_t now_ns, const AgentConfig& c) const;
+  void profiles_asked();
+  static constexpr uint64_t kProfileAskedNs = 300'000'000'000ull;
   void update_health();
   void enforce_memory_limit();
   std::string metrics_text();
@@ -171,6 +178,10 @@ class Agent {
   uint64_t health_changes_ = 0;       // the budget's changes() health_ was made at
   // The last complete window, shared with the exporter's push (never copied: its stacks are large).
   std::shared_ptr<const std::vector<ProcessProfile>> profiles_ = std::make_shared<std::vector<ProcessProfile>>();
+  bool profiles_named_ = true;  // false: the last window was kept unnamed (profiles_wanted)
+  std::atomic<uint64_t> profile_asked_ns_{0};
+  // Windows ended named, kept unnamed, and named on a request later.
+  std::atomic<uint64_t> windows_named_{0}, windows_kept_{0}, windows_named_on_request_{0};
   std::map<std::string, double> export_errors_;
 
   std::unique_ptr<HttpServer> server_;
@@ -220,6 +231,10 @@ std::string Agent::profile_bytes(const std::string& type, int64_t pid, bool& fou
       merged.unit = d.unit;
       merged.period = d.period;
     }
+    // The processes' windows together (one ends where the next begins, for every process).
+    const int64_t end = std::max(merged.time_nanos + merged.duration_nanos, d.time_nanos + d.duration_nanos);
+    if (!found || d.time_nanos < merged.time_nanos) merged.time_nanos = d.time_nanos;
+    merged.duration_nanos = end - merged.time_nanos;
     found = true;
     for (const auto& [stack, v] : d.stacks) merged.stacks[stack] += v;
     merged.sources.insert(d.sources.begin(), d.sources.end());
@@ -270,6 +285,7 @@ HttpResponse Agent::serve(const HttpRequest& req) {
       if (ec != std::errc() || end != text.data() + text.size() || pid <= 0)
         return {400, "text/plain", "pid must be a process id, e.g. ?pid=1234 (leave it out for every process)\n"};
     }
+    profiles_asked();
     bool found = false;
     std::string bytes = profile_bytes(cpu ? "cpu" : "launches", pid, found);
     if (!found)
@@ -279,6 +295,7 @@ HttpResponse Agent::serve(const HttpRequest& req) {
   }
   if (req.path == "/debug/pprof/" || req.path == "/debug/pprof") {
     if (!authorized(req, true)) return {401, "text/plain", "a bearer token is required\n"};
+    profiles_asked();
     std::string out =
         "profiles of the last window (pprof): /debug/pprof/profile (CPU), /debug/pprof/cuda_launches; ?pid=N for one "
         "process\n";
@@ -387,6 +404,29 @@ void Agent::push_finding_logs() {
   }
 }
 
+bool Agent::profiles_wanted(uint64_t now_ns, const AgentConfig& c) const {
+  const uint64_t asked = profile_asked_ns_.load(std::memory_order_relaxed);
+  return !c.pyroscope.url.empty() ||
+         (asked && now_ns - asked < std::max(kProfileAskedNs, uint64_t(4 * c.profile_interval_s * 1e9)));
+}
+
+void Agent::profiles_asked() {
+  profile_asked_ns_.store(monotonic_ns(), std::memory_order_relaxed);
+  {
+    std::lock_guard lock(mu_);
+    if (profiles_named_) return;
+  }
+  // Kept unnamed while nobody asked: the last window, named now.
+  auto named = agg_->name_unnamed();
+  if (named) ++windows_named_on_request_;
+  const auto taken = std::make_shared<const std::vector<ProcessProfile>>(named ? std::move(*named)
+                                                                               : std::vector<ProcessProfile>());
+  std::shared_ptr<const std::vector<ProcessProfile>> last;
+  std::lock_guard lock(mu_);
+  last = std::exchange(profiles_, taken);
+  profiles_named_ = true;
+}
+
 void Agent::take_and_push_profiles() {
   const auto taken = std::make_shared<const std::vector<ProcessProfile>>(agg_->take_profiles());
   const auto& profiles = *taken;
@@ -395,6 +435,7 @@ void Agent::take_and_push_profiles() {
   {
     std::lock_guard lock(mu_);
     last = std::exchange(profiles_, taken);
+    profiles_named_ = true;
     target = cfg_.pyroscope;
   }
   if (target.url.empty()) return;
@@ -443,7 +484,17 @@ void Agent::exporter_loop() {
     }
     try {
       if (now >= next_profiles) {
-        take_and_push_profiles();
+        if (profiles_wanted(now, c)) {
+          take_and_push_profiles();
+          ++windows_named_;
+        } else {
+          agg_->take_profiles(Aggregator::Take::Kept);
+          ++windows_kept_;
+          auto none = std::make_shared<const std::vector<ProcessProfile>>();
+          std::lock_guard l(mu_);
+          none = std::exchange(profiles_, none);
+          profiles_named_ = false;
+        }
         next_profiles = now + uint64_t(c.profile_interval_s * 1e9);
       }
       if (!c.otlp.url.empty() && now >= next_otlp) {
@@ -508,6 +559,13 @@ void Agent::update_health() {
        {{{"what", "allocations"}}, double(shed.allocations)},
        {{{"what", "frame_names"}}, double(shed.frame_names)},
        {{{"what", "memory_limit"}}, double(shed_memory_)}});
+  add("gpuscope_agent_profile_windows_total",
+      "Profile windows, by how: named as they ended; kept unnamed as they ended (nobody had asked for profiles "
+      "lately: naming is most of what they cost); named later, on a request",
+      "", MetricType::Counter,
+      {{{{"how", "named"}}, double(windows_named_.load())},
+       {{{"how", "kept"}}, double(windows_kept_.load())},
+       {{{"how", "named_on_request"}}, double(windows_named_on_request_.load())}});
   add("gpuscope_agent_budget_ratio", "The share of each process's CPU time its probes may add", "ratio",
       MetricType::Gauge, {{{}, budget_->config().budget}});
   add("gpuscope_agent_observation_factor",
@@ -563,7 +621,7 @@ void Agent::enforce_memory_limit() {
   // are lost; the counters are not). Not again while that did not bring it down and it has not
   // grown since (shedding each tick would lose every profile and only cost CPU).
   if (shed_memory_ > 0 && heap < heap_after_shed_ + (limit >> 5) && now < last_shed_ns_ + 15'000'000'000ull) return;
-  agg_->take_profiles();
+  agg_->take_profiles(Aggregator::Take::Dropped);
   malloc_trim(0);
   heap_after_trim_ = heap_after_shed_ = self_memory().anonymous;
   last_trim_ns_ = last_shed_ns_ = now;

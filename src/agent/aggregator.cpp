@@ -585,11 +585,10 @@ uint64_t Aggregator::frame_key(int64_t module_id, uint64_t offset) {
   return (uint64_t(module_id) << kOffsetBits) | offset;
 }
 
-std::vector<Aggregator::PendingFrame> Aggregator::pending_frames(uint32_t pid, int64_t stack_id) const {
+std::vector<Aggregator::PendingFrame> Aggregator::pending_frames(
+    uint32_t pid, const std::vector<store::StoredFrame>& frames,
+    const std::unordered_map<int64_t, report::PythonFrameRow>& python_rows) const {
   std::vector<PendingFrame> out;
-  const auto stack = stacks_.find(stack_id);
-  if (stack == stacks_.end()) return out;
-  const auto& frames = stack->second;
   out.reserve(frames.size());
   for (auto f = frames.rbegin(); f != frames.rend(); ++f) {  // outermost first
     // Named as the report names a stored frame (report::classify_frame); native frames are
@@ -617,7 +616,7 @@ std::vector<Aggregator::PendingFrame> Aggregator::pending_frames(uint32_t pid, i
       row.build_id = m.build_id;
       if (auto sym = symbols_.find({f->module_id, f->offset}); sym != symbols_.end()) row.recorded_name = &sym->second;
       if (f->module_id == python_module_)
-        if (auto py = python_frames_.find(int64_t(f->offset)); py != python_frames_.end()) row.python = &py->second;
+        if (auto py = python_rows.find(int64_t(f->offset)); py != python_rows.end()) row.python = &py->second;
     }
     const report::NamedFrame named = report::classify_frame(row);
     PendingFrame p;
@@ -640,25 +639,22 @@ std::vector<Aggregator::PendingFrame> Aggregator::pending_frames(uint32_t pid, i
   return out;
 }
 
-std::vector<ProcessProfile> Aggregator::take_profiles() {
-  // One caller at a time (the exporter, or the memory limit); names_cache_ is theirs.
-  std::lock_guard profiles_lock(profile_mu_);
+void Aggregator::forget_names_of_old_stacks() {
   // Names of stacks from before the table was last emptied are of no use any more.
   if (names_epoch_ != stack_epoch() || names_cache_.size() >= limits_.max_stacks) {
     names_cache_.clear();
     python_labels_.clear();
     names_epoch_ = stack_epoch();
   }
+}
+
+std::vector<ProcessProfile> Aggregator::take_profiles(Take how) {
+  const bool named = how == Take::Named;
+  // One caller at a time (the exporter, the memory limit, a request); names_cache_ is theirs.
+  std::lock_guard profiles_lock(profile_mu_);
+  forget_names_of_old_stacks();
   const uint64_t now = realtime_ns();
-  const int64_t period = cpu_profile_hz_ > 0 ? 1'000'000'000 / cpu_profile_hz_ : 1;
-  struct Window {
-    ProcessProfile prof;
-    std::unordered_map<int64_t, int64_t> cpu, launches;
-  };
-  std::vector<Window> windows;
-  // Stacks not named yet, frames resolved as far as the tables go (under the lock; the
-  // pipeline waits meanwhile) and symbolized after (without it).
-  std::unordered_map<int64_t, std::vector<PendingFrame>> pending;
+  TakenProfiles t;
   {
     std::lock_guard lock(mu_);
     for (auto& [pid, p] : processes_) {
@@ -666,7 +662,7 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
         p.window_start_unix_ns = now;
         continue;
       }
-      Window w;
+      TakenWindow w;
       w.prof.pid = pid;
       w.prof.comm = p.comm;
       w.prof.labels = p.labels();
@@ -675,11 +671,21 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
       w.cpu.swap(p.cpu_window);
       w.launches.swap(p.launch_window);
       p.window_start_unix_ns = now;
+      // The frames of the stacks to name (kept unnamed: all of them, since the names known now
+      // may be forgotten by then), and the Python frames in them.
+      if (how == Take::Dropped) continue;
       for (const auto* window : {&w.cpu, &w.launches})
-        for (const auto& [stack_id, n] : *window)
-          if (!names_cache_.contains(stack_id) && !pending.contains(stack_id) && stacks_.contains(stack_id))
-            pending.emplace(stack_id, pending_frames(pid, stack_id));
-      windows.push_back(std::move(w));
+        for (const auto& [stack_id, n] : *window) {
+          if ((named && names_cache_.contains(stack_id)) || t.stacks.contains(stack_id)) continue;
+          const auto stack = stacks_.find(stack_id);
+          if (stack == stacks_.end()) continue;
+          t.stacks.emplace(stack_id, std::pair{pid, stack->second});
+          for (const auto& f : stack->second)
+            if (f.module_id == python_module_ && !(named && python_labels_.contains(int64_t(f.offset))))
+              if (auto py = python_frames_.find(int64_t(f.offset)); py != python_frames_.end())
+                t.python.try_emplace(py->first, py->second);
+        }
+      t.windows.push_back(std::move(w));
     }
     // Bounded: once half the stack table is used, start a new one. Ids handed out before are
     // void from here (the pipeline sees the new epoch and forgets the ones it cached); this
@@ -693,6 +699,35 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
       stack_epoch_.fetch_add(1, std::memory_order_relaxed);
     }
   }
+  if (how == Take::Kept) {
+    unnamed_ = std::move(t);
+    return {};
+  }
+  unnamed_.reset();
+  if (how == Take::Dropped) return {};
+  return name_windows(std::move(t));
+}
+
+std::optional<std::vector<ProcessProfile>> Aggregator::name_unnamed() {
+  std::lock_guard profiles_lock(profile_mu_);
+  if (!unnamed_) return std::nullopt;
+  forget_names_of_old_stacks();
+  TakenProfiles t = std::move(*unnamed_);
+  unnamed_.reset();
+  return name_windows(std::move(t));
+}
+
+std::vector<ProcessProfile> Aggregator::name_windows(TakenProfiles t) {
+  const int64_t period = cpu_profile_hz_ > 0 ? 1'000'000'000 / cpu_profile_hz_ : 1;
+  // Frames resolved as far as the tables go (under the lock: modules and recorded symbols; the
+  // pipeline waits meanwhile) and symbolized after (without it).
+  std::unordered_map<int64_t, std::vector<PendingFrame>> pending;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [stack_id, stack] : t.stacks)
+      if (!names_cache_.contains(stack_id)) pending.emplace(stack_id, pending_frames(stack.first, stack.second, t.python));
+  }
+  auto& windows = t.windows;
   // Each file's addresses named in one pass over its symbols (see elf::name_offsets).
   std::map<std::tuple<std::string, std::string, std::string>, std::vector<PendingFrame*>> by_file;
   for (auto& [stack_id, frames] : pending)
@@ -789,6 +824,10 @@ std::vector<ProcessProfile> Aggregator::take_profiles() {
         d.stacks[path] += n * weight;
       }
     };
+    for (auto* d : {&w.prof.cpu, &w.prof.launches}) {
+      d->time_nanos = int64_t(w.prof.from_unix_ns);
+      d->duration_nanos = int64_t(w.prof.until_unix_ns - w.prof.from_unix_ns);
+    }
     w.prof.cpu.sample_type = "cpu";
     w.prof.cpu.unit = "nanoseconds";
     w.prof.cpu.period = period;

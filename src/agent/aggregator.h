@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -115,8 +116,13 @@ class Aggregator final : public store::EventSink {
   // Per-process and per-GPU families; `extra` (the agent's own health, the budget's figures)
   // is appended. Exited processes are dropped after the snapshot that follows their exit.
   MetricSnapshot snapshot(std::vector<MetricFamily> extra, uint64_t start_unix_ns);
-  // Each process's stacks since the last call, named; the window restarts.
-  std::vector<ProcessProfile> take_profiles();
+  // Each process's stacks since the last call; the window restarts. Named; or kept unnamed
+  // (nobody asked for it yet; naming is most of what profiles cost), its stacks' frames copied,
+  // until name_unnamed() or the next take; or dropped (the memory limit).
+  enum class Take { Named, Kept, Dropped };
+  std::vector<ProcessProfile> take_profiles(Take how = Take::Named);
+  // The window the last take_profiles(false) kept, named now; nullopt if there is none.
+  std::optional<std::vector<ProcessProfile>> name_unnamed();
 
   struct Shed {
     uint64_t kernel_names = 0, stacks = 0, processes = 0, allocations = 0;
@@ -162,7 +168,23 @@ class Aggregator final : public store::EventSink {
   // The key a launch of `kernel` counts under: HighRateCounts::kOtherKernel past max_kernel_names.
   int64_t launch_key(Process& p, int64_t kernel);
   struct PendingFrame;
-  std::vector<PendingFrame> pending_frames(uint32_t pid, int64_t stack_id) const;
+  // A window taken: each process's stack weights, with the frames of its stacks and the Python
+  // frames in them copied, so that it can be named after the tables have been emptied.
+  struct TakenWindow {
+    ProcessProfile prof;
+    std::unordered_map<int64_t, int64_t> cpu, launches;
+  };
+  struct TakenProfiles {
+    std::vector<TakenWindow> windows;
+    std::unordered_map<int64_t, std::pair<uint32_t, std::vector<store::StoredFrame>>> stacks;  // id -> (pid, frames)
+    std::unordered_map<int64_t, report::PythonFrameRow> python;
+  };
+  // Both with profile_mu_ held.
+  void forget_names_of_old_stacks();
+  std::vector<ProcessProfile> name_windows(TakenProfiles t);
+  std::vector<PendingFrame> pending_frames(uint32_t pid, const std::vector<store::StoredFrame>& frames,
+                                           const std::unordered_map<int64_t, report::PythonFrameRow>& python_rows) const;
+  std::optional<TakenProfiles> unnamed_;  // guarded by profile_mu_
 
   AggregatorLimits limits_;
   int cpu_profile_hz_;

@@ -344,6 +344,10 @@ std::string to_pprof(const FlameData& d) {
   for (const auto& s : strings) profile.field_bytes(6, s);  // string_table, after every intern
   profile.field_bytes(11, period);                             // period_type
   profile.field_varint(12, static_cast<uint64_t>(d.period));   // period
+  if (d.duration_nanos > 0) {
+    profile.field_varint(9, static_cast<uint64_t>(d.time_nanos));       // time_nanos
+    profile.field_varint(10, static_cast<uint64_t>(d.duration_nanos));  // duration_nanos
+  }
   return gzip(profile.str());
 }
 

@@ -28,6 +28,7 @@ struct FlameData {
   std::map<std::vector<std::string>, int64_t> stacks;
   std::string sample_type, unit;  // pprof's names: ("cpu", "nanoseconds"), ("launches", "count"), ...
   int64_t period = 1;             // CPU samples: nanoseconds between samples
+  int64_t time_nanos = 0, duration_nanos = 0;  // the window the stacks were taken in (Unix time); 0: not known
   std::string note;               // what the view left out, for the HTML page
   // Frames that name one source line (Python frames): name -> (file, line), for pprof.
   std::map<std::string, std::pair<std::string, int64_t>> sources;

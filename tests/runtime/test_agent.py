@@ -258,6 +258,31 @@ def test_profiles_are_served_behind_the_token_and_read_by_go_pprof(agent, tmp_pa
     go_pprof_top(path, tmp_path)
 
 
+def test_windows_nobody_asked_for_are_kept_unnamed_and_the_last_is_served_whole(agent, tmp_path):
+    """While nobody takes profiles, each window is kept unnamed (naming is most of their cost);
+    the first request gets the last whole window at once, and windows are named from then on."""
+    a = agent("budget: 1\ngpu_sample_hz: 0\ninterval: 1s\ncpu_profile_hz: 99\n")
+    loop = subprocess.Popen([TARGETS / "diag_steps", "clean", "3000"], stdout=subprocess.DEVNULL)
+    try:
+        windows = lambda m, how: max(series(m, "gpuscope_agent_profile_windows_total", how=how), default=0)
+        m = a.wait_for(lambda m: series(m, "gpuscope_probe_hits_total", pid=loop.pid), timeout=30,
+                       what="the loop traced")
+        kept = windows(m, "kept")
+        m = a.wait_for(lambda m: windows(m, "kept") >= kept + 2, timeout=10, what="two windows kept unnamed")
+        assert windows(m, "named") == 0 and windows(m, "named_on_request") == 0
+        path = tmp_path / "cpu.pb.gz"
+        path.write_bytes(http_get(a.url + f"/debug/pprof/profile?pid={loop.pid}")[1])  # no 404: served at once
+        top = go_pprof_top(path, tmp_path)
+        duration = float(re.search(r"Duration: ([\d.]+)s", top).group(1))
+        assert 0.8 <= duration <= 1.5, top  # a whole window of the interval
+        assert "diag_steps (" in top, top
+        m = a.wait_for(lambda m: windows(m, "named") >= 2, timeout=10, what="windows named once asked for")
+        assert windows(m, "named_on_request") == 1
+    finally:
+        loop.kill()
+        loop.wait()
+
+
 def test_cuda_launch_profile_names_the_launching_functions(agent, tmp_path):
     a = agent("budget: 1\ngpu_sample_hz: 0\ninterval: 1s\n")
     run = cuda_ops("--iterations", 5)

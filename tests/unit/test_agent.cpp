@@ -284,6 +284,41 @@ TEST(Aggregator, StackTableIsBoundedAndOldIdsStayVoid) {
   EXPECT_NE(agg.intern_stack({{m, 0x100, 0}}), ids[0]);  // ids are not reused
 }
 
+TEST(Aggregator, AWindowKeptUnnamedIsNamedLaterAsItWas) {
+  // Nobody asked for the window: it is kept unnamed, and the table empties (more than half
+  // full). Named later, it is the window as it was, Python frames and all; the next window is
+  // its own.
+  agent::AggregatorLimits limits;
+  limits.max_stacks = 8;
+  agent::Aggregator agg(limits, 100);
+  const uint32_t pid = static_cast<uint32_t>(getpid());
+  const int64_t m = agg.intern_module("/nonexistent/libx.so", "");
+  const int64_t py = agg.intern_module("[python]", "");
+  const int64_t step = agg.intern_python_frame("train_step", "train.py", 42);
+  for (uint64_t i = 0; i < 5; ++i)
+    agg.add_sample(0, pid, pid, 0, agg.intern_stack({{py, uint64_t(step), 0}, {m, 0x100 + i, 0}}), 0);
+  const uint64_t epoch = agg.stack_epoch();
+  EXPECT_TRUE(agg.take_profiles(agent::Aggregator::Take::Kept).empty());
+  EXPECT_NE(agg.stack_epoch(), epoch);  // emptied
+  agg.add_sample(0, pid, pid, 0, agg.intern_stack({{m, 0x200, 0}}), 0);  // the next window's
+  auto named = agg.name_unnamed();
+  ASSERT_TRUE(named.has_value());
+  ASSERT_EQ(named->size(), 1u);
+  const auto& cpu = (*named)[0].cpu;
+  EXPECT_EQ(cpu.total(), 5 * 10'000'000);
+  ASSERT_EQ(cpu.stacks.size(), 5u);
+  for (const auto& [path, n] : cpu.stacks) {
+    ASSERT_EQ(path.size(), 3u);
+    EXPECT_TRUE(path[1].starts_with("libx.so+0x10")) << path[1];  // outermost first: the native frame
+    EXPECT_EQ(path[2], "train_step (train.py:42)");
+  }
+  EXPECT_EQ(cpu.sources.at("train_step (train.py:42)"), (std::pair<std::string, int64_t>{"train.py", 42}));
+  EXPECT_FALSE(agg.name_unnamed().has_value());  // named once
+  // Dropped (the memory limit): nothing kept to name.
+  agg.take_profiles(agent::Aggregator::Take::Dropped);
+  EXPECT_FALSE(agg.name_unnamed().has_value());
+}
+
 TEST(Aggregator, LaunchProfileWeighsSampledStacks) {
   // Under stack_every 4 a launch whose stack was taken stands for 4 in the cuda_launches
   // profile; one left out has no stack. Counters count every launch once.

@@ -226,10 +226,19 @@ def test_agent_finds_a_cpu_hog_live(agent):
         history.append((round(time.time() - t0, 1), step[0] if step else None, share, top))
         return step, share, top
     from agent_util import http_get
-    noisy = []  # what /debug/diagnosis said of the clean loop when it had a finding
+    said = {}  # what /debug/diagnosis said of the clean loop, by analysis, where a finding was 10% or more
 
     def findings():
-        return [p["findings"] for p in json.loads(http_get(a.url + "/debug/diagnosis")[1]) if p["pid"] == loop.pid]
+        return [f for p in json.loads(http_get(a.url + "/debug/diagnosis")[1]) if p["pid"] == loop.pid
+                for f in p["findings"] if f["share_of_step"] >= 0.1]
+
+    def kernel_workers(analysis):
+        """Its findings are all the host's kernel workers holding the loop's CPU (on CI once, a
+        kworker for the first second, as the test before had just ended): true, and nothing this
+        test controls."""
+        fs = said.get(analysis)
+        return bool(fs) and all(f["cause"] == "cpu_contention" and "held mostly by kworker/" in f["evidence"]
+                                for f in fs)
     # The test's own polling (parsing each export) stays off the loop's CPU: on two cores it was
     # once a tenth of the loop's first analysis, a true finding of contention.
     affinity = os.sched_getaffinity(0)
@@ -240,17 +249,16 @@ def test_agent_finds_a_cpu_hog_live(agent):
         assert 0.008 < series(m, "gpuscope_step_seconds", pid=loop.pid)[0] < 0.02
         # Clean, from the first analysis on: no cause explains a tenth of its steps in nearly every
         # analysis (a thread that ran on after being preempted was once taken as waiting all along:
-        # a third of a step in every one). The rest of the machine shares the loop's CPU now and
-        # then. Polls that saw the same analysis count once.
-        quiet_until = time.time() + 4
+        # a third of a step in every one). Polls that saw the same analysis count once.
+        quiet_until = time.time() + 5
         while time.time() < quiet_until:
             a.wait_for(lambda m: seen(m)[0], timeout=10, what="the loop's steps")
-            if history[-1][3] >= 0.1 and len(noisy) < 3:
-                noisy.append(findings())
+            if history[-1][3] >= 0.1 and history[-1][1:] not in said:
+                said[history[-1][1:]] = findings()
             time.sleep(0.5)
-        clean = list({h[1:]: h for h in history if h[1]}.values())
-        assert clean and sum(h[3] < 0.1 for h in clean) >= 0.75 * len(clean), \
-            f"(seconds, step, cpu_contention, top finding): {history}; findings: {noisy}"
+        clean = [h for h in {h[1:]: h for h in history if h[1]}.values() if not kernel_workers(h[1:])]
+        assert len(clean) >= 2 and sum(h[3] < 0.1 for h in clean) >= 0.75 * len(clean), \
+            f"(seconds, step, cpu_contention, top finding): {history}; findings: {said}"
         # Two hogs: the loop gets a third of its CPU, runnable two thirds of the time.
         hogs = [subprocess.Popen(["taskset", "-c", "0", "python3", "-c", "while True: pass"]) for _ in range(2)]
         onset = time.time()

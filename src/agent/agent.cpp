@@ -488,12 +488,15 @@ void Agent::exporter_loop() {
           take_and_push_profiles();
           ++windows_named_;
         } else {
+          // Marked first: a request from here on names the window kept last (this one, once kept).
+          auto none = std::make_shared<const std::vector<ProcessProfile>>();
+          {
+            std::lock_guard l(mu_);
+            none = std::exchange(profiles_, none);
+            profiles_named_ = false;
+          }
           agg_->take_profiles(Aggregator::Take::Kept);
           ++windows_kept_;
-          auto none = std::make_shared<const std::vector<ProcessProfile>>();
-          std::lock_guard l(mu_);
-          none = std::exchange(profiles_, none);
-          profiles_named_ = false;
         }
         next_profiles = now + uint64_t(c.profile_interval_s * 1e9);
       }

@@ -671,9 +671,9 @@ std::vector<ProcessProfile> Aggregator::take_profiles(Take how) {
       w.cpu.swap(p.cpu_window);
       w.launches.swap(p.launch_window);
       p.window_start_unix_ns = now;
+      if (how == Take::Dropped) continue;
       // The frames of the stacks to name (kept unnamed: all of them, since the names known now
       // may be forgotten by then), and the Python frames in them.
-      if (how == Take::Dropped) continue;
       for (const auto* window : {&w.cpu, &w.launches})
         for (const auto& [stack_id, n] : *window) {
           if ((named && names_cache_.contains(stack_id)) || t.stacks.contains(stack_id)) continue;

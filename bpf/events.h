@@ -312,6 +312,16 @@ struct gs_py_process {
  * tag of the object's fields, python.bpf.c's send_py_code); the address is the rest. */
 #define GS_PY_CODE_TAG_SHIFT 48
 #define GS_PY_CODE_ADDRESS_MASK ((1ULL << GS_PY_CODE_TAG_SHIFT) - 1 - GS_PY_FRAME_ENTRY)
+/* The tag, from the object's qualname, filename and line table pointers and its first line:
+ * BPF computes it as it reads the object, user space as it reads one from the process, and a
+ * name read later is kept only where the tags agree. */
+static inline __u16 gs_py_code_tag(__u64 qualname, __u64 filename, __u64 linetable, __u32 firstlineno)
+{
+	__u64 tag = qualname ^ (filename << 7) ^ (linetable << 13) ^ ((__u64)firstlineno * 0x9e3779b97f4a7c15ULL);
+	tag ^= tag >> 32;
+	tag ^= tag >> 16;
+	return (__u16)tag;
+}
 struct gs_py_frame {
 	__u64 code;
 	__u64 instr;

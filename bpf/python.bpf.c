@@ -252,12 +252,10 @@ static long send_py_code(__u32 i, void *ctx)
 	 * call site) keeps the first one's names. */
 	if (bpf_probe_read_user(s->buf, PY_CODE_READ, (void *)code))
 		return 0;
-	__u64 tag = buf_u64(s, s->off.code_qualname) ^ (buf_u64(s, s->off.code_filename) << 7) ^
-		    (buf_u64(s, s->off.code_linetable) << 13) ^
-		    ((__u64)*(__u32 *)(s->buf + (s->off.code_firstlineno & 255)) * 0x9e3779b97f4a7c15ULL);
-	tag ^= tag >> 32;
-	tag ^= tag >> 16;
-	code |= (tag & 0xffff) << GS_PY_CODE_TAG_SHIFT;
+	__u64 tag = gs_py_code_tag(buf_u64(s, s->off.code_qualname), buf_u64(s, s->off.code_filename),
+				   buf_u64(s, s->off.code_linetable),
+				   *(__u32 *)(s->buf + (s->off.code_firstlineno & 255)));
+	code |= tag << GS_PY_CODE_TAG_SHIFT;
 	f->code = code | (f->code & GS_PY_FRAME_ENTRY);
 	struct py_code_key key = {.tgid = s->rec.pid, .code = code};
 	if (bpf_map_lookup_elem(&py_codes_sent, &key))

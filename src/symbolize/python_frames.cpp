@@ -197,16 +197,22 @@ std::optional<discover::PythonProcess> PythonFrames::process(pid_t pid) {
 }
 
 bool PythonFrames::read_from_process(pid_t pid, uint64_t addr, const discover::PythonLayout& layout, Code& code,
-                                     uint16_t have) {
+                                     uint16_t have, uint16_t tag) {
   uint8_t obj[256];
   if (!read_remote(pid, addr, obj, sizeof(obj))) return false;
   auto ptr = [&](uint16_t off) {
     uint64_t v = 0;
-    std::memcpy(&v, obj + off, sizeof(v));
+    std::memcpy(&v, obj + (off & 255), sizeof(v));
     return v;
   };
   const auto& o = layout.bpf;
-  std::memcpy(&code.firstlineno, obj + o.code_firstlineno, sizeof(int32_t));
+  uint32_t firstlineno = 0;
+  std::memcpy(&firstlineno, obj + (o.code_firstlineno & 255), sizeof(firstlineno));
+  // The address may hold another object by now: its names are not this frame's.
+  const uint16_t found = gs_py_code_tag(ptr(o.code_qualname), ptr(o.code_filename), ptr(o.code_linetable), firstlineno);
+  if (tag && found != tag) return false;
+  code.tag = found;
+  code.firstlineno = int32_t(firstlineno);
   if (!(have & GS_PY_CODE_NAME_OK))
     if (auto s = read_str(pid, ptr(o.code_qualname), layout)) code.qualname = *s;
   if (!(have & GS_PY_CODE_FILE_OK))
@@ -230,10 +236,16 @@ void PythonFrames::on_code(const gs_py_code_record& rec) {
   if (rec.flags & GS_PY_CODE_LINETABLE_OK)
     c.linetable.assign(reinterpret_cast<const char*>(rec.linetable), std::min<size_t>(rec.linetable_len, GS_PY_LINETABLE_LEN));
   const auto want = GS_PY_CODE_NAME_OK | GS_PY_CODE_FILE_OK | GS_PY_CODE_LINETABLE_OK;
-  if ((rec.flags & want) != want)
-    if (const auto layout = layout_of(static_cast<pid_t>(rec.pid)))
-      read_from_process(static_cast<pid_t>(rec.pid), rec.code & GS_PY_CODE_ADDRESS_MASK, *layout, c, rec.flags);
   c.tag = uint16_t(rec.code >> GS_PY_CODE_TAG_SHIFT);
+  if ((rec.flags & want) != want)
+    if (const auto layout = layout_of(static_cast<pid_t>(rec.pid))) {
+      Code filled = c;
+      if (read_from_process(static_cast<pid_t>(rec.pid), rec.code & GS_PY_CODE_ADDRESS_MASK, *layout, filled,
+                            rec.flags, c.tag)) {
+        filled.firstlineno = c.firstlineno;
+        c = std::move(filled);
+      }
+    }
   codes_[{static_cast<pid_t>(rec.pid), rec.code & GS_PY_CODE_ADDRESS_MASK}] = std::move(c);
 }
 
@@ -264,10 +276,10 @@ PythonFrame PythonFrames::name(pid_t pid, const discover::PythonLayout* layout, 
   auto it = codes_.find({pid, code_addr});
   const Code* found = it != codes_.end() && (it->second.tag == tag || !tag) ? &it->second : nullptr;
   Code asked;
-  if (!found && layout && read_from_process(pid, code_addr, *layout, asked, 0)) {
+  if (!found && layout && read_from_process(pid, code_addr, *layout, asked, 0, tag)) {
     // Its record was lost, or came after a newer object at its address: the process may still
-    // hold it to ask. What it answers is kept only where nothing newer is.
-    asked.tag = tag;
+    // hold it to ask, if the address holds that object still. What it answers is kept only
+    // where nothing newer is.
     if (it == codes_.end())
       found = &codes_.emplace(std::pair{pid, code_addr}, std::move(asked)).first->second;
     else

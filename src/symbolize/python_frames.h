@@ -82,9 +82,10 @@ class PythonFrames {
     uint16_t tag = 0;  // which of the code objects its address held in turn (GS_PY_CODE_TAG_SHIFT)
   };
   std::optional<discover::PythonProcess> process(pid_t pid);
-  // Fills what the record could not carry from the live process; false if it is gone.
+  // Fills what the record could not carry from the live process; false if it is gone, or if
+  // `tag` is not 0 and the address holds an object of another tag.
   bool read_from_process(pid_t pid, uint64_t addr, const discover::PythonLayout& layout, Code& code,
-                         uint16_t have_flags);
+                         uint16_t have_flags, uint16_t tag);
 
   std::mutex mu_;
   std::unordered_map<pid_t, discover::PythonProcess> processes_;

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -220,4 +221,55 @@ TEST(PythonFrames, ACodeObjectMadeWhereAFreedOneWasHasItsOwnName) {
   EXPECT_EQ(named.function, "from_native");
   EXPECT_EQ(named.file, "m.py");
   EXPECT_EQ(py.name(1, nullptr, gs_py_frame{first, 0}).function, "[python code unreadable]");
+}
+
+namespace {
+// A compact ASCII str as CPython lays it out: length at 16, state at 32, characters after the head.
+struct FakeStr {
+  alignas(16) uint8_t bytes[96] = {};
+  FakeStr(const discover::PythonLayout& layout, const char* text) {
+    const uint64_t length = std::strlen(text);
+    const uint32_t state = (1u << 2) | (1u << 5) | (1u << 6);  // kind 1, compact, ascii
+    std::memcpy(bytes + 16, &length, sizeof(length));
+    std::memcpy(bytes + 32, &state, sizeof(state));
+    std::memcpy(bytes + layout.bpf.unicode_ascii_data, text, length + 1);
+  }
+  uint64_t address() const { return reinterpret_cast<uint64_t>(bytes); }
+};
+}  // namespace
+
+TEST(PythonFrames, AnOlderCodeObjectIsNeverNamedFromTheNewerOneAtItsAddress) {
+  // A frame's record lost, and its code object's address holding another object by the time
+  // it is named: what the process holds now is not that frame's name.
+  const auto* layout = discover::python_layout(3, 12);
+  ASSERT_NE(layout, nullptr);
+  const auto& o = layout->bpf;
+  ASSERT_LT(o.unicode_ascii_data + 16u, sizeof(FakeStr::bytes));
+  FakeStr module(*layout, "<module>"), function(*layout, "from_native"), file(*layout, "m.py");
+  alignas(16) static uint8_t code[256];
+  auto put = [&](const FakeStr& qualname, uint32_t firstlineno) {
+    std::memset(code, 0, sizeof(code));
+    const uint64_t q = qualname.address(), f = file.address();
+    std::memcpy(code + o.code_qualname, &q, sizeof(q));
+    std::memcpy(code + o.code_filename, &f, sizeof(f));
+    std::memcpy(code + o.code_firstlineno, &firstlineno, sizeof(firstlineno));
+    return gs_py_code_tag(q, f, 0, firstlineno);
+  };
+  const uint64_t addr = reinterpret_cast<uint64_t>(code);
+  const pid_t self = getpid();
+  const uint16_t first = put(module, 1);
+  symbolize::PythonFrames py;
+  const auto named = py.name(self, layout, gs_py_frame{addr | uint64_t(first) << GS_PY_CODE_TAG_SHIFT, 0});
+  EXPECT_EQ(named.function, "<module>");
+  EXPECT_EQ(named.file, "m.py");
+
+  const uint16_t second = put(function, 3);
+  ASSERT_NE(first, second);
+  EXPECT_EQ(py.name(self, layout, gs_py_frame{addr | uint64_t(second) << GS_PY_CODE_TAG_SHIFT, 0}).function,
+            "from_native");
+  // The first object is known no more (the address now names the second), and the process
+  // holds the second: the older frame is unreadable, not "from_native".
+  symbolize::PythonFrames fresh;
+  EXPECT_EQ(fresh.name(self, layout, gs_py_frame{addr | uint64_t(first) << GS_PY_CODE_TAG_SHIFT, 0}).function,
+            "[python code unreadable]");
 }

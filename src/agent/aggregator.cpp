@@ -502,6 +502,10 @@ MetricSnapshot Aggregator::snapshot(std::vector<MetricFamily> extra, uint64_t st
   };
   const size_t util = g("gpuscope_gpu_utilization_ratio", "Share of the last sample period a kernel ran on the GPU (NVML)", "ratio");
   const size_t mem_util = g("gpuscope_gpu_memory_utilization_ratio", "Share of the last sample period device memory was read or written (NVML)", "ratio");
+  const size_t sm_active = g("gpuscope_gpu_sm_active_ratio", "Share of the SMs that had work since the last sample (NVML GPM)", "ratio");
+  const size_t sm_occupancy = g("gpuscope_gpu_sm_occupancy_ratio", "Warps resident on the SMs, of the most they hold (NVML GPM)", "ratio");
+  const size_t tensor_active = g("gpuscope_gpu_tensor_active_ratio", "Share of the time the tensor cores were at work (NVML GPM)", "ratio");
+  const size_t dram_active = g("gpuscope_gpu_dram_active_ratio", "DRAM bandwidth used, of its peak (NVML GPM)", "ratio");
   const size_t mem_used = g("gpuscope_gpu_memory_used_bytes", "Device memory in use (NVML)", "bytes");
   const size_t mem_total = g("gpuscope_gpu_memory_total_bytes", "Device memory (NVML)", "bytes");
   const size_t power = g("gpuscope_gpu_power_watts", "Power draw (NVML)", "watts");
@@ -523,6 +527,10 @@ MetricSnapshot Aggregator::snapshot(std::vector<MetricFamily> extra, uint64_t st
     const auto& x = gpu.sample;
     if (x.gpu_util) put(util, *x.gpu_util / 100.0);
     if (x.mem_util) put(mem_util, *x.mem_util / 100.0);
+    if (x.sm_active) put(sm_active, *x.sm_active / 100.0);
+    if (x.sm_occupancy) put(sm_occupancy, *x.sm_occupancy / 100.0);
+    if (x.tensor_active) put(tensor_active, *x.tensor_active / 100.0);
+    if (x.dram_active) put(dram_active, *x.dram_active / 100.0);
     if (x.mem_used) put(mem_used, double(*x.mem_used));
     if (gpu.device.memory_total) put(mem_total, double(gpu.device.memory_total));
     if (x.power_mw) put(power, *x.power_mw / 1000.0);

@@ -19,6 +19,7 @@ using nvmlDevice_t = void*;
 using nvmlEventSet_t = void*;
 constexpr nvmlReturn_t NVML_SUCCESS = 0;
 constexpr nvmlReturn_t NVML_ERROR_NOT_SUPPORTED = 3;
+constexpr nvmlReturn_t NVML_ERROR_NO_PERMISSION = 4;
 constexpr nvmlReturn_t NVML_ERROR_NOT_FOUND = 6;
 constexpr nvmlReturn_t NVML_ERROR_INSUFFICIENT_SIZE = 7;
 constexpr nvmlReturn_t NVML_ERROR_TIMEOUT = 10;
@@ -60,12 +61,39 @@ struct nvmlEventData_t {
 
 constexpr unsigned long long kNotAvailable = ~0ull;  // NVML's "unknown" for a process's memory
 
+// GPM, the GPU's performance counters through NVML (Hopper and later): two samples, then the
+// metrics between them.
+using nvmlGpmSample_t = void*;
+struct nvmlGpmSupport_t {
+  unsigned int version, isSupportedDevice;
+};
+constexpr unsigned int kGpmSupportVersion = 1, kGpmMetricsGetVersion = 1;
+struct nvmlGpmMetric_t {
+  unsigned int metricId;
+  nvmlReturn_t nvmlReturn;
+  double value;
+  struct {
+    char *shortName, *longName, *unit;
+  } metricInfo;
+};
+// nvml.h sizes metrics[] by NVML_GPM_METRIC_MAX, which grows with each release (98, 210, 333):
+// the library reads the first numMetrics entries only.
+struct nvmlGpmMetricsGet_t {
+  unsigned int version, numMetrics;
+  nvmlGpmSample_t sample1, sample2;
+  nvmlGpmMetric_t metrics[333];
+};
+enum GpmMetricId : unsigned int {
+  NVML_GPM_METRIC_SM_UTIL = 2, NVML_GPM_METRIC_SM_OCCUPANCY = 3, NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5,
+  NVML_GPM_METRIC_DRAM_BW_UTIL = 10,
+};
+
 
 // Metrics that NVML may not offer on a GPU; asked once, then skipped.
 enum Metric : uint32_t {
   kUtil = 1 << 0, kMemory = 1 << 1, kPower = 1 << 2, kTemp = 1 << 3, kSmClock = 1 << 4, kMemClock = 1 << 5,
   kThrottle = 1 << 6, kPcieTx = 1 << 7, kPcieRx = 1 << 8, kEccCorrected = 1 << 9, kEccUncorrected = 1 << 10,
-  kProcUtil = 1 << 11, kProcMemory = 1 << 12, kMemoryV2Bit = 1 << 13,
+  kProcUtil = 1 << 11, kProcMemory = 1 << 12, kMemoryV2Bit = 1 << 13, kGpm = 1 << 14,
 };
 
 }  // namespace
@@ -74,6 +102,9 @@ class NvmlLibrary {
  public:
   explicit NvmlLibrary(void* handle) : handle_(handle) {}
   ~NvmlLibrary() {
+    for (auto& g : gpm)
+      for (auto& sample : g.samples)
+        if (sample && GpmSampleFree) GpmSampleFree(sample);
     if (event_set_ && EventSetFree) EventSetFree(event_set_);
     if (Shutdown) Shutdown();
     dlclose(handle_);
@@ -112,7 +143,19 @@ class NvmlLibrary {
   nvmlReturn_t (*EventSetFree)(nvmlEventSet_t) = nullptr;
   nvmlReturn_t (*DeviceRegisterEvents)(nvmlDevice_t, unsigned long long, nvmlEventSet_t) = nullptr;
   nvmlReturn_t (*EventSetWait)(nvmlEventSet_t, nvmlEventData_t*, unsigned int) = nullptr;
+  nvmlReturn_t (*GpmQueryDeviceSupport)(nvmlDevice_t, nvmlGpmSupport_t*) = nullptr;
+  nvmlReturn_t (*GpmSampleAlloc)(nvmlGpmSample_t*) = nullptr;
+  nvmlReturn_t (*GpmSampleFree)(nvmlGpmSample_t) = nullptr;
+  nvmlReturn_t (*GpmSampleGet)(nvmlDevice_t, nvmlGpmSample_t) = nullptr;
+  nvmlReturn_t (*GpmMetricsGet)(nvmlGpmMetricsGet_t*) = nullptr;
 
+  // Per device: the last GPM sample and the one the next tick fills; none where the GPU has no GPM.
+  struct Gpm {
+    nvmlGpmSample_t samples[2] = {nullptr, nullptr};
+    int next = 0;
+    bool primed = false;  // samples[next ^ 1] holds the last tick's
+  };
+  std::vector<Gpm> gpm;
   std::vector<nvmlDevice_t> handles;
   nvmlEventSet_t event_set_ = nullptr;
 
@@ -180,6 +223,10 @@ NvmlSampler::NvmlSampler() {
   lib->bind(lib->EventSetFree, "nvmlEventSetFree");
   lib->bind(lib->DeviceRegisterEvents, "nvmlDeviceRegisterEvents");
   if (!lib->bind(lib->EventSetWait, "nvmlEventSetWait_v2")) lib->EventSetWait = nullptr;
+  if (!(lib->bind(lib->GpmQueryDeviceSupport, "nvmlGpmQueryDeviceSupport") &&
+        lib->bind(lib->GpmSampleAlloc, "nvmlGpmSampleAlloc") && lib->bind(lib->GpmSampleFree, "nvmlGpmSampleFree") &&
+        lib->bind(lib->GpmSampleGet, "nvmlGpmSampleGet") && lib->bind(lib->GpmMetricsGet, "nvmlGpmMetricsGet")))
+    lib->GpmQueryDeviceSupport = nullptr;  // a driver before GPM (R520)
 
   if (nvmlReturn_t r = lib->Init(); r != NVML_SUCCESS) {
     error_ = "NVML could not start: " + lib->error_text(r);
@@ -210,6 +257,13 @@ NvmlSampler::NvmlSampler() {
     // permission, a GPU without them) they are simply not watched.
     if (lib->event_set_ && lib->DeviceRegisterEvents)
       lib->DeviceRegisterEvents(d, nvmlEventTypeXidCriticalError, lib->event_set_);
+    NvmlLibrary::Gpm gpm;
+    nvmlGpmSupport_t support{kGpmSupportVersion, 0};
+    if (lib->GpmQueryDeviceSupport && lib->GpmQueryDeviceSupport(d, &support) == NVML_SUCCESS &&
+        support.isSupportedDevice && lib->GpmSampleAlloc(&gpm.samples[0]) == NVML_SUCCESS &&
+        lib->GpmSampleAlloc(&gpm.samples[1]) != NVML_SUCCESS)
+      gpm.samples[1] = nullptr;
+    lib->gpm.push_back(gpm);
     lib->handles.push_back(d);
     devices_.push_back(std::move(dev));
   }
@@ -294,6 +348,32 @@ NvmlSampler::Batch NvmlSampler::sample_once(bool slow) {
           return L.DeviceGetTotalEccErrors(d, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, &ull);
         }))
       s.ecc_uncorrected = ull;
+    // GPM: a sample costs ~0.3 ms of this thread, with its metrics 1-3 ms (bench/gpu/gpm_probe.py):
+    // slow ticks only, the metrics covering the time since the last.
+    if (auto& g = L.gpm[i]; slow && g.samples[0] && g.samples[1] && !(off & kGpm)) {
+      const uint64_t t0 = monotonic_ns();
+      const nvmlReturn_t r = L.GpmSampleGet(d, g.samples[g.next]);
+      if (r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_NO_PERMISSION) off |= kGpm;
+      if (r == NVML_SUCCESS && g.primed) {
+        nvmlGpmMetricsGet_t get{};
+        get.version = kGpmMetricsGetVersion;
+        get.sample1 = g.samples[g.next ^ 1];
+        get.sample2 = g.samples[g.next];
+        const unsigned int ids[] = {NVML_GPM_METRIC_SM_UTIL, NVML_GPM_METRIC_SM_OCCUPANCY,
+                                    NVML_GPM_METRIC_ANY_TENSOR_UTIL, NVML_GPM_METRIC_DRAM_BW_UTIL};
+        std::optional<double>* into[] = {&s.sm_active, &s.sm_occupancy, &s.tensor_active, &s.dram_active};
+        get.numMetrics = std::size(ids);
+        for (size_t k = 0; k < std::size(ids); ++k) get.metrics[k].metricId = ids[k];
+        if (L.GpmMetricsGet(&get) == NVML_SUCCESS)
+          for (size_t k = 0; k < std::size(ids); ++k)
+            if (get.metrics[k].nvmlReturn == NVML_SUCCESS && get.metrics[k].value >= 0)
+              *into[k] = std::min(get.metrics[k].value, 100.0);
+      }
+      // A sample refused (another profiler holds the counters) breaks the pair: start again.
+      g.primed = r == NVML_SUCCESS;
+      if (g.primed) g.next ^= 1;
+      note_cost(kGpm, monotonic_ns() - t0);
+    }
     b.samples.push_back(s);
 
     // Per process: NVML's utilization samples since the last ones read, and memory in use.
@@ -379,7 +459,7 @@ void NvmlSampler::note_cost(uint32_t metric, uint64_t ns) {
 std::vector<std::pair<std::string, double>> NvmlSampler::call_costs() const {
   static const char* kNames[] = {"utilization", "memory", "power", "temperature", "sm clock", "mem clock",
                                  "throttle reasons", "pcie tx", "pcie rx", "ecc corrected", "ecc uncorrected",
-                                 "process utilization", "process memory"};
+                                 "process utilization", "process memory", "memory v2", "gpm"};
   std::vector<std::pair<std::string, double>> out;
   for (size_t i = 0; i < costs_.size() && i < std::size(kNames); ++i)
     if (costs_[i].first) out.emplace_back(kNames[i], costs_[i].second / 1e3 / double(costs_[i].first));

@@ -35,6 +35,10 @@ struct GpuSample {
   std::optional<uint64_t> throttle_reasons;  // nvmlClocksThrottleReason bits
   std::optional<uint32_t> pcie_tx_kbs, pcie_rx_kbs;
   std::optional<uint64_t> ecc_corrected, ecc_uncorrected;  // volatile counts since the driver loaded
+  // GPM (Hopper and later), read on slow ticks, percent over the time since the last: SMs with work, warps
+  // resident of the most the SMs hold, tensor cores at work, DRAM bandwidth of its peak. Unlike
+  // gpu_util (a kernel ran at all), these say how much of the GPU the kernels used.
+  std::optional<double> sm_active, sm_occupancy, tensor_active, dram_active;
 };
 
 // A process's use of one GPU, as NVML accounts it.
@@ -98,7 +102,7 @@ class NvmlSampler {
   std::vector<uint64_t> last_process_ts_;  // per device: NVML's timestamp of the last process sample read
   std::vector<uint32_t> unsupported_;      // per device: bits of metrics NVML said it does not offer
   void note_cost(uint32_t metric, uint64_t ns);
-  std::array<std::pair<uint64_t, uint64_t>, 13> costs_{};  // per metric bit: (calls, ns)
+  std::array<std::pair<uint64_t, uint64_t>, 15> costs_{};  // per metric bit: (calls, ns)
   std::thread thread_;
   StopSignal stop_;
 };

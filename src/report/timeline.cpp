@@ -214,9 +214,11 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
   if (db.has_table("gpus")) {
     auto g = db.prepare("SELECT idx, coalesce(name, '') FROM gpus");
     while (g.step()) name_gpu(g.i64(0), fmt::format("GPU {} (NVML): {}", g.i64(0), g.str(1)));
-    auto q = db.prepare(
+    const bool gpm = db.has_column("gpu_samples", "sm_active");  // records since GPM was read
+    auto q = db.prepare(fmt::format(
         "SELECT ts_ns, gpu, gpu_util, mem_util, mem_used, power_mw, temperature_c, sm_clock_mhz, pcie_tx_kbs, "
-        "pcie_rx_kbs FROM gpu_samples WHERE ts_ns >= ?1 AND ts_ns <= ?2 ORDER BY ts_ns");
+        "pcie_rx_kbs, {} FROM gpu_samples WHERE ts_ns >= ?1 AND ts_ns <= ?2 ORDER BY ts_ns",
+        gpm ? "sm_active, sm_occupancy, tensor_active, dram_active" : "NULL, NULL, NULL, NULL"));
     q.bind(1, lo).bind(2, hi);
     while (q.step()) {
       const int64_t pid = kGpuPidBase + q.i64(1);
@@ -225,6 +227,10 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
                             values));
       };
       if (!q.is_null(2)) counter("utilisation %", fmt::format("\"gpu\":{},\"memory\":{}", q.i64(2), q.i64(3)));
+      if (!q.is_null(10) && !q.is_null(11) && !q.is_null(12) && !q.is_null(13))
+        counter("SM activity % (GPM)",
+                fmt::format("\"sm_active\":{:.1f},\"sm_occupancy\":{:.1f},\"tensor_active\":{:.1f},\"dram_active\":{:.1f}",
+                            q.f64(10), q.f64(11), q.f64(12), q.f64(13)));
       if (!q.is_null(4)) counter("memory used GiB", fmt::format("\"used\":{:.3f}", q.i64(4) / double(1 << 30)));
       if (!q.is_null(5)) counter("power W", fmt::format("\"power\":{:.1f}", q.i64(5) / 1e3));
       if (!q.is_null(6)) counter("temperature C", fmt::format("\"temperature\":{}", q.i64(6)));

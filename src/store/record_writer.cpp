@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string_view>
+#include <type_traits>
 
 #include "common/clock.h"
 #include "common/error.h"
@@ -183,8 +184,8 @@ void RecordWriter::prepare_statements() {
       "VALUES(?1,?2,?3,?4,?5)");
   insert_gpu_sample_ = db_.prepare(
       "INSERT INTO gpu_samples(ts_ns, gpu, gpu_util, mem_util, mem_used, power_mw, temperature_c, sm_clock_mhz, "
-      "mem_clock_mhz, throttle_reasons, pcie_tx_kbs, pcie_rx_kbs, ecc_corrected, ecc_uncorrected) "
-      "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)");
+      "mem_clock_mhz, throttle_reasons, pcie_tx_kbs, pcie_rx_kbs, ecc_corrected, ecc_uncorrected, sm_active, "
+      "sm_occupancy, tensor_active, dram_active) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18)");
   insert_gpu_process_ = db_.prepare("INSERT INTO gpu_process_samples(ts_ns, gpu, pid, sm_util, mem_util, used_memory) "
       "VALUES(?1,?2,?3,?4,?5,?6)");
   insert_gpu_event_ = db_.prepare("INSERT INTO gpu_events(ts_ns, gpu, kind, value) VALUES(?1,?2,?3,?4)");
@@ -393,10 +394,12 @@ int64_t RecordWriter::intern_python_frame(const std::string& function, const std
 namespace {
 template <class T>
 void bind_optional(Stmt& s, int i, const std::optional<T>& v) {
-  if (v)
-    s.bind(i, static_cast<int64_t>(*v));
-  else
+  if (!v)
     s.bind_null(i);
+  else if constexpr (std::is_floating_point_v<T>)
+    s.bind(i, static_cast<double>(*v));
+  else
+    s.bind(i, static_cast<int64_t>(*v));
 }
 }  // namespace
 
@@ -424,6 +427,10 @@ void RecordWriter::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
       bind_optional(q, 12, s.pcie_rx_kbs);
       bind_optional(q, 13, s.ecc_corrected);
       bind_optional(q, 14, s.ecc_uncorrected);
+      bind_optional(q, 15, s.sm_active);
+      bind_optional(q, 16, s.sm_occupancy);
+      bind_optional(q, 17, s.tensor_active);
+      bind_optional(q, 18, s.dram_active);
       q.run();
     }
     for (const auto& p : b.processes) {

@@ -38,7 +38,8 @@ CREATE TABLE gpus(idx INTEGER PRIMARY KEY, uuid TEXT, name TEXT, memory_total IN
 CREATE TABLE gpu_samples(ts_ns INTEGER NOT NULL, gpu INTEGER NOT NULL, gpu_util INTEGER, mem_util INTEGER,
                          mem_used INTEGER, power_mw INTEGER, temperature_c INTEGER, sm_clock_mhz INTEGER,
                          mem_clock_mhz INTEGER, throttle_reasons INTEGER, pcie_tx_kbs INTEGER, pcie_rx_kbs INTEGER,
-                         ecc_corrected INTEGER, ecc_uncorrected INTEGER);
+                         ecc_corrected INTEGER, ecc_uncorrected INTEGER, sm_active REAL, sm_occupancy REAL,
+                         tensor_active REAL, dram_active REAL);
 CREATE TABLE gpu_process_samples(ts_ns INTEGER NOT NULL, gpu INTEGER NOT NULL, pid INTEGER NOT NULL, sm_util INTEGER,
                                  mem_util INTEGER, used_memory INTEGER);
 CREATE TABLE pressure(ts_ns INTEGER NOT NULL, pid INTEGER NOT NULL, cgroup TEXT, cpu_some_us INTEGER,

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <map>
+#include <optional>
 
 #include "gpu/nvml.h"
 #include "report/format.h"
@@ -30,6 +31,12 @@ json gpus(store::RecordReader& rec, const Record& r) {
       "SELECT pid, count(sm_util), avg(sm_util), max(sm_util), max(used_memory) FROM gpu_process_samples "
       "WHERE gpu = ?1 GROUP BY pid ORDER BY max(used_memory) DESC");
   auto events = r.db.prepare("SELECT ts_ns, kind, value FROM gpu_events WHERE gpu = ?1 ORDER BY ts_ns");
+  // GPM's counters: in records made since they were added.
+  std::optional<store::Stmt> activity;
+  if (r.db.has_column("gpu_samples", "sm_active"))
+    activity = r.db.prepare("SELECT count(sm_active), avg(sm_active), avg(sm_occupancy), avg(tensor_active), "
+                            "avg(dram_active), avg(CASE WHEN sm_active IS NOT NULL THEN gpu_util END) FROM "
+                            "gpu_samples WHERE gpu = ?1");
   auto opt = [](store::Stmt& q, int col) { return q.is_null(col) ? json() : json(q.f64(col)); };
   while (devs.step()) {
     const int64_t idx = devs.i64(0);
@@ -48,6 +55,14 @@ json gpus(store::RecordReader& rec, const Record& r) {
       d["ecc_new"] = {{"corrected", opt(stats, 13)}, {"uncorrected", opt(stats, 14)}};
     }
     stats.reset();
+    if (activity) {
+      activity->bind(1, idx);
+      if (activity->step() && activity->i64(0) > 0)
+        d["activity"] = {{"samples", activity->i64(0)},           {"sm_active_mean", opt(*activity, 1)},
+                         {"sm_occupancy_mean", opt(*activity, 2)}, {"tensor_active_mean", opt(*activity, 3)},
+                         {"dram_active_mean", opt(*activity, 4)},  {"gpu_util_mean", opt(*activity, 5)}};
+      activity->reset();
+    }
     // Share of samples each throttle reason was active in.
     std::map<std::string, int64_t> by_reason;
     reasons.bind(1, idx);
@@ -99,6 +114,14 @@ void gpus_text(std::string& out, const json& g) {
     if (!d.contains("samples") || i64(d, "samples") == 0) continue;
     out += fmt::format("    utilisation {}% mean, {}% max; memory controller {}% mean\n", f(d["gpu_util"]["mean"], "{:.0f}"),
                        f(d["gpu_util"]["max"], "{:.0f}"), f(d["mem_util_mean"], "{:.0f}"));
+    if (d.contains("activity")) {
+      const auto& a = d["activity"];
+      out += fmt::format("    SMs active {}% mean (occupancy {}%), tensor cores {}%, DRAM bandwidth {}% (GPM; "
+                         "utilisation {}% over the same samples)\n",
+                         f(a["sm_active_mean"], "{:.0f}"), f(a["sm_occupancy_mean"], "{:.0f}"),
+                         f(a["tensor_active_mean"], "{:.0f}"), f(a["dram_active_mean"], "{:.0f}"),
+                         f(a["gpu_util_mean"], "{:.0f}"));
+    }
     out += fmt::format("    memory used {} max of {}\n",
                        d["mem_used_max"].is_null() ? "-" : bytes_text(int64_t(d["mem_used_max"].get<double>())),
                        bytes_text(i64(d, "memory_total")));

@@ -116,6 +116,7 @@ void LiveDiagnosis::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
     r.ts_ns = s.ts_ns;
     if (s.gpu_util) r.util = double(*s.gpu_util) / 100;
     if (s.sm_clock_mhz) r.sm_clock_mhz = double(*s.sm_clock_mhz);
+    if (s.sm_active) r.sm_active = *s.sm_active / 100;
     if (s.throttle_reasons) r.throttle_reasons = *s.throttle_reasons;
     if (s.pcie_tx_kbs && s.pcie_rx_kbs) r.pcie_bytes_per_s = double(*s.pcie_tx_kbs + *s.pcie_rx_kbs) * 1024;
     auto& q = gpus_[s.device].readings;
@@ -352,7 +353,7 @@ std::vector<MetricFamily> LiveDiagnosis::families(const std::function<Labels(uin
                      "Share of the process's step time a cause explains over the last seconds (gpuscope diagnose's "
                      "findings, live): cpu_contention, cpu_throttling, memory_pressure, io_wait, input_wait, "
                      "lock_wait, sleep, softirq, host_kernel, pageable_copies, sync_per_step, launch_bound, host_compute, "
-                     "gpu_contention, pcie_contention, gpu_clocks_throttled, gpu_error",
+                     "small_kernels, gpu_contention, pcie_contention, gpu_clocks_throttled, gpu_error",
                      "ratio", MetricType::Gauge, {}};
   for (const auto& c : current()) {
     Labels base = labels_of(c.pid);

@@ -186,6 +186,9 @@ void Breakdown::add(const Breakdown& o) {
   host_late += o.host_late;
   gpu_util += o.gpu_util;
   gpu_util_n += o.gpu_util_n;
+  sm_active += o.sm_active;
+  sm_active_util += o.sm_active_util;
+  sm_active_n += o.sm_active_n;
   own_sm += o.own_sm;
   other_sm += o.other_sm;
   sm_n += o.sm_n;
@@ -473,6 +476,11 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
       if (r.util >= 0) {
         b.gpu_util += r.util;
         ++b.gpu_util_n;
+        if (r.sm_active >= 0) {
+          b.sm_active += r.sm_active;
+          b.sm_active_util += r.util;
+          ++b.sm_active_n;
+        }
       }
       if (r.pcie_bytes_per_s >= 0) {
         b.pcie_bytes_per_s += r.pcie_bytes_per_s;

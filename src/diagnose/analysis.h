@@ -67,6 +67,9 @@ struct Breakdown {
   bool gpu_known = false;   // GPU times (record --gpu-times) cover these steps
   double host_late = 0;     // (GPU times) idle because the next kernel was launched after the last ended
   double gpu_util = 0, gpu_util_n = 0;         // NVML: sum of busy shares (0..1), readings
+  // GPM (Hopper and later): sum of SM-active shares (0..1) and NVML's busy shares of the same
+  // readings, readings. A small kernel keeps the GPU "busy" with most of its SMs idle.
+  double sm_active = 0, sm_active_util = 0, sm_active_n = 0;
   double own_sm = 0, other_sm = 0, sm_n = 0;   // NVML per process: sums of SM shares (0..1), readings
   std::map<uint32_t, double> other_sm_by;      // pid -> sum of its SM shares
   std::set<uint32_t> gpu_tenants;              // other processes NVML saw on the GPU
@@ -94,7 +97,7 @@ struct Breakdown {
 struct Finding {
   std::string cause;       // cpu_contention, cpu_throttling, memory_pressure, io_wait, input_wait,
                            // lock_wait, sleep, host_kernel, pageable_copies, sync_per_step, launch_bound,
-                           // host_compute, softirq, gpu_contention, pcie_contention,
+                           // host_compute, small_kernels, softirq, gpu_contention, pcie_contention,
                            // gpu_clocks_throttled, gpu_error,
                            // none
   std::string title;
@@ -147,6 +150,7 @@ struct GpuReading {  // NVML, the process's GPU; -1: not read
   uint64_t ts_ns = 0;
   double util = -1;            // share of the last period a kernel ran (0..1)
   double sm_clock_mhz = -1;
+  double sm_active = -1;       // GPM: share of the SMs that had work since the last reading (0..1)
   uint64_t throttle_reasons = 0;
   double pcie_bytes_per_s = -1;  // both ways
 };

@@ -63,6 +63,12 @@ bool io_kernel_thread(const std::string& comm) {
 constexpr double kLaunchBoundNsPerLaunch = 150'000;
 // What a launch costs on the host at most before the call is waiting (a full launch queue).
 constexpr double kLaunchNs = 50'000;
+// GPM: the GPU counted busy (a kernel ran) with its SMs active less than this share of that time:
+// its kernels are too small to fill it (large-batch training keeps it near 1).
+constexpr double kSmallKernelsActive = 0.5;
+// Readings of SM activity a window needs before it says so (one a second recording; live, one
+// each 10 s by default: the live windows seldom have them).
+constexpr double kMinGpmReadings = 3;
 // File pages read back soon after their eviction, bytes a second, above which I/O waits are the
 // page cache's shortage (a dataset that no longer fits the job's memory) rather than the disk's.
 constexpr double kRefaultBytesPerS = 10e6;
@@ -135,6 +141,16 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
   if (b.sys > 0) b.storm_sys *= std::max(0.0, b.sys - probes) / b.sys;  // the probes' share of it
   b.sys = std::max(0.0, b.sys - probes);
   const double host_idle = gpu_view ? std::max(0.0, idle - probes / b.window_ns) : idle;
+  // The host's own work for the GPU: on a CPU outside CUDA calls, plus what launching costs (a
+  // launch that waits for a full queue is the GPU's doing, not the host's).
+  // Handed off, the work went on in another of its launching threads (autograd's backward pass):
+  // that thread's running is the host's work too.
+  const double own_work = std::max(0.0, b.on_cpu - b.net_softirq - storm_extra(b) - kernel_time(b) - b.in_cuda) +
+                          std::min(b.in_launch, b.launches * kLaunchNs) + b.handoff;
+  // Busy the whole step at a few tens of µs a launch: the host launches no faster than the GPU
+  // runs what it launches.
+  const bool launch_limited = telemetry && b.launches > 0 && own_work / b.window_ns >= 0.5 &&
+                              own_work / b.launches <= kLaunchBoundNsPerLaunch;
   const double steps_ms = b.window_ns / b.steps / 1e6;
   auto add_share = [&](std::string cause, std::string title, double share, std::string evidence, std::string fix,
                        std::string confidence) {
@@ -178,6 +194,35 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
                 "Move the other tenant's transfers off this GPU (or schedule it elsewhere); keep the job's inputs "
                 "on the GPU or copy them in fewer, larger transfers",
                 "medium");
+    }
+  }
+  // Kernels too small for the GPU (GPM's SM activity): NVML counts the GPU busy while any kernel
+  // runs, however few of its SMs that kernel uses. The SMs' idle share of the busy time is what a
+  // fuller kernel (a bigger batch) could have used.
+  if (b.sm_active_n >= kMinGpmReadings && busy >= 0) {
+    const double util = b.sm_active_util / b.sm_active_n, active = b.sm_active / b.sm_active_n;
+    if (util >= 0.5 && active < kSmallKernelsActive * util && b.launches > 0) {
+      const double unused = 1 - active / util;
+      const double gpu_ns_per_launch = busy * b.window_ns / b.launches;
+      const std::string evidence = fmt::format(
+          "NVML counted the GPU busy {} of the time, yet its SMs had work {} of it (GPM): {} of the SMs idle while "
+          "kernels ran; {:.0f} launches a step, {:.0f} µs of GPU time each",
+          pct(util), pct(active), pct(unused), b.launches / b.steps, gpu_ns_per_launch / 1e3);
+      if (launch_limited)
+        add_share("launch_bound", "The GPU waits for kernels to be launched: they are shorter than their launch",
+                  busy * unused,
+                  evidence + fmt::format("; the threads that feed the GPU ran {} of the step at {:.0f} µs of host "
+                                         "time a launch: the host launches no faster than the GPU runs them",
+                                         pct(own_work / b.window_ns), own_work / b.launches / 1e3),
+                  "Give each kernel more work: a bigger batch (or more requests at once); fewer, fused kernels "
+                  "(torch.compile); or capture the step in a CUDA graph (torch.compile(mode=\"reduce-overhead\"), "
+                  "torch.cuda.graphs)",
+                  "high");
+      else
+        add_share("small_kernels", "The GPU's kernels are too small to fill it", busy * unused, evidence,
+                  "Give each kernel more work: a bigger batch (or more requests at once); fewer, fused kernels "
+                  "(torch.compile); independent work on several CUDA streams",
+                  unused >= 0.7 ? "high" : "medium");
     }
   }
   if (b.clock_n >= 3 && b.max_clock_mhz > 0) {
@@ -390,14 +435,20 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
                     gpu_idle_note),
         "Remove the sleep (or the polling loop that sleeps) from the training loop", "high");
     const std::string doing = kernel_doing(b.kernel_in);
-    add("host_kernel", "The thread that feeds the GPU works in the kernel", kernel,
+    // On a CPU, in the kernel or in its own code, the thread may or may not hold the GPU up: the
+    // GPU's idle time goes to its time in the kernel as that is a part of all it ran (a clean
+    // loop in the kernel a fifth of its busy time is not why the GPU idles the 5% it does).
+    const double host_busy = kernel + own_work;
+    const double kernel_idle = host_busy > 0 ? host_idle * kernel / host_busy * b.window_ns : 0;
+    add("host_kernel", "The thread that feeds the GPU works in the kernel", std::min(kernel, kernel_idle),
         fmt::format("on a CPU in the kernel{} {} a step ({} of the step){}{}",
                     doing.empty() ? " (system calls, page faults)" : "", ms(kernel / b.steps),
                     pct(kernel / b.window_ns), doing, gpu_idle_note),
         "Make fewer, larger system calls (read in bigger chunks, or map the file), and keep page faults out of the "
         "loop (allocate and touch buffers once); `perf trace -s -p PID` counts the calls",
         "medium");
-    sys_explained = kernel_time(b);
+    // What host_kernel did not take is left to the thread's own work (below).
+    sys_explained = kernel_time(b) - kernel + std::min(kernel, kernel_idle);
   }
   add("pageable_copies", "Copies between the GPU and pageable host memory", b.in_pageable_copy,
       fmt::format("{:.1f} copies a step from or to pageable memory ({:.1f} MB a step) took {} a step ({} of the "
@@ -414,12 +465,6 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
   // Kernel time is explained above (with what it served, or as host_kernel): not the thread's own work.
   const double blocked =
       b.runnable + b.io + b.lock + b.fd + b.sleep + b.reclaim + b.net_softirq + storm_extra(b) + sys_explained;
-  // Its own work: on a CPU outside CUDA calls, plus what launching costs (a launch that waits for
-  // a full queue is the GPU's doing, not the host's).
-  // Handed off, the work went on in another of its launching threads (autograd's backward pass):
-  // that thread's running is the host's work too.
-  const double own_work = std::max(0.0, b.on_cpu - b.net_softirq - storm_extra(b) - kernel_time(b) - b.in_cuda) +
-                          std::min(b.in_launch, b.launches * kLaunchNs) + b.handoff;
   const double residual = std::min({std::max(0.0, host_idle - blocked / b.window_ns - b.in_pageable_copy / b.window_ns),
                                     own_work / b.window_ns, b.gpu_known ? b.host_late / b.window_ns : 1.0});
   if (b.syncs >= b.steps && b.in_sync / b.window_ns >= kMinShare) {
@@ -441,7 +486,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
   }
   if (b.launches <= 0 || own_work / b.window_ns < 0.5) return;
   const double per_launch = own_work / b.launches;
-  if (per_launch <= kLaunchBoundNsPerLaunch)
+  if (launch_limited)
     add_share("launch_bound", "The GPU waits for kernels to be launched: they are shorter than their launch",
               residual,
               fmt::format("{:.0f} launches a step at {:.0f} µs of host time each; the threads that feed the GPU ran "

@@ -38,6 +38,7 @@ json breakdown_json(const Breakdown& b) {
     // HTA's split of the idle time: launched after the GPU had run out of work.
     if (b.gpu_known) j["gpu_idle_host_late_share"] = b.host_late / b.window_ns;
   }
+  if (b.sm_active_n > 0) j["gpu_sm_active_share"] = b.sm_active / b.sm_active_n;
   if (b.sm_n > 0) j["gpu_sm_share"] = {{"own", b.own_sm / b.sm_n}, {"others", b.other_sm / b.sm_n}};
   if (b.pcie_n > 0) j["pcie_gb_per_s"] = b.pcie_bytes_per_s / b.pcie_n / 1e9;
   return j;
@@ -106,9 +107,13 @@ std::string render_text(const json& doc) {
               ? fmt::format("; gpuscope's probes added {:.2f} ms", b.at("cuda_ms").at("gpuscope_probes").get<double>())
               : "");
       if (b.contains("gpu_busy_share"))
-        out += fmt::format("The GPU was busy {:.0f}% of the steps ({}); {:.0f} launches a step\n",
+        out += fmt::format("The GPU was busy {:.0f}% of the steps ({}){}; {:.0f} launches a step\n",
                            b.at("gpu_busy_share").get<double>() * 100,
                            b.at("gpu_busy_from") == "nvml" ? "NVML's utilisation" : "kernel times",
+                           b.contains("gpu_sm_active_share")
+                               ? fmt::format(", its SMs active {:.0f}% (GPM)",
+                                             b.at("gpu_sm_active_share").get<double>() * 100)
+                               : "",
                            b.at("launches_per_step").get<double>());
     }
     int rank = 0;

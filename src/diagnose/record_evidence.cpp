@@ -56,9 +56,12 @@ std::optional<uint32_t> process_gpu(store::Db& db, uint32_t pid, const ProcessNa
 }
 
 void read_nvml(store::Db& db, uint32_t gpu, ProcessEvidence& e) {
-  auto q = db.prepare(
-      "SELECT ts_ns, gpu_util, sm_clock_mhz, throttle_reasons, pcie_tx_kbs, pcie_rx_kbs FROM gpu_samples WHERE "
-      "gpu = ?1 ORDER BY ts_ns");
+  // GPM's SM activity: in records made since it was added.
+  const bool gpm = db.has_column("gpu_samples", "sm_active");
+  auto q = db.prepare(fmt::format(
+      "SELECT ts_ns, gpu_util, sm_clock_mhz, throttle_reasons, pcie_tx_kbs, pcie_rx_kbs, {} FROM gpu_samples WHERE "
+      "gpu = ?1 ORDER BY ts_ns",
+      gpm ? "sm_active" : "NULL"));
   q.bind(1, int64_t(gpu));
   while (q.step()) {
     GpuReading r;
@@ -67,6 +70,7 @@ void read_nvml(store::Db& db, uint32_t gpu, ProcessEvidence& e) {
     if (!q.is_null(2)) r.sm_clock_mhz = double(q.i64(2));
     if (!q.is_null(3)) r.throttle_reasons = uint64_t(q.i64(3));
     if (!q.is_null(4) && !q.is_null(5)) r.pcie_bytes_per_s = double(q.i64(4) + q.i64(5)) * 1024;
+    if (!q.is_null(6)) r.sm_active = q.f64(6) / 100;
     e.gpu.push_back(r);
   }
   if (db.has_table("gpu_events")) {

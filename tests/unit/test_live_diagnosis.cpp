@@ -220,12 +220,13 @@ void feed_launch_loop(agent::LiveDiagnosis& live, uint64_t from_ns) {
 }  // namespace
 
 TEST(LiveDiagnosis, GpuIdleTimeTheProbesAccountForIsNoFinding) {
-  // Without the probes' cost known, the GPU's idle 15% is the job's doing (its time in the kernel).
+  // Without the probes' cost known, the GPU's idle 15% is the job's doing (its launching, and a
+  // part of that in proportion, its time in the kernel).
   agent::LiveDiagnosis unknown({});
   const uint64_t t0 = 1'000'000'000;
   feed_launch_loop(unknown, t0);
   unknown.tick(t0 + 3'000'000'000);
-  EXPECT_EQ(causes(unknown), std::vector<std::string>{"host_kernel"});
+  EXPECT_EQ(causes(unknown), std::vector<std::string>{"launch_bound"});
   // Two probed calls a launch at 8 µs each add 1.6 ms to a 10 ms step: the idle time is theirs,
   // and so is the system time they were counted in.
   agent::LiveDiagnosis known({});

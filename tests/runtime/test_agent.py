@@ -99,7 +99,8 @@ def one(result):
 
 def test_prometheus_scrapes_calls_gpus_and_health(agent, prometheus):
     # Budget 1: every call observed, so the counts are exact.
-    a = agent("budget: 1\ngpu_sample_hz: 5\ninterval: 2s\n", env={"LD_LIBRARY_PATH": str(FAKE_NVML)}, args=("-v",))
+    a = agent("budget: 1\ngpu_sample_hz: 5\ninterval: 2s\ngpu_process_sample_interval: 1s\n",
+              env={"LD_LIBRARY_PATH": str(FAKE_NVML)}, args=("-v",))
     prom = prometheus(a.url.removeprefix("http://"))
     prom.wait_for('gpuscope_agent_budget_ratio')
     run = cuda_ops("--iterations", 3)
@@ -135,6 +136,11 @@ def test_prometheus_scrapes_calls_gpus_and_health(agent, prometheus):
     assert one(prom.query(f'gpuscope_gpu_power_watts{gpu1}')) == 200
     assert one(prom.query(f'gpuscope_gpu_sm_clock_hertz{gpu1}')) == 1980e6
     assert one(prom.query(f'gpuscope_gpu_memory_total_bytes{gpu1}')) == 80 * 1024 * MiB
+    # GPM's gauges: GPU 0 has GPM, GPU 1 not.
+    gpu0 = '{gpu="0"}'
+    assert one(prom.wait_for(f'gpuscope_gpu_sm_active_ratio{gpu0}')) == 0.3
+    assert one(prom.query(f'gpuscope_gpu_dram_active_ratio{gpu0}')) == 0.25
+    assert not prom.query(f'gpuscope_gpu_sm_active_ratio{gpu1}')
 
     # The agent's own health.
     assert one(prom.query('gpuscope_agent_resident_memory_bytes')) > 0

@@ -36,16 +36,16 @@ def fake_nvml():
 
 
 def test_samples_processes_and_events_are_recorded(record, gpuscope, fake_nvml):
-    rec = record("--gpu-sample-hz", 50, "--", TARGETS / "busy_loop", 1, env=fake_nvml)
+    rec = record("--gpu-sample-hz", 50, "--", TARGETS / "busy_loop", 1.5, env=fake_nvml)
     assert rec.returncode == 0, rec.stderr
     assert "GPU metrics are off" not in rec.stderr
     assert rec.scalar("SELECT value FROM meta WHERE key = 'gpu_metrics'") == "nvml, driver fake-1.0"
     assert rec.query("SELECT idx, uuid, name, memory_total, power_limit_mw FROM gpus ORDER BY idx") == [
         (0, "GPU-fake-0", "Fake GPU 0", 80 << 30, 700000), (1, "GPU-fake-1", "Fake GPU 1", 80 << 30, 700000)]
-    # About a second at 50 Hz, each tick reading both GPUs.
+    # About 1.5 s at 50 Hz, each tick reading both GPUs.
     for gpu in (0, 1):
         n = rec.scalar("SELECT count(*) FROM gpu_samples WHERE gpu = ?", gpu)
-        assert 30 <= n <= 70, n
+        assert 50 <= n <= 100, n
     row = rec.query("SELECT gpu_util, mem_util, mem_used, power_mw, temperature_c, sm_clock_mhz, mem_clock_mhz, "
                     "throttle_reasons, pcie_tx_kbs, pcie_rx_kbs, ecc_corrected FROM gpu_samples WHERE gpu = 1 LIMIT 1")
     # GPU 1 has no PCIe counters and neither GPU has ECC: NULL, not zero.
@@ -56,6 +56,10 @@ def test_samples_processes_and_events_are_recorded(record, gpuscope, fake_nvml):
     assert rec.query("SELECT DISTINCT gpu, pid, sm_util, used_memory FROM gpu_process_samples") == [
         (0, pid, 35, 512 << 20)]
     assert rec.query("SELECT gpu, kind, value FROM gpu_events") == [(0, "xid", 79)]
+    # GPM (GPU 0 only), read on the slow ticks (once a second) from the second on.
+    assert rec.query("SELECT DISTINCT sm_active, sm_occupancy, tensor_active, dram_active FROM gpu_samples "
+                     "WHERE gpu = 0 AND sm_active IS NOT NULL") == [(30.0, 15.0, 5.0, 25.0)]
+    assert rec.scalar("SELECT count(sm_active) FROM gpu_samples WHERE gpu = 1") == 0
 
     doc = json.loads(gpuscope("report", "--json", rec.path).stdout)["gpus"]
     g0, g1 = doc["devices"]
@@ -67,6 +71,7 @@ def test_samples_processes_and_events_are_recorded(record, gpuscope, fake_nvml):
     assert "clocks held back by: sw_power_cap 100%" in text
     assert "XID 79 at" in text
     assert f"PID {pid} busy_loop: SM 35% mean, 35% max; memory 512.00 MiB max" in text
+    assert "SMs active 30% mean (occupancy 15%), tensor cores 5%, DRAM bandwidth 25% (GPM; utilisation 40%" in text
 
 
 def test_gpu_sampling_can_be_turned_off(record, fake_nvml):

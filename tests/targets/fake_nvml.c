@@ -140,3 +140,42 @@ nvmlReturn_t nvmlEventSetWait_v2(void *set, event_t *e, unsigned int ms)
 	e->data = xid;
 	return OK;
 }
+
+/* GPM on GPU 0 only: SMs active 30%, occupancy 15%, tensor cores 5%, DRAM bandwidth 25%. */
+typedef struct { unsigned int version, isSupportedDevice; } gpm_support_t;
+typedef struct { unsigned int metricId; nvmlReturn_t nvmlReturn; double value; char *names[3]; } gpm_metric_t;
+typedef struct { unsigned int version, numMetrics; void *sample1, *sample2; gpm_metric_t metrics[]; } gpm_get_t;
+static int gpm_samples[2], gpm_taken[2];
+nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t d, gpm_support_t *s)
+{
+	if (s->version != 1) return INVALID;
+	s->isSupportedDevice = index_of(d) == 0;
+	return OK;
+}
+nvmlReturn_t nvmlGpmSampleAlloc(void **s)
+{
+	static int next;
+	if (next > 1) return INVALID;
+	*s = &gpm_samples[next++];
+	return OK;
+}
+nvmlReturn_t nvmlGpmSampleFree(void *s) { (void)s; return OK; }
+nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t d, void *s)
+{
+	if (index_of(d) != 0) return NOT_SUPPORTED;
+	gpm_taken[(int *)s - gpm_samples] = 1;
+	return OK;
+}
+nvmlReturn_t nvmlGpmMetricsGet(gpm_get_t *g)
+{
+	if (g->version != 1 || g->sample1 == g->sample2 || !gpm_taken[(int *)g->sample1 - gpm_samples] ||
+	    !gpm_taken[(int *)g->sample2 - gpm_samples])
+		return INVALID;
+	for (unsigned int i = 0; i < g->numMetrics; ++i) {
+		const unsigned int id = g->metrics[i].metricId;
+		g->metrics[i].nvmlReturn = OK;
+		g->metrics[i].value = id == 2 ? 30 : id == 3 ? 15 : id == 5 ? 5 : id == 10 ? 25 : -1;
+		if (g->metrics[i].value < 0) g->metrics[i].nvmlReturn = NOT_SUPPORTED;
+	}
+	return OK;
+}

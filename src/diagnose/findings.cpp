@@ -333,7 +333,11 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
     // Its I/O is reading back what the page cache just evicted: the cache is too small for the data.
     const double refaults = std::max(cg.refault_bytes_per_s, b.host_pressure.refault_bytes_per_s);
     const Pressure& refaulting = cg.refault_bytes_per_s >= b.host_pressure.refault_bytes_per_s ? cg : b.host_pressure;
-    const bool rereads = b.io / b.window_ns >= kMinShare && refaults >= kRefaultBytesPerS;
+    // Or it reads them back on a CPU, in the kernel (a fast disk, readahead: little I/O wait), while
+    // its own cgroup evicts what it reads; the host's refaults may be any job's, so not those.
+    const bool rereads =
+        (b.io / b.window_ns >= kMinShare && refaults >= kRefaultBytesPerS) ||
+        (kernel_time(b) / b.window_ns >= kMinShare && cg.refault_bytes_per_s >= kRefaultBytesPerS);
     const bool memory = b.reclaim / b.window_ns >= kMinShare || mem_psi.memory_full >= kMinShare || rereads;
     const std::string psi =
         mem_psi.memory_some >= 0

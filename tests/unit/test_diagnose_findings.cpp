@@ -461,14 +461,16 @@ TEST(DiagnoseFindings, AGpuIdleWithItsWorkQueuedIsNotTheHostsDoing) {
 
 namespace {
 
-// 3 ms a step blocked in I/O reading a file; the job's cgroup reads back `refault_mb_per_s` of file
-// pages it had evicted.
-std::vector<std::string> causes_of_reads(const std::string& name, uint64_t refault_mb_per_s) {
+// `io_ns` a step blocked in I/O reading a file, and `sys_ns` on a CPU in the kernel; the job's
+// cgroup reads back `refault_mb_per_s` of file pages it had evicted.
+std::vector<std::string> causes_of_reads(const std::string& name, uint64_t refault_mb_per_s,
+                                         uint64_t io_ns = 3'000'000, uint64_t sys_ns = 0) {
   CraftedRun r(name);
   r.steps(4);
-  r.windows_where([](store::ThreadTimeRow& row) {
-    row.on_cpu_ns = kStepNs - 3'000'000;
-    row.io_ns = row.blocked_ns = 3'000'000;
+  r.windows_where([&](store::ThreadTimeRow& row) {
+    row.on_cpu_ns = kStepNs - io_ns;
+    row.sys_ns = sys_ns;
+    row.io_ns = row.blocked_ns = io_ns;
     row.blocked_syscall = "pread64";
   });
   r.cgroup_readings([&](host::PressureReading& p, uint64_t k) {
@@ -486,6 +488,14 @@ TEST(DiagnoseFindings, ReadsOfPagesTheCacheJustEvictedAreMemoryPressure) {
   EXPECT_EQ(causes_of_reads("refaults", 800), std::vector<std::string>{"memory_pressure"});
   // The same reads of pages never cached before: the disk's.
   EXPECT_EQ(causes_of_reads("cold_reads", 0), std::vector<std::string>{"io_wait"});
+  // Read back on a CPU in the kernel (3 ms a step), hardly waiting for the disk: the training
+  // step under a memory limit on the H100 (session 29), named launch_bound before.
+  auto c = causes_of_reads("refaults_in_kernel", 800, 200'000, 3'000'000);
+  ASSERT_FALSE(c.empty());
+  EXPECT_EQ(c.front(), "memory_pressure");
+  c = causes_of_reads("kernel_no_refaults", 0, 200'000, 3'000'000);
+  ASSERT_FALSE(c.empty());
+  EXPECT_EQ(c.front(), "host_kernel");
 }
 
 TEST(DiagnoseFindings, LaunchesSplitBetweenTheMainAndAutogradThreadsAreLaunchBound) {

@@ -330,11 +330,14 @@ void Aggregator::add_gpu_batch(const gpu::NvmlSampler::Batch& b) {
   std::lock_guard lock(mu_);
   for (const auto& s : b.samples) {
     auto& gpu = gpus_[s.device].sample;
-    // PCIe throughput is read on slow ticks only: the last reading stands until the next.
-    auto tx = gpu.pcie_tx_kbs, rx = gpu.pcie_rx_kbs;
+    // PCIe throughput and GPM are read on slow ticks only: the last reading stands until the next.
+    const auto last = gpu;
     gpu = s;
-    if (!gpu.pcie_tx_kbs) gpu.pcie_tx_kbs = tx;
-    if (!gpu.pcie_rx_kbs) gpu.pcie_rx_kbs = rx;
+    for (auto field : {&gpu::GpuSample::pcie_tx_kbs, &gpu::GpuSample::pcie_rx_kbs})
+      if (!(gpu.*field)) gpu.*field = last.*field;
+    for (auto field : {&gpu::GpuSample::sm_active, &gpu::GpuSample::sm_occupancy, &gpu::GpuSample::tensor_active,
+                       &gpu::GpuSample::dram_active})
+      if (!(gpu.*field)) gpu.*field = last.*field;
   }
   for (const auto& s : b.processes) gpu_processes_[{s.device, s.pid}] = s;
   for (const auto& e : b.events)

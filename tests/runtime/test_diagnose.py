@@ -250,13 +250,18 @@ def test_agent_finds_a_cpu_hog_live(agent):
         # Clean, from the first analysis on: no cause explains a tenth of its steps in nearly every
         # analysis (a thread that ran on after being preempted was once taken as waiting all along:
         # a third of a step in every one). Polls that saw the same analysis count once.
-        quiet_until = time.time() + 5
-        while time.time() < quiet_until:
+        # 5 s at least, and until 3 analyses are not the kernel workers' (on CI once, a kworker
+        # held the loop's CPU for 4 s after the test before), 20 s at most.
+        quiet_from = time.time()
+
+        def clean_analyses():
+            return [h for h in {h[1:]: h for h in history if h[1]}.values() if not kernel_workers(h[1:])]
+        while time.time() < quiet_from + 5 or (len(clean_analyses()) < 3 and time.time() < quiet_from + 20):
             a.wait_for(lambda m: seen(m)[0], timeout=10, what="the loop's steps")
             if history[-1][3] >= 0.1 and history[-1][1:] not in said:
                 said[history[-1][1:]] = findings()
             time.sleep(0.5)
-        clean = [h for h in {h[1:]: h for h in history if h[1]}.values() if not kernel_workers(h[1:])]
+        clean = clean_analyses()
         assert len(clean) >= 2 and sum(h[3] < 0.1 for h in clean) >= 0.75 * len(clean), \
             f"(seconds, step, cpu_contention, top finding): {history}; findings: {said}"
         # Two hogs: the loop gets a third of its CPU, runnable two thirds of the time.

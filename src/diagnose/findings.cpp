@@ -206,7 +206,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
       const double gpu_ns_per_launch = busy * b.window_ns / b.launches;
       const std::string evidence = fmt::format(
           "NVML counted the GPU busy {} of the time, yet its SMs had work {} of it (GPM): {} of the SMs idle while "
-          "kernels ran; {:.0f} launches a step, {:.0f} µs of GPU time each",
+          "kernels ran; {:.0f} launches a step, {:.0f} µs of busy GPU time each",
           pct(util), pct(active), pct(unused), b.launches / b.steps, gpu_ns_per_launch / 1e3);
       if (launch_limited)
         add_share("launch_bound", "The GPU waits for kernels to be launched: they are shorter than their launch",
@@ -445,9 +445,14 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
     const double host_busy = kernel + own_work;
     const double kernel_idle = host_busy > 0 ? host_idle * kernel / host_busy * b.window_ns : 0;
     add("host_kernel", "The thread that feeds the GPU works in the kernel", std::min(kernel, kernel_idle),
-        fmt::format("on a CPU in the kernel{} {} a step ({} of the step){}{}",
+        fmt::format("on a CPU in the kernel{} {} a step ({} of the step){}{}{}",
                     doing.empty() ? " (system calls, page faults)" : "", ms(kernel / b.steps),
-                    pct(kernel / b.window_ns), doing, gpu_idle_note),
+                    pct(kernel / b.window_ns), doing, gpu_idle_note,
+                    kernel_idle < kernel && gpu_view
+                        ? fmt::format(", of which this explains the part its time in the kernel is of all it ran for "
+                                      "the GPU (its own work {} a step)",
+                                      ms(own_work / b.steps))
+                        : ""),
         "Make fewer, larger system calls (read in bigger chunks, or map the file), and keep page faults out of the "
         "loop (allocate and touch buffers once); `perf trace -s -p PID` counts the calls",
         "medium");

@@ -141,6 +141,10 @@ class Agent {
   // names the last one then.
   bool profiles_wanted(uint64_t now_ns, const AgentConfig& c) const;
   void profiles_asked();
+  // Makes `window` the last one (named, or kept unnamed in the aggregator); returns the one before,
+  // for the caller to free once the lock is let go (its stacks are large). Takes mu_.
+  std::shared_ptr<const std::vector<ProcessProfile>> replace_profiles(
+      std::shared_ptr<const std::vector<ProcessProfile>> window, bool named);
   static constexpr uint64_t kProfileAskedNs = 300'000'000'000ull;
   void update_health();
   void enforce_memory_limit();
@@ -419,23 +423,25 @@ void Agent::profiles_asked() {
   // Kept unnamed while nobody asked: the last window, named now.
   auto named = agg_->name_unnamed();
   if (named) ++windows_named_on_request_;
-  const auto taken = std::make_shared<const std::vector<ProcessProfile>>(named ? std::move(*named)
-                                                                               : std::vector<ProcessProfile>());
-  std::shared_ptr<const std::vector<ProcessProfile>> last;
+  replace_profiles(std::make_shared<const std::vector<ProcessProfile>>(named ? std::move(*named)
+                                                                             : std::vector<ProcessProfile>()),
+                   true);
+}
+
+std::shared_ptr<const std::vector<ProcessProfile>> Agent::replace_profiles(
+    std::shared_ptr<const std::vector<ProcessProfile>> window, bool named) {
   std::lock_guard lock(mu_);
-  last = std::exchange(profiles_, taken);
-  profiles_named_ = true;
+  profiles_named_ = named;
+  return std::exchange(profiles_, std::move(window));
 }
 
 void Agent::take_and_push_profiles() {
   const auto taken = std::make_shared<const std::vector<ProcessProfile>>(agg_->take_profiles());
   const auto& profiles = *taken;
+  replace_profiles(taken, true);
   PushTarget target;
-  std::shared_ptr<const std::vector<ProcessProfile>> last;  // freed after the lock is let go
   {
     std::lock_guard lock(mu_);
-    last = std::exchange(profiles_, taken);
-    profiles_named_ = true;
     target = cfg_.pyroscope;
   }
   if (target.url.empty()) return;
@@ -489,12 +495,7 @@ void Agent::exporter_loop() {
           ++windows_named_;
         } else {
           // Marked first: a request from here on names the window kept last (this one, once kept).
-          auto none = std::make_shared<const std::vector<ProcessProfile>>();
-          {
-            std::lock_guard l(mu_);
-            none = std::exchange(profiles_, none);
-            profiles_named_ = false;
-          }
+          replace_profiles(std::make_shared<const std::vector<ProcessProfile>>(), false);
           agg_->take_profiles(Aggregator::Take::Kept);
           ++windows_kept_;
         }

@@ -121,7 +121,7 @@ class Aggregator final : public store::EventSink {
   // until name_unnamed() or the next take; or dropped (the memory limit).
   enum class Take { Named, Kept, Dropped };
   std::vector<ProcessProfile> take_profiles(Take how = Take::Named);
-  // The window the last take_profiles(false) kept, named now; nullopt if there is none.
+  // The window the last take_profiles(Take::Kept) kept, named now; nullopt if there is none.
   std::optional<std::vector<ProcessProfile>> name_unnamed();
 
   struct Shed {

@@ -1,0 +1,571 @@
+// libgpuscope_launches.so: preloaded (LD_PRELOAD) into a program that `gpuscope record` starts, it
+// collects the program's kernel and graph launches without a trap each (issue 33). Every launch
+// of a CUDA program reaches the driver's entry points (cuLaunchKernel and its kin) through a
+// pointer: the runtime, cuBLAS and cuDNN (each with its own copy of the runtime) and PyTorch's
+// driver calls get theirs from cuGetProcAddress, which they find with dlsym on libcuda.so.1. This
+// library interposes dlsym, hands out its own cuGetProcAddress, and that hands out wrappers of the
+// launch entry points; programs that call the driver by symbol reach the wrappers exported here.
+// Each wrapper calls the driver and writes one 64-byte record into a ring in shared memory
+// (inject/launch_ring.h) that gpuscope drains: no system call, no lock.
+//
+// It must never break or block the program: anything it cannot do (no ring directory, a full
+// ring, a lookup it does not know) leaves the call as it was, counted.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "inject/launch_ring.h"
+
+// The C library's dlsym (this library defines its own, below).
+extern "C" {
+__attribute__((visibility("hidden"))) void* (*gs_launches_real_dlsym)(void*, const char*) = nullptr;
+}
+
+namespace {
+
+// The driver's ABI, as cuda.h declares it (its macros rename entry points; these do not).
+using CUresult = int;
+using CUfunction = void*;
+using CUstream = void*;
+using CUgraphExec = void*;
+struct CUlaunchConfig {
+  unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+  CUstream hStream;
+  void* attrs;
+  unsigned numAttrs;
+};
+using LaunchKernelFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                    CUstream, void**, void**);
+using LaunchKernelExFn = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+using LaunchCooperativeFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                         unsigned, CUstream, void**);
+using GraphLaunchFn = CUresult (*)(CUgraphExec, CUstream);
+using GetProcAddressV2Fn = CUresult (*)(const char*, void**, int, uint64_t, int*);
+using GetProcAddressFn = CUresult (*)(const char*, void**, int, uint64_t);
+using DlsymFn = void* (*)(void*, const char*);
+
+constexpr CUresult kNotFound = 500;  // CUDA_ERROR_NOT_FOUND
+
+// ---- the ring ----
+
+struct Ring {
+  gs_launch_ring_header* header = nullptr;
+  gs_launch_record* slots = nullptr;
+  uint64_t mask = 0;
+  size_t bytes = 0;
+  int fd = -1;
+};
+Ring g_ring;
+// 0: not tried, 1: being made, 2: ready, 3: none (no directory, or it failed: calls go on unrecorded).
+std::atomic<int> g_ring_state{0};
+std::atomic<uint64_t> g_unrecorded{0};  // launches while there was no ring
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+}
+
+// initial-exec: a preloaded library has static TLS, and its reads need no call.
+__attribute__((tls_model("initial-exec"))) thread_local uint32_t t_tid = 0;
+uint32_t thread_id() {
+  if (!t_tid) t_tid = uint32_t(syscall(SYS_gettid));
+  return t_tid;
+}
+
+uint32_t ring_slots() {
+  uint32_t slots = GS_LAUNCH_RING_SLOTS_DEFAULT;
+  if (const char* s = std::getenv("GPUSCOPE_LAUNCH_RING_SLOTS")) {
+    const unsigned long v = std::strtoul(s, nullptr, 10);
+    if (v >= 64 && v <= (1ul << 24) && (v & (v - 1)) == 0) slots = uint32_t(v);
+  }
+  return slots;
+}
+
+// The ring is a sealed memfd (its size can never change under gpuscope's mapping), announced by
+// a file in the ring directory naming the process and the descriptor: gpuscope opens
+// /proc/PID/fd/FD and maps it.
+void make_ring() {
+  const char* dir = std::getenv(GS_LAUNCH_RING_ENV);
+  if (!dir || !*dir) {
+    g_ring_state.store(3, std::memory_order_release);
+    return;
+  }
+  auto fail = [&](const char* what) {
+    std::fprintf(stderr, "gpuscope: could not make the launch ring (%s: %s): this process's launches go unrecorded\n",
+                 what, std::strerror(errno));
+    g_ring_state.store(3, std::memory_order_release);
+  };
+  const uint32_t slots = ring_slots();
+  const size_t bytes = sizeof(gs_launch_ring_header) + size_t(slots) * sizeof(gs_launch_record);
+  const int fd = memfd_create("gpuscope-launches", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return fail("memfd_create");
+  void* mem = MAP_FAILED;
+  if (ftruncate(fd, off_t(bytes)) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+      (mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0)) == MAP_FAILED) {
+    close(fd);
+    return fail("memfd");
+  }
+  const pid_t pid = getpid();
+  auto* h = static_cast<gs_launch_ring_header*>(mem);
+  std::memcpy(h->magic, GS_LAUNCH_RING_MAGIC, sizeof h->magic);
+  h->version = GS_LAUNCH_RING_VERSION;
+  h->record_size = sizeof(gs_launch_record);
+  h->slots = slots;
+  h->pid = uint32_t(pid);
+  h->created_ns = now_ns();
+  // Written under a temporary name and renamed once whole.
+  char path[4096], tmp[4096 + 8], text[64];
+  std::snprintf(path, sizeof path, "%s/launches-%d", dir, int(pid));
+  std::snprintf(tmp, sizeof tmp, "%s.new", path);
+  const int n = std::snprintf(text, sizeof text, "%d %d\n", int(pid), fd);
+  const int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const bool told = out >= 0 && ::write(out, text, size_t(n)) == n;
+  if (out >= 0) close(out);
+  if (!told || rename(tmp, path) != 0) {
+    unlink(tmp);
+    munmap(mem, bytes);
+    close(fd);
+    return fail(path);
+  }
+  g_ring = {h, reinterpret_cast<gs_launch_record*>(h + 1), uint64_t(slots) - 1, bytes, fd};
+  g_ring_state.store(2, std::memory_order_release);
+  // Launches that came while it was being made (a thread that waited too long) count as lost.
+  __atomic_fetch_add(&h->lost, g_unrecorded.exchange(0), __ATOMIC_RELAXED);
+}
+
+// The ring, made at the first launch of this process (a process that never launches has none).
+gs_launch_ring_header* ring() {
+  int s = g_ring_state.load(std::memory_order_acquire);
+  if (s == 2) return g_ring.header;
+  if (s == 0 && g_ring_state.compare_exchange_strong(s, 1, std::memory_order_acq_rel)) {
+    make_ring();
+    s = g_ring_state.load(std::memory_order_acquire);
+  }
+  // Another thread is making it (a few system calls): waited for, a little.
+  for (int i = 0; s == 1 && i < 10000; ++i) {
+    sched_yield();
+    s = g_ring_state.load(std::memory_order_acquire);
+  }
+  return s == 2 ? g_ring.header : nullptr;
+}
+
+// A forked child writes into a ring of its own, made at its first launch; the parent's stays the
+// parent's. Only the forking thread lives on in the child.
+void after_fork_in_child() {
+  if (g_ring_state.load() == 2) {
+    munmap(g_ring.header, g_ring.bytes);
+    close(g_ring.fd);
+  }
+  g_ring = {};
+  g_ring_state.store(0);
+  t_tid = 0;
+}
+
+struct Launch {
+  uint16_t api;
+  uint16_t flags;
+  uint64_t ts_ns, end_ns;
+  void* function;
+  CUstream stream;
+  unsigned grid[3], block[3], shared_mem;
+  CUresult result;
+};
+
+uint16_t clamp16(unsigned v) { return v > 0xffff ? 0xffff : uint16_t(v); }
+
+void write(const Launch& l) {
+  gs_launch_ring_header* h = ring();
+  if (!h) {
+    g_unrecorded.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  uint64_t pos = __atomic_load_n(&h->head, __ATOMIC_RELAXED);
+  do {
+    // Signed: a `pos` read before the reader moved the tail past it is behind the tail, not full
+    // (the compare-and-swap then fails and reads the head again).
+    if (int64_t(pos - __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE)) >= int64_t(h->slots)) {
+      __atomic_fetch_add(&h->lost, 1, __ATOMIC_RELAXED);
+      return;
+    }
+  } while (!__atomic_compare_exchange_n(&h->head, &pos, pos + 1, true, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
+  gs_launch_record& r = g_ring.slots[pos & g_ring.mask];
+  r.ts_ns = l.ts_ns;
+  r.function = uint64_t(l.function);
+  r.stream = uint64_t(l.stream);
+  r.tid = thread_id();
+  r.grid_x = l.grid[0];
+  r.grid_y = clamp16(l.grid[1]);
+  r.grid_z = clamp16(l.grid[2]);
+  r.block_x = clamp16(l.block[0]);
+  r.block_y = clamp16(l.block[1]);
+  r.block_z = clamp16(l.block[2]);
+  r.api = l.api;
+  r.shared_mem = l.shared_mem;
+  const uint64_t d = l.end_ns - l.ts_ns;
+  r.duration_ns = d > 0xffffffffull ? 0xffffffffu : uint32_t(d);
+  r.result = uint16_t(l.result);
+  r.flags = l.flags;
+  __atomic_store_n(&r.seq, pos + 1, __ATOMIC_RELEASE);
+}
+
+// ---- the driver's entry points ----
+
+void* g_libcuda = nullptr;
+
+// Each hooked entry point's real address and variants. A wrapper serves one real address; up to
+// kSlots addresses per entry point (cuGetProcAddress may hand out a version per CUDA version asked).
+constexpr int kSlots = 4;
+struct Hook {
+  const char* symbol;        // as cuGetProcAddress is asked for it
+  uint16_t api, api_ptsz;    // gs_launch_api of the legacy-stream and per-thread variants
+  void* wrappers[kSlots];    // filled below
+  std::atomic<void*> real[kSlots];
+  void* ptsz_address;        // libcuda's exported _ptsz variant, to tell which one a pointer is
+  bool ptsz_known;
+};
+
+Hook g_hooks[] = {
+    {"cuLaunchKernel", GS_LAUNCH_CU_LAUNCH_KERNEL, GS_LAUNCH_CU_LAUNCH_KERNEL_PTSZ, {}, {}, nullptr, false},
+    {"cuLaunchKernelEx", GS_LAUNCH_CU_LAUNCH_KERNEL_EX, GS_LAUNCH_CU_LAUNCH_KERNEL_EX_PTSZ, {}, {}, nullptr, false},
+    {"cuLaunchCooperativeKernel", GS_LAUNCH_CU_LAUNCH_COOPERATIVE_KERNEL, GS_LAUNCH_CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ,
+     {}, {}, nullptr, false},
+    {"cuGraphLaunch", GS_LAUNCH_CU_GRAPH_LAUNCH, GS_LAUNCH_CU_GRAPH_LAUNCH_PTSZ, {}, {}, nullptr, false},
+};
+constexpr int kLaunchKernel = 0, kLaunchKernelEx = 1, kLaunchCooperative = 2, kGraphLaunch = 3;
+constexpr int kHooks = sizeof(g_hooks) / sizeof(g_hooks[0]);
+
+// The api a pointer of hook `h` stands for: its per-thread variant when it is libcuda's _ptsz.
+uint16_t api_of(int h, void* real) {
+  const Hook& k = g_hooks[h];
+  return k.ptsz_known && real == k.ptsz_address ? k.api_ptsz : k.api;
+}
+
+// The launch, timed, then written. `real`: the driver's entry point.
+CUresult launch_kernel(void* real, uint16_t api, uint16_t via, CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                       unsigned bx, unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) {
+  if (!real) return kNotFound;
+  const uint64_t t0 = now_ns();
+  const CUresult r = reinterpret_cast<LaunchKernelFn>(real)(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+  write({api, via, t0, now_ns(), f, s, {gx, gy, gz}, {bx, by, bz}, shmem, r});
+  return r;
+}
+CUresult launch_kernel_ex(void* real, uint16_t api, uint16_t via, const CUlaunchConfig* c, CUfunction f,
+                          void** params, void** extra) {
+  if (!real) return kNotFound;
+  const uint64_t t0 = now_ns();
+  const CUresult r = reinterpret_cast<LaunchKernelExFn>(real)(c, f, params, extra);
+  Launch l{api, via, t0, now_ns(), f, nullptr, {}, {}, 0, r};
+  if (c) {
+    l.stream = c->hStream;
+    l.grid[0] = c->gridDimX, l.grid[1] = c->gridDimY, l.grid[2] = c->gridDimZ;
+    l.block[0] = c->blockDimX, l.block[1] = c->blockDimY, l.block[2] = c->blockDimZ;
+    l.shared_mem = c->sharedMemBytes;
+  }
+  write(l);
+  return r;
+}
+CUresult launch_cooperative(void* real, uint16_t api, uint16_t via, CUfunction f, unsigned gx, unsigned gy,
+                            unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shmem, CUstream s,
+                            void** params) {
+  if (!real) return kNotFound;
+  const uint64_t t0 = now_ns();
+  const CUresult r = reinterpret_cast<LaunchCooperativeFn>(real)(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+  write({api, via, t0, now_ns(), f, s, {gx, gy, gz}, {bx, by, bz}, shmem, r});
+  return r;
+}
+CUresult graph_launch(void* real, uint16_t api, uint16_t via, CUgraphExec g, CUstream s) {
+  if (!real) return kNotFound;
+  const uint64_t t0 = now_ns();
+  const CUresult r = reinterpret_cast<GraphLaunchFn>(real)(g, s);
+  write({api, via, t0, now_ns(), g, s, {}, {}, 0, r});
+  return r;
+}
+
+// The wrappers cuGetProcAddress and dlsym hand out: hook H's slot S.
+template <int H, int S>
+struct Wrap;
+template <int S>
+struct Wrap<kLaunchKernel, S> {
+  static CUresult call(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                       unsigned shmem, CUstream s, void** params, void** extra) {
+    void* real = g_hooks[kLaunchKernel].real[S].load(std::memory_order_relaxed);
+    return launch_kernel(real, api_of(kLaunchKernel, real), GS_LAUNCH_VIA_PROC_ADDRESS, f, gx, gy, gz, bx, by, bz,
+                         shmem, s, params, extra);
+  }
+};
+template <int S>
+struct Wrap<kLaunchKernelEx, S> {
+  static CUresult call(const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
+    void* real = g_hooks[kLaunchKernelEx].real[S].load(std::memory_order_relaxed);
+    return launch_kernel_ex(real, api_of(kLaunchKernelEx, real), GS_LAUNCH_VIA_PROC_ADDRESS, c, f, params, extra);
+  }
+};
+template <int S>
+struct Wrap<kLaunchCooperative, S> {
+  static CUresult call(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                       unsigned shmem, CUstream s, void** params) {
+    void* real = g_hooks[kLaunchCooperative].real[S].load(std::memory_order_relaxed);
+    return launch_cooperative(real, api_of(kLaunchCooperative, real), GS_LAUNCH_VIA_PROC_ADDRESS, f, gx, gy, gz, bx,
+                              by, bz, shmem, s, params);
+  }
+};
+template <int S>
+struct Wrap<kGraphLaunch, S> {
+  static CUresult call(CUgraphExec g, CUstream s) {
+    void* real = g_hooks[kGraphLaunch].real[S].load(std::memory_order_relaxed);
+    return graph_launch(real, api_of(kGraphLaunch, real), GS_LAUNCH_VIA_PROC_ADDRESS, g, s);
+  }
+};
+
+template <int H, int... S>
+void fill_wrappers(std::integer_sequence<int, S...>) {
+  ((g_hooks[H].wrappers[S] = reinterpret_cast<void*>(&Wrap<H, S>::call)), ...);
+}
+
+bool is_ours(void* address) {
+  Dl_info mine{}, theirs{};
+  static const int found = dladdr(reinterpret_cast<void*>(&is_ours), &mine);
+  static void* const base = found ? mine.dli_fbase : nullptr;
+  return base && dladdr(address, &theirs) && theirs.dli_fbase == base;
+}
+
+void* open_libcuda() {
+  if (!g_libcuda) g_libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  return g_libcuda;
+}
+
+// The wrapper to hand out for `real`, an address of hook `h` (real itself when all slots serve
+// other addresses).
+void* wrapper_for(int h, void* real) {
+  Hook& k = g_hooks[h];
+  if (!k.ptsz_known && open_libcuda() && gs_launches_real_dlsym) {
+    char name[96];
+    std::snprintf(name, sizeof name, "%s_ptsz", k.symbol);
+    k.ptsz_address = gs_launches_real_dlsym(g_libcuda, name);
+    k.ptsz_known = true;
+  }
+  for (int s = 0; s < kSlots; ++s) {
+    void* expected = nullptr;
+    if (k.real[s].load() == real ||
+        k.real[s].compare_exchange_strong(expected, real) || expected == real)
+      return k.wrappers[s];
+  }
+  return real;
+}
+
+int hook_index(const char* symbol) {
+  for (int h = 0; h < kHooks; ++h)
+    if (!std::strcmp(symbol, g_hooks[h].symbol)) return h;
+  return -1;
+}
+
+// The hook for an exported name (cuLaunchKernel_ptsz is cuLaunchKernel's), or -1.
+int hook_of_export(const char* name) {
+  for (int h = 0; h < kHooks; ++h) {
+    const size_t n = std::strlen(g_hooks[h].symbol);
+    if (!std::strncmp(name, g_hooks[h].symbol, n) && (!name[n] || !std::strcmp(name + n, "_ptsz"))) return h;
+  }
+  return -1;
+}
+
+GetProcAddressV2Fn g_real_get_proc_v2 = nullptr;
+GetProcAddressFn g_real_get_proc = nullptr;
+CUresult wrapped_get_proc_address(const char* symbol, void** pfn, int version, uint64_t flags, int* status);
+CUresult wrapped_get_proc_address_v2(const char* symbol, void** pfn, int version, uint64_t flags, int* status);
+CUresult wrapped_get_proc_address_v1(const char* symbol, void** pfn, int version, uint64_t flags) {
+  return wrapped_get_proc_address(symbol, pfn, version, flags, nullptr);
+}
+
+// What the driver's cuGetProcAddress hands out, with launch entry points swapped for wrappers
+// (and cuGetProcAddress for this one).
+CUresult after_lookup(CUresult r, const char* symbol, void** pfn) {
+  if (r != 0 || !pfn || !*pfn || !symbol) return r;
+  ring();  // made before the first launch through what is handed out
+  if (!std::strcmp(symbol, "cuGetProcAddress")) {
+    // Asked through itself: the version handed out depends on the CUDA version asked for.
+    if (!g_real_get_proc_v2 && g_libcuda && *pfn == gs_launches_real_dlsym(g_libcuda, "cuGetProcAddress_v2"))
+      g_real_get_proc_v2 = reinterpret_cast<GetProcAddressV2Fn>(*pfn);
+    if (*pfn == reinterpret_cast<void*>(g_real_get_proc_v2)) *pfn = reinterpret_cast<void*>(&wrapped_get_proc_address_v2);
+    else if (*pfn == reinterpret_cast<void*>(g_real_get_proc)) *pfn = reinterpret_cast<void*>(&wrapped_get_proc_address_v1);
+    return r;
+  }
+  // This library's export comes back where the driver's table points at the global symbol: it
+  // records its calls itself.
+  if (const int h = hook_index(symbol); h >= 0 && !is_ours(*pfn)) *pfn = wrapper_for(h, *pfn);
+  return r;
+}
+
+CUresult wrapped_get_proc_address(const char* symbol, void** pfn, int version, uint64_t flags, int* status) {
+  if (g_real_get_proc_v2) return after_lookup(g_real_get_proc_v2(symbol, pfn, version, flags, status), symbol, pfn);
+  if (g_real_get_proc) return after_lookup(g_real_get_proc(symbol, pfn, version, flags), symbol, pfn);
+  return kNotFound;
+}
+CUresult wrapped_get_proc_address_v2(const char* symbol, void** pfn, int version, uint64_t flags, int* status) {
+  if (!g_real_get_proc_v2) return kNotFound;
+  return after_lookup(g_real_get_proc_v2(symbol, pfn, version, flags, status), symbol, pfn);
+}
+
+void init_real_dlsym() {
+  if (gs_launches_real_dlsym) return;
+  // Not dlsym itself: that is this library's.
+  for (const char* v : {"GLIBC_2.34", "GLIBC_2.2.5"})
+    if (void* p = dlvsym(RTLD_NEXT, "dlsym", v)) {
+      gs_launches_real_dlsym = reinterpret_cast<DlsymFn>(p);
+      return;
+    }
+}
+
+}  // namespace
+
+// Called by dlsym (below) before the C library's: the address to return instead of the C
+// library's answer, or null to let it answer (then it runs as if called by dlsym's caller).
+extern "C" __attribute__((visibility("hidden"))) void* gs_launches_dlsym_filter(void* handle, const char* name) {
+  init_real_dlsym();
+  if (!gs_launches_real_dlsym || !name || name[0] != 'c' || name[1] != 'u') return nullptr;
+  const bool v2 = !std::strcmp(name, "cuGetProcAddress_v2");
+  if (v2 || !std::strcmp(name, "cuGetProcAddress")) {
+    void* real = gs_launches_real_dlsym(handle, name);
+    if (!real) return nullptr;
+    open_libcuda();
+    if (v2) {
+      g_real_get_proc_v2 = reinterpret_cast<GetProcAddressV2Fn>(real);
+      return reinterpret_cast<void*>(&wrapped_get_proc_address_v2);
+    }
+    g_real_get_proc = reinterpret_cast<GetProcAddressFn>(real);
+    return reinterpret_cast<void*>(&wrapped_get_proc_address_v1);
+  }
+  const int h = hook_of_export(name);
+  if (h < 0) return nullptr;
+  void* real = gs_launches_real_dlsym(handle, name);
+  // Not found, or found here (this library's export comes first in the global scope): as it is.
+  if (!real || is_ours(real)) return nullptr;
+  open_libcuda();
+  return wrapper_for(h, real);
+}
+
+// dlsym, in assembly so that the C library's runs with the caller's return address: dlsym(RTLD_NEXT)
+// finds the symbol after the object that called it, which a C wrapper would make this library.
+__asm__(R"(
+  .text
+  .globl dlsym
+  .type dlsym, @function
+dlsym:
+  .cfi_startproc
+  push %rdi
+  .cfi_adjust_cfa_offset 8
+  push %rsi
+  .cfi_adjust_cfa_offset 8
+  sub $8, %rsp
+  .cfi_adjust_cfa_offset 8
+  call gs_launches_dlsym_filter
+  add $8, %rsp
+  .cfi_adjust_cfa_offset -8
+  pop %rsi
+  .cfi_adjust_cfa_offset -8
+  pop %rdi
+  .cfi_adjust_cfa_offset -8
+  test %rax, %rax
+  jnz 1f
+  mov gs_launches_real_dlsym(%rip), %rax
+  test %rax, %rax
+  jz 1f
+  jmp *%rax
+1:
+  ret
+  .cfi_endproc
+  .size dlsym, .-dlsym
+)");
+
+
+// Calls bound to the symbols (a program or library linked against libcuda): the preload's
+// definitions come first, and call the next ones (libcuda's).
+namespace {
+// libcuda's own definition: looked up in libcuda (not RTLD_NEXT: a libcuda opened RTLD_LOCAL, as
+// the runtime opens it, is not in the global scope), never this library's.
+void* next(const char* name) {
+  init_real_dlsym();
+  if (!gs_launches_real_dlsym) return nullptr;
+  void* real = open_libcuda() ? gs_launches_real_dlsym(g_libcuda, name) : nullptr;
+  if (!real) real = gs_launches_real_dlsym(RTLD_NEXT, name);
+  return real && !is_ours(real) ? real : nullptr;
+}
+}  // namespace
+
+#define GS_EXPORT extern "C" __attribute__((visibility("default")))
+#define GS_NEXT(name)                      \
+  static void* const real = next(#name); \
+  constexpr uint16_t via = GS_LAUNCH_VIA_SYMBOL
+
+GS_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                  unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) {
+  GS_NEXT(cuLaunchKernel);
+  return launch_kernel(real, GS_LAUNCH_CU_LAUNCH_KERNEL, via, f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+GS_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                       unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) {
+  GS_NEXT(cuLaunchKernel_ptsz);
+  return launch_kernel(real, GS_LAUNCH_CU_LAUNCH_KERNEL_PTSZ, via, f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+GS_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
+  GS_NEXT(cuLaunchKernelEx);
+  return launch_kernel_ex(real, GS_LAUNCH_CU_LAUNCH_KERNEL_EX, via, c, f, params, extra);
+}
+GS_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
+  GS_NEXT(cuLaunchKernelEx_ptsz);
+  return launch_kernel_ex(real, GS_LAUNCH_CU_LAUNCH_KERNEL_EX_PTSZ, via, c, f, params, extra);
+}
+GS_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                             unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params) {
+  GS_NEXT(cuLaunchCooperativeKernel);
+  return launch_cooperative(real, GS_LAUNCH_CU_LAUNCH_COOPERATIVE_KERNEL, via, f, gx, gy, gz, bx, by, bz, shmem, s,
+                            params);
+}
+GS_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                                  unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params) {
+  GS_NEXT(cuLaunchCooperativeKernel_ptsz);
+  return launch_cooperative(real, GS_LAUNCH_CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ, via, f, gx, gy, gz, bx, by, bz, shmem,
+                            s, params);
+}
+GS_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
+  GS_NEXT(cuGraphLaunch);
+  return graph_launch(real, GS_LAUNCH_CU_GRAPH_LAUNCH, via, g, s);
+}
+GS_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
+  GS_NEXT(cuGraphLaunch_ptsz);
+  return graph_launch(real, GS_LAUNCH_CU_GRAPH_LAUNCH_PTSZ, via, g, s);
+}
+
+// At exit, launches not yet read are waited for a little (gpuscope reads every few ms), so that a
+// short program's last launches are not lost with it.
+__attribute__((destructor)) static void gs_launches_exit() {
+  if (g_ring_state.load() != 2 || g_ring.header->pid != uint32_t(getpid())) return;
+  gs_launch_ring_header* h = g_ring.header;
+  const uint64_t until = now_ns() + 200'000'000;
+  while (now_ns() < until &&
+         (!__atomic_load_n(&h->reader_pid, __ATOMIC_ACQUIRE) ||
+          __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE) < __atomic_load_n(&h->head, __ATOMIC_ACQUIRE))) {
+    const timespec pause{0, 1'000'000};
+    nanosleep(&pause, nullptr);
+  }
+}
+
+__attribute__((constructor)) static void gs_launches_init() {
+  init_real_dlsym();
+  fill_wrappers<kLaunchKernel>(std::make_integer_sequence<int, kSlots>{});
+  fill_wrappers<kLaunchKernelEx>(std::make_integer_sequence<int, kSlots>{});
+  fill_wrappers<kLaunchCooperative>(std::make_integer_sequence<int, kSlots>{});
+  fill_wrappers<kGraphLaunch>(std::make_integer_sequence<int, kSlots>{});
+  pthread_atfork(nullptr, nullptr, after_fork_in_child);
+}

@@ -1,0 +1,84 @@
+/* The ring a CUDA process's launches go through to gpuscope without a trap or a system call each
+ * (issue 33): libgpuscope_launches.so, preloaded into a program that `gpuscope record` starts,
+ * wraps the driver's launch entry points and writes one record per launch into a ring in a sealed
+ * memfd (its size cannot change under the reader), announced by the file
+ * GPUSCOPE_LAUNCH_RING/launches-PID holding "PID FD\n"; gpuscope maps /proc/PID/fd/FD and drains it.
+ *
+ * Many writers (the process's threads), one reader. A writer reserves a slot by moving `head` on
+ * with a compare-and-swap, only while the ring has room (a full ring never blocks a launch: the
+ * launch is counted in `lost`), writes the record and then publishes it by storing its sequence
+ * number (its position + 1) last, with release order. The reader takes slots in order while their
+ * sequence number is the one it expects, and moves `tail` on. A writer that stops between its
+ * reservation and its publication (the process killed) leaves the reader waiting at that slot:
+ * what came before it was read. At exit, a process waits up to 200 ms for the reader to catch up.
+ *
+ * Times are CLOCK_MONOTONIC nanoseconds, the clock of gpuscope's probes. */
+#ifndef GPUSCOPE_LAUNCH_RING_H
+#define GPUSCOPE_LAUNCH_RING_H
+
+#include <stdint.h>
+
+#define GS_LAUNCH_RING_ENV "GPUSCOPE_LAUNCH_RING"
+#define GS_LAUNCH_RING_MAGIC "GSLNCH1"
+#define GS_LAUNCH_RING_VERSION 1
+#define GS_LAUNCH_RING_SLOTS_DEFAULT (1u << 16) /* 4 MiB of records */
+
+/* What was called. The reader names each as the function gpuscope's probes would (cuda/functions). */
+enum gs_launch_api {
+  GS_LAUNCH_CU_LAUNCH_KERNEL = 1,
+  GS_LAUNCH_CU_LAUNCH_KERNEL_PTSZ = 2,
+  GS_LAUNCH_CU_LAUNCH_KERNEL_EX = 3,
+  GS_LAUNCH_CU_LAUNCH_KERNEL_EX_PTSZ = 4,
+  GS_LAUNCH_CU_LAUNCH_COOPERATIVE_KERNEL = 5,
+  GS_LAUNCH_CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ = 6,
+  GS_LAUNCH_CU_GRAPH_LAUNCH = 7,
+  GS_LAUNCH_CU_GRAPH_LAUNCH_PTSZ = 8,
+  GS_LAUNCH_API_COUNT = 9,
+};
+
+/* How the wrapper was reached (flags). */
+#define GS_LAUNCH_VIA_PROC_ADDRESS 0x1u /* a pointer cuGetProcAddress handed out */
+#define GS_LAUNCH_VIA_SYMBOL 0x2u       /* a call bound to the symbol (the preload interposed it) */
+
+struct gs_launch_record {
+  uint64_t seq;       /* position + 1, stored last: the record is whole once it reads so */
+  uint64_t ts_ns;     /* entry */
+  uint64_t function;  /* CUfunction; a graph launch: its CUgraphExec */
+  uint64_t stream;    /* CUstream as passed (0: the default stream) */
+  uint32_t tid;
+  uint32_t grid_x;
+  uint16_t grid_y, grid_z;
+  uint16_t block_x, block_y;
+  uint16_t block_z;
+  uint16_t api;       /* gs_launch_api */
+  uint32_t shared_mem;
+  uint32_t duration_ns; /* entry to return, saturated */
+  uint16_t result;      /* CUresult (all below 1000) */
+  uint16_t flags;
+};
+
+/* At the start of the file, then `slots` records (a power of two). Counters on their own cache
+ * lines: writers move `head`, the reader `tail`. */
+struct gs_launch_ring_header {
+  char magic[8]; /* GS_LAUNCH_RING_MAGIC */
+  uint32_t version;
+  uint32_t record_size; /* sizeof(struct gs_launch_record) */
+  uint32_t slots;
+  uint32_t pid;
+  uint64_t created_ns;
+  uint32_t reader_pid; /* set by gpuscope once it maps the ring */
+  uint8_t pad0[28];
+  uint64_t head; /* next position to reserve (writers) */
+  uint8_t pad1[56];
+  uint64_t tail; /* next position to read (the reader) */
+  uint8_t pad2[56];
+  uint64_t lost; /* launches not written (the ring was full): head + lost were made */
+  uint8_t pad3[56];
+};
+
+#ifdef __cplusplus
+static_assert(sizeof(struct gs_launch_record) == 64, "one cache line a launch");
+static_assert(sizeof(struct gs_launch_ring_header) == 256, "the records start on a cache line");
+#endif
+
+#endif

@@ -1,0 +1,78 @@
+"""The in-process launch hooks (libgpuscope_launches.so, issue 33) against a stand-in driver:
+launches reached as the runtime reaches them (dlsym, cuGetProcAddress, through itself, the
+per-thread variants) are all in the rings gpuscope reads, with their arguments; the program runs as
+it would without them; a forked child has its own ring; nothing is announced by a program that
+never launches."""
+import json
+import os
+import subprocess
+
+from conftest import BUILD, CUDART, TARGETS
+
+DRAIN = BUILD / "bench" / "launch_ring_drain"
+HOOKS = BUILD / "libgpuscope_launches.so"
+FAKE_DRIVER = TARGETS / "fake-cuda"
+
+
+def run(args, env=None, **kw):
+    full = dict(os.environ, LD_LIBRARY_PATH=str(FAKE_DRIVER), **(env or {}))
+    return subprocess.run([str(a) for a in args], env=full, capture_output=True, text=True, timeout=120, **kw)
+
+
+def drained(*target):
+    out = run([DRAIN, "--lib", HOOKS, "--every-us", 500, "--", *target])
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    # The program's own JSON line, if it prints one, then the rings'.
+    return (json.loads(lines[0]) if len(lines) > 1 else None), json.loads(lines[-1])
+
+
+def test_every_launch_is_in_the_rings_with_its_arguments():
+    n, threads = 3000, 3
+    program, rings = drained(TARGETS / "driver_lookups", "--launches", n, "--threads", threads, "--fork")
+    assert program["failed"] == 0 and program["driver_counted"] == 4 * n * threads, program
+    assert rings["exit"] == 0 and rings["lost"] == 0 and rings["refused"] == 0, rings
+    assert rings["out_of_order"] == 0 and rings["fields_wrong"] == 0, rings
+    parent = rings["processes"].pop(str(program["pid"]))
+    # cuLaunchKernel (1), its per-thread variant (2), cuLaunchKernelEx found with dlsym (3),
+    # cuGraphLaunch found through cuGetProcAddress's own pointer (7): n of each per thread.
+    assert parent["by_api"] == {"1": n * threads, "2": n * threads, "3": n * threads, "7": n * threads}, parent
+    # The child's launches, in a ring of its own.
+    (child,) = rings["processes"].values()
+    assert child["by_api"] == {"1": n, "2": n, "3": n, "7": n}, child
+
+
+def test_a_full_ring_counts_what_it_could_not_hold():
+    # No directory to announce a ring in: one line, and the program goes on.
+    out = run([TARGETS / "driver_lookups", "--launches", 100],
+              env={"LD_PRELOAD": str(HOOKS), "GPUSCOPE_LAUNCH_RING": "/nonexistent-dir"})
+    assert out.returncode == 0 and json.loads(out.stdout)["failed"] == 0, out.stderr
+    assert out.stderr.count("launches go unrecorded") == 1, out.stderr
+    # 64 slots, 80000 launches as fast as the stand-in driver takes them: what the reader could not
+    # keep up with is counted, and nothing is read twice.
+    program, rings = drained("env", "GPUSCOPE_LAUNCH_RING_SLOTS=64", TARGETS / "driver_lookups", "--launches", 20000)
+    (ring,) = rings["processes"].values()
+    assert ring["launches"] + rings["lost"] == 4 * 20000, rings
+    assert ring["launches"] >= 64
+
+
+def test_the_program_runs_as_without_the_hooks():
+    plain = run([TARGETS / "driver_lookups", "--launches", 10])
+    hooked = run([TARGETS / "driver_lookups", "--launches", 10], env={"LD_PRELOAD": str(HOOKS)})
+    assert plain.returncode == hooked.returncode == 0, hooked.stderr
+    strip = lambda s: {k: v for k, v in json.loads(s).items() if k not in ("pid", "ns_per_launch")}
+    assert strip(plain.stdout) == strip(hooked.stdout)
+    # The real libcudart, no driver here: its calls fail as they do without the hooks.
+    for target in ("cuda_ops", "launch_count"):
+        plain = run([TARGETS / target])
+        hooked = run([TARGETS / target], env={"LD_PRELOAD": str(HOOKS)})
+        assert (plain.returncode, plain.stdout) == (hooked.returncode, hooked.stdout), (target, hooked.stderr)
+
+
+def test_a_ring_only_for_programs_that_look_the_driver_up():
+    program, rings = drained("python3", "-c", "print(1)")
+    assert rings["exit"] == 0 and rings["rings"] == 0 and rings["refused"] == 0, rings
+    # The real libcudart on the stand-in driver: it looks entry points up (a ring is made then,
+    # before any launch could come), fails to start, and runs on as without the hooks.
+    program, rings = drained("python3", "-c", "import ctypes; ctypes.CDLL(%r).cudaFree(None)" % str(CUDART))
+    assert rings["exit"] == 0 and rings["processes"] == {} and rings["refused"] == 0, rings

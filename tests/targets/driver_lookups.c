@@ -1,0 +1,118 @@
+/* Launches reached as CUDA's runtime and libraries reach them: libcuda.so.1 opened with dlopen,
+ * cuGetProcAddress found with dlsym, the launch entry points looked up through it (the legacy and
+ * the per-thread default stream's), and one looked up with dlsym directly. Run against the
+ * stand-in driver (fake_cuda.c) for the launch hooks' tests, and on the GPU machine against the
+ * real one (where the function handles are not kernels and every launch fails, counted all the same).
+ *
+ *   driver_lookups [--launches N] [--threads T] [--fork]
+ * Each of T threads makes N launches of each kind; --fork: a child makes N more through the
+ * pointers its parent looked up. Prints one JSON line of what it made and the driver counted. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int (*get_proc_v2_fn)(const char *, void **, int, uint64_t, int *);
+typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **,
+                         void **);
+typedef struct {
+  unsigned gx, gy, gz, bx, by, bz, shmem;
+  void *stream;
+  void *attrs;
+  unsigned nattrs;
+} launch_config;
+typedef int (*launch_ex_fn)(const launch_config *, void *, void **, void **);
+typedef int (*graph_launch_fn)(void *, void *);
+
+static launch_fn launch, launch_ptsz;
+static launch_ex_fn launch_ex;
+static graph_launch_fn graph_launch;
+static long n = 1000;
+static int failed;
+
+static void launches(long count) {
+  void *params[] = {0};
+  for (long i = 0; i < count; ++i) {
+    failed |= launch((void *)0x1000, (unsigned)(i % 7 + 1), 2, 3, 32, 4, 1, 256, (void *)0x10, params, 0);
+    failed |= launch_ptsz((void *)0x2000, 1, 1, 1, 128, 1, 1, 0, 0, params, 0);
+    launch_config c = {5, 1, 1, 64, 1, 1, 512, (void *)0x20, 0, 0};
+    failed |= launch_ex(&c, (void *)0x3000, params, 0);
+    failed |= graph_launch((void *)0x4000, (void *)0x30);
+  }
+}
+
+static double ns_per_launch;  /* the first thread's */
+
+static double now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+static void *thread_main(void *arg) {
+  const double t0 = now_ns();
+  launches(n);
+  if (arg) ns_per_launch = (now_ns() - t0) / (4.0 * n);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  int threads = 1, fork_child = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--launches") && i + 1 < argc) n = atol(argv[++i]);
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--fork")) fork_child = 1;
+  }
+  void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!cuda) {
+    fprintf(stderr, "driver_lookups: %s\n", dlerror());
+    return 2;
+  }
+  get_proc_v2_fn get_proc = (get_proc_v2_fn)dlsym(cuda, "cuGetProcAddress_v2");
+  int status = 0;
+  if (!get_proc || get_proc("cuLaunchKernel", (void **)&launch, 12000, 1, &status) ||
+      get_proc("cuLaunchKernel", (void **)&launch_ptsz, 12000, 2, &status)) {
+    fprintf(stderr, "driver_lookups: no cuGetProcAddress_v2 or cuLaunchKernel\n");
+    return 2;
+  }
+  /* cuGetProcAddress asked for through itself, as the runtime does. */
+  get_proc_v2_fn again = 0;
+  if (get_proc("cuGetProcAddress", (void **)&again, 12000, 0, &status) || !again ||
+      again("cuGraphLaunch", (void **)&graph_launch, 12000, 0, &status)) {
+    fprintf(stderr, "driver_lookups: no cuGraphLaunch\n");
+    return 2;
+  }
+  launch_ex = (launch_ex_fn)dlsym(cuda, "cuLaunchKernelEx");
+  /* dlsym(RTLD_NEXT) still answers for its caller, as without the hooks. */
+  void *next_getpid = dlsym(RTLD_NEXT, "getpid");
+  if (!launch_ex || !next_getpid || dlsym(cuda, "no_such_symbol")) {
+    fprintf(stderr, "driver_lookups: dlsym answered wrongly\n");
+    return 2;
+  }
+  pthread_t ts[64];
+  if (threads > 64) threads = 64;
+  for (int t = 0; t < threads; ++t) pthread_create(&ts[t], 0, thread_main, t ? 0 : (void *)1);
+  for (int t = 0; t < threads; ++t) pthread_join(ts[t], 0);
+  long child_launches = 0;
+  if (fork_child) {
+    const pid_t child = fork();
+    if (child == 0) {
+      launches(n);
+      _exit(failed ? 1 : 0);
+    }
+    int st = 0;
+    waitpid(child, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) failed = 1;
+    child_launches = 4 * n;
+  }
+  uint64_t (*counted)(void) = (uint64_t(*)(void))dlsym(cuda, "fake_cuda_launches");
+  printf("{\"pid\": %d, \"launches\": %ld, \"child_launches\": %ld, \"driver_counted\": %lld, \"failed\": %d, "
+         "\"ns_per_launch\": %.1f}\n",
+         (int)getpid(), 4 * n * threads, child_launches, counted ? (long long)counted() : -1LL, failed, ns_per_launch);
+  return 0;
+}

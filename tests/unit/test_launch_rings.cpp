@@ -1,0 +1,125 @@
+// The launch rings' reader (record/launch_rings.h) on rings laid out in memory as the hooks lay
+// them out: records come in order and only once published, the slots are reused past the end,
+// what the writers lost is counted, and anything that is not a ring is refused.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "record/launch_rings.h"
+
+using namespace gpuscope;
+
+namespace {
+
+struct MemoryRing {
+  std::vector<uint64_t> words;  // 8-byte aligned
+  explicit MemoryRing(uint32_t slots, uint32_t pid = 77)
+      : words((sizeof(gs_launch_ring_header) + slots * sizeof(gs_launch_record)) / 8) {
+    std::memcpy(header()->magic, GS_LAUNCH_RING_MAGIC, 8);
+    header()->version = GS_LAUNCH_RING_VERSION;
+    header()->record_size = sizeof(gs_launch_record);
+    header()->slots = slots;
+    header()->pid = pid;
+  }
+  gs_launch_ring_header* header() { return reinterpret_cast<gs_launch_ring_header*>(words.data()); }
+  gs_launch_record* slots() { return reinterpret_cast<gs_launch_record*>(header() + 1); }
+  size_t bytes() const { return words.size() * 8; }
+  // As a writer does: reserve the next position, fill the slot, publish it (or not).
+  uint64_t write(uint64_t function, bool publish = true) {
+    const uint64_t pos = header()->head++;
+    auto& r = slots()[pos & (header()->slots - 1)];
+    r.function = function;
+    r.ts_ns = 1000 + pos;
+    r.api = GS_LAUNCH_CU_LAUNCH_KERNEL;
+    if (publish) r.seq = pos + 1;
+    return pos;
+  }
+};
+
+std::vector<uint64_t> drain(record::LaunchRings& rings) {
+  std::vector<uint64_t> got;
+  rings.drain([&](uint32_t pid, const gs_launch_record& r) {
+    EXPECT_EQ(pid, 77u);
+    got.push_back(r.function);
+  });
+  return got;
+}
+
+}  // namespace
+
+TEST(LaunchRings, RecordsComeInOrderOnceEachAndTheSlotsAreReused) {
+  MemoryRing m(4);
+  record::LaunchRings rings("/nonexistent");
+  ASSERT_TRUE(rings.adopt(77, m.words.data(), m.bytes(), false));
+  EXPECT_EQ(m.header()->reader_pid, uint32_t(getpid()));  // the writers know a reader is there
+  for (uint64_t f : {10, 11, 12}) m.write(f);
+  EXPECT_EQ(drain(rings), (std::vector<uint64_t>{10, 11, 12}));
+  EXPECT_EQ(m.header()->tail, 3u);
+  EXPECT_TRUE(drain(rings).empty());
+  // Past the end of the slots: positions 3..6 in slots 3, 0, 1, 2.
+  for (uint64_t f : {13, 14, 15, 16}) m.write(f);
+  EXPECT_EQ(drain(rings), (std::vector<uint64_t>{13, 14, 15, 16}));
+  EXPECT_EQ(m.header()->tail, 7u);
+}
+
+TEST(LaunchRings, AReservedSlotNotYetPublishedHoldsBackWhatComesAfterIt) {
+  MemoryRing m(8);
+  record::LaunchRings rings("/nonexistent");
+  ASSERT_TRUE(rings.adopt(77, m.words.data(), m.bytes(), false));
+  m.write(1);
+  const uint64_t pending = m.write(2, false);
+  m.write(3);
+  EXPECT_EQ(drain(rings), (std::vector<uint64_t>{1}));
+  EXPECT_EQ(m.header()->tail, 1u);  // slot 1 is not free yet
+  m.slots()[pending].seq = pending + 1;
+  EXPECT_EQ(drain(rings), (std::vector<uint64_t>{2, 3}));
+}
+
+TEST(LaunchRings, AStaleSlotFromTheLastLapIsNotReadAgain) {
+  MemoryRing m(4);
+  record::LaunchRings rings("/nonexistent");
+  ASSERT_TRUE(rings.adopt(77, m.words.data(), m.bytes(), false));
+  for (uint64_t f : {1, 2, 3, 4}) m.write(f);
+  EXPECT_EQ(drain(rings).size(), 4u);
+  // Position 4 reserved in slot 0, still holding position 0's record (seq 1, not 5).
+  m.write(5, false);
+  EXPECT_TRUE(drain(rings).empty());
+}
+
+TEST(LaunchRings, WhatTheWritersLostIsCountedAlsoOnceTheProcessIsGone) {
+  MemoryRing a(4), b(4, 78);
+  record::LaunchRings rings("/nonexistent");
+  ASSERT_TRUE(rings.adopt(77, a.words.data(), a.bytes(), false));
+  ASSERT_TRUE(rings.adopt(78, b.words.data(), b.bytes(), false));
+  a.header()->lost = 5;
+  b.header()->lost = 2;
+  EXPECT_EQ(rings.lost(), 7u);
+  a.write(9);
+  std::vector<uint64_t> last;
+  rings.forget(77, [&](uint32_t, const gs_launch_record& r) { last.push_back(r.function); });
+  EXPECT_EQ(last, (std::vector<uint64_t>{9}));  // drained before it goes
+  EXPECT_EQ(rings.rings(), 1u);
+  EXPECT_EQ(rings.lost(), 7u);
+}
+
+TEST(LaunchRings, WhatIsNotARingIsRefused) {
+  record::LaunchRings rings("/nonexistent");
+  auto refused = [&](auto spoil) {
+    MemoryRing m(4);
+    spoil(m);
+    return !rings.adopt(77, m.words.data(), m.bytes(), false);
+  };
+  EXPECT_TRUE(refused([](MemoryRing& m) { m.header()->magic[0] = 'X'; }));
+  EXPECT_TRUE(refused([](MemoryRing& m) { m.header()->version = 99; }));
+  EXPECT_TRUE(refused([](MemoryRing& m) { m.header()->record_size = 32; }));
+  EXPECT_TRUE(refused([](MemoryRing& m) { m.header()->slots = 3; }));  // not a power of two
+  EXPECT_TRUE(refused([](MemoryRing& m) { m.header()->slots = 1u << 20; }));  // past the mapping
+  EXPECT_TRUE(refused([](MemoryRing& m) { m.header()->pid = 5; }));  // another process's
+  EXPECT_EQ(rings.refused(), 6u);
+  EXPECT_EQ(rings.rings(), 0u);
+  MemoryRing small(4);
+  EXPECT_FALSE(rings.adopt(77, small.words.data(), sizeof(gs_launch_ring_header) - 8, false));
+}

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <thread>
@@ -103,6 +104,7 @@ int main(int argc, char** argv) {
     first = false;
   }
   std::printf("}}\n");
-  rmdir(dir.c_str());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
   return 0;
 }

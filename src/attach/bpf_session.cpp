@@ -117,7 +117,9 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
 }
 
 BpfSession::BpfSession(const SessionConfig& cfg)
-    : runtime_launch_probes_(cfg.runtime_launch_probes), high_rate_per_process_(cfg.high_rate_per_process) {
+    : runtime_launch_probes_(cfg.runtime_launch_probes),
+      high_rate_per_process_(cfg.high_rate_per_process),
+      launch_probes_(cfg.launch_probes) {
   libbpf_set_print(libbpf_print);
   // Kernels before 6.6 refuse uprobe-multi programs: fall back to one perf link per probe.
   libbpf_set_print(nullptr);
@@ -551,6 +553,7 @@ AttachResult BpfSession::attach_file(const std::string& path) {
       if (it == offsets.end() || !probed_offsets.insert(it->second).second) continue;
       const bool is_rt_launch = f.api == cuda::Api::Runtime && f.kind == cuda::CallKind::Launch;
       if (is_rt_launch && !runtime_launch_probes_) continue;
+      if (!launch_probes_ && (f.kind == cuda::CallKind::Launch || f.kind == cuda::CallKind::GraphLaunch)) continue;
       if (detached_runtime_functions_.contains(f.id)) continue;
       if (high_rate_per_process_ && cuda::is_high_rate(f)) {
         ProbeSet& set = f.has_return ? high_rate.entry : high_rate.emit;

@@ -62,6 +62,9 @@ struct SessionConfig {
   // Runtime launches (cudaLaunchKernel...) reach the driver's launch functions, so probing both
   // traps twice per launch. false: attach only the driver's (see detach_runtime_launch_probes).
   bool runtime_launch_probes = true;
+  // false: no launch is probed, runtime or driver: the launches come from the processes' own
+  // launch rings (record --launch-probes in-process, record/launch_rings.h).
+  bool launch_probes = true;
   // Walk the Python frames of the processes given to set_python_process at every CUDA call
   // that has a stack, and in CPU samples.
   bool python_stacks = false;
@@ -314,6 +317,7 @@ class BpfSession {
     std::vector<std::unique_ptr<bpf_link, LinkDeleter>> links;
   };
   bool high_rate_per_process_ = false;
+  bool launch_probes_ = true;
   std::vector<HighRateSet> high_rate_sets_;
   std::map<pid_t, ProcessLinks> high_rate_links_;
   void attach_high_rate(pid_t pid, const HighRateSet& set, ProcessLinks& into);

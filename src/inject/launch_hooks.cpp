@@ -15,11 +15,14 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -64,7 +67,6 @@ struct Ring {
   gs_launch_record* slots = nullptr;
   uint64_t mask = 0;
   size_t bytes = 0;
-  int fd = -1;
 };
 Ring g_ring;
 // 0: not tried, 1: being made, 2: ready, 3: none (no directory, or it failed: calls go on unrecorded).
@@ -93,9 +95,51 @@ uint32_t ring_slots() {
   return slots;
 }
 
-// The ring is a sealed memfd (its size can never change under gpuscope's mapping), announced by
-// a file in the ring directory naming the process and the descriptor: gpuscope opens
-// /proc/PID/fd/FD and maps it.
+// Sends the ring's descriptor to gpuscope's socket in `dir` (SCM_RIGHTS). Retried for a few
+// milliseconds while the socket's queue is full (many processes starting at once).
+bool send_ring(const char* dir, int fd, pid_t pid) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s/%s", dir, GS_LAUNCH_RING_SOCKET) >=
+      int(sizeof addr.sun_path)) {
+    errno = ENAMETOOLONG;
+    return false;
+  }
+  const int sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (sock < 0) return false;
+  gs_launch_ring_hello hello{};
+  std::memcpy(hello.magic, GS_LAUNCH_RING_MAGIC, sizeof hello.magic);
+  hello.pid = uint32_t(pid);
+  iovec iov{&hello, sizeof hello};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_name = &addr;
+  msg.msg_namelen = sizeof addr;
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  bool sent = false;
+  for (int attempt = 0; attempt < 50 && !sent; ++attempt) {
+    sent = sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) == ssize_t(sizeof hello);
+    if (!sent && errno != EAGAIN && errno != EINTR) break;
+    if (!sent) {
+      const timespec pause{0, 1'000'000};
+      nanosleep(&pause, nullptr);
+    }
+  }
+  const int saved = errno;
+  close(sock);
+  errno = saved;
+  return sent;
+}
+
+// The ring is a sealed memfd: its size can never change under gpuscope's mapping.
 void make_ring() {
   const char* dir = std::getenv(GS_LAUNCH_RING_ENV);
   if (!dir || !*dir) {
@@ -125,21 +169,15 @@ void make_ring() {
   h->slots = slots;
   h->pid = uint32_t(pid);
   h->created_ns = now_ns();
-  // Written under a temporary name and renamed once whole.
-  char path[4096], tmp[4096 + 8], text[64];
-  std::snprintf(path, sizeof path, "%s/launches-%d", dir, int(pid));
-  std::snprintf(tmp, sizeof tmp, "%s.new", path);
-  const int n = std::snprintf(text, sizeof text, "%d %d\n", int(pid), fd);
-  const int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  const bool told = out >= 0 && ::write(out, text, size_t(n)) == n;
-  if (out >= 0) close(out);
-  if (!told || rename(tmp, path) != 0) {
-    unlink(tmp);
+  // Handed to gpuscope, which holds it from then on: a process that ends, however it ends,
+  // leaves its ring readable. The process keeps only the mapping.
+  const bool sent = send_ring(dir, fd, pid);
+  close(fd);
+  if (!sent) {
     munmap(mem, bytes);
-    close(fd);
-    return fail(path);
+    return fail("handing it to gpuscope");
   }
-  g_ring = {h, reinterpret_cast<gs_launch_record*>(h + 1), uint64_t(slots) - 1, bytes, fd};
+  g_ring = {h, reinterpret_cast<gs_launch_record*>(h + 1), uint64_t(slots) - 1, bytes};
   g_ring_state.store(2, std::memory_order_release);
   // Launches that came while it was being made (a thread that waited too long) count as lost.
   __atomic_fetch_add(&h->lost, g_unrecorded.exchange(0), __ATOMIC_RELAXED);
@@ -161,16 +199,48 @@ gs_launch_ring_header* ring() {
   return s == 2 ? g_ring.header : nullptr;
 }
 
+// "loaded-PID" in the ring directory: this process has the hooks (whether or not it ever makes a
+// ring), so that gpuscope can tell a CUDA process without them. Only calls safe after fork.
+void announce_loaded() {
+  const char* dir = std::getenv(GS_LAUNCH_RING_ENV);
+  if (!dir || !*dir) return;
+  char path[4096];
+  size_t n = std::strlen(dir);
+  if (n + 40 > sizeof path) return;
+  std::memcpy(path, dir, n);
+  std::memcpy(path + n, "/loaded-", 8);
+  n += 8;
+  char digits[16];
+  int d = 0;
+  for (unsigned v = unsigned(getpid()); v || !d; v /= 10) digits[d++] = char('0' + v % 10);
+  while (d) path[n++] = digits[--d];
+  path[n] = 0;
+  // Its content: when (CLOCK_MONOTONIC ns), so that gpuscope tells it from an image the process
+  // exec'd into later without the library.
+  char text[24];
+  int t = 0;
+  for (uint64_t v = now_ns(); v || !t; v /= 10) text[t++] = char('0' + v % 10);
+  for (int i = 0; i < t / 2; ++i) {
+    const char c = text[i];
+    text[i] = text[t - 1 - i];
+    text[t - 1 - i] = c;
+  }
+  const int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    // Short or failed, the file still says the library was loaded (at time 0: before any exec).
+    [[maybe_unused]] const ssize_t written = ::write(fd, text, size_t(t));
+    close(fd);
+  }
+}
+
 // A forked child writes into a ring of its own, made at its first launch; the parent's stays the
 // parent's. Only the forking thread lives on in the child.
 void after_fork_in_child() {
-  if (g_ring_state.load() == 2) {
-    munmap(g_ring.header, g_ring.bytes);
-    close(g_ring.fd);
-  }
+  if (g_ring_state.load() == 2) munmap(g_ring.header, g_ring.bytes);
   g_ring = {};
   g_ring_state.store(0);
   t_tid = 0;
+  announce_loaded();
 }
 
 struct Launch {
@@ -547,20 +617,6 @@ GS_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
   return graph_launch(real, GS_LAUNCH_CU_GRAPH_LAUNCH_PTSZ, via, g, s);
 }
 
-// At exit, launches not yet read are waited for a little (gpuscope reads every few ms), so that a
-// short program's last launches are not lost with it.
-__attribute__((destructor)) static void gs_launches_exit() {
-  if (g_ring_state.load() != 2 || g_ring.header->pid != uint32_t(getpid())) return;
-  gs_launch_ring_header* h = g_ring.header;
-  const uint64_t until = now_ns() + 200'000'000;
-  while (now_ns() < until &&
-         (!__atomic_load_n(&h->reader_pid, __ATOMIC_ACQUIRE) ||
-          __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE) < __atomic_load_n(&h->head, __ATOMIC_ACQUIRE))) {
-    const timespec pause{0, 1'000'000};
-    nanosleep(&pause, nullptr);
-  }
-}
-
 __attribute__((constructor)) static void gs_launches_init() {
   init_real_dlsym();
   fill_wrappers<kLaunchKernel>(std::make_integer_sequence<int, kSlots>{});
@@ -568,4 +624,5 @@ __attribute__((constructor)) static void gs_launches_init() {
   fill_wrappers<kLaunchCooperative>(std::make_integer_sequence<int, kSlots>{});
   fill_wrappers<kGraphLaunch>(std::make_integer_sequence<int, kSlots>{});
   pthread_atfork(nullptr, nullptr, after_fork_in_child);
+  announce_loaded();
 }

@@ -1,8 +1,10 @@
 /* The ring a CUDA process's launches go through to gpuscope without a trap or a system call each
  * (issue 33): libgpuscope_launches.so, preloaded into a program that `gpuscope record` starts,
  * wraps the driver's launch entry points and writes one record per launch into a ring in a sealed
- * memfd (its size cannot change under the reader), announced by the file
- * GPUSCOPE_LAUNCH_RING/launches-PID holding "PID FD\n"; gpuscope maps /proc/PID/fd/FD and drains it.
+ * memfd (its size cannot change under the reader). At its first lookup of a launch entry point a
+ * process sends the memfd to gpuscope's datagram socket GPUSCOPE_LAUNCH_RING/rings.sock
+ * (SCM_RIGHTS, with a gs_launch_ring_hello); gpuscope maps it and drains it, also after the
+ * process has ended. Each process with the library also leaves an empty file loaded-PID there.
  *
  * Many writers (the process's threads), one reader. A writer reserves a slot by moving `head` on
  * with a compare-and-swap, only while the ring has room (a full ring never blocks a launch: the
@@ -10,7 +12,7 @@
  * number (its position + 1) last, with release order. The reader takes slots in order while their
  * sequence number is the one it expects, and moves `tail` on. A writer that stops between its
  * reservation and its publication (the process killed) leaves the reader waiting at that slot:
- * what came before it was read. At exit, a process waits up to 200 ms for the reader to catch up.
+ * what came before it was read.
  *
  * Times are CLOCK_MONOTONIC nanoseconds, the clock of gpuscope's probes. */
 #ifndef GPUSCOPE_LAUNCH_RING_H
@@ -21,6 +23,7 @@
 #define GS_LAUNCH_RING_ENV "GPUSCOPE_LAUNCH_RING"
 #define GS_LAUNCH_RING_MAGIC "GSLNCH1"
 #define GS_LAUNCH_RING_VERSION 1
+#define GS_LAUNCH_RING_SOCKET "rings.sock"
 #define GS_LAUNCH_RING_SLOTS_DEFAULT (1u << 16) /* 4 MiB of records */
 
 /* What was called. The reader names each as the function gpuscope's probes would (cuda/functions). */
@@ -74,6 +77,13 @@ struct gs_launch_ring_header {
   uint8_t pad2[56];
   uint64_t lost; /* launches not written (the ring was full): head + lost were made */
   uint8_t pad3[56];
+};
+
+/* The datagram that carries a ring's descriptor. */
+struct gs_launch_ring_hello {
+  char magic[8]; /* GS_LAUNCH_RING_MAGIC */
+  uint32_t pid;
+  uint32_t reserved;
 };
 
 #ifdef __cplusplus

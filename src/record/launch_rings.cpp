@@ -3,20 +3,44 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/error.h"
 #include "common/files.h"
 #include "common/log.h"
+#include "cuda/functions.h"
 
 namespace gpuscope::record {
 
+LaunchRings::LaunchRings(std::string dir) : dir_(std::move(dir)) {
+  if (dir_.empty()) return;  // tests: rings adopted, none received
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string path = dir_ + "/" GS_LAUNCH_RING_SOCKET;
+  if (path.size() >= sizeof addr.sun_path)
+    throw Error("the launch rings' socket path {} is too long for a socket: set TMPDIR to a shorter directory", path);
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  socket_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const int on = 1;
+  if (socket_ < 0 || setsockopt(socket_, SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0 ||
+      bind(socket_, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
+    throw Error("cannot make the launch rings' socket {}: {}", path, std::strerror(errno));
+  // Any user's program may send to it (record --user); the directory is not listable by them.
+  chmod(path.c_str(), 0666);
+}
+
 LaunchRings::~LaunchRings() {
   for (auto& [pid, r] : rings_) release(r);
+  for (auto& [pid, r] : retired_) release(r);
+  if (socket_ >= 0) close(socket_);
 }
 
 std::string LaunchRings::make_dir(const std::string& parent) {
@@ -52,49 +76,82 @@ bool LaunchRings::adopt(pid_t pid, void* mapping, size_t bytes, bool owned) {
   r.read = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);
   __atomic_store_n(&h->reader_pid, uint32_t(getpid()), __ATOMIC_RELEASE);
   if (auto old = rings_.find(pid); old != rings_.end()) {
-    // A new process with a recycled pid, or the same one announced twice: the old ring goes.
-    lost_gone_ += old->second.header ? __atomic_load_n(&old->second.header->lost, __ATOMIC_RELAXED) : 0;
-    release(old->second);
+    // The process exec'd (or its pid was reused): the old image's ring is read once more, then goes.
+    retired_.emplace_back(pid, old->second);
     rings_.erase(old);
   }
   rings_.emplace(pid, std::move(r));
   return true;
 }
 
+void LaunchRings::receive() {
+  for (;;) {
+    gs_launch_ring_hello hello{};
+    iovec iov{&hello, sizeof hello};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4) + CMSG_SPACE(sizeof(ucred))];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t n = recvmsg(socket_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) return;  // none waiting (or the socket failed: nothing more comes)
+    int fd = -1;
+    pid_t sender = 0;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET) continue;
+      if (c->cmsg_type == SCM_RIGHTS) {
+        // Only the first is a ring: any more were sent in error, and are closed.
+        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; ++i) {
+          int one;
+          std::memcpy(&one, CMSG_DATA(c) + i * sizeof(int), sizeof one);
+          if (fd < 0) fd = one;
+          else close(one);
+        }
+      } else if (c->cmsg_type == SCM_CREDENTIALS) {
+        ucred cred;
+        std::memcpy(&cred, CMSG_DATA(c), sizeof cred);
+        sender = cred.pid;
+      }
+    }
+    if (fd < 0) {
+      ++refused_;
+      continue;
+    }
+    // Sealed against shrinking: the mapping can never run past the file (no SIGBUS here). The
+    // kernel's word for who sent it, not the message's.
+    struct stat st{};
+    const bool sealed = n == ssize_t(sizeof hello) && sender > 0 && hello.pid == uint32_t(sender) &&
+                        (fcntl(fd, F_GET_SEALS) & F_SEAL_SHRINK) && fstat(fd, &st) == 0 && st.st_size > 0;
+    void* mem = sealed ? mmap(nullptr, size_t(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    close(fd);
+    if (mem == MAP_FAILED) {
+      ++refused_;
+      continue;
+    }
+    if (adopt(sender, mem, size_t(st.st_size), true)) {
+      auto& since = hooked_[sender];
+      since = std::max(since, rings_[sender].header->created_ns);
+    }
+  }
+}
+
 void LaunchRings::discover() {
+  if (socket_ >= 0) receive();
   DIR* d = opendir(dir_.c_str());
   if (!d) return;
   while (const dirent* e = readdir(d)) {
     int pid = 0;
     char rest = 0;
-    if (std::sscanf(e->d_name, "launches-%d%c", &pid, &rest) != 1 || pid <= 0) continue;
-    const std::string path = dir_ + "/" + e->d_name;
-    auto known = rings_.find(pid);
-    if (known != rings_.end() && known->second.announcement == path) continue;
-    // "PID FD": the ring is the process's descriptor FD.
-    const auto text = read_text_file(path);
-    int said_pid = 0, fd = -1;
-    if (!text || std::sscanf(text->c_str(), "%d %d", &said_pid, &fd) != 2 || said_pid != pid || fd < 0) {
-      ++refused_;
+    if (std::sscanf(e->d_name, "loaded-%d%c", &pid, &rest) == 1 && pid > 0) {
+      const std::string path = dir_ + "/" + e->d_name;
+      const auto text = read_text_file(path);
+      const uint64_t at = text ? std::strtoull(text->c_str(), nullptr, 10) : 0;
+      auto& since = hooked_[pid];
+      since = std::max(since, at);
       unlink(path.c_str());
-      continue;
     }
-    const std::string ring_path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-    const int ring_fd = open(ring_path.c_str(), O_RDWR | O_CLOEXEC);
-    struct stat st{};
-    // Sealed against shrinking: the mapping can never run past the file (no SIGBUS here).
-    const bool sealed = ring_fd >= 0 && (fcntl(ring_fd, F_GET_SEALS) & F_SEAL_SHRINK) && fstat(ring_fd, &st) == 0 &&
-                        st.st_size > 0;
-    void* mem = sealed ? mmap(nullptr, size_t(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, ring_fd, 0) : MAP_FAILED;
-    if (ring_fd >= 0) close(ring_fd);
-    if (mem == MAP_FAILED) {
-      // Gone already (a short process), or not a ring of ours.
-      ++refused_;
-      unlink(path.c_str());
-      continue;
-    }
-    if (adopt(pid, mem, size_t(st.st_size), true)) rings_[pid].announcement = path;
-    else unlink(path.c_str());
   }
   closedir(d);
 }
@@ -120,6 +177,12 @@ size_t LaunchRings::drain_one(pid_t pid, Ring& r, const OnLaunch& on) {
 
 size_t LaunchRings::drain(const OnLaunch& on) {
   size_t n = 0;
+  for (auto& [pid, r] : retired_) {
+    n += drain_one(pid, r, on);
+    lost_gone_ += __atomic_load_n(&r.header->lost, __ATOMIC_RELAXED);
+    release(r);
+  }
+  retired_.clear();
   for (auto& [pid, r] : rings_) n += drain_one(pid, r, on);
   return n;
 }
@@ -129,9 +192,58 @@ void LaunchRings::forget(pid_t pid, const OnLaunch& on) {
   if (it == rings_.end()) return;
   drain_one(pid, it->second, on);
   lost_gone_ += __atomic_load_n(&it->second.header->lost, __ATOMIC_RELAXED);
-  if (!it->second.announcement.empty()) unlink(it->second.announcement.c_str());
   release(it->second);
   rings_.erase(it);
+}
+
+bool LaunchRings::to_call_record(uint32_t pid, const gs_launch_record& r, const std::string& comm,
+                                 gs_call_record& out) {
+  // gs_launch_api -> the function gpuscope's tables know (cuLaunchCooperativeKernel_ptsz is
+  // recorded as cuLaunchCooperativeKernel, which it is on another stream).
+  static const char* const kSymbols[GS_LAUNCH_API_COUNT] = {
+      nullptr,          "cuLaunchKernel",  "cuLaunchKernel_ptsz",       "cuLaunchKernelEx",
+      "cuLaunchKernelEx_ptsz", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel", "cuGraphLaunch",
+      "cuGraphLaunch_ptsz"};
+  if (r.api == 0 || r.api >= GS_LAUNCH_API_COUNT) return false;
+  const auto* f = cuda::function_by_symbol(kSymbols[r.api]);
+  if (!f) return false;
+  out = {};
+  out.kind = GS_REC_CALL;
+  out.func = f->id;
+  out.flags = GS_CALL_HAS_RETURN;
+  out.ts_ns = r.ts_ns;
+  out.duration_ns = r.duration_ns;
+  out.pid = pid;
+  out.tid = r.tid;
+  out.ret = r.result;
+  std::memcpy(out.comm, comm.data(), std::min(comm.size(), sizeof(out.comm) - 1));
+  const uint32_t grid[3] = {r.grid_x, r.grid_y, r.grid_z}, block[3] = {r.block_x, r.block_y, r.block_z};
+  switch (f->sig) {
+    case cuda::Signature::DrvLaunch:
+      out.args[0] = r.function;
+      for (int i = 0; i < 3; ++i) out.args[1 + i] = grid[i], out.args[4 + i] = block[i];
+      out.args[7] = r.shared_mem;
+      out.args[8] = r.stream;
+      break;
+    case cuda::Signature::DrvLaunchEx: {
+      // As the probe copies CUlaunchConfig at entry: grid, block, shared memory, then the stream.
+      out.args[1] = r.function;
+      out.flags |= GS_CALL_DEREF_OK;
+      std::memcpy(out.deref, grid, sizeof grid);
+      std::memcpy(out.deref + 12, block, sizeof block);
+      std::memcpy(out.deref + 24, &r.shared_mem, sizeof r.shared_mem);
+      std::memcpy(out.deref + 32, &r.stream, sizeof r.stream);
+      out.deref_len = 40;
+      break;
+    }
+    case cuda::Signature::GraphArgs:
+      out.args[0] = r.function;
+      out.args[1] = r.stream;
+      break;
+    default:
+      return false;
+  }
+  return true;
 }
 
 uint64_t LaunchRings::lost() const {

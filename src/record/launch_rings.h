@@ -1,8 +1,8 @@
 // The reading end of the launch rings (inject/launch_ring.h): the rings of the processes that
-// libgpuscope_launches.so was preloaded into, found by their announcements in one directory,
-// mapped from /proc/PID/fd/FD, and drained in order. A ring's contents come from the traced
-// process: every field is checked before it is used, and a ring that does not read as one is
-// left alone (counted), never trusted.
+// libgpuscope_launches.so was preloaded into, received on a socket in one directory (their
+// memfds, sent with SCM_RIGHTS), mapped, and drained in order. A ring's contents come from the
+// traced process: every field is checked before it is used, and a ring that does not read as one
+// is left alone (counted), never trusted.
 #pragma once
 
 #include <sys/types.h>
@@ -10,16 +10,20 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
+#include <vector>
 
+#include "events.h"
 #include "inject/launch_ring.h"
 
 namespace gpuscope::record {
 
 class LaunchRings {
  public:
-  // `dir`: where the processes announce their rings (GPUSCOPE_LAUNCH_RING).
-  explicit LaunchRings(std::string dir) : dir_(std::move(dir)) {}
+  // `dir`: where the processes send their rings (GPUSCOPE_LAUNCH_RING); its socket is made here
+  // (throws Error if it cannot be).
+  explicit LaunchRings(std::string dir);
   ~LaunchRings();
   LaunchRings(const LaunchRings&) = delete;
   LaunchRings& operator=(const LaunchRings&) = delete;
@@ -27,7 +31,7 @@ class LaunchRings {
   // A private directory for the announcements, made under `parent` (created 0700).
   static std::string make_dir(const std::string& parent);
 
-  // Maps the rings announced since the last call.
+  // Maps the rings sent since the last call, and notes the processes that said they have the hooks.
   void discover();
   // Hands each whole record not read yet to `on`, ring by ring, in each ring's order; returns how
   // many. The rings' tails move on, so the writers can reuse the slots.
@@ -37,11 +41,21 @@ class LaunchRings {
   void forget(pid_t pid, const OnLaunch& on);
 
   size_t rings() const { return rings_.size(); }
+  // Whether the process's image since `since_ns` (its last exec; 0: its start) has the hooks
+  // loaded (whether or not it made a ring).
+  bool hooked(pid_t pid, uint64_t since_ns) const {
+    const auto it = hooked_.find(pid);
+    return it != hooked_.end() && it->second >= since_ns;
+  }
   // Launches the writers could not write (their ring was full), over every ring read.
   uint64_t lost() const;
-  // Announcements that could not be read or mapped, or mapped but did not hold a ring.
+  // Rings sent that could not be mapped, or did not hold a ring of the process that sent them.
   uint64_t refused() const { return refused_; }
   const std::string& dir() const { return dir_; }
+
+  // The call record gpuscope's driver probes would have made of the launch (the thread's name
+  // `comm`); false if the entry point is not one gpuscope knows.
+  static bool to_call_record(uint32_t pid, const gs_launch_record& r, const std::string& comm, gs_call_record& out);
 
   // A ring already mapped (tests: recorded bytes), `bytes` long, as process `pid`'s.
   bool adopt(pid_t pid, void* mapping, size_t bytes, bool owned);
@@ -52,15 +66,19 @@ class LaunchRings {
     size_t bytes = 0;
     uint64_t read = 0;   // next position to read
     bool owned = false;  // unmapped here
-    std::string announcement;
   };
   size_t drain_one(pid_t pid, Ring& r, const OnLaunch& on);
   void release(Ring& r);
 
+  void receive();
   std::string dir_;
+  int socket_ = -1;
   std::map<pid_t, Ring> rings_;
   uint64_t lost_gone_ = 0;  // of rings forgotten
   uint64_t refused_ = 0;
+  std::map<pid_t, uint64_t> hooked_;  // pid -> when its latest image said it has the hooks
+  // Rings of a process's earlier image (before an exec), drained once more and let go.
+  std::vector<std::pair<pid_t, Ring>> retired_;
 };
 
 }  // namespace gpuscope::record

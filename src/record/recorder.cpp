@@ -26,6 +26,7 @@
 #include "discover/proc.h"
 #include "gpu/gpu_times.h"
 #include "inject/gpu_trace.h"
+#include "inject/launch_ring.h"
 #include "store/record_writer.h"
 #include "elf/elf_file.h"
 
@@ -89,7 +90,11 @@ class Recorder {
   const RecordOptions& opts_;
   std::unique_ptr<store::RecordWriter> writer_;
   std::unique_ptr<Tracer> tracer_;
+  // --launch-probes in-process: the library preloaded into the command, and where its processes
+  // announce their launch rings.
+  void prepare_launch_rings();
   std::string inject_library_, gpu_trace_dir_;
+  std::string launches_library_, launch_ring_dir_;
   pid_t child_ = 0;
 };
 
@@ -257,7 +262,14 @@ pid_t Recorder::spawn_command() {
     const std::string_view v(*e);
     if (!gpu_trace_dir_.empty() && (v.starts_with("CUDA_INJECTION64_PATH=") || v.starts_with(GS_GPU_TRACE_ENV "=")))
       continue;
+    if (!launch_ring_dir_.empty() && (v.starts_with("LD_PRELOAD=") || v.starts_with(GS_LAUNCH_RING_ENV "="))) continue;
     env_strings.emplace_back(*e);
+  }
+  if (!launch_ring_dir_.empty()) {
+    // First among the preloads: its dlsym must come before any other library's lookups.
+    const char* preload = getenv("LD_PRELOAD");
+    env_strings.push_back("LD_PRELOAD=" + launches_library_ + (preload && *preload ? std::string(":") + preload : ""));
+    env_strings.push_back(std::string(GS_LAUNCH_RING_ENV "=") + launch_ring_dir_);
   }
   if (!gpu_trace_dir_.empty()) {
     env_strings.push_back("CUDA_INJECTION64_PATH=" + inject_library_);
@@ -298,6 +310,21 @@ pid_t Recorder::spawn_command() {
   return pid;
 }
 
+void Recorder::prepare_launch_rings() {
+  if (opts_.tracer.launch_probes != LaunchProbes::InProcess) return;
+  if (opts_.command.empty())
+    throw Error("--launch-probes in-process works with record -- CMD (the library goes into the programs gpuscope "
+                "starts); with --pid or --all use auto");
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  const std::string exe = n > 0 ? std::string(self, size_t(n)) : std::string();
+  launches_library_ = exe.substr(0, exe.rfind('/') == std::string::npos ? 0 : exe.rfind('/')) + "/libgpuscope_launches.so";
+  if (access(launches_library_.c_str(), R_OK) != 0)
+    throw Error("--launch-probes in-process needs {} beside gpuscope; this install lacks it (use auto)", launches_library_);
+  // Shared memory's own file system where there is one: the announcements are a few bytes each.
+  launch_ring_dir_ = LaunchRings::make_dir(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
+}
+
 bool Recorder::targets_alive() const {
   for (pid_t p : opts_.pids)
     if (discover::process_exists(p)) return true;
@@ -307,6 +334,7 @@ bool Recorder::targets_alive() const {
 int Recorder::run() {
   attach::check_can_trace("gpuscope record");
   prepare_gpu_times();
+  prepare_launch_rings();
   // Every thread inherits this mask; signals arrive through the signalfd only.
   sigset_t sigs = handled_signals();
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
@@ -333,6 +361,7 @@ int Recorder::run() {
   // Kernels loaded before gpuscope started are named only by their runtime registration, so
   // the runtime's launch probes stay where processes are joined late.
   topts.whole_history = opts_.pids.empty() && !opts_.tracer.all;
+  topts.launch_ring_dir = launch_ring_dir_;
   tracer_ = std::make_unique<Tracer>(topts, *writer_);
   tracer_->start();
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include <fmt/ranges.h>
 
@@ -15,6 +16,7 @@
 #include "common/thread_name.h"
 #include "cuda/functions.h"
 #include "cuda/handoffs.h"
+#include "common/files.h"
 #include "discover/proc.h"
 #include "elf/elf_file.h"
 
@@ -92,12 +94,16 @@ StoppedProcesses::~StoppedProcesses() {
 Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
     : opts_(opts), sink_(sink), control_(std::make_unique<ControlQueue>()) {
   attach::SessionConfig cfg;
-  cfg.runtime_launch_probes = opts_.launch_probes != LaunchProbes::Driver;
+  const bool in_process = opts_.launch_probes == LaunchProbes::InProcess;
+  cfg.runtime_launch_probes = opts_.launch_probes != LaunchProbes::Driver && !in_process;
+  cfg.launch_probes = !in_process;
   detach_runtime_launches_with_driver_ = opts_.launch_probes == LaunchProbes::Auto && opts_.whole_history;
   drop_redundant_runtime_ = opts_.launch_probes != LaunchProbes::Both;
-  sink_.set_meta("launch_probes", opts_.launch_probes == LaunchProbes::Driver ? "driver"
+  sink_.set_meta("launch_probes", in_process                                 ? "in-process"
+                                  : opts_.launch_probes == LaunchProbes::Driver ? "driver"
                                   : detach_runtime_launches_with_driver_     ? "driver once probed"
                                                                               : "runtime and driver");
+  if (in_process) launch_rings_ = std::make_unique<LaunchRings>(opts_.launch_ring_dir);
   cfg.filter_targets = !opts_.all;
   cfg.program_stats = opts_.bpf_stats;
   cfg.program_stats_optional = opts_.bpf_stats_optional;
@@ -176,7 +182,10 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   pipeline_->on_control_record([this](uint16_t kind, const void* data) {
     if (kind == GS_REC_LIBLOAD) control_->push_libload(*static_cast<const gs_libload_record*>(data));
     const auto* proc = static_cast<const gs_proc_record*>(data);
-    if (kind == GS_REC_EXEC) control_->push_exec(static_cast<pid_t>(proc->pid));
+    if (kind == GS_REC_EXEC) {
+      control_->push_exec(static_cast<pid_t>(proc->pid));
+      if (launch_rings_) last_exec_ns_[pid_t(proc->pid)] = proc->ts_ns;  // this thread drains the rings
+    }
     if (kind == GS_REC_EXIT) control_->push_exit(static_cast<pid_t>(proc->pid), proc->ts_ns, opts_.all);
   });
   bpf_->set_handler([p = pipeline_.get()](const void* data, size_t size) { p->push(data, size); });
@@ -193,6 +202,7 @@ void Tracer::start() {
     name_this_thread("gs-ringbuf");
     while (consuming_.load(std::memory_order_relaxed)) {
       bpf_->poll(opts_.poll_ms);
+      if (launch_rings_) drain_launch_rings(false);
       pipeline_->end_batch();
     }
   });
@@ -208,9 +218,11 @@ void Tracer::stop() {
   if (consuming_.exchange(false)) {
     consumer_.join();
     while (bpf_->poll(0) > 0) pipeline_->end_batch();  // drain what is left
+    if (launch_rings_) drain_launch_rings(true);
     pipeline_->end_batch();
     handle_control();
   }
+  if (launch_rings_) report_launch_rings();
   if (guardian_) guardian_->ended_in_order();
   if (nvml_) nvml_->stop();
   pressure_.stop();
@@ -227,7 +239,69 @@ void Tracer::process_gone(pid_t pid) { lifetime_.exited(static_cast<uint32_t>(pi
 
 void Tracer::add_target(pid_t pid) { bpf_->add_target(pid); }
 
+void Tracer::drain_launch_rings(bool final) {
+  const uint64_t now = monotonic_ns();
+  if (final || now >= rings_discovered_ns_ + kRingDiscoverNs) {
+    launch_rings_->discover();
+    rings_discovered_ns_ = now;
+  }
+  auto push = [this](uint32_t pid, const gs_launch_record& r) {
+    auto name = thread_comms_.find(r.tid);
+    if (name == thread_comms_.end()) {
+      if (thread_comms_.size() >= 65536) thread_comms_.clear();
+      auto comm = read_text_file(fmt::format("/proc/{}/task/{}/comm", pid, r.tid));
+      if (!comm) comm = read_text_file(fmt::format("/proc/{}/comm", pid));
+      std::string c = comm.value_or("");
+      if (!c.empty() && c.back() == '\n') c.pop_back();
+      name = thread_comms_.emplace(r.tid, std::move(c)).first;
+    }
+    gs_call_record rec;
+    if (!LaunchRings::to_call_record(pid, r, name->second, rec)) return;
+    ring_processes_.insert(pid_t(pid));
+    ++ring_launches_;
+    pipeline_->push(&rec, sizeof rec);
+  };
+  std::vector<pid_t> exited;
+  {
+    std::lock_guard lock(ring_exits_mu_);
+    exited.swap(ring_exits_);
+  }
+  launch_rings_->drain(push);
+  for (pid_t pid : exited) launch_rings_->forget(pid, push);
+  if (final)
+    for (pid_t pid : std::set<pid_t>(ring_processes_)) launch_rings_->forget(pid, push);
+}
+
+void Tracer::report_launch_rings() {
+  sink_.set_meta("launch_ring_launches", std::to_string(ring_launches_));
+  sink_.set_meta("launch_ring_lost", std::to_string(launch_rings_->lost()));
+  sink_.set_meta("launch_ring_processes", std::to_string(ring_processes_.size()));
+  if (launch_rings_->lost())
+    log_warn("{} launches did not fit their processes' launch rings and are not in the record (counted in meta "
+             "launch_ring_lost)",
+             launch_rings_->lost());
+  std::vector<std::string> without;
+  for (pid_t pid : seen_cuda_processes_)
+    if (const auto exec = last_exec_ns_.find(pid);
+        !launch_rings_->hooked(pid, exec == last_exec_ns_.end() ? 0 : exec->second))
+      without.push_back(std::to_string(pid));
+  if (!without.empty()) {
+    sink_.set_meta("launch_ring_missing", fmt::format("{}", fmt::join(without, ",")));
+    if (!opts_.quiet)
+      log_warn("process(es) {} loaded CUDA without libgpuscope_launches.so (their environment dropped "
+               "LD_PRELOAD, or a static program): their launches are not in the record; --launch-probes auto "
+               "records them with probes",
+               fmt::join(without, ", "));
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(opts_.launch_ring_dir, ec);
+}
+
 void Tracer::forget_process(pid_t pid) {
+  if (launch_rings_) {
+    std::lock_guard lock(ring_exits_mu_);
+    ring_exits_.push_back(pid);
+  }
   cuda_processes_.erase(pid);
   pressure_.watch(pid, false);
   bpf_->forget_process(pid);
@@ -239,6 +313,7 @@ void Tracer::attach_library(pid_t pid, const std::string& open_path, const std::
   auto res = bpf_->attach_file(open_path);
   if (res.error.empty() && opts_.all && !cuda_processes_.contains(pid)) bpf_->add_host_process(pid);
   if (res.error.empty() && !cuda_processes_.contains(pid)) pressure_.watch(pid, true);
+  if (res.error.empty() && launch_rings_) seen_cuda_processes_.insert(pid);
   if (res.error.empty() && cuda_processes_.insert(pid).second && opts_.only_cuda_processes) {
     bpf_->add_target(pid);  // sampled from now on
     if (on_cuda_process) on_cuda_process(pid, at_load);

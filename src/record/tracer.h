@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "attach/bpf_session.h"
@@ -21,6 +22,7 @@
 #include "discover/python.h"
 #include "gpu/nvml.h"
 #include "host/pressure.h"
+#include "record/launch_rings.h"
 #include "record/pipeline.h"
 #include "record/process_lifetime.h"
 #include "record/stack_maps.h"
@@ -36,6 +38,9 @@ enum class LaunchProbes {
   Auto,    // driver only once the driver is probed, when every process is seen from its start
   Driver,  // driver only: one trap per launch; kernels loaded before gpuscope started go unnamed
   Both,    // runtime and driver: two traps per runtime launch, names from either side
+  // None probed: each process started with libgpuscope_launches.so preloaded writes its launches
+  // into a ring in shared memory (record/launch_rings.h), no trap each. record -- CMD only.
+  InProcess,
 };
 
 struct TracerOptions {
@@ -59,6 +64,7 @@ struct TracerOptions {
   uint32_t unwind_table_mb = 128;    // the tables' memory cap
   std::string unwind_cache_dir;      // compiled tables kept between runs; empty: none
   LaunchProbes launch_probes = LaunchProbes::Auto;
+  std::string launch_ring_dir;  // InProcess: where the processes announce their rings
   bool bpf_stats = false;
   bool bpf_stats_optional = false;  // go on without them where they are refused
   bool floor_probes = false;        // benchmarks: the CUDA probes run an empty program
@@ -166,6 +172,13 @@ class Tracer {
   // runtime_probes_removed names them.
   void drop_redundant_runtime_probes();
 
+  // InProcess: reads the launch rings into the pipeline, on the ring-buffer thread (discovering
+  // new rings every kRingDiscoverNs, letting go of exited processes' after a last read).
+  void drain_launch_rings(bool final);
+  static constexpr uint64_t kRingDiscoverNs = 20'000'000;
+  // Says what the rings lost, and which CUDA processes had none (their launches went unseen).
+  void report_launch_rings();
+
   class ControlQueue;
   void attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns,
                       bool at_load = true);
@@ -200,6 +213,15 @@ class Tracer {
   bool detach_runtime_launches_with_driver_ = false;
   bool drop_redundant_runtime_ = false;
   std::vector<std::string> runtime_probes_removed_;
+  std::unique_ptr<LaunchRings> launch_rings_;
+  uint64_t rings_discovered_ns_ = 0;
+  std::mutex ring_exits_mu_;
+  std::vector<pid_t> ring_exits_;                          // exited processes, for the ring-buffer thread
+  std::unordered_map<uint32_t, std::string> thread_comms_;  // tid -> name, for the rings' calls
+  std::set<pid_t> ring_processes_;                          // every process whose ring was read
+  std::set<pid_t> seen_cuda_processes_;                     // InProcess: every process with a CUDA library
+  std::map<pid_t, uint64_t> last_exec_ns_;                  // InProcess, ring-buffer thread: pid -> its last exec
+  uint64_t ring_launches_ = 0;
   std::atomic<bool> consuming_{false};
   std::thread consumer_;
   bool stopped_threads_ = false;

@@ -76,3 +76,42 @@ def test_a_ring_only_for_programs_that_look_the_driver_up():
     # before any launch could come), fails to start, and runs on as without the hooks.
     program, rings = drained("python3", "-c", "import ctypes; ctypes.CDLL(%r).cudaFree(None)" % str(CUDART))
     assert rings["exit"] == 0 and rings["processes"] == {} and rings["refused"] == 0, rings
+
+
+def launch_rows(rec):
+    """(function, process's role, count, grid x, block x, shared memory, streams, with a stack) per launch kind."""
+    parent = rec.scalar("SELECT min(pid) FROM calls")
+    return {(name, "parent" if pid == parent else "child"): rest for name, pid, *rest in rec.query(
+        "SELECT f.name, c.pid, count(*), sum(c.grid_x), sum(c.block_x), sum(c.shared_mem), "
+        "count(DISTINCT c.stream), count(c.stack_id) FROM calls c JOIN functions f ON f.id = c.func "
+        "WHERE f.kind IN ('launch', 'graph_launch') GROUP BY 1, 2")}
+
+
+def test_record_in_process_has_the_launches_the_probes_record(record, tmp_path):
+    n = 300
+    env = dict(os.environ, LD_LIBRARY_PATH=str(FAKE_DRIVER))
+    target = [TARGETS / "driver_lookups", "--launches", n, "--threads", 2, "--fork"]
+    shm_before = set(os.listdir("/dev/shm"))
+    probed = launch_rows(record("--", *target, env=env))
+    rec = record("--launch-probes", "in-process", "--", *target, env=env)
+    assert rec.returncode == 0, rec.stderr
+    hooked = launch_rows(rec)
+    assert len(probed) == 8 and {k: v[:5] for k, v in hooked.items()} == {k: v[:5] for k, v in probed.items()}
+    assert all(v[5] == 0 for v in hooked.values())  # no stacks for these launches yet
+    assert hooked[("cuLaunchKernel", "parent")][0] == 2 * n and hooked[("cuGraphLaunch", "child")][0] == n
+    meta = dict(rec.query("SELECT key, value FROM meta WHERE key LIKE 'launch%'"))
+    assert meta == {"launch_probes": "in-process", "launch_ring_launches": str(12 * n), "launch_ring_lost": "0",
+                    "launch_ring_processes": "2"}, meta
+    assert set(os.listdir("/dev/shm")) == shm_before  # the rings' directory is gone
+
+
+def test_record_in_process_names_the_processes_it_could_not_see(record, gpuscope):
+    env = dict(os.environ, LD_LIBRARY_PATH=str(FAKE_DRIVER))
+    rec = record("--launch-probes", "in-process", "--", "env", "-u", "LD_PRELOAD", TARGETS / "driver_lookups",
+                 "--launches", 5, env=env)
+    pid = json.loads(rec.stdout)["pid"]
+    assert f"process(es) {pid} loaded CUDA without libgpuscope_launches.so" in rec.stderr, rec.stderr
+    assert rec.scalar("SELECT value FROM meta WHERE key = 'launch_ring_missing'") == str(pid)
+    out = gpuscope("record", "--launch-probes", "in-process", "-p", os.getpid(), "-o", "/dev/null")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "works with record -- CMD" in out.stderr

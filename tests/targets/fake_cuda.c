@@ -8,7 +8,7 @@ static volatile uint64_t launches;
 
 uint64_t fake_cuda_launches(void) { return __atomic_load_n(&launches, __ATOMIC_RELAXED); }
 
-static int count(void) {
+__attribute__((noinline)) static int count(void) {
   __atomic_fetch_add(&launches, 1, __ATOMIC_RELAXED);
   return 0;
 }

@@ -8,6 +8,9 @@
 #include <cstring>
 #include <vector>
 
+#include "common/model.h"
+#include "cuda/functions.h"
+#include "decode/decoder.h"
 #include "record/launch_rings.h"
 
 using namespace gpuscope;
@@ -52,7 +55,7 @@ std::vector<uint64_t> drain(record::LaunchRings& rings) {
 
 TEST(LaunchRings, RecordsComeInOrderOnceEachAndTheSlotsAreReused) {
   MemoryRing m(4);
-  record::LaunchRings rings("/nonexistent");
+  record::LaunchRings rings("");
   ASSERT_TRUE(rings.adopt(77, m.words.data(), m.bytes(), false));
   EXPECT_EQ(m.header()->reader_pid, uint32_t(getpid()));  // the writers know a reader is there
   for (uint64_t f : {10, 11, 12}) m.write(f);
@@ -67,7 +70,7 @@ TEST(LaunchRings, RecordsComeInOrderOnceEachAndTheSlotsAreReused) {
 
 TEST(LaunchRings, AReservedSlotNotYetPublishedHoldsBackWhatComesAfterIt) {
   MemoryRing m(8);
-  record::LaunchRings rings("/nonexistent");
+  record::LaunchRings rings("");
   ASSERT_TRUE(rings.adopt(77, m.words.data(), m.bytes(), false));
   m.write(1);
   const uint64_t pending = m.write(2, false);
@@ -80,7 +83,7 @@ TEST(LaunchRings, AReservedSlotNotYetPublishedHoldsBackWhatComesAfterIt) {
 
 TEST(LaunchRings, AStaleSlotFromTheLastLapIsNotReadAgain) {
   MemoryRing m(4);
-  record::LaunchRings rings("/nonexistent");
+  record::LaunchRings rings("");
   ASSERT_TRUE(rings.adopt(77, m.words.data(), m.bytes(), false));
   for (uint64_t f : {1, 2, 3, 4}) m.write(f);
   EXPECT_EQ(drain(rings).size(), 4u);
@@ -91,7 +94,7 @@ TEST(LaunchRings, AStaleSlotFromTheLastLapIsNotReadAgain) {
 
 TEST(LaunchRings, WhatTheWritersLostIsCountedAlsoOnceTheProcessIsGone) {
   MemoryRing a(4), b(4, 78);
-  record::LaunchRings rings("/nonexistent");
+  record::LaunchRings rings("");
   ASSERT_TRUE(rings.adopt(77, a.words.data(), a.bytes(), false));
   ASSERT_TRUE(rings.adopt(78, b.words.data(), b.bytes(), false));
   a.header()->lost = 5;
@@ -106,7 +109,7 @@ TEST(LaunchRings, WhatTheWritersLostIsCountedAlsoOnceTheProcessIsGone) {
 }
 
 TEST(LaunchRings, WhatIsNotARingIsRefused) {
-  record::LaunchRings rings("/nonexistent");
+  record::LaunchRings rings("");
   auto refused = [&](auto spoil) {
     MemoryRing m(4);
     spoil(m);
@@ -122,4 +125,49 @@ TEST(LaunchRings, WhatIsNotARingIsRefused) {
   EXPECT_EQ(rings.rings(), 0u);
   MemoryRing small(4);
   EXPECT_FALSE(rings.adopt(77, small.words.data(), sizeof(gs_launch_ring_header) - 8, false));
+}
+
+TEST(LaunchRings, ALaunchReadsAsTheDriverProbesWouldHaveRecordedIt) {
+  gs_launch_record r{};
+  r.ts_ns = 5000;
+  r.duration_ns = 700;
+  r.function = 0xabc0;
+  r.stream = 0x55;
+  r.tid = 91;
+  r.grid_x = 70000, r.grid_y = 2, r.grid_z = 3;
+  r.block_x = 128, r.block_y = 4, r.block_z = 1;
+  r.shared_mem = 4096;
+  r.result = 0;
+  for (uint16_t api : {GS_LAUNCH_CU_LAUNCH_KERNEL_PTSZ, GS_LAUNCH_CU_LAUNCH_KERNEL_EX, GS_LAUNCH_CU_GRAPH_LAUNCH}) {
+    r.api = api;
+    gs_call_record rec;
+    ASSERT_TRUE(record::LaunchRings::to_call_record(90, r, "python3", rec));
+    CallEvent e;
+    ASSERT_TRUE(decode::decode_call(rec, e, {}));
+    const auto* f = cuda::function_by_id(e.func);
+    EXPECT_EQ(f->api, cuda::Api::Driver);
+    EXPECT_EQ(e.pid, 90u);
+    EXPECT_EQ(e.tid, 91u);
+    EXPECT_EQ(e.ts_ns, 5000u);
+    EXPECT_EQ(e.duration_ns, 700u);
+    EXPECT_TRUE(e.has_return);
+    EXPECT_EQ(e.comm, "python3");
+    EXPECT_EQ(e.kernel_handle, 0xabc0u);
+    EXPECT_EQ(e.stream, 0x55u);
+    if (api == GS_LAUNCH_CU_GRAPH_LAUNCH) {
+      EXPECT_EQ(f->symbol, "cuGraphLaunch");
+      continue;
+    }
+    EXPECT_EQ(f->symbol, api == GS_LAUNCH_CU_LAUNCH_KERNEL_EX ? "cuLaunchKernelEx" : "cuLaunchKernel_ptsz");
+    EXPECT_EQ(e.grid[0], 70000u);
+    EXPECT_EQ(e.grid[2], 3u);
+    EXPECT_EQ(e.block[0], 128u);
+    EXPECT_EQ(e.block[1], 4u);
+    EXPECT_EQ(e.shared_mem, 4096u);
+  }
+  r.api = 0;
+  gs_call_record rec;
+  EXPECT_FALSE(record::LaunchRings::to_call_record(90, r, "x", rec));
+  r.api = 200;
+  EXPECT_FALSE(record::LaunchRings::to_call_record(90, r, "x", rec));
 }

@@ -153,7 +153,7 @@ static __always_inline bool stack_sampled_out(__u64 cookie, __u32 tgid, __u32 *f
  * verifier explores past its limit. */
 __noinline int charge_stack_walks(__u64 cookie, __u32 tgid, __u64 t0)
 {
-	if (!stack_budget || !capture_stacks || !GS_COOKIE_SAMPLED_STACK(cookie))
+	if (!stack_budget || !capture_stacks || !(GS_COOKIE_SAMPLED_STACK(cookie) || GS_COOKIE_CHOSEN_STACK(cookie)))
 		return 0;
 	struct gs_stack_cost *c = bpf_map_lookup_elem(&stack_costs, &tgid);
 	if (!c) {

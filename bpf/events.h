@@ -68,6 +68,8 @@ enum gs_record_kind {
  *   bit  41      the argument after the out-pointer (bits 32..35) is a second one, a size: its
  *                8 bytes are read at return too, as the call's entry data (deref_len 8; a module
  *                global's lookup: its address and size)
+ *   bit  42      a launch whose stack the in-process hooks chose (gpuscope_launch_stack): its
+ *                stack is always walked, and the walk charged to --stack-budget like bit 37's
  */
 #define GS_COOKIE_FUNC(c) ((__u32)((c) & 0xffff))
 #define GS_COOKIE_ENTRY_ARG(c) ((__u32)(((c) >> 16) & 0xf))
@@ -83,6 +85,7 @@ enum gs_record_kind {
 #define GS_COOKIE_BATCH(c) ((__u32)(((c) >> 39) & 0x1))
 #define GS_COOKIE_BATCH3D(c) ((__u32)(((c) >> 40) & 0x1))
 #define GS_COOKIE_OUT_SIZE(c) ((__u32)(((c) >> 41) & 0x1))
+#define GS_COOKIE_CHOSEN_STACK(c) ((__u32)(((c) >> 42) & 0x1))
 
 enum gs_call_flags {
 	GS_CALL_HAS_RETURN = 1 << 0,  /* ret and duration are valid */

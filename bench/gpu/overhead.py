@@ -32,7 +32,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from uprobe_cost import own_cost  # noqa: E402  gpuscope's own CPU, recording time and RSS from a record
-TORCH_WORKLOADS = "eager_add,train_step,generation,copy_mix"
+TORCH_WORKLOADS = "eager_add,train_step,generation,copy_mix,lstm_infer,multi_stream"
 CPP = "cpp_launch"
 
 
@@ -61,6 +61,11 @@ def configurations(gpuscope, nsys, nsys_backtraces):
     if every:
         c["gpuscope +stacks budget"] = ("gpuscope", [])
     # Later capabilities join the suite as soon as the binary offers them.
+    if "in-process" in helptext:
+        # Launches through the preloaded hooks' rings, no trap each (issue 33): calls only, and
+        # with record's stack budget (1 launch in N through a probe for its stack).
+        c["gpuscope in-process calls"] = ("gpuscope", ["--launch-probes", "in-process", "--no-stacks"])
+        c["gpuscope in-process +stacks budget"] = ("gpuscope", ["--launch-probes", "in-process"])
     if "--no-python" in helptext:
         # "+stacks" walks Python frames too; this one shows what that walk costs.
         c["gpuscope +stacks native only"] = ("gpuscope", ["--no-python", *every])

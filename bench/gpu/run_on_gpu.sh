@@ -80,7 +80,7 @@ EOF
 
 if [[ " $STAGES " == *" validate "* ]]; then
 {
-  for probes in auto both; do
+  for probes in auto both in-process; do
     echo "== validation: PyTorch training loop vs torch.profiler, --launch-probes $probes"
     $BUILD/gpuscope record --bpf-stats --launch-probes $probes -o "$OUT/train-$probes.gpuscope" -- \
         $PY bench/gpu/train_step.py "$OUT/truth-$probes.json" --steps 5

@@ -76,7 +76,48 @@ def copy_mix(steps=20, copies=50):
     return step, steps, "ms_per_step", 1e3
 
 
-WORKLOADS = {"eager_add": eager_add, "train_step": train_step, "generation": generation, "copy_mix": copy_mix}
+def lstm_infer(steps=50):
+    """cuDNN LSTM inference, batch 1, 32 time steps, 2 layers (launch-bound, issue 33): ms per step."""
+    model = torch.nn.LSTM(input_size=128, hidden_size=256, num_layers=2, batch_first=True).cuda().eval()
+    x = torch.randn(1, 32, 128, device="cuda")
+
+    def step():
+        with torch.no_grad():
+            for _ in range(4):
+                model(x)
+        torch.cuda.synchronize()
+    return step, steps, "ms_per_step", 1e3
+
+
+def multi_stream(steps=50, streams=4, rounds=16):
+    """Small kernels on several streams joined by events, with small pinned copies in and out
+    (issue 33): ms per step."""
+    ss = [torch.cuda.Stream() for _ in range(streams)]
+    xs = [torch.randn(4096, device="cuda") for _ in range(streams)]
+    host = torch.randn(4096).pin_memory()
+    back = torch.empty(4096).pin_memory()
+
+    def step():
+        main = torch.cuda.current_stream()
+        for _ in range(rounds):
+            done = []
+            for s, x in zip(ss, xs):
+                s.wait_stream(main)
+                with torch.cuda.stream(s):
+                    x.copy_(host, non_blocking=True)
+                    x.mul_(1.0001).add_(0.5)
+                    e = torch.cuda.Event()
+                    e.record(s)
+                    done.append(e)
+            for e in done:
+                main.wait_event(e)
+            back.copy_(xs[0], non_blocking=True)
+        torch.cuda.synchronize()
+    return step, steps, "ms_per_step", 1e3
+
+
+WORKLOADS = {"eager_add": eager_add, "train_step": train_step, "generation": generation, "copy_mix": copy_mix,
+             "lstm_infer": lstm_infer, "multi_stream": multi_stream}
 
 
 def run(name, profiler):

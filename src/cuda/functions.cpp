@@ -161,6 +161,8 @@ constexpr auto kFunctions = std::to_array<FunctionSpec>({
     launch(104, "cuLaunchCooperativeKernel", Driver, DrvLaunch),
     {105, "cuGraphLaunch", Driver, GraphLaunch, GraphArgs, true},
     {106, "cuGraphLaunch_ptsz", Driver, GraphLaunch, GraphArgs, true},
+    // In libgpuscope_launches.so, not CUDA: its calls are recorded as the launches they carry.
+    {107, "gpuscope_launch_stack", Driver, Launch, InProcessLaunch, false, 0, 64},
     alloc(110, "cuMemAlloc_v2", Driver, MemKind::Device),
     alloc(111, "cuMemAllocAsync", Driver, MemKind::Device, true),
     alloc(112, "cuMemAllocAsync_ptsz", Driver, MemKind::Device, true),
@@ -370,14 +372,16 @@ uint64_t probe_cookie(const FunctionSpec& f) {
     c |= uint64_t(f.entry_deref_len) << 24;
   }
   if (f.kind == KernelLookup) c |= uint64_t(1) << 21;
-  if (f.kind == Launch) c |= uint64_t(1) << (f.api == Runtime ? 22 : 23);
+  const bool in_process = f.sig == InProcessLaunch;
+  if (f.kind == Launch && !in_process) c |= uint64_t(1) << (f.api == Runtime ? 22 : 23);
   if (f.return_out_arg >= 0) c |= uint64_t(f.return_out_arg + 1) << 32;
   if (f.return_out_arg >= 0 && !f.has_return) c |= uint64_t(1) << 38;  // read at the next launch
   if (f.batch_sizes) c |= uint64_t(1) << 39;
   if (f.batch_3d_ops) c |= uint64_t(1) << 40;
   if (f.return_out_size) c |= uint64_t(1) << 41;
   if (f.api == Runtime) c |= uint64_t(1) << 36;
-  if (is_high_rate(f.kind)) c |= uint64_t(1) << 37;
+  // The hooks chose the launch's stack already: always walked, not sampled again; charged.
+  if (is_high_rate(f.kind)) c |= uint64_t(1) << (in_process ? 42 : 37);
   return c;
 }
 

@@ -79,6 +79,10 @@ enum class Signature : uint8_t {
   NamedLookup,      // (Handle* out, parent, const char* name)
   KernelGetFunction,// (CUfunction* out, CUkernel)
   GlobalLookup,     // (CUdeviceptr* dptr, size_t* bytes, module or library, name): both read at return
+  // gpuscope_launch_stack(const gs_launch_record*, N): a launch the in-process hooks made, handed
+  // to a probe for its stack (1 in N, N its weight); the record is copied at entry
+  // (inject/launch_ring.h, record --launch-probes in-process).
+  InProcessLaunch,
 };
 
 // Direction of a copy, as cudaMemcpyKind numbers it.

@@ -1,5 +1,6 @@
 #include "decode/decoder.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "decode/copies.h"
@@ -20,6 +21,32 @@ std::string deref_string(const gs_call_record& r) {
 cuda::CopyDir runtime_kind(uint64_t kind) { return kind <= 4 ? static_cast<cuda::CopyDir>(kind) : cuda::CopyDir::Unknown; }
 
 }  // namespace
+
+const cuda::FunctionSpec* launch_api_function(uint16_t api) {
+  static const char* const kSymbols[GS_LAUNCH_API_COUNT] = {
+      nullptr,         "cuLaunchKernel",   "cuLaunchKernel_ptsz",       "cuLaunchKernelEx",
+      "cuLaunchKernelEx_ptsz", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel", "cuGraphLaunch",
+      "cuGraphLaunch_ptsz"};
+  return api > 0 && api < GS_LAUNCH_API_COUNT ? cuda::function_by_symbol(kSymbols[api]) : nullptr;
+}
+
+bool decode_in_process_launch(const gs_launch_record& r, CallEvent& e) {
+  const cuda::FunctionSpec* f = launch_api_function(r.api);
+  if (!f) return false;
+  e.func = f->id;
+  e.ts_ns = r.ts_ns;
+  e.duration_ns = r.duration_ns;
+  e.has_return = true;
+  e.ret = r.result;
+  e.kernel_handle = r.function;
+  e.stream = r.stream;
+  if (f->kind == cuda::CallKind::Launch) {
+    e.grid[0] = r.grid_x, e.grid[1] = r.grid_y, e.grid[2] = r.grid_z;
+    e.block[0] = r.block_x, e.block[1] = r.block_y, e.block[2] = r.block_z;
+    e.shared_mem = r.shared_mem;
+  }
+  return true;
+}
 
 bool decode_call(const gs_call_record& r, CallEvent& e, std::span<const uint8_t> deref_more) {
   const cuda::FunctionSpec* f = cuda::function_by_id(r.func);
@@ -70,6 +97,12 @@ bool decode_call(const gs_call_record& r, CallEvent& e, std::span<const uint8_t>
     case cuda::Signature::GraphArgs:
       e.kernel_handle = a[0];
       e.stream = a[1];
+      break;
+    case cuda::Signature::InProcessLaunch:
+      // The launch as the hooks recorded it, at its own time; the stack (walked at this probe)
+      // stands for N launches, N the hooks' (the rest are in the ring, left out).
+      if (!d.ok() || !decode_in_process_launch(d.get_struct<gs_launch_record>(), e)) return false;
+      e.stack_weight = std::max<uint32_t>(uint32_t(a[1]), 1);
       break;
     case cuda::Signature::AllocOut:
       e.bytes = a[1];

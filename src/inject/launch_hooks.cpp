@@ -169,6 +169,8 @@ void make_ring() {
   h->slots = slots;
   h->pid = uint32_t(pid);
   h->created_ns = now_ns();
+  if (const char* every = std::getenv(GS_LAUNCH_STACK_EVERY_ENV))
+    h->stack_every = uint32_t(std::strtoul(every, nullptr, 10));
   // Handed to gpuscope, which holds it from then on: a process that ends, however it ends,
   // leaves its ring readable. The process keeps only the mapping.
   const bool sent = send_ring(dir, fd, pid);
@@ -255,22 +257,7 @@ struct Launch {
 
 uint16_t clamp16(unsigned v) { return v > 0xffff ? 0xffff : uint16_t(v); }
 
-void write(const Launch& l) {
-  gs_launch_ring_header* h = ring();
-  if (!h) {
-    g_unrecorded.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  uint64_t pos = __atomic_load_n(&h->head, __ATOMIC_RELAXED);
-  do {
-    // Signed: a `pos` read before the reader moved the tail past it is behind the tail, not full
-    // (the compare-and-swap then fails and reads the head again).
-    if (int64_t(pos - __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE)) >= int64_t(h->slots)) {
-      __atomic_fetch_add(&h->lost, 1, __ATOMIC_RELAXED);
-      return;
-    }
-  } while (!__atomic_compare_exchange_n(&h->head, &pos, pos + 1, true, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
-  gs_launch_record& r = g_ring.slots[pos & g_ring.mask];
+void fill(gs_launch_record& r, const Launch& l, uint16_t flags) {
   r.ts_ns = l.ts_ns;
   r.function = uint64_t(l.function);
   r.stream = uint64_t(l.stream);
@@ -286,7 +273,73 @@ void write(const Launch& l) {
   const uint64_t d = l.end_ns - l.ts_ns;
   r.duration_ns = d > 0xffffffffull ? 0xffffffffu : uint32_t(d);
   r.result = uint16_t(l.result);
-  r.flags = l.flags;
+  r.flags = flags;
+}
+
+// Whether this launch is the one in `every` whose stack is taken (a per-thread xorshift: no lock,
+// no system call).
+__attribute__((tls_model("initial-exec"))) thread_local uint64_t t_random = 0;
+bool chosen(uint32_t every) {
+  if (every <= 1) return true;
+  uint64_t x = t_random ? t_random : (uint64_t(thread_id()) << 32 | 0x9e3779b9u) ^ now_ns();
+  x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+  t_random = x;
+  return (x >> 11) % every == 0;
+}
+
+}  // namespace
+
+// A launch whose stack is wanted: gpuscope probes gpuscope_launch_stack(const gs_launch_record*
+// r, uint32_t every), walks the stack from there and records the launch `r` with it, standing for
+// `every` launches. It does nothing itself. It begins with push %rbp, as CUDA's entry points do
+// (an emulated instruction for uprobes), not with the 5-byte nop that kernel 6.18 turns into a
+// call to a trampoline page: a forked child inherits that call but not the page, and died of
+// SIGSEGV at its first launch with a stack (dev VM, 2026-11-27).
+extern "C" void gpuscope_launch_stack(const gs_launch_record* r, uint32_t every);
+__asm__(R"(
+  .text
+  .globl gpuscope_launch_stack
+  .type gpuscope_launch_stack, @function
+gpuscope_launch_stack:
+  .cfi_startproc
+  push %rbp
+  .cfi_adjust_cfa_offset 8
+  .cfi_offset %rbp, -16
+  mov %rsp, %rbp
+  pop %rbp
+  .cfi_adjust_cfa_offset -8
+  .cfi_restore %rbp
+  ret
+  .cfi_endproc
+  .size gpuscope_launch_stack, .-gpuscope_launch_stack
+)");
+
+namespace {
+
+void write(const Launch& l) {
+  gs_launch_ring_header* h = ring();
+  if (!h) {
+    g_unrecorded.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const uint32_t every = __atomic_load_n(&h->stack_every, __ATOMIC_RELAXED);
+  if (every && chosen(every)) {
+    gs_launch_record r{};
+    fill(r, l, l.flags);
+    gpuscope_launch_stack(&r, every);
+    return;
+  }
+  uint64_t pos = __atomic_load_n(&h->head, __ATOMIC_RELAXED);
+  do {
+    // Signed: a `pos` read before the reader moved the tail past it is behind the tail, not full
+    // (the compare-and-swap then fails and reads the head again).
+    if (int64_t(pos - __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE)) >= int64_t(h->slots)) {
+      __atomic_fetch_add(&h->lost, 1, __ATOMIC_RELAXED);
+      return;
+    }
+  } while (!__atomic_compare_exchange_n(&h->head, &pos, pos + 1, true, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
+  gs_launch_record& r = g_ring.slots[pos & g_ring.mask];
+  fill(r, l, uint16_t(l.flags | (every ? GS_LAUNCH_STACK_LEFT_OUT : 0)));
   __atomic_store_n(&r.seq, pos + 1, __ATOMIC_RELEASE);
 }
 

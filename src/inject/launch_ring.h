@@ -21,6 +21,8 @@
 #include <stdint.h>
 
 #define GS_LAUNCH_RING_ENV "GPUSCOPE_LAUNCH_RING"
+/* The ring's stack_every until gpuscope sets it (0 if unset). */
+#define GS_LAUNCH_STACK_EVERY_ENV "GPUSCOPE_LAUNCH_STACK_EVERY"
 #define GS_LAUNCH_RING_MAGIC "GSLNCH1"
 #define GS_LAUNCH_RING_VERSION 1
 #define GS_LAUNCH_RING_SOCKET "rings.sock"
@@ -42,6 +44,7 @@ enum gs_launch_api {
 /* How the wrapper was reached (flags). */
 #define GS_LAUNCH_VIA_PROC_ADDRESS 0x1u /* a pointer cuGetProcAddress handed out */
 #define GS_LAUNCH_VIA_SYMBOL 0x2u       /* a call bound to the symbol (the preload interposed it) */
+#define GS_LAUNCH_STACK_LEFT_OUT 0x4u   /* stacks are taken for 1 launch in N, and not this one's */
 
 struct gs_launch_record {
   uint64_t seq;       /* position + 1, stored last: the record is whole once it reads so */
@@ -70,7 +73,10 @@ struct gs_launch_ring_header {
   uint32_t pid;
   uint64_t created_ns;
   uint32_t reader_pid; /* set by gpuscope once it maps the ring */
-  uint8_t pad0[28];
+  /* Set by gpuscope: 0, no stacks; N, one launch in N (at random) is handed to the probed
+   * gpuscope_launch_stack for its stack instead of being written here. */
+  uint32_t stack_every;
+  uint8_t pad0[24];
   uint64_t head; /* next position to reserve (writers) */
   uint8_t pad1[56];
   uint64_t tail; /* next position to read (the reader) */

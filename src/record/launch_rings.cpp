@@ -17,6 +17,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "cuda/functions.h"
+#include "decode/decoder.h"
 
 namespace gpuscope::record {
 
@@ -58,6 +59,7 @@ void LaunchRings::release(Ring& r) {
 }
 
 bool LaunchRings::adopt(pid_t pid, void* mapping, size_t bytes, bool owned) {
+  std::lock_guard lock(mu_);
   auto* h = static_cast<gs_launch_ring_header*>(mapping);
   const bool whole = bytes >= sizeof(gs_launch_ring_header) && !std::memcmp(h->magic, GS_LAUNCH_RING_MAGIC, 8) &&
                      h->version == GS_LAUNCH_RING_VERSION && h->record_size == sizeof(gs_launch_record) &&
@@ -74,6 +76,7 @@ bool LaunchRings::adopt(pid_t pid, void* mapping, size_t bytes, bool owned) {
   r.bytes = bytes;
   r.owned = owned;
   r.read = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);
+  __atomic_store_n(&h->stack_every, initial_stack_every_.load(), __ATOMIC_RELAXED);
   __atomic_store_n(&h->reader_pid, uint32_t(getpid()), __ATOMIC_RELEASE);
   if (auto old = rings_.find(pid); old != rings_.end()) {
     // The process exec'd (or its pid was reused): the old image's ring is read once more, then goes.
@@ -81,6 +84,7 @@ bool LaunchRings::adopt(pid_t pid, void* mapping, size_t bytes, bool owned) {
     rings_.erase(old);
   }
   rings_.emplace(pid, std::move(r));
+  if (received_.size() < 1'000'000) received_.insert(pid);
   return true;
 }
 
@@ -131,6 +135,7 @@ void LaunchRings::receive() {
       continue;
     }
     if (adopt(sender, mem, size_t(st.st_size), true)) {
+      std::lock_guard lock(mu_);
       auto& since = hooked_[sender];
       since = std::max(since, rings_[sender].header->created_ns);
     }
@@ -148,6 +153,7 @@ void LaunchRings::discover() {
       const std::string path = dir_ + "/" + e->d_name;
       const auto text = read_text_file(path);
       const uint64_t at = text ? std::strtoull(text->c_str(), nullptr, 10) : 0;
+      std::lock_guard lock(mu_);
       auto& since = hooked_[pid];
       since = std::max(since, at);
       unlink(path.c_str());
@@ -176,6 +182,7 @@ size_t LaunchRings::drain_one(pid_t pid, Ring& r, const OnLaunch& on) {
 }
 
 size_t LaunchRings::drain(const OnLaunch& on) {
+  std::lock_guard lock(mu_);
   size_t n = 0;
   for (auto& [pid, r] : retired_) {
     n += drain_one(pid, r, on);
@@ -188,6 +195,7 @@ size_t LaunchRings::drain(const OnLaunch& on) {
 }
 
 void LaunchRings::forget(pid_t pid, const OnLaunch& on) {
+  std::lock_guard lock(mu_);
   auto it = rings_.find(pid);
   if (it == rings_.end()) return;
   drain_one(pid, it->second, on);
@@ -198,55 +206,41 @@ void LaunchRings::forget(pid_t pid, const OnLaunch& on) {
 
 bool LaunchRings::to_call_record(uint32_t pid, const gs_launch_record& r, const std::string& comm,
                                  gs_call_record& out) {
-  // gs_launch_api -> the function gpuscope's tables know (cuLaunchCooperativeKernel_ptsz is
-  // recorded as cuLaunchCooperativeKernel, which it is on another stream).
-  static const char* const kSymbols[GS_LAUNCH_API_COUNT] = {
-      nullptr,          "cuLaunchKernel",  "cuLaunchKernel_ptsz",       "cuLaunchKernelEx",
-      "cuLaunchKernelEx_ptsz", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel", "cuGraphLaunch",
-      "cuGraphLaunch_ptsz"};
-  if (r.api == 0 || r.api >= GS_LAUNCH_API_COUNT) return false;
-  const auto* f = cuda::function_by_symbol(kSymbols[r.api]);
-  if (!f) return false;
+  // As the probe on gpuscope_launch_stack records a launch it is handed, without a stack: one
+  // decoder for both (decode::decode_in_process_launch).
+  static const cuda::FunctionSpec* const marker = cuda::function_by_symbol("gpuscope_launch_stack");
+  if (!decode::launch_api_function(r.api)) return false;
   out = {};
   out.kind = GS_REC_CALL;
-  out.func = f->id;
-  out.flags = GS_CALL_HAS_RETURN;
+  out.func = marker->id;
+  out.flags = GS_CALL_DEREF_OK | (r.flags & GS_LAUNCH_STACK_LEFT_OUT ? GS_CALL_STACK_SAMPLED_OUT : 0);
   out.ts_ns = r.ts_ns;
-  out.duration_ns = r.duration_ns;
   out.pid = pid;
   out.tid = r.tid;
-  out.ret = r.result;
+  out.deref_len = sizeof r;
+  std::memcpy(out.deref, &r, sizeof r);
   std::memcpy(out.comm, comm.data(), std::min(comm.size(), sizeof(out.comm) - 1));
-  const uint32_t grid[3] = {r.grid_x, r.grid_y, r.grid_z}, block[3] = {r.block_x, r.block_y, r.block_z};
-  switch (f->sig) {
-    case cuda::Signature::DrvLaunch:
-      out.args[0] = r.function;
-      for (int i = 0; i < 3; ++i) out.args[1 + i] = grid[i], out.args[4 + i] = block[i];
-      out.args[7] = r.shared_mem;
-      out.args[8] = r.stream;
-      break;
-    case cuda::Signature::DrvLaunchEx: {
-      // As the probe copies CUlaunchConfig at entry: grid, block, shared memory, then the stream.
-      out.args[1] = r.function;
-      out.flags |= GS_CALL_DEREF_OK;
-      std::memcpy(out.deref, grid, sizeof grid);
-      std::memcpy(out.deref + 12, block, sizeof block);
-      std::memcpy(out.deref + 24, &r.shared_mem, sizeof r.shared_mem);
-      std::memcpy(out.deref + 32, &r.stream, sizeof r.stream);
-      out.deref_len = 40;
-      break;
-    }
-    case cuda::Signature::GraphArgs:
-      out.args[0] = r.function;
-      out.args[1] = r.stream;
-      break;
-    default:
-      return false;
-  }
   return true;
 }
 
+size_t LaunchRings::rings() const {
+  std::lock_guard lock(mu_);
+  return rings_.size();
+}
+
+std::set<pid_t> LaunchRings::received() const {
+  std::lock_guard lock(mu_);
+  return received_;
+}
+
+void LaunchRings::set_stack_every(pid_t pid, uint32_t every) {
+  std::lock_guard lock(mu_);
+  if (auto it = rings_.find(pid); it != rings_.end() && it->second.header)
+    __atomic_store_n(&it->second.header->stack_every, every, __ATOMIC_RELAXED);
+}
+
 uint64_t LaunchRings::lost() const {
+  std::lock_guard lock(mu_);
   uint64_t n = lost_gone_;
   for (const auto& [pid, r] : rings_)
     if (r.header) n += __atomic_load_n(&r.header->lost, __ATOMIC_RELAXED);

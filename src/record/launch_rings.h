@@ -9,7 +9,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <atomic>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -40,15 +42,22 @@ class LaunchRings {
   // A process that is gone: what it left is drained, its ring unmapped, its announcement removed.
   void forget(pid_t pid, const OnLaunch& on);
 
-  size_t rings() const { return rings_.size(); }
+  size_t rings() const;
+  // Every process whose ring was received.
+  std::set<pid_t> received() const;
+  // The N of one launch in N whose stack the process's hooks hand to the probe (0: none); any
+  // thread. Rings received later start at `initial_stack_every`.
+  void set_stack_every(pid_t pid, uint32_t every);
+  void set_initial_stack_every(uint32_t every) { initial_stack_every_ = every; }
   // Whether the process's image since `since_ns` (its last exec; 0: its start) has the hooks
   // loaded (whether or not it made a ring).
   bool hooked(pid_t pid, uint64_t since_ns) const {
+    std::lock_guard lock(mu_);
     const auto it = hooked_.find(pid);
     return it != hooked_.end() && it->second >= since_ns;
   }
   // Launches the writers could not write (their ring was full), over every ring read.
-  uint64_t lost() const;
+  uint64_t lost() const;  // any thread
   // Rings sent that could not be mapped, or did not hold a ring of the process that sent them.
   uint64_t refused() const { return refused_; }
   const std::string& dir() const { return dir_; }
@@ -71,12 +80,16 @@ class LaunchRings {
   void release(Ring& r);
 
   void receive();
+  // Every method takes it: the ring-buffer thread drains, the control thread sets N.
+  mutable std::mutex mu_;
+  std::atomic<uint32_t> initial_stack_every_{0};
   std::string dir_;
   int socket_ = -1;
   std::map<pid_t, Ring> rings_;
   uint64_t lost_gone_ = 0;  // of rings forgotten
   uint64_t refused_ = 0;
   std::map<pid_t, uint64_t> hooked_;  // pid -> when its latest image said it has the hooks
+  std::set<pid_t> received_;
   // Rings of a process's earlier image (before an exec), drained once more and let go.
   std::vector<std::pair<pid_t, Ring>> retired_;
 };

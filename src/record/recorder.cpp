@@ -262,7 +262,9 @@ pid_t Recorder::spawn_command() {
     const std::string_view v(*e);
     if (!gpu_trace_dir_.empty() && (v.starts_with("CUDA_INJECTION64_PATH=") || v.starts_with(GS_GPU_TRACE_ENV "=")))
       continue;
-    if (!launch_ring_dir_.empty() && (v.starts_with("LD_PRELOAD=") || v.starts_with(GS_LAUNCH_RING_ENV "="))) continue;
+    if (!launch_ring_dir_.empty() && (v.starts_with("LD_PRELOAD=") || v.starts_with(GS_LAUNCH_RING_ENV "=") ||
+                                      v.starts_with(GS_LAUNCH_STACK_EVERY_ENV "=")))
+      continue;
     env_strings.emplace_back(*e);
   }
   if (!launch_ring_dir_.empty()) {
@@ -270,6 +272,8 @@ pid_t Recorder::spawn_command() {
     const char* preload = getenv("LD_PRELOAD");
     env_strings.push_back("LD_PRELOAD=" + launches_library_ + (preload && *preload ? std::string(":") + preload : ""));
     env_strings.push_back(std::string(GS_LAUNCH_RING_ENV "=") + launch_ring_dir_);
+    env_strings.push_back(std::string(GS_LAUNCH_STACK_EVERY_ENV "=") +
+                          std::to_string(tracer_->initial_launch_stack_every()));
   }
   if (!gpu_trace_dir_.empty()) {
     env_strings.push_back("CUDA_INJECTION64_PATH=" + inject_library_);
@@ -362,6 +366,7 @@ int Recorder::run() {
   // the runtime's launch probes stay where processes are joined late.
   topts.whole_history = opts_.pids.empty() && !opts_.tracer.all;
   topts.launch_ring_dir = launch_ring_dir_;
+  topts.launches_library = launches_library_;
   tracer_ = std::make_unique<Tracer>(topts, *writer_);
   tracer_->start();
 

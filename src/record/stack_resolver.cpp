@@ -426,6 +426,8 @@ const StackResolver::ResolvedFrame& StackResolver::resolve_frame(uint32_t pid, u
     r.module_id = sink_.intern_module(m->path, build_id);
     r.offset = m->file_offset;
     r.eval_loop = python_.is_eval_loop(static_cast<pid_t>(pid), m->path, m->file_offset);
+    const auto slash = m->path.rfind('/');
+    r.hooks = std::string_view(m->path).substr(slash == std::string::npos ? 0 : slash + 1).starts_with("libgpuscope_launches.so");
     if (!worker_ranges_.empty()) {
       auto file = worker_ranges_.find(worker_file_key(build_id, m->path));
       if (file != worker_ranges_.end()) {
@@ -467,8 +469,11 @@ std::vector<store::StoredFrame> StackResolver::user_stack_frames(uint32_t pid, c
   frames.reserve(ips.size() + 1);
   eval_loop.reserve(ips.size() + 1);
   handoff = 0;
+  bool top = true;
   for (uint64_t ip : ips) {
     const ResolvedFrame& r = resolve_frame(pid, ip);
+    if (top && r.hooks) continue;
+    top = false;
     frames.push_back({r.module_id, r.offset, ip});
     eval_loop.push_back(py_stack && r.eval_loop);
     if (r.handoff_worker) handoff = r.handoff_worker;

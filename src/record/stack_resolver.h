@@ -173,6 +173,9 @@ class StackResolver {
     uint64_t offset = 0;
     bool eval_loop = false;
     uint16_t handoff_worker = 0;  // in a worker function of this handoff (add_handoff_workers)
+    // In libgpuscope_launches.so (record --launch-probes in-process): the hooks' own frames atop
+    // a launch's stack are left out, the stack starting where the program called the driver.
+    bool hooks = false;
     uint64_t asked_ns = 0;
   };
   struct FrameCache {

@@ -103,7 +103,12 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
                                   : opts_.launch_probes == LaunchProbes::Driver ? "driver"
                                   : detach_runtime_launches_with_driver_     ? "driver once probed"
                                                                               : "runtime and driver");
-  if (in_process) launch_rings_ = std::make_unique<LaunchRings>(opts_.launch_ring_dir);
+  if (in_process) {
+    launch_rings_ = std::make_unique<LaunchRings>(opts_.launch_ring_dir);
+    // The hooks hand 1 launch in N to the probe on gpuscope_launch_stack for its stack: N from
+    // --stack-every, or from the budget (starting at 1, as the probes' sampling does).
+    launch_rings_->set_initial_stack_every(initial_launch_stack_every());
+  }
   cfg.filter_targets = !opts_.all;
   cfg.program_stats = opts_.bpf_stats;
   cfg.program_stats_optional = opts_.bpf_stats_optional;
@@ -139,6 +144,13 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   cfg.host_telemetry = opts_.host_telemetry;
   bpf_ = std::make_unique<attach::BpfSession>(cfg);
   sink_.set_meta("host_telemetry", bpf_->host_telemetry() ? "1" : "0");
+  if (launch_rings_ && opts_.stacks && !opts_.launches_library.empty()) {
+    // The launches handed over for their stacks: probed in every process that maps the library.
+    const auto res = bpf_->attach_file(opts_.launches_library);
+    if (!res.error.empty())
+      log_warn("could not probe {}: in-process launches are recorded without stacks ({})", opts_.launches_library,
+               res.error);
+  }
   // Processes are stopped at their CUDA library's load only with a guardian to continue them if
   // gpuscope dies holding one.
   try {
@@ -200,8 +212,10 @@ void Tracer::start() {
   consuming_ = true;
   consumer_ = std::thread([this] {
     name_this_thread("gs-ringbuf");
+    // The launch rings wake no one: they are read at least every kRingPollMs.
+    const int poll_ms = launch_rings_ ? std::min(opts_.poll_ms, kRingPollMs) : opts_.poll_ms;
     while (consuming_.load(std::memory_order_relaxed)) {
-      bpf_->poll(opts_.poll_ms);
+      bpf_->poll(poll_ms);
       if (launch_rings_) drain_launch_rings(false);
       pipeline_->end_batch();
     }
@@ -257,7 +271,6 @@ void Tracer::drain_launch_rings(bool final) {
     }
     gs_call_record rec;
     if (!LaunchRings::to_call_record(pid, r, name->second, rec)) return;
-    ring_processes_.insert(pid_t(pid));
     ++ring_launches_;
     pipeline_->push(&rec, sizeof rec);
   };
@@ -269,13 +282,13 @@ void Tracer::drain_launch_rings(bool final) {
   launch_rings_->drain(push);
   for (pid_t pid : exited) launch_rings_->forget(pid, push);
   if (final)
-    for (pid_t pid : std::set<pid_t>(ring_processes_)) launch_rings_->forget(pid, push);
+    for (pid_t pid : launch_rings_->received()) launch_rings_->forget(pid, push);
 }
 
 void Tracer::report_launch_rings() {
   sink_.set_meta("launch_ring_launches", std::to_string(ring_launches_));
   sink_.set_meta("launch_ring_lost", std::to_string(launch_rings_->lost()));
-  sink_.set_meta("launch_ring_processes", std::to_string(ring_processes_.size()));
+  sink_.set_meta("launch_ring_processes", std::to_string(launch_rings_->received().size()));
   if (launch_rings_->lost())
     log_warn("{} launches did not fit their processes' launch rings and are not in the record (counted in meta "
              "launch_ring_lost)",
@@ -524,6 +537,7 @@ void Tracer::adjust_stack_rates() {
     }
     if (auto every = stack_budget_->observe(c.pid, now, c.walk_ns, c.walks, c.first_ns)) {
       if (!bpf_->set_stack_rate(c.pid, *every)) ++stack_rates_refused_;
+      if (launch_rings_) launch_rings_->set_stack_every(c.pid, *every);
       log_debug("stack budget: PID {} takes the stacks of 1 call in {}", c.pid, *every);
     }
   }

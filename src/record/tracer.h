@@ -64,7 +64,8 @@ struct TracerOptions {
   uint32_t unwind_table_mb = 128;    // the tables' memory cap
   std::string unwind_cache_dir;      // compiled tables kept between runs; empty: none
   LaunchProbes launch_probes = LaunchProbes::Auto;
-  std::string launch_ring_dir;  // InProcess: where the processes announce their rings
+  std::string launch_ring_dir;   // InProcess: where the processes send their rings
+  std::string launches_library;  // InProcess: libgpuscope_launches.so, whose gpuscope_launch_stack is probed
   bool bpf_stats = false;
   bool bpf_stats_optional = false;  // go on without them where they are refused
   bool floor_probes = false;        // benchmarks: the CUDA probes run an empty program
@@ -135,6 +136,11 @@ class Tracer {
   void stop();
 
   attach::BpfSession& bpf() { return *bpf_; }
+  // InProcess: the N of one launch in N whose stack the hooks hand to the probe, from a
+  // process's first launch (GPUSCOPE_LAUNCH_STACK_EVERY) until the budget sets its own; 0: none.
+  uint32_t initial_launch_stack_every() const {
+    return !opts_.stacks ? 0 : opts_.stack_budget > 0 ? 1 : std::max(opts_.stack_every, 1u);
+  }
   PipelineStats stats() const { return pipeline_->stats(); }
   // Writes what the unwind tables hold and cost into the sink's meta (and says it unless quiet).
   void report_unwind_tables();
@@ -176,6 +182,8 @@ class Tracer {
   // new rings every kRingDiscoverNs, letting go of exited processes' after a last read).
   void drain_launch_rings(bool final);
   static constexpr uint64_t kRingDiscoverNs = 20'000'000;
+  // A ring holds 65,536 launches: 5 ms is 13 million launches a second.
+  static constexpr int kRingPollMs = 5;
   // Says what the rings lost, and which CUDA processes had none (their launches went unseen).
   void report_launch_rings();
 
@@ -218,7 +226,6 @@ class Tracer {
   std::mutex ring_exits_mu_;
   std::vector<pid_t> ring_exits_;                          // exited processes, for the ring-buffer thread
   std::unordered_map<uint32_t, std::string> thread_comms_;  // tid -> name, for the rings' calls
-  std::set<pid_t> ring_processes_;                          // every process whose ring was read
   std::set<pid_t> seen_cuda_processes_;                     // InProcess: every process with a CUDA library
   std::map<pid_t, uint64_t> last_exec_ns_;                  // InProcess, ring-buffer thread: pid -> its last exec
   uint64_t ring_launches_ = 0;

@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 
-from conftest import BUILD, CUDART, TARGETS
+from conftest import BUILD, CUDART, TARGETS, folded
 
 DRAIN = BUILD / "bench" / "launch_ring_drain"
 HOOKS = BUILD / "libgpuscope_launches.so"
@@ -97,12 +97,37 @@ def test_record_in_process_has_the_launches_the_probes_record(record, tmp_path):
     assert rec.returncode == 0, rec.stderr
     hooked = launch_rows(rec)
     assert len(probed) == 8 and {k: v[:5] for k, v in hooked.items()} == {k: v[:5] for k, v in probed.items()}
-    assert all(v[5] == 0 for v in hooked.values())  # no stacks for these launches yet
+    # Every launch's stack in the parent (the fixture's --stack-every 1), each handed to the probe
+    # on gpuscope_launch_stack. (A forked child's are not all unwound, in either mode.)
+    assert all(v[5] == probed[k][5] for k, v in hooked.items() if k[1] == "parent"), (hooked, probed)
     assert hooked[("cuLaunchKernel", "parent")][0] == 2 * n and hooked[("cuGraphLaunch", "child")][0] == n
+    assert hooked[("cuLaunchKernel", "parent")][5] == 2 * n
     meta = dict(rec.query("SELECT key, value FROM meta WHERE key LIKE 'launch%'"))
-    assert meta == {"launch_probes": "in-process", "launch_ring_launches": str(12 * n), "launch_ring_lost": "0",
+    # Every launch went to the probe for its stack: none through the rings.
+    assert meta == {"launch_probes": "in-process", "launch_ring_launches": "0", "launch_ring_lost": "0",
                     "launch_ring_processes": "2"}, meta
     assert set(os.listdir("/dev/shm")) == shm_before  # the rings' directory is gone
+
+
+def test_record_in_process_takes_one_stack_in_n_and_leaves_its_own_frames_out(record, gpuscope):
+    n = 4000
+    env = dict(os.environ, LD_LIBRARY_PATH=str(FAKE_DRIVER))
+    rec = record("--launch-probes", "in-process", "--stack-every", 4, "--", TARGETS / "driver_lookups",
+                 "--launches", n, env=env)
+    assert rec.returncode == 0, rec.stderr
+    rows = dict(((w, bool(missing)), count) for w, missing, count in rec.query(
+        "SELECT coalesce(stack_weight, 1), stack_id IS NULL, count(*) FROM calls GROUP BY 1, 2"))
+    # Weight 4 with a stack or 0 without: Binomial(4n, 1/4) within 6 sigma.
+    assert set(rows) == {(4, False), (0, True)} and sum(rows.values()) == 4 * n, rows
+    assert abs(rows[(4, False)] - n) <= 6 * (4 * n * 3 / 16) ** 0.5, rows
+    # Those left out came through the ring; those taken, through the probe.
+    assert rec.scalar("SELECT value FROM meta WHERE key = 'launch_ring_launches'") == str(rows[(0, True)])
+    stacks = folded(gpuscope, rec, "launches")  # kernel launches: not cuGraphLaunch's
+    assert sum(stacks.values()) == 4 * rec.scalar(
+        "SELECT count(*) FROM calls c JOIN functions f ON f.id = c.func WHERE f.kind = 'launch' AND c.stack_weight = 4")
+    # Each stack starts where the program called the driver: the hooks' frames are left out.
+    frames = {f for chain in stacks for f in chain}
+    assert "launches" in frames and not any("gpuscope_launch_stack" in f or "Wrap" in f for f in frames), frames
 
 
 def test_record_in_process_names_the_processes_it_could_not_see(record, gpuscope):

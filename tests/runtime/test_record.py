@@ -251,8 +251,10 @@ def test_a_small_ring_is_drained_in_time(record):
     assert rec.returncode == 0, rec.stderr
     lost = rec.scalar("SELECT coalesce(sum(count), 0) FROM lost")
     assert lost < n // 20, rec.query("SELECT cause, count FROM lost WHERE count > 0")
-    # Every launch is either recorded or counted lost.
-    assert rec.scalar("SELECT count(*) FROM calls c JOIN functions f ON f.id = c.func WHERE f.kind = 'launch'") == n - lost
+    # Every launch is either recorded or counted lost (the lost may include a record of another
+    # kind: host telemetry's windows share the ring).
+    launches = rec.scalar("SELECT count(*) FROM calls c JOIN functions f ON f.id = c.func WHERE f.kind = 'launch'")
+    assert n - lost <= launches <= n, (launches, rec.query("SELECT cause, count FROM lost WHERE count > 0"))
 
 
 def test_threads_launching_at_once(record):

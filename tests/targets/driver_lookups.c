@@ -107,7 +107,11 @@ int main(int argc, char **argv) {
     }
     int st = 0;
     waitpid(child, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st)) failed = 1;
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+      failed = 1;
+      fprintf(stderr, "driver_lookups: the child %s %d\n", WIFEXITED(st) ? "exited" : "was killed by signal",
+              WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+    }
     child_launches = 4 * n;
   }
   uint64_t (*counted)(void) = (uint64_t(*)(void))dlsym(cuda, "fake_cuda_launches");

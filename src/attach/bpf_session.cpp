@@ -553,11 +553,10 @@ AttachResult BpfSession::attach_file(const std::string& path) {
       if (it == offsets.end() || !probed_offsets.insert(it->second).second) continue;
       const bool is_rt_launch = f.api == cuda::Api::Runtime && f.kind == cuda::CallKind::Launch;
       if (is_rt_launch && !runtime_launch_probes_) continue;
-      if (!launch_probes_ && (f.kind == cuda::CallKind::Launch || f.kind == cuda::CallKind::GraphLaunch) &&
-          f.sig != cuda::Signature::InProcessLaunch)
-        continue;
       if (detached_runtime_functions_.contains(f.id)) continue;
-      if (high_rate_per_process_ && cuda::is_high_rate(f)) {
+      const bool per_process_launch = !launch_probes_ && f.sig != cuda::Signature::InProcessLaunch &&
+                                      (f.kind == cuda::CallKind::Launch || f.kind == cuda::CallKind::GraphLaunch);
+      if ((high_rate_per_process_ && cuda::is_high_rate(f)) || per_process_launch) {
         ProbeSet& set = f.has_return ? high_rate.entry : high_rate.emit;
         set.offsets.push_back(it->second);
         set.cookies.push_back(cuda::probe_cookie(f));

@@ -201,40 +201,6 @@ gs_launch_ring_header* ring() {
   return s == 2 ? g_ring.header : nullptr;
 }
 
-// "loaded-PID" in the ring directory: this process has the hooks (whether or not it ever makes a
-// ring), so that gpuscope can tell a CUDA process without them. Only calls safe after fork.
-void announce_loaded() {
-  const char* dir = std::getenv(GS_LAUNCH_RING_ENV);
-  if (!dir || !*dir) return;
-  char path[4096];
-  size_t n = std::strlen(dir);
-  if (n + 40 > sizeof path) return;
-  std::memcpy(path, dir, n);
-  std::memcpy(path + n, "/loaded-", 8);
-  n += 8;
-  char digits[16];
-  int d = 0;
-  for (unsigned v = unsigned(getpid()); v || !d; v /= 10) digits[d++] = char('0' + v % 10);
-  while (d) path[n++] = digits[--d];
-  path[n] = 0;
-  // Its content: when (CLOCK_MONOTONIC ns), so that gpuscope tells it from an image the process
-  // exec'd into later without the library.
-  char text[24];
-  int t = 0;
-  for (uint64_t v = now_ns(); v || !t; v /= 10) text[t++] = char('0' + v % 10);
-  for (int i = 0; i < t / 2; ++i) {
-    const char c = text[i];
-    text[i] = text[t - 1 - i];
-    text[t - 1 - i] = c;
-  }
-  const int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd >= 0) {
-    // Short or failed, the file still says the library was loaded (at time 0: before any exec).
-    [[maybe_unused]] const ssize_t written = ::write(fd, text, size_t(t));
-    close(fd);
-  }
-}
-
 // A forked child writes into a ring of its own, made at its first launch; the parent's stays the
 // parent's. Only the forking thread lives on in the child.
 void after_fork_in_child() {
@@ -242,7 +208,6 @@ void after_fork_in_child() {
   g_ring = {};
   g_ring_state.store(0);
   t_tid = 0;
-  announce_loaded();
 }
 
 struct Launch {
@@ -677,5 +642,4 @@ __attribute__((constructor)) static void gs_launches_init() {
   fill_wrappers<kLaunchCooperative>(std::make_integer_sequence<int, kSlots>{});
   fill_wrappers<kGraphLaunch>(std::make_integer_sequence<int, kSlots>{});
   pthread_atfork(nullptr, nullptr, after_fork_in_child);
-  announce_loaded();
 }

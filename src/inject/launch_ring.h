@@ -4,7 +4,7 @@
  * memfd (its size cannot change under the reader). At its first lookup of a launch entry point a
  * process sends the memfd to gpuscope's datagram socket GPUSCOPE_LAUNCH_RING/rings.sock
  * (SCM_RIGHTS, with a gs_launch_ring_hello); gpuscope maps it and drains it, also after the
- * process has ended. Each process with the library also leaves an empty file loaded-PID there.
+ * process has ended.
  *
  * Many writers (the process's threads), one reader. A writer reserves a slot by moving `head` on
  * with a compare-and-swap, only while the ring has room (a full ring never blocks a launch: the

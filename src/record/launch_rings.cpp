@@ -1,6 +1,5 @@
 #include "record/launch_rings.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -134,32 +133,12 @@ void LaunchRings::receive() {
       ++refused_;
       continue;
     }
-    if (adopt(sender, mem, size_t(st.st_size), true)) {
-      std::lock_guard lock(mu_);
-      auto& since = hooked_[sender];
-      since = std::max(since, rings_[sender].header->created_ns);
-    }
+    adopt(sender, mem, size_t(st.st_size), true);
   }
 }
 
 void LaunchRings::discover() {
   if (socket_ >= 0) receive();
-  DIR* d = opendir(dir_.c_str());
-  if (!d) return;
-  while (const dirent* e = readdir(d)) {
-    int pid = 0;
-    char rest = 0;
-    if (std::sscanf(e->d_name, "loaded-%d%c", &pid, &rest) == 1 && pid > 0) {
-      const std::string path = dir_ + "/" + e->d_name;
-      const auto text = read_text_file(path);
-      const uint64_t at = text ? std::strtoull(text->c_str(), nullptr, 10) : 0;
-      std::lock_guard lock(mu_);
-      auto& since = hooked_[pid];
-      since = std::max(since, at);
-      unlink(path.c_str());
-    }
-  }
-  closedir(d);
 }
 
 size_t LaunchRings::drain_one(pid_t pid, Ring& r, const OnLaunch& on) {

@@ -33,7 +33,7 @@ class LaunchRings {
   // A private directory for the announcements, made under `parent` (created 0700).
   static std::string make_dir(const std::string& parent);
 
-  // Maps the rings sent since the last call, and notes the processes that said they have the hooks.
+  // Maps the rings sent since the last call.
   void discover();
   // Hands each whole record not read yet to `on`, ring by ring, in each ring's order; returns how
   // many. The rings' tails move on, so the writers can reuse the slots.
@@ -49,13 +49,6 @@ class LaunchRings {
   // thread. Rings received later start at `initial_stack_every`.
   void set_stack_every(pid_t pid, uint32_t every);
   void set_initial_stack_every(uint32_t every) { initial_stack_every_ = every; }
-  // Whether the process's image since `since_ns` (its last exec; 0: its start) has the hooks
-  // loaded (whether or not it made a ring).
-  bool hooked(pid_t pid, uint64_t since_ns) const {
-    std::lock_guard lock(mu_);
-    const auto it = hooked_.find(pid);
-    return it != hooked_.end() && it->second >= since_ns;
-  }
   // Launches the writers could not write (their ring was full), over every ring read.
   uint64_t lost() const;  // any thread
   // Rings sent that could not be mapped, or did not hold a ring of the process that sent them.
@@ -88,7 +81,6 @@ class LaunchRings {
   std::map<pid_t, Ring> rings_;
   uint64_t lost_gone_ = 0;  // of rings forgotten
   uint64_t refused_ = 0;
-  std::map<pid_t, uint64_t> hooked_;  // pid -> when its latest image said it has the hooks
   std::set<pid_t> received_;
   // Rings of a process's earlier image (before an exec), drained once more and let go.
   std::vector<std::pair<pid_t, Ring>> retired_;

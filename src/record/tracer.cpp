@@ -194,10 +194,7 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   pipeline_->on_control_record([this](uint16_t kind, const void* data) {
     if (kind == GS_REC_LIBLOAD) control_->push_libload(*static_cast<const gs_libload_record*>(data));
     const auto* proc = static_cast<const gs_proc_record*>(data);
-    if (kind == GS_REC_EXEC) {
-      control_->push_exec(static_cast<pid_t>(proc->pid));
-      if (launch_rings_) last_exec_ns_[pid_t(proc->pid)] = proc->ts_ns;  // this thread drains the rings
-    }
+    if (kind == GS_REC_EXEC) control_->push_exec(static_cast<pid_t>(proc->pid));
     if (kind == GS_REC_EXIT) control_->push_exit(static_cast<pid_t>(proc->pid), proc->ts_ns, opts_.all);
   });
   bpf_->set_handler([p = pipeline_.get()](const void* data, size_t size) { p->push(data, size); });
@@ -285,6 +282,30 @@ void Tracer::drain_launch_rings(bool final) {
     for (pid_t pid : launch_rings_->received()) launch_rings_->forget(pid, push);
 }
 
+void Tracer::check_launch_hooks(pid_t pid) {
+  if (!launch_hooks_checked_.insert(pid).second) return;
+  // The preload is mapped when the program starts, before any CUDA library can load.
+  bool hooked = false;
+  for (const auto& m : discover::read_maps(pid)) {
+    const auto slash = m.path.rfind('/');
+    if (std::string_view(m.path).substr(slash == std::string::npos ? 0 : slash + 1).starts_with("libgpuscope_launches.so")) {
+      hooked = true;
+      break;
+    }
+  }
+  if (hooked) return;
+  try {
+    bpf_->set_high_rate_probes(pid, true);
+    launch_probed_.push_back(pid);
+    if (!opts_.quiet)
+      log_warn("PID {} ({}) runs without libgpuscope_launches.so (its environment dropped LD_PRELOAD?): its launches "
+               "are probed instead, one trap each",
+               pid, discover::read_comm(pid));
+  } catch (const std::exception& e) {
+    log_error("PID {} runs without libgpuscope_launches.so and its launches could not be probed: {}", pid, e.what());
+  }
+}
+
 void Tracer::report_launch_rings() {
   sink_.set_meta("launch_ring_launches", std::to_string(ring_launches_));
   sink_.set_meta("launch_ring_lost", std::to_string(launch_rings_->lost()));
@@ -293,19 +314,7 @@ void Tracer::report_launch_rings() {
     log_warn("{} launches did not fit their processes' launch rings and are not in the record (counted in meta "
              "launch_ring_lost)",
              launch_rings_->lost());
-  std::vector<std::string> without;
-  for (pid_t pid : seen_cuda_processes_)
-    if (const auto exec = last_exec_ns_.find(pid);
-        !launch_rings_->hooked(pid, exec == last_exec_ns_.end() ? 0 : exec->second))
-      without.push_back(std::to_string(pid));
-  if (!without.empty()) {
-    sink_.set_meta("launch_ring_missing", fmt::format("{}", fmt::join(without, ",")));
-    if (!opts_.quiet)
-      log_warn("process(es) {} loaded CUDA without libgpuscope_launches.so (their environment dropped "
-               "LD_PRELOAD, or a static program): their launches are not in the record; --launch-probes auto "
-               "records them with probes",
-               fmt::join(without, ", "));
-  }
+  if (!launch_probed_.empty()) sink_.set_meta("launch_probed_processes", fmt::format("{}", fmt::join(launch_probed_, ",")));
   std::error_code ec;
   std::filesystem::remove_all(opts_.launch_ring_dir, ec);
 }
@@ -314,6 +323,7 @@ void Tracer::forget_process(pid_t pid) {
   if (launch_rings_) {
     std::lock_guard lock(ring_exits_mu_);
     ring_exits_.push_back(pid);
+    launch_hooks_checked_.erase(pid);
   }
   cuda_processes_.erase(pid);
   pressure_.watch(pid, false);
@@ -326,7 +336,7 @@ void Tracer::attach_library(pid_t pid, const std::string& open_path, const std::
   auto res = bpf_->attach_file(open_path);
   if (res.error.empty() && opts_.all && !cuda_processes_.contains(pid)) bpf_->add_host_process(pid);
   if (res.error.empty() && !cuda_processes_.contains(pid)) pressure_.watch(pid, true);
-  if (res.error.empty() && launch_rings_) seen_cuda_processes_.insert(pid);
+  if (res.error.empty() && launch_rings_) check_launch_hooks(pid);
   if (res.error.empty() && cuda_processes_.insert(pid).second && opts_.only_cuda_processes) {
     bpf_->add_target(pid);  // sampled from now on
     if (on_cuda_process) on_cuda_process(pid, at_load);
@@ -493,6 +503,8 @@ void Tracer::handle_control() {
     if (l.stopped) stopped_.resume(pid);
   }
   for (pid_t pid : execs) {
+    // A new image: it has the hooks or not anew (checked at its first CUDA library).
+    if (launch_rings_ && launch_hooks_checked_.erase(pid)) bpf_->set_high_rate_probes(pid, false);
     check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid));
     if (!opts_.only_cuda_processes) find_python(pid);
     if (unwind_ && !opts_.only_cuda_processes) unwind_->update(pid);

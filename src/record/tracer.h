@@ -184,8 +184,11 @@ class Tracer {
   static constexpr uint64_t kRingDiscoverNs = 20'000'000;
   // A ring holds 65,536 launches: 5 ms is 13 million launches a second.
   static constexpr int kRingPollMs = 5;
-  // Says what the rings lost, and which CUDA processes had none (their launches went unseen).
+  // Says what the rings lost, and which processes had their launches probed instead.
   void report_launch_rings();
+  // InProcess, at a process's first CUDA library (it is stopped there): a process without the
+  // preloaded hooks gets launch probes of its own (BpfSession::set_high_rate_probes).
+  void check_launch_hooks(pid_t pid);
 
   class ControlQueue;
   void attach_library(pid_t pid, const std::string& open_path, const std::string& shown_path, uint64_t ts_ns,
@@ -226,8 +229,8 @@ class Tracer {
   std::mutex ring_exits_mu_;
   std::vector<pid_t> ring_exits_;                          // exited processes, for the ring-buffer thread
   std::unordered_map<uint32_t, std::string> thread_comms_;  // tid -> name, for the rings' calls
-  std::set<pid_t> seen_cuda_processes_;                     // InProcess: every process with a CUDA library
-  std::map<pid_t, uint64_t> last_exec_ns_;                  // InProcess, ring-buffer thread: pid -> its last exec
+  std::set<pid_t> launch_hooks_checked_;  // InProcess, control thread: processes (their image) checked
+  std::vector<pid_t> launch_probed_;      // InProcess: processes without the hooks, their launches probed
   uint64_t ring_launches_ = 0;
   std::atomic<bool> consuming_{false};
   std::thread consumer_;

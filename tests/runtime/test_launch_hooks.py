@@ -130,13 +130,16 @@ def test_record_in_process_takes_one_stack_in_n_and_leaves_its_own_frames_out(re
     assert "launches" in frames and not any("gpuscope_launch_stack" in f or "Wrap" in f for f in frames), frames
 
 
-def test_record_in_process_names_the_processes_it_could_not_see(record, gpuscope):
+def test_record_in_process_probes_the_launches_of_a_process_without_the_hooks(record, gpuscope):
     env = dict(os.environ, LD_LIBRARY_PATH=str(FAKE_DRIVER))
     rec = record("--launch-probes", "in-process", "--", "env", "-u", "LD_PRELOAD", TARGETS / "driver_lookups",
                  "--launches", 5, env=env)
+    assert rec.returncode == 0, rec.stderr
     pid = json.loads(rec.stdout)["pid"]
-    assert f"process(es) {pid} loaded CUDA without libgpuscope_launches.so" in rec.stderr, rec.stderr
-    assert rec.scalar("SELECT value FROM meta WHERE key = 'launch_ring_missing'") == str(pid)
+    assert f"PID {pid} (driver_lookups) runs without libgpuscope_launches.so" in rec.stderr, rec.stderr
+    assert rec.scalar("SELECT value FROM meta WHERE key = 'launch_probed_processes'") == str(pid)
+    # Its launches are all there, taken by its own probes (with their stacks: --stack-every 1).
+    assert rec.query("SELECT count(*), count(stack_id) FROM calls") == [(20, 20)]
     out = gpuscope("record", "--launch-probes", "in-process", "-p", os.getpid(), "-o", "/dev/null")
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
     assert "works with record -- CMD" in out.stderr

@@ -316,29 +316,23 @@ void* g_libcuda = nullptr;
 // kSlots addresses per entry point (cuGetProcAddress may hand out a version per CUDA version asked).
 constexpr int kSlots = 4;
 struct Hook {
-  const char* symbol;        // as cuGetProcAddress is asked for it
-  uint16_t api, api_ptsz;    // gs_launch_api of the legacy-stream and per-thread variants
-  void* wrappers[kSlots];    // filled below
+  const char* symbol;      // as cuGetProcAddress is asked for it
+  uint16_t api, api_ptsz;  // gs_launch_api of the legacy-stream and per-thread variants
+  void* wrappers[kSlots];  // filled at load
+  // Slot S serves real[S], a gs_launch_api of apis[S] (written before real[S] is published).
   std::atomic<void*> real[kSlots];
-  void* ptsz_address;        // libcuda's exported _ptsz variant, to tell which one a pointer is
-  bool ptsz_known;
+  uint16_t apis[kSlots];
 };
 
 Hook g_hooks[] = {
-    {"cuLaunchKernel", GS_LAUNCH_CU_LAUNCH_KERNEL, GS_LAUNCH_CU_LAUNCH_KERNEL_PTSZ, {}, {}, nullptr, false},
-    {"cuLaunchKernelEx", GS_LAUNCH_CU_LAUNCH_KERNEL_EX, GS_LAUNCH_CU_LAUNCH_KERNEL_EX_PTSZ, {}, {}, nullptr, false},
+    {"cuLaunchKernel", GS_LAUNCH_CU_LAUNCH_KERNEL, GS_LAUNCH_CU_LAUNCH_KERNEL_PTSZ, {}, {}, {}},
+    {"cuLaunchKernelEx", GS_LAUNCH_CU_LAUNCH_KERNEL_EX, GS_LAUNCH_CU_LAUNCH_KERNEL_EX_PTSZ, {}, {}, {}},
     {"cuLaunchCooperativeKernel", GS_LAUNCH_CU_LAUNCH_COOPERATIVE_KERNEL, GS_LAUNCH_CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ,
-     {}, {}, nullptr, false},
-    {"cuGraphLaunch", GS_LAUNCH_CU_GRAPH_LAUNCH, GS_LAUNCH_CU_GRAPH_LAUNCH_PTSZ, {}, {}, nullptr, false},
+     {}, {}, {}},
+    {"cuGraphLaunch", GS_LAUNCH_CU_GRAPH_LAUNCH, GS_LAUNCH_CU_GRAPH_LAUNCH_PTSZ, {}, {}, {}},
 };
 constexpr int kLaunchKernel = 0, kLaunchKernelEx = 1, kLaunchCooperative = 2, kGraphLaunch = 3;
 constexpr int kHooks = sizeof(g_hooks) / sizeof(g_hooks[0]);
-
-// The api a pointer of hook `h` stands for: its per-thread variant when it is libcuda's _ptsz.
-uint16_t api_of(int h, void* real) {
-  const Hook& k = g_hooks[h];
-  return k.ptsz_known && real == k.ptsz_address ? k.api_ptsz : k.api;
-}
 
 // The launch, timed, then written. `real`: the driver's entry point.
 CUresult launch_kernel(void* real, uint16_t api, uint16_t via, CUfunction f, unsigned gx, unsigned gy, unsigned gz,
@@ -388,32 +382,36 @@ template <int S>
 struct Wrap<kLaunchKernel, S> {
   static CUresult call(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                        unsigned shmem, CUstream s, void** params, void** extra) {
-    void* real = g_hooks[kLaunchKernel].real[S].load(std::memory_order_relaxed);
-    return launch_kernel(real, api_of(kLaunchKernel, real), GS_LAUNCH_VIA_PROC_ADDRESS, f, gx, gy, gz, bx, by, bz,
+    void* real = g_hooks[kLaunchKernel].real[S].load(std::memory_order_acquire);
+    const uint16_t api = g_hooks[kLaunchKernel].apis[S];
+    return launch_kernel(real, api, GS_LAUNCH_VIA_PROC_ADDRESS, f, gx, gy, gz, bx, by, bz,
                          shmem, s, params, extra);
   }
 };
 template <int S>
 struct Wrap<kLaunchKernelEx, S> {
   static CUresult call(const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
-    void* real = g_hooks[kLaunchKernelEx].real[S].load(std::memory_order_relaxed);
-    return launch_kernel_ex(real, api_of(kLaunchKernelEx, real), GS_LAUNCH_VIA_PROC_ADDRESS, c, f, params, extra);
+    void* real = g_hooks[kLaunchKernelEx].real[S].load(std::memory_order_acquire);
+    const uint16_t api = g_hooks[kLaunchKernelEx].apis[S];
+    return launch_kernel_ex(real, api, GS_LAUNCH_VIA_PROC_ADDRESS, c, f, params, extra);
   }
 };
 template <int S>
 struct Wrap<kLaunchCooperative, S> {
   static CUresult call(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                        unsigned shmem, CUstream s, void** params) {
-    void* real = g_hooks[kLaunchCooperative].real[S].load(std::memory_order_relaxed);
-    return launch_cooperative(real, api_of(kLaunchCooperative, real), GS_LAUNCH_VIA_PROC_ADDRESS, f, gx, gy, gz, bx,
+    void* real = g_hooks[kLaunchCooperative].real[S].load(std::memory_order_acquire);
+    const uint16_t api = g_hooks[kLaunchCooperative].apis[S];
+    return launch_cooperative(real, api, GS_LAUNCH_VIA_PROC_ADDRESS, f, gx, gy, gz, bx,
                               by, bz, shmem, s, params);
   }
 };
 template <int S>
 struct Wrap<kGraphLaunch, S> {
   static CUresult call(CUgraphExec g, CUstream s) {
-    void* real = g_hooks[kGraphLaunch].real[S].load(std::memory_order_relaxed);
-    return graph_launch(real, api_of(kGraphLaunch, real), GS_LAUNCH_VIA_PROC_ADDRESS, g, s);
+    void* real = g_hooks[kGraphLaunch].real[S].load(std::memory_order_acquire);
+    const uint16_t api = g_hooks[kGraphLaunch].apis[S];
+    return graph_launch(real, api, GS_LAUNCH_VIA_PROC_ADDRESS, g, s);
   }
 };
 
@@ -437,20 +435,27 @@ void* open_libcuda() {
 // The wrapper to hand out for `real`, an address of hook `h` (real itself when all slots serve
 // other addresses).
 void* wrapper_for(int h, void* real) {
+  // Lookups are few (a library's start-up): one at a time.
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   Hook& k = g_hooks[h];
-  if (!k.ptsz_known && open_libcuda() && gs_launches_real_dlsym) {
-    char name[96];
-    std::snprintf(name, sizeof name, "%s_ptsz", k.symbol);
-    k.ptsz_address = gs_launches_real_dlsym(g_libcuda, name);
-    k.ptsz_known = true;
-  }
+  pthread_mutex_lock(&mu);
+  void* out = real;
   for (int s = 0; s < kSlots; ++s) {
-    void* expected = nullptr;
-    if (k.real[s].load() == real ||
-        k.real[s].compare_exchange_strong(expected, real) || expected == real)
-      return k.wrappers[s];
+    void* had = k.real[s].load(std::memory_order_relaxed);
+    if (had && had != real) continue;
+    if (!had) {
+      // The per-thread variant is libcuda's exported _ptsz function.
+      char name[96];
+      std::snprintf(name, sizeof name, "%s_ptsz", k.symbol);
+      void* ptsz = open_libcuda() && gs_launches_real_dlsym ? gs_launches_real_dlsym(g_libcuda, name) : nullptr;
+      k.apis[s] = ptsz == real ? k.api_ptsz : k.api;
+      k.real[s].store(real, std::memory_order_release);
+    }
+    out = k.wrappers[s];
+    break;
   }
-  return real;
+  pthread_mutex_unlock(&mu);
+  return out;
 }
 
 int hook_index(const char* symbol) {

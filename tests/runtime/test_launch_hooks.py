@@ -22,7 +22,7 @@ def run(args, env=None, **kw):
 def drained(*target):
     out = run([DRAIN, "--lib", HOOKS, "--every-us", 500, "--", *target])
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     # The program's own JSON line, if it prints one, then the rings'.
     return (json.loads(lines[0]) if len(lines) > 1 else None), json.loads(lines[-1])
 
@@ -40,6 +40,14 @@ def test_every_launch_is_in_the_rings_with_its_arguments():
     # The child's launches, in a ring of its own.
     (child,) = rings["processes"].values()
     assert child["by_api"] == {"1": n, "2": n, "3": n, "7": n}, child
+
+
+def test_calls_bound_to_the_driver_symbols_reach_the_exports():
+    # driver_launch links libcuda and calls cuLaunchKernel by name: the preload's export comes first.
+    program, rings = drained(TARGETS / "driver_launch")
+    assert rings["exit"] == 0 and rings["lost"] == 0, rings
+    (ring,) = rings["processes"].values()
+    assert ring["by_api"] == {"1": 3}, rings
 
 
 def test_a_full_ring_counts_what_it_could_not_hold():

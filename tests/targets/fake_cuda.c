@@ -41,6 +41,10 @@ int cuLaunchCooperativeKernel(void *f, unsigned gx, unsigned gy, unsigned gz, un
 int cuGraphLaunch(void *g, void *s) { (void)g, (void)s; return count(); }
 int cuGraphLaunch_ptsz(void *g, void *s) { (void)g, (void)s; return count(); }
 int cuCtxSynchronize(void) { return 0; }
+int cuDeviceGet(int *device, int ordinal) {
+  *device = ordinal;
+  return 0;
+}
 
 int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status);
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gpuscope::discover {
@@ -36,5 +37,7 @@ std::string path_in_target(pid_t pid, const std::string& path);
 // Library basenames that carry the CUDA API: libcudart.so*, libcudart-*.so*, libcuda.so*.
 bool is_cuda_runtime_library(const std::string& path);
 bool is_cuda_driver_library(const std::string& path);
+// gpuscope's own launch hooks, preloaded by record --launch-probes in-process.
+bool is_launch_hooks_library(std::string_view path);
 
 }  // namespace gpuscope::discover

@@ -33,7 +33,7 @@ LaunchRings::LaunchRings(std::string dir) : dir_(std::move(dir)) {
   if (socket_ < 0 || setsockopt(socket_, SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0 ||
       bind(socket_, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
     throw Error("cannot make the launch rings' socket {}: {}", path, std::strerror(errno));
-  // Any user's program may send to it (record --user); the directory is not listable by them.
+  // A program that dropped privileges may send to it; the directory is not listable by others.
   chmod(path.c_str(), 0666);
 }
 
@@ -47,7 +47,7 @@ std::string LaunchRings::make_dir(const std::string& parent) {
   std::string tmpl = parent + "/gpuscope-launches-XXXXXX";
   if (!mkdtemp(tmpl.data()))
     throw Error("cannot make a directory for the launch rings under {}: {}", parent, std::strerror(errno));
-  // The traced program may run as another user (record --user): it must be able to announce.
+  // The traced program may drop privileges: it must be able to reach the socket.
   chmod(tmpl.c_str(), 0733);
   return tmpl;
 }
@@ -60,10 +60,12 @@ void LaunchRings::release(Ring& r) {
 bool LaunchRings::adopt(pid_t pid, void* mapping, size_t bytes, bool owned) {
   std::lock_guard lock(mu_);
   auto* h = static_cast<gs_launch_ring_header*>(mapping);
+  // Read once: the process can write its header at any time, and only what was checked is used.
+  const uint32_t slots = bytes >= sizeof(gs_launch_ring_header) ? __atomic_load_n(&h->slots, __ATOMIC_RELAXED) : 0;
   const bool whole = bytes >= sizeof(gs_launch_ring_header) && !std::memcmp(h->magic, GS_LAUNCH_RING_MAGIC, 8) &&
                      h->version == GS_LAUNCH_RING_VERSION && h->record_size == sizeof(gs_launch_record) &&
-                     h->slots >= 1 && (h->slots & (h->slots - 1)) == 0 &&
-                     bytes == sizeof(gs_launch_ring_header) + uint64_t(h->slots) * sizeof(gs_launch_record) &&
+                     slots >= 1 && (slots & (slots - 1)) == 0 &&
+                     bytes == sizeof(gs_launch_ring_header) + uint64_t(slots) * sizeof(gs_launch_record) &&
                      h->pid == uint32_t(pid);
   if (!whole) {
     if (owned) munmap(mapping, bytes);
@@ -74,6 +76,7 @@ bool LaunchRings::adopt(pid_t pid, void* mapping, size_t bytes, bool owned) {
   r.header = h;
   r.bytes = bytes;
   r.owned = owned;
+  r.mask = uint64_t(slots) - 1;
   r.read = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);
   __atomic_store_n(&h->stack_every, initial_stack_every_.load(), __ATOMIC_RELAXED);
   __atomic_store_n(&h->reader_pid, uint32_t(getpid()), __ATOMIC_RELEASE);
@@ -144,7 +147,7 @@ void LaunchRings::discover() {
 size_t LaunchRings::drain_one(pid_t pid, Ring& r, const OnLaunch& on) {
   if (!r.header) return 0;
   const auto* slots = reinterpret_cast<const gs_launch_record*>(r.header + 1);
-  const uint64_t mask = uint64_t(r.header->slots) - 1;
+  const uint64_t mask = r.mask;
   size_t n = 0;
   for (;; ++n) {
     const gs_launch_record& slot = slots[r.read & mask];

@@ -67,6 +67,7 @@ class LaunchRings {
     gs_launch_ring_header* header = nullptr;
     size_t bytes = 0;
     uint64_t read = 0;   // next position to read
+    uint64_t mask = 0;   // slots - 1, as checked at adopt (never the header's later word)
     bool owned = false;  // unmapped here
   };
   size_t drain_one(pid_t pid, Ring& r, const OnLaunch& on);

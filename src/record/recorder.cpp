@@ -90,8 +90,8 @@ class Recorder {
   const RecordOptions& opts_;
   std::unique_ptr<store::RecordWriter> writer_;
   std::unique_ptr<Tracer> tracer_;
-  // --launch-probes in-process: the library preloaded into the command, and where its processes
-  // announce their launch rings.
+  // --launch-probes in-process: the library preloaded into the command, and the directory of the
+  // socket its processes send their launch rings to.
   void prepare_launch_rings();
   std::string inject_library_, gpu_trace_dir_;
   std::string launches_library_, launch_ring_dir_;
@@ -325,7 +325,7 @@ void Recorder::prepare_launch_rings() {
   launches_library_ = exe.substr(0, exe.rfind('/') == std::string::npos ? 0 : exe.rfind('/')) + "/libgpuscope_launches.so";
   if (access(launches_library_.c_str(), R_OK) != 0)
     throw Error("--launch-probes in-process needs {} beside gpuscope; this install lacks it (use auto)", launches_library_);
-  // Shared memory's own file system where there is one: the announcements are a few bytes each.
+  // A private directory (its socket only), on shared memory's file system where there is one.
   launch_ring_dir_ = LaunchRings::make_dir(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
 }
 

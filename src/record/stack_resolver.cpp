@@ -9,6 +9,7 @@
 
 #include "common/clock.h"
 #include "cuda/handoffs.h"
+#include "discover/proc.h"
 
 namespace gpuscope::record {
 
@@ -426,8 +427,7 @@ const StackResolver::ResolvedFrame& StackResolver::resolve_frame(uint32_t pid, u
     r.module_id = sink_.intern_module(m->path, build_id);
     r.offset = m->file_offset;
     r.eval_loop = python_.is_eval_loop(static_cast<pid_t>(pid), m->path, m->file_offset);
-    const auto slash = m->path.rfind('/');
-    r.hooks = std::string_view(m->path).substr(slash == std::string::npos ? 0 : slash + 1).starts_with("libgpuscope_launches.so");
+    r.hooks = discover::is_launch_hooks_library(m->path);
     if (!worker_ranges_.empty()) {
       auto file = worker_ranges_.find(worker_file_key(build_id, m->path));
       if (file != worker_ranges_.end()) {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -12,11 +13,11 @@
 
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/files.h"
 #include "common/log.h"
 #include "common/thread_name.h"
 #include "cuda/functions.h"
 #include "cuda/handoffs.h"
-#include "common/files.h"
 #include "discover/proc.h"
 #include "elf/elf_file.h"
 
@@ -285,15 +286,9 @@ void Tracer::drain_launch_rings(bool final) {
 void Tracer::check_launch_hooks(pid_t pid) {
   if (!launch_hooks_checked_.insert(pid).second) return;
   // The preload is mapped when the program starts, before any CUDA library can load.
-  bool hooked = false;
-  for (const auto& m : discover::read_maps(pid)) {
-    const auto slash = m.path.rfind('/');
-    if (std::string_view(m.path).substr(slash == std::string::npos ? 0 : slash + 1).starts_with("libgpuscope_launches.so")) {
-      hooked = true;
-      break;
-    }
-  }
-  if (hooked) return;
+  const auto maps = discover::read_maps(pid);
+  if (std::any_of(maps.begin(), maps.end(), [](const auto& m) { return discover::is_launch_hooks_library(m.path); }))
+    return;
   try {
     bpf_->set_high_rate_probes(pid, true);
     launch_probed_.push_back(pid);
@@ -321,9 +316,9 @@ void Tracer::report_launch_rings() {
 
 void Tracer::forget_process(pid_t pid) {
   if (launch_rings_) {
+    launch_hooks_checked_.erase(pid);
     std::lock_guard lock(ring_exits_mu_);
     ring_exits_.push_back(pid);
-    launch_hooks_checked_.erase(pid);
   }
   cuda_processes_.erase(pid);
   pressure_.watch(pid, false);

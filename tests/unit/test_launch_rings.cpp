@@ -171,3 +171,13 @@ TEST(LaunchRings, ALaunchReadsAsTheDriverProbesWouldHaveRecordedIt) {
   r.api = 200;
   EXPECT_FALSE(record::LaunchRings::to_call_record(90, r, "x", rec));
 }
+
+TEST(LaunchRings, AHeaderRewrittenAfterItWasCheckedIsNotBelieved) {
+  MemoryRing m(4);
+  record::LaunchRings rings("");
+  ASSERT_TRUE(rings.adopt(77, m.words.data(), m.bytes(), false));
+  for (uint64_t f : {1, 2, 3, 4}) m.write(f);
+  // The process claims a bigger ring: reading by that would run past the mapping.
+  m.header()->slots = 1u << 20;
+  EXPECT_EQ(drain(rings), (std::vector<uint64_t>{1, 2, 3, 4}));
+}

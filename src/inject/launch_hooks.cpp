@@ -475,11 +475,8 @@ int hook_of_export(const char* name) {
 
 GetProcAddressV2Fn g_real_get_proc_v2 = nullptr;
 GetProcAddressFn g_real_get_proc = nullptr;
-CUresult wrapped_get_proc_address(const char* symbol, void** pfn, int version, uint64_t flags, int* status);
 CUresult wrapped_get_proc_address_v2(const char* symbol, void** pfn, int version, uint64_t flags, int* status);
-CUresult wrapped_get_proc_address_v1(const char* symbol, void** pfn, int version, uint64_t flags) {
-  return wrapped_get_proc_address(symbol, pfn, version, flags, nullptr);
-}
+CUresult wrapped_get_proc_address_v1(const char* symbol, void** pfn, int version, uint64_t flags);
 
 // What the driver's cuGetProcAddress hands out, with launch entry points swapped for wrappers
 // (and cuGetProcAddress for this one).
@@ -500,10 +497,10 @@ CUresult after_lookup(CUresult r, const char* symbol, void** pfn) {
   return r;
 }
 
-CUresult wrapped_get_proc_address(const char* symbol, void** pfn, int version, uint64_t flags, int* status) {
-  if (g_real_get_proc_v2) return after_lookup(g_real_get_proc_v2(symbol, pfn, version, flags, status), symbol, pfn);
-  if (g_real_get_proc) return after_lookup(g_real_get_proc(symbol, pfn, version, flags), symbol, pfn);
-  return kNotFound;
+// Each stands for the driver's function of its version it was handed out for.
+CUresult wrapped_get_proc_address_v1(const char* symbol, void** pfn, int version, uint64_t flags) {
+  if (!g_real_get_proc) return kNotFound;
+  return after_lookup(g_real_get_proc(symbol, pfn, version, flags), symbol, pfn);
 }
 CUresult wrapped_get_proc_address_v2(const char* symbol, void** pfn, int version, uint64_t flags, int* status) {
   if (!g_real_get_proc_v2) return kNotFound;

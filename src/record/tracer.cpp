@@ -303,12 +303,13 @@ void Tracer::check_launch_hooks(pid_t pid) {
 
 void Tracer::report_launch_rings() {
   sink_.set_meta("launch_ring_launches", std::to_string(ring_launches_));
-  sink_.set_meta("launch_ring_lost", std::to_string(launch_rings_->lost()));
+  const uint64_t lost = launch_rings_->lost();
+  sink_.set_meta("launch_ring_lost", std::to_string(lost));
   sink_.set_meta("launch_ring_processes", std::to_string(launch_rings_->received().size()));
-  if (launch_rings_->lost())
+  if (lost)
     log_warn("{} launches did not fit their processes' launch rings and are not in the record (counted in meta "
              "launch_ring_lost)",
-             launch_rings_->lost());
+             lost);
   if (!launch_probed_.empty()) sink_.set_meta("launch_probed_processes", fmt::format("{}", fmt::join(launch_probed_, ",")));
   std::error_code ec;
   std::filesystem::remove_all(opts_.launch_ring_dir, ec);

@@ -37,6 +37,8 @@
 #           allocation stacks reaching main or the Python module on $BUILD/bench/launch_sites (plain
 #           nvcc -O2) and on the training step (DEFAULTS_STEPS steps), the tables' first-run cost
 #           with an empty cache and a warm one, and start-up, the old default (fp) beside.
+# hooks:    issue 33's cost per launch of each way to collect launches (bench/gpu/launch_hooks_cost.py,
+#           HOOKS_ROUNDS rounds), and the in-process hooks in a PyTorch process: launches, lost, fallbacks.
 # views:    issue 29's flame graph views and GPU summary on a PyTorch CNN (bench/gpu/cnn_steps.py,
 #           VIEWS_STEPS steps) under record --gpu-times --cpu-profile 99: frames per view, no
 #           frame per address, the interpreter's frames gone by default; start-up apart from idle
@@ -73,6 +75,10 @@ print(f"launch probes: {meta.get('launch_probes')}; launch rows {launches} (of t
       f"their driver launch folded in); entry-only probe runs {emit.get('runs')} = "
       f"{emit.get('runs', 0) / max(launches, 1):.2f} per launch row, "
       f"{emit.get('run_time_ns', 0) / max(emit.get('runs', 1), 1):.0f} ns of BPF per run")
+ring = {k: meta[k] for k in ("launch_ring_launches", "launch_ring_lost", "launch_ring_processes",
+                              "launch_probed_processes") if k in meta}
+if ring:
+    print("in-process rings: " + ", ".join(f"{k} {v}" for k, v in ring.items()))
 for name, s in sorted(stats.items()):
     print(f"  {name:18} runs {s['runs']:>9}  avg {s['run_time_ns'] / s['runs']:8.0f} ns")
 EOF
@@ -80,7 +86,7 @@ EOF
 
 if [[ " $STAGES " == *" validate "* ]]; then
 {
-  for probes in auto both in-process; do
+  for probes in ${VALIDATE_PROBES:-auto both in-process}; do
     echo "== validation: PyTorch training loop vs torch.profiler, --launch-probes $probes"
     $BUILD/gpuscope record --bpf-stats --launch-probes $probes -o "$OUT/train-$probes.gpuscope" -- \
         $PY bench/gpu/train_step.py "$OUT/truth-$probes.json" --steps 5
@@ -91,6 +97,13 @@ if [[ " $STAGES " == *" validate "* ]]; then
   $BUILD/gpuscope report --top 8 "$OUT/train-auto.gpuscope" > "$OUT/train-report.txt"
   head -40 "$OUT/train-report.txt"
 } 2>&1 | tee "$OUT/validation.txt"
+fi
+
+if [[ " $STAGES " == *" hooks "* ]]; then
+{
+  echo "== cost per launch: bench/launch_loop, each way to collect launches"
+  $PY bench/gpu/launch_hooks_cost.py --build "$BUILD" --rounds ${HOOKS_ROUNDS:-3}
+} 2>&1 | tee "$OUT/hooks.txt"
 fi
 
 if [[ " $STAGES " == *" cost "* ]]; then

@@ -554,8 +554,11 @@ AttachResult BpfSession::attach_file(const std::string& path) {
       const bool is_rt_launch = f.api == cuda::Api::Runtime && f.kind == cuda::CallKind::Launch;
       if (is_rt_launch && !runtime_launch_probes_) continue;
       if (detached_runtime_functions_.contains(f.id)) continue;
+      // The hooks record cuKernelGetFunction too: its probe reads what it wrote at the thread's
+      // next launch, which no longer traps.
       const bool per_process_launch = !launch_probes_ && f.sig != cuda::Signature::InProcessLaunch &&
-                                      (f.kind == cuda::CallKind::Launch || f.kind == cuda::CallKind::GraphLaunch);
+                                      (f.kind == cuda::CallKind::Launch || f.kind == cuda::CallKind::GraphLaunch ||
+                                       f.sig == cuda::Signature::KernelGetFunction);
       if ((high_rate_per_process_ && cuda::is_high_rate(f)) || per_process_launch) {
         ProbeSet& set = f.has_return ? high_rate.entry : high_rate.emit;
         set.offsets.push_back(it->second);

@@ -62,8 +62,8 @@ struct SessionConfig {
   // Runtime launches (cudaLaunchKernel...) reach the driver's launch functions, so probing both
   // traps twice per launch. false: attach only the driver's (see detach_runtime_launch_probes).
   bool runtime_launch_probes = true;
-  // false: no launch is probed for every process: the launches come from the processes' own
-  // launch rings (record --launch-probes in-process, record/launch_rings.h). A process without
+  // false: no launch (nor cuKernelGetFunction) is probed for every process: they come from the
+  // processes' own launch rings (record --launch-probes in-process, record/launch_rings.h). A process without
   // them gets its launch probes of its own, by set_high_rate_probes.
   bool launch_probes = true;
   // Walk the Python frames of the processes given to set_python_process at every CUDA call

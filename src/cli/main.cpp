@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
                   "Probes that record runtime launches: driver (one trap per launch), both (runtime and driver: "
                   "two), auto (driver once it is probed, when recording a command; both with --pid/--all), "
                   "in-process (record -- CMD: no trap; libgpuscope_launches.so, preloaded, hands the launches "
-                  "over through shared memory; launches have no stacks yet). "
+                  "over through shared memory, and one in N to a probe for its stack, N from the stack budget). "
                   "Except with both, a runtime copy, memset or sync function is left to the "
                   "driver's probes once its calls were all seen to make one")
       ->transform(CLI::CheckedTransformer(launch_modes, CLI::ignore_case))

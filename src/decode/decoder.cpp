@@ -26,7 +26,7 @@ const cuda::FunctionSpec* launch_api_function(uint16_t api) {
   static const char* const kSymbols[GS_LAUNCH_API_COUNT] = {
       nullptr,         "cuLaunchKernel",   "cuLaunchKernel_ptsz",       "cuLaunchKernelEx",
       "cuLaunchKernelEx_ptsz", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel", "cuGraphLaunch",
-      "cuGraphLaunch_ptsz"};
+      "cuGraphLaunch_ptsz",    "cuKernelGetFunction"};
   return api > 0 && api < GS_LAUNCH_API_COUNT ? cuda::function_by_symbol(kSymbols[api]) : nullptr;
 }
 
@@ -39,6 +39,11 @@ bool decode_in_process_launch(const gs_launch_record& r, CallEvent& e) {
   e.has_return = true;
   e.ret = r.result;
   e.kernel_handle = r.function;
+  if (f->sig == cuda::Signature::KernelGetFunction) {  // the kernel asked about, and its function
+    e.out_handle = r.stream;
+    e.out_valid = r.result == 0 && r.stream;
+    return true;
+  }
   e.stream = r.stream;
   if (f->kind == cuda::CallKind::Launch) {
     e.grid[0] = r.grid_x, e.grid[1] = r.grid_y, e.grid[2] = r.grid_z;

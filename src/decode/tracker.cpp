@@ -153,6 +153,8 @@ void Tracker::update_state(ProcessState& p, const CallEvent& e) {
             p.handle_names.try_emplace(e.out_handle, it->second);
           else
             p.handle_names[e.out_handle] = it->second;
+        } else if (!e.out_unchecked) {
+          p.kernel_of_function[e.out_handle] = e.kernel_handle;
         }
       }
       break;
@@ -167,6 +169,11 @@ const Tracker::KernelName* Tracker::find_kernel_name(const CallEvent& e) const {
   const cuda::FunctionSpec* f = cuda::function_by_id(e.func);
   const auto& names = (f && f->api == cuda::Api::Runtime) ? pit->second.stub_names : pit->second.handle_names;
   auto it = names.find(e.kernel_handle);
+  if (it != names.end()) return &it->second;
+  if (&names == &pit->second.handle_names) {
+    auto k = pit->second.kernel_of_function.find(e.kernel_handle);
+    if (k != pit->second.kernel_of_function.end()) it = names.find(k->second);
+  }
   return it == names.end() ? nullptr : &it->second;
 }
 
@@ -377,3 +384,4 @@ void Tracker::forget_process(uint32_t pid) {
 }
 
 }  // namespace gpuscope::decode
+

@@ -107,6 +107,9 @@ class Tracker {
     AllocationMap allocations;
     std::unordered_map<uint64_t, KernelName> stub_names;     // host stub -> device function
     std::unordered_map<uint64_t, KernelName> handle_names;   // CUfunction / CUkernel -> name
+    // cuKernelGetFunction's answers for kernels not named when it was seen (the in-process hooks'
+    // record of it may come before the probed lookup that names the kernel): function -> kernel.
+    std::unordered_map<uint64_t, uint64_t> kernel_of_function;
     // CUDA arrays and mipmapped arrays -> bytes per element (0: a format without whole-byte
     // elements), from their creation: copies in elements (cudaMemcpy3D) need it.
     std::unordered_map<uint64_t, uint32_t> array_elem_size;

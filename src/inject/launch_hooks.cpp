@@ -54,6 +54,7 @@ using LaunchKernelExFn = CUresult (*)(const CUlaunchConfig*, CUfunction, void**,
 using LaunchCooperativeFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                          unsigned, CUstream, void**);
 using GraphLaunchFn = CUresult (*)(CUgraphExec, CUstream);
+using KernelGetFunctionFn = CUresult (*)(CUfunction*, void*);
 using GetProcAddressV2Fn = CUresult (*)(const char*, void**, int, uint64_t, int*);
 using GetProcAddressFn = CUresult (*)(const char*, void**, int, uint64_t);
 using DlsymFn = void* (*)(void*, const char*);
@@ -281,13 +282,14 @@ gpuscope_launch_stack:
 
 namespace {
 
-void write(const Launch& l) {
+// `stacked`: a launch, one in stack_every of which goes to gpuscope_launch_stack for its stack.
+void write(const Launch& l, bool stacked = true) {
   gs_launch_ring_header* h = ring();
   if (!h) {
     g_unrecorded.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  const uint32_t every = __atomic_load_n(&h->stack_every, __ATOMIC_RELAXED);
+  const uint32_t every = stacked ? __atomic_load_n(&h->stack_every, __ATOMIC_RELAXED) : 0;
   if (every && chosen(every)) {
     gs_launch_record r{};
     fill(r, l, l.flags);
@@ -330,8 +332,10 @@ Hook g_hooks[] = {
     {"cuLaunchCooperativeKernel", GS_LAUNCH_CU_LAUNCH_COOPERATIVE_KERNEL, GS_LAUNCH_CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ,
      {}, {}, {}},
     {"cuGraphLaunch", GS_LAUNCH_CU_GRAPH_LAUNCH, GS_LAUNCH_CU_GRAPH_LAUNCH_PTSZ, {}, {}, {}},
+    {"cuKernelGetFunction", GS_LAUNCH_CU_KERNEL_GET_FUNCTION, GS_LAUNCH_CU_KERNEL_GET_FUNCTION, {}, {}, {}},
 };
-constexpr int kLaunchKernel = 0, kLaunchKernelEx = 1, kLaunchCooperative = 2, kGraphLaunch = 3;
+constexpr int kLaunchKernel = 0, kLaunchKernelEx = 1, kLaunchCooperative = 2, kGraphLaunch = 3,
+              kKernelGetFunction = 4;
 constexpr int kHooks = sizeof(g_hooks) / sizeof(g_hooks[0]);
 
 // The launch, timed, then written. `real`: the driver's entry point.
@@ -375,6 +379,19 @@ CUresult graph_launch(void* real, uint16_t api, uint16_t via, CUgraphExec g, CUs
   return r;
 }
 
+// A kernel's function, written as a record of its own: a launch of that function is then named
+// as the kernel (the probe on cuKernelGetFunction read it at the thread's next launch, which no
+// longer traps).
+CUresult kernel_get_function(void* real, uint16_t via, CUfunction* out, void* kernel) {
+  if (!real) return kNotFound;
+  const uint64_t t0 = now_ns();
+  const CUresult r = reinterpret_cast<KernelGetFunctionFn>(real)(out, kernel);
+  write({GS_LAUNCH_CU_KERNEL_GET_FUNCTION, via, t0, now_ns(), kernel, r == 0 && out ? CUstream(*out) : nullptr, {}, {},
+         0, r},
+        false);
+  return r;
+}
+
 // The wrappers cuGetProcAddress and dlsym hand out: hook H's slot S.
 template <int H, int S>
 struct Wrap;
@@ -412,6 +429,14 @@ struct Wrap<kGraphLaunch, S> {
     void* real = g_hooks[kGraphLaunch].real[S].load(std::memory_order_acquire);
     const uint16_t api = g_hooks[kGraphLaunch].apis[S];
     return graph_launch(real, api, GS_LAUNCH_VIA_PROC_ADDRESS, g, s);
+  }
+};
+
+template <int S>
+struct Wrap<kKernelGetFunction, S> {
+  static CUresult call(CUfunction* out, void* kernel) {
+    return kernel_get_function(g_hooks[kKernelGetFunction].real[S].load(std::memory_order_acquire),
+                               GS_LAUNCH_VIA_PROC_ADDRESS, out, kernel);
   }
 };
 
@@ -637,11 +662,17 @@ GS_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
   return graph_launch(real, GS_LAUNCH_CU_GRAPH_LAUNCH_PTSZ, via, g, s);
 }
 
+GS_EXPORT CUresult cuKernelGetFunction(CUfunction* out, void* kernel) {
+  GS_NEXT(cuKernelGetFunction);
+  return kernel_get_function(real, via, out, kernel);
+}
+
 __attribute__((constructor)) static void gs_launches_init() {
   init_real_dlsym();
   fill_wrappers<kLaunchKernel>(std::make_integer_sequence<int, kSlots>{});
   fill_wrappers<kLaunchKernelEx>(std::make_integer_sequence<int, kSlots>{});
   fill_wrappers<kLaunchCooperative>(std::make_integer_sequence<int, kSlots>{});
   fill_wrappers<kGraphLaunch>(std::make_integer_sequence<int, kSlots>{});
+  fill_wrappers<kKernelGetFunction>(std::make_integer_sequence<int, kSlots>{});
   pthread_atfork(nullptr, nullptr, after_fork_in_child);
 }

@@ -1,6 +1,7 @@
 /* The ring a CUDA process's launches go through to gpuscope without a trap or a system call each
  * (issue 33): libgpuscope_launches.so, preloaded into a program that `gpuscope record` starts,
- * wraps the driver's launch entry points and writes one record per launch into a ring in a sealed
+ * wraps the driver's launch entry points (and cuKernelGetFunction, which names what cuBLASLt
+ * launches) and writes one record per call into a ring in a sealed
  * memfd (its size cannot change under the reader). At its first lookup of a launch entry point a
  * process sends the memfd to gpuscope's datagram socket GPUSCOPE_LAUNCH_RING/rings.sock
  * (SCM_RIGHTS, with a gs_launch_ring_hello); gpuscope maps it and drains it, also after the
@@ -24,7 +25,7 @@
 /* The ring's stack_every until gpuscope sets it (0 if unset). */
 #define GS_LAUNCH_STACK_EVERY_ENV "GPUSCOPE_LAUNCH_STACK_EVERY"
 #define GS_LAUNCH_RING_MAGIC "GSLNCH1"
-#define GS_LAUNCH_RING_VERSION 1
+#define GS_LAUNCH_RING_VERSION 2
 #define GS_LAUNCH_RING_SOCKET "rings.sock"
 #define GS_LAUNCH_RING_SLOTS_DEFAULT (1u << 16) /* 4 MiB of records */
 
@@ -38,7 +39,11 @@ enum gs_launch_api {
   GS_LAUNCH_CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ = 6,
   GS_LAUNCH_CU_GRAPH_LAUNCH = 7,
   GS_LAUNCH_CU_GRAPH_LAUNCH_PTSZ = 8,
-  GS_LAUNCH_API_COUNT = 9,
+  /* Not a launch: cuBLASLt asks for a kernel's function before each of its launches, and a
+   * launch names its kernel by that function. `function` is the CUkernel asked about, `stream`
+   * the CUfunction the driver wrote (0 where it failed); no stack is taken for it. */
+  GS_LAUNCH_CU_KERNEL_GET_FUNCTION = 9,
+  GS_LAUNCH_API_COUNT = 10,
 };
 
 /* How the wrapper was reached (flags). */

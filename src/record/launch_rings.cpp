@@ -144,7 +144,7 @@ void LaunchRings::discover() {
   if (socket_ >= 0) receive();
 }
 
-size_t LaunchRings::drain_one(pid_t pid, Ring& r, const OnLaunch& on) {
+size_t LaunchRings::drain_one(pid_t pid, Ring& r, const OnLaunch& on, uint64_t upto_ns) {
   if (!r.header) return 0;
   const auto* slots = reinterpret_cast<const gs_launch_record*>(r.header + 1);
   const uint64_t mask = r.mask;
@@ -154,6 +154,7 @@ size_t LaunchRings::drain_one(pid_t pid, Ring& r, const OnLaunch& on) {
     if (__atomic_load_n(&slot.seq, __ATOMIC_ACQUIRE) != r.read + 1) break;
     gs_launch_record copy;
     std::memcpy(&copy, &slot, sizeof copy);
+    if (copy.ts_ns > upto_ns) break;
     ++r.read;
     on(uint32_t(pid), copy);
     // Free the slots now and then, not at every record: the writers read the tail at each launch.
@@ -163,7 +164,7 @@ size_t LaunchRings::drain_one(pid_t pid, Ring& r, const OnLaunch& on) {
   return n;
 }
 
-size_t LaunchRings::drain(const OnLaunch& on) {
+size_t LaunchRings::drain(const OnLaunch& on, uint64_t upto_ns) {
   std::lock_guard lock(mu_);
   size_t n = 0;
   for (auto& [pid, r] : retired_) {
@@ -172,7 +173,7 @@ size_t LaunchRings::drain(const OnLaunch& on) {
     release(r);
   }
   retired_.clear();
-  for (auto& [pid, r] : rings_) n += drain_one(pid, r, on);
+  for (auto& [pid, r] : rings_) n += drain_one(pid, r, on, upto_ns);
   return n;
 }
 

@@ -36,9 +36,11 @@ class LaunchRings {
   // Maps the rings sent since the last call.
   void discover();
   // Hands each whole record not read yet to `on`, ring by ring, in each ring's order; returns how
-  // many. The rings' tails move on, so the writers can reuse the slots.
+  // many. The rings' tails move on, so the writers can reuse the slots. A live ring's reading
+  // stops at its first record made after `upto_ns` (a call entered then), so that the probes'
+  // events from before it can be handled first.
   using OnLaunch = std::function<void(uint32_t pid, const gs_launch_record&)>;
-  size_t drain(const OnLaunch& on);
+  size_t drain(const OnLaunch& on, uint64_t upto_ns = UINT64_MAX);
   // A process that is gone: what it left is drained, its ring unmapped, its announcement removed.
   void forget(pid_t pid, const OnLaunch& on);
 
@@ -70,7 +72,7 @@ class LaunchRings {
     uint64_t mask = 0;   // slots - 1, as checked at adopt (never the header's later word)
     bool owned = false;  // unmapped here
   };
-  size_t drain_one(pid_t pid, Ring& r, const OnLaunch& on);
+  size_t drain_one(pid_t pid, Ring& r, const OnLaunch& on, uint64_t upto_ns = UINT64_MAX);
   void release(Ring& r);
 
   void receive();

@@ -198,7 +198,28 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
     if (kind == GS_REC_EXEC) control_->push_exec(static_cast<pid_t>(proc->pid));
     if (kind == GS_REC_EXIT) control_->push_exit(static_cast<pid_t>(proc->pid), proc->ts_ns, opts_.all);
   });
-  bpf_->set_handler([p = pipeline_.get()](const void* data, size_t size) { p->push(data, size); });
+  if (!launch_rings_) {
+    bpf_->set_handler([p = pipeline_.get()](const void* data, size_t size) { p->push(data, size); });
+  } else {
+    // The rings' records of calls before these, first: a launch handed to gpuscope_launch_stack
+    // comes after its thread's calls before it (its kernel's cuKernelGetFunction), and a process's
+    // exit or exec after all it did (the pipeline forgets its kernels' names there).
+    static const uint16_t marker = cuda::function_by_symbol("gpuscope_launch_stack")->id;
+    bpf_->set_handler([this](const void* data, size_t size) {
+      uint16_t kind = 0;
+      if (size >= sizeof kind) std::memcpy(&kind, data, sizeof kind);
+      if (kind == GS_REC_CALL && size >= sizeof(gs_call_record)) {
+        gs_call_record head;
+        std::memcpy(&head, data, sizeof head);
+        if (head.func == marker) drain_launch_rings(false, head.ts_ns, true);
+      } else if ((kind == GS_REC_EXIT || kind == GS_REC_EXEC) && size >= sizeof(gs_proc_record)) {
+        gs_proc_record proc;
+        std::memcpy(&proc, data, sizeof proc);
+        drain_launch_rings(false, proc.ts_ns, true);
+      }
+      pipeline_->push(data, size);
+    });
+  }
 }
 
 Tracer::~Tracer() {
@@ -214,7 +235,12 @@ void Tracer::start() {
     const int poll_ms = launch_rings_ ? std::min(opts_.poll_ms, kRingPollMs) : opts_.poll_ms;
     while (consuming_.load(std::memory_order_relaxed)) {
       bpf_->poll(poll_ms);
-      if (launch_rings_) drain_launch_rings(false);
+      if (launch_rings_) {
+        // The records of calls entered before `upto`, after the probes' events from before it.
+        const uint64_t upto = monotonic_ns();
+        bpf_->poll(0);
+        drain_launch_rings(false, upto);
+      }
       pipeline_->end_batch();
     }
   });
@@ -251,9 +277,9 @@ void Tracer::process_gone(pid_t pid) { lifetime_.exited(static_cast<uint32_t>(pi
 
 void Tracer::add_target(pid_t pid) { bpf_->add_target(pid); }
 
-void Tracer::drain_launch_rings(bool final) {
+void Tracer::drain_launch_rings(bool final, uint64_t upto_ns, bool discover) {
   const uint64_t now = monotonic_ns();
-  if (final || now >= rings_discovered_ns_ + kRingDiscoverNs) {
+  if (final || discover || now >= rings_discovered_ns_ + kRingDiscoverNs) {
     launch_rings_->discover();
     rings_discovered_ns_ = now;
   }
@@ -269,7 +295,7 @@ void Tracer::drain_launch_rings(bool final) {
     }
     gs_call_record rec;
     if (!LaunchRings::to_call_record(pid, r, name->second, rec)) return;
-    ++ring_launches_;
+    if (r.api != GS_LAUNCH_CU_KERNEL_GET_FUNCTION) ++ring_launches_;
     pipeline_->push(&rec, sizeof rec);
   };
   std::vector<pid_t> exited;
@@ -277,7 +303,7 @@ void Tracer::drain_launch_rings(bool final) {
     std::lock_guard lock(ring_exits_mu_);
     exited.swap(ring_exits_);
   }
-  launch_rings_->drain(push);
+  launch_rings_->drain(push, upto_ns);
   for (pid_t pid : exited) launch_rings_->forget(pid, push);
   if (final)
     for (pid_t pid : launch_rings_->received()) launch_rings_->forget(pid, push);
@@ -543,7 +569,10 @@ void Tracer::adjust_stack_rates() {
       bpf_->forget_stack_budget(c.pid);
       continue;  // its figures stay in the budget's table for the summary
     }
-    if (auto every = stack_budget_->observe(c.pid, now, c.walk_ns, c.walks, c.first_ns)) {
+    // In-process launches trap only to have their stack walked (gpuscope_launch_stack), so each
+    // walk costs its process the trap as well.
+    const uint64_t cost_ns = c.walk_ns + (launch_rings_ ? c.walks * kInProcessTrapNs : 0);
+    if (auto every = stack_budget_->observe(c.pid, now, cost_ns, c.walks, c.first_ns)) {
       if (!bpf_->set_stack_rate(c.pid, *every)) ++stack_rates_refused_;
       if (launch_rings_) launch_rings_->set_stack_every(c.pid, *every);
       log_debug("stack budget: PID {} takes the stacks of 1 call in {}", c.pid, *every);

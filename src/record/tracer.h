@@ -179,11 +179,20 @@ class Tracer {
   void drop_redundant_runtime_probes();
 
   // InProcess: reads the launch rings into the pipeline, on the ring-buffer thread (discovering
-  // new rings every kRingDiscoverNs, letting go of exited processes' after a last read).
-  void drain_launch_rings(bool final);
+  // new rings every kRingDiscoverNs, letting go of exited processes' after a last read), up to
+  // the records of calls entered after `upto_ns`. The probes' events and the rings' records are
+  // handled in the order of their calls, which naming needs: a launch is named by the lookup
+  // before it, and either may come from either side (cuLibraryGetKernel probed,
+  // cuKernelGetFunction in the ring; a launch handed to gpuscope_launch_stack after it).
+  // `discover`: rings sent since the last look are taken first (a process may have sent its ring
+  // and ended within kRingDiscoverNs).
+  void drain_launch_rings(bool final, uint64_t upto_ns = UINT64_MAX, bool discover = false);
   static constexpr uint64_t kRingDiscoverNs = 20'000'000;
   // A ring holds 65,536 launches: 5 ms is 13 million launches a second.
   static constexpr int kRingPollMs = 5;
+  // What the trap into a probe costs a thread besides the BPF program (the emulated push %rbp
+  // and the return: 0.7-1.7 us on these VMs, PLATFORM.md; the H100's launch loop +1.2 us a launch).
+  static constexpr uint64_t kInProcessTrapNs = 1500;
   // Says what the rings lost, and which processes had their launches probed instead.
   void report_launch_rings();
   // InProcess, at a process's first CUDA library (it is stopped there): a process without the

@@ -138,6 +138,23 @@ def test_record_in_process_takes_one_stack_in_n_and_leaves_its_own_frames_out(re
     assert "launches" in frames and not any("gpuscope_launch_stack" in f or "Wrap" in f for f in frames), frames
 
 
+def test_a_library_kernel_is_named_by_the_function_asked_for_before_each_launch(record):
+    # As cuBLASLt launches: cuLibraryGetKernel once (probed in every mode), cuKernelGetFunction
+    # before each launch (in the ring with the hooks), the function only on the launcher's stack.
+    env = dict(os.environ, LD_LIBRARY_PATH=str(FAKE_DRIVER))
+    target = [TARGETS / "driver_lookups", "--launches", 1, "--library-kernels", 600]
+    for mode in ([], ["--launch-probes", "in-process"], ["--launch-probes", "in-process", "--stack-every", 3],
+                 ["--launch-probes", "in-process", "--no-stacks"]):
+        rec = record(*mode, "--", *target, env=env)
+        assert rec.returncode == 0, (mode, rec.stderr)
+        named = dict(rec.query("SELECT k.name, count(*) FROM calls c JOIN kernels k ON k.id = c.kernel_id GROUP BY 1"))
+        assert named == {"lib_kernel_a": 300, "lib_kernel_b": 300}, (mode, named)
+        if mode:
+            assert rec.scalar("SELECT value FROM meta WHERE key = 'launch_ring_launches'") == str(
+                rec.scalar("SELECT count(*) FROM calls c JOIN functions f ON f.id = c.func "
+                           "WHERE f.kind IN ('launch', 'graph_launch') AND c.stack_id IS NULL")), mode
+
+
 def test_record_in_process_probes_the_launches_of_a_process_without_the_hooks(record, gpuscope):
     env = dict(os.environ, LD_LIBRARY_PATH=str(FAKE_DRIVER))
     rec = record("--launch-probes", "in-process", "--", "env", "-u", "LD_PRELOAD", TARGETS / "driver_lookups",

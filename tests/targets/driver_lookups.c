@@ -4,9 +4,12 @@
  * stand-in driver (fake_cuda.c) for the launch hooks' tests, and on the GPU machine against the
  * real one (where the function handles are not kernels and every launch fails, counted all the same).
  *
- *   driver_lookups [--launches N] [--threads T] [--fork]
+ *   driver_lookups [--launches N] [--threads T] [--fork] [--library-kernels K]
  * Each of T threads makes N launches of each kind; --fork: a child makes N more through the
- * pointers its parent looked up. Prints one JSON line of what it made and the driver counted. */
+ * pointers its parent looked up; --library-kernels: then K launches of a library's kernel as
+ * cuBLASLt makes them (cuLibraryGetKernel once, cuKernelGetFunction before each launch, the
+ * function on the stack), named "lib_kernel_a" and "lib_kernel_b" in turns. Prints one JSON line
+ * of what it made and the driver counted. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -28,6 +31,8 @@ typedef struct {
 } launch_config;
 typedef int (*launch_ex_fn)(const launch_config *, void *, void **, void **);
 typedef int (*graph_launch_fn)(void *, void *);
+typedef int (*library_get_kernel_fn)(void **, void *, const char *);
+typedef int (*kernel_get_function_fn)(void **, void *);
 
 static launch_fn launch, launch_ptsz;
 static launch_ex_fn launch_ex;
@@ -44,6 +49,14 @@ static void launches(long count) {
     failed |= launch_ex(&c, (void *)0x3000, params, 0);
     failed |= graph_launch((void *)0x4000, (void *)0x30);
   }
+}
+
+/* Kept from inlining: the function it asks for lives in this frame only, as in a library's launcher. */
+static __attribute__((noinline)) int launch_library_kernel(kernel_get_function_fn get_function, void *kernel) {
+  void *function = 0;
+  void *params[] = {0};
+  if (get_function(&function, kernel)) return 1;
+  return launch(function, 1, 1, 1, 64, 1, 1, 0, 0, params, 0);
 }
 
 static double ns_per_launch;  /* the first thread's */
@@ -63,7 +76,10 @@ static void *thread_main(void *arg) {
 
 int main(int argc, char **argv) {
   int threads = 1, fork_child = 0;
+  long library_kernels = 0;
   for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--library-kernels") && i + 1 < argc) library_kernels = atol(argv[++i]);
+    else
     if (!strcmp(argv[i], "--launches") && i + 1 < argc) n = atol(argv[++i]);
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--fork")) fork_child = 1;
@@ -114,9 +130,21 @@ int main(int argc, char **argv) {
     }
     child_launches = 4 * n;
   }
+  if (library_kernels) {
+    library_get_kernel_fn get_kernel = 0;
+    kernel_get_function_fn get_function = 0;
+    void *kernels[2] = {0, 0};
+    if (get_proc("cuLibraryGetKernel", (void **)&get_kernel, 12000, 0, &status) ||
+        get_proc("cuKernelGetFunction", (void **)&get_function, 12000, 0, &status) ||
+        get_kernel(&kernels[0], (void *)0x5000, "lib_kernel_a") || get_kernel(&kernels[1], (void *)0x5000, "lib_kernel_b")) {
+      fprintf(stderr, "driver_lookups: no cuLibraryGetKernel or cuKernelGetFunction\n");
+      return 2;
+    }
+    for (long i = 0; i < library_kernels; ++i) failed |= launch_library_kernel(get_function, kernels[i % 2]);
+  }
   uint64_t (*counted)(void) = (uint64_t(*)(void))dlsym(cuda, "fake_cuda_launches");
   printf("{\"pid\": %d, \"launches\": %ld, \"child_launches\": %ld, \"driver_counted\": %lld, \"failed\": %d, "
          "\"ns_per_launch\": %.1f}\n",
-         (int)getpid(), 4 * n * threads, child_launches, counted ? (long long)counted() : -1LL, failed, ns_per_launch);
+         (int)getpid(), 4 * n * threads + library_kernels, child_launches, counted ? (long long)counted() : -1LL, failed, ns_per_launch);
   return 0;
 }

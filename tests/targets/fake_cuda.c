@@ -46,6 +46,20 @@ int cuDeviceGet(int *device, int ordinal) {
   return 0;
 }
 
+/* A library's kernels, as cuBLASLt reaches them: a kernel by name, then its function before each
+ * launch. The kernel's handle is its name's address; its function, that plus one. */
+int cuLibraryGetKernel(void **kernel, void *library, const char *name) {
+  (void)library;
+  if (!kernel || !name) return 1;
+  *kernel = (void *)name;
+  return 0;
+}
+int cuKernelGetFunction(void **function, void *kernel) {
+  if (!function || !kernel) return 1;
+  *function = (char *)kernel + 1;
+  return 0;
+}
+
 int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status);
 
 /* flags & 2: the per-thread default stream's variant (CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM). */
@@ -63,6 +77,8 @@ static int lookup(const char *symbol, void **pfn, uint64_t flags) {
       {"cuGraphLaunch", (void *)cuGraphLaunch, (void *)cuGraphLaunch_ptsz},
       {"cuCtxSynchronize", (void *)cuCtxSynchronize, (void *)cuCtxSynchronize},
       {"cuGetProcAddress", (void *)cuGetProcAddress_v2, (void *)cuGetProcAddress_v2},
+      {"cuLibraryGetKernel", (void *)cuLibraryGetKernel, (void *)cuLibraryGetKernel},
+      {"cuKernelGetFunction", (void *)cuKernelGetFunction, (void *)cuKernelGetFunction},
   };
   for (unsigned i = 0; i < sizeof table / sizeof table[0]; ++i)
     if (!strcmp(symbol, table[i].name)) {

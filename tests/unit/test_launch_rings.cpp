@@ -81,6 +81,18 @@ TEST(LaunchRings, AReservedSlotNotYetPublishedHoldsBackWhatComesAfterIt) {
   EXPECT_EQ(drain(rings), (std::vector<uint64_t>{2, 3}));
 }
 
+TEST(LaunchRings, ADrainUpToATimeLeavesTheCallsEnteredAfterItForTheNext) {
+  MemoryRing m(8);
+  record::LaunchRings rings("");
+  ASSERT_TRUE(rings.adopt(77, m.words.data(), m.bytes(), false));
+  for (uint64_t f = 1; f <= 4; ++f) m.write(f);  // entered at 1000..1003
+  std::vector<uint64_t> got;
+  rings.drain([&](uint32_t, const gs_launch_record& r) { got.push_back(r.function); }, 1001);
+  EXPECT_EQ(got, (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(m.header()->tail, 2u);  // their slots are free again; the others' are not
+  EXPECT_EQ(drain(rings), (std::vector<uint64_t>{3, 4}));
+}
+
 TEST(LaunchRings, AStaleSlotFromTheLastLapIsNotReadAgain) {
   MemoryRing m(4);
   record::LaunchRings rings("");
@@ -164,6 +176,22 @@ TEST(LaunchRings, ALaunchReadsAsTheDriverProbesWouldHaveRecordedIt) {
     EXPECT_EQ(e.block[0], 128u);
     EXPECT_EQ(e.block[1], 4u);
     EXPECT_EQ(e.shared_mem, 4096u);
+  }
+  // cuKernelGetFunction: the kernel asked about and the function the driver wrote.
+  r.api = GS_LAUNCH_CU_KERNEL_GET_FUNCTION;
+  r.function = 0x7000;
+  r.stream = 0x7001;
+  for (uint16_t result : {0, 500}) {
+    r.result = result;
+    gs_call_record rec;
+    ASSERT_TRUE(record::LaunchRings::to_call_record(90, r, "python3", rec));
+    CallEvent e;
+    ASSERT_TRUE(decode::decode_call(rec, e, {}));
+    EXPECT_EQ(cuda::function_by_id(e.func)->symbol, "cuKernelGetFunction");
+    EXPECT_EQ(e.kernel_handle, 0x7000u);
+    EXPECT_EQ(e.out_valid, result == 0);
+    if (!result) EXPECT_EQ(e.out_handle, 0x7001u);
+    EXPECT_EQ(e.stream, 0u);
   }
   r.api = 0;
   gs_call_record rec;

@@ -37,8 +37,9 @@
 #           allocation stacks reaching main or the Python module on $BUILD/bench/launch_sites (plain
 #           nvcc -O2) and on the training step (DEFAULTS_STEPS steps), the tables' first-run cost
 #           with an empty cache and a warm one, and start-up, the old default (fp) beside.
-# hooks:    issue 33's cost per launch of each way to collect launches (bench/gpu/launch_hooks_cost.py,
-#           HOOKS_ROUNDS rounds), and the in-process hooks in a PyTorch process: launches, lost, fallbacks.
+# hooks:    issue 33's cost per launch: the hooks' inside one process (bench/launch_hooks_ab,
+#           HOOKS_AB_BATCHES), then each way to collect launches (bench/gpu/launch_hooks_cost.py,
+#           HOOKS_ROUNDS rounds; 0 skips it).
 # views:    issue 29's flame graph views and GPU summary on a PyTorch CNN (bench/gpu/cnn_steps.py,
 #           VIEWS_STEPS steps) under record --gpu-times --cpu-profile 99: frames per view, no
 #           frame per address, the interpreter's frames gone by default; start-up apart from idle
@@ -101,8 +102,16 @@ fi
 
 if [[ " $STAGES " == *" hooks "* ]]; then
 {
-  echo "== cost per launch: bench/launch_loop, each way to collect launches"
-  $PY bench/gpu/launch_hooks_cost.py --build "$BUILD" --rounds ${HOOKS_ROUNDS:-3}
+  echo "== the hooks' cost per launch inside one process: bench/launch_hooks_ab (hooked and libcuda's entry point in turns)"
+  for i in 1 2 3; do
+    echo "control, no hooks: $($BUILD/bench/launch_hooks_ab --batches ${HOOKS_AB_BATCHES:-400})"
+    echo "hooks, ring drained: $($BUILD/bench/launch_ring_drain --lib $BUILD/libgpuscope_launches.so -- \
+        $BUILD/bench/launch_hooks_ab --batches ${HOOKS_AB_BATCHES:-400} | tr '\n' ' ')"
+  done
+  if [ "${HOOKS_ROUNDS:-3}" -gt 0 ]; then
+    echo "== cost per launch: bench/launch_loop, each way to collect launches, one process each"
+    $PY bench/gpu/launch_hooks_cost.py --build "$BUILD" --rounds ${HOOKS_ROUNDS:-3}
+  fi
 } 2>&1 | tee "$OUT/hooks.txt"
 fi
 

@@ -3,8 +3,8 @@
 // batches of cuLaunchKernel of an empty <<<1,32>>> kernel over S streams, alternately through
 //   hooked  the entry point the runtime hands out (cudaGetDriverEntryPointByVersion): with
 //           libgpuscope_launches.so preloaded, the hooks' wrapper
-//   real    libcuda's own definition, found with dlvsym (the hooks interpose dlsym, not dlvsym;
-//           libcuda's symbols are unversioned, so any version name finds them)
+//   real    libcuda's own definition, found with the C library's dlsym (found with dlvsym: the
+//           hooks interpose dlsym, not dlvsym)
 // Between batches the streams are synchronised (not timed), so the GPU's queues never fill and a
 // batch is bound by the CPU side of a launch.
 //   launch_hooks_ab [--batches 400] [--batch 1000] [--streams 8]
@@ -62,10 +62,15 @@ int main(int argc, char** argv) {
     fprintf(stderr, "launch_hooks_ab: cudaGetDriverEntryPointByVersion(cuLaunchKernel) failed\n");
     return 1;
   }
+  // The C library's own dlsym (the hooks interpose dlsym, not dlvsym), asked of libcuda itself.
+  using DlsymFn = void* (*)(void*, const char*);
+  void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+  auto* libc_dlsym = reinterpret_cast<DlsymFn>(libc ? dlvsym(libc, "dlsym", "GLIBC_2.34") : nullptr);
+  if (!libc_dlsym && libc) libc_dlsym = reinterpret_cast<DlsymFn>(dlvsym(libc, "dlsym", "GLIBC_2.2.5"));
   void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  void* real = libcuda ? dlvsym(libcuda, "cuLaunchKernel", "gpuscope-any") : nullptr;
+  void* real = libcuda && libc_dlsym ? libc_dlsym(libcuda, "cuLaunchKernel") : nullptr;
   if (!real) {
-    fprintf(stderr, "launch_hooks_ab: libcuda's cuLaunchKernel not found with dlvsym\n");
+    fprintf(stderr, "launch_hooks_ab: libcuda's own cuLaunchKernel not found\n");
     return 1;
   }
   std::vector<cudaStream_t> streams(static_cast<size_t>(nstreams));

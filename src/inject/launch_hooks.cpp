@@ -20,6 +20,7 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#include <x86intrin.h>
 
 #include <atomic>
 #include <cerrno>
@@ -79,6 +80,26 @@ uint64_t now_ns() {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
 }
+
+// The launches' clock, chosen at the first read (a library's constructor may launch before this
+// one's runs): the TSC where the kernel keeps time with it (GS_LAUNCH_CLOCK_TSC), else
+// CLOCK_MONOTONIC. GPUSCOPE_LAUNCH_CLOCK=monotonic keeps CLOCK_MONOTONIC.
+bool kernel_clock_is_tsc() {
+  if (const char* c = std::getenv("GPUSCOPE_LAUNCH_CLOCK"); c && !std::strcmp(c, "monotonic")) return false;
+  const int fd = open("/sys/devices/system/clocksource/clocksource0/current_clocksource", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[16] = {};
+  const ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  return n >= 3 && !std::strncmp(buf, "tsc", 3) && (n == 3 || buf[3] == '\n');
+}
+std::atomic<int> g_clock{-1};  // GS_LAUNCH_CLOCK_*, -1 until chosen (racing choosers agree)
+int launch_clock() {
+  int c = g_clock.load(std::memory_order_relaxed);
+  if (c < 0) g_clock.store(c = kernel_clock_is_tsc() ? int(GS_LAUNCH_CLOCK_TSC) : int(GS_LAUNCH_CLOCK_MONOTONIC));
+  return c;
+}
+inline uint64_t now_ts() { return launch_clock() == int(GS_LAUNCH_CLOCK_TSC) ? __rdtsc() : now_ns(); }
 
 // initial-exec: a preloaded library has static TLS, and its reads need no call.
 __attribute__((tls_model("initial-exec"))) thread_local uint32_t t_tid = 0;
@@ -172,6 +193,7 @@ void make_ring() {
   h->created_ns = now_ns();
   if (const char* every = std::getenv(GS_LAUNCH_STACK_EVERY_ENV))
     h->stack_every = uint32_t(std::strtoul(every, nullptr, 10));
+  h->clock = uint32_t(launch_clock());
   // Handed to gpuscope, which holds it from then on: a process that ends, however it ends,
   // leaves its ring readable. The process keeps only the mapping.
   const bool sent = send_ring(dir, fd, pid);
@@ -342,17 +364,17 @@ constexpr int kHooks = sizeof(g_hooks) / sizeof(g_hooks[0]);
 CUresult launch_kernel(void* real, uint16_t api, uint16_t via, CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                        unsigned bx, unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) {
   if (!real) return kNotFound;
-  const uint64_t t0 = now_ns();
+  const uint64_t t0 = now_ts();
   const CUresult r = reinterpret_cast<LaunchKernelFn>(real)(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
-  write({api, via, t0, now_ns(), f, s, {gx, gy, gz}, {bx, by, bz}, shmem, r});
+  write({api, via, t0, now_ts(), f, s, {gx, gy, gz}, {bx, by, bz}, shmem, r});
   return r;
 }
 CUresult launch_kernel_ex(void* real, uint16_t api, uint16_t via, const CUlaunchConfig* c, CUfunction f,
                           void** params, void** extra) {
   if (!real) return kNotFound;
-  const uint64_t t0 = now_ns();
+  const uint64_t t0 = now_ts();
   const CUresult r = reinterpret_cast<LaunchKernelExFn>(real)(c, f, params, extra);
-  Launch l{api, via, t0, now_ns(), f, nullptr, {}, {}, 0, r};
+  Launch l{api, via, t0, now_ts(), f, nullptr, {}, {}, 0, r};
   if (c) {
     l.stream = c->hStream;
     l.grid[0] = c->gridDimX, l.grid[1] = c->gridDimY, l.grid[2] = c->gridDimZ;
@@ -366,16 +388,16 @@ CUresult launch_cooperative(void* real, uint16_t api, uint16_t via, CUfunction f
                             unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shmem, CUstream s,
                             void** params) {
   if (!real) return kNotFound;
-  const uint64_t t0 = now_ns();
+  const uint64_t t0 = now_ts();
   const CUresult r = reinterpret_cast<LaunchCooperativeFn>(real)(f, gx, gy, gz, bx, by, bz, shmem, s, params);
-  write({api, via, t0, now_ns(), f, s, {gx, gy, gz}, {bx, by, bz}, shmem, r});
+  write({api, via, t0, now_ts(), f, s, {gx, gy, gz}, {bx, by, bz}, shmem, r});
   return r;
 }
 CUresult graph_launch(void* real, uint16_t api, uint16_t via, CUgraphExec g, CUstream s) {
   if (!real) return kNotFound;
-  const uint64_t t0 = now_ns();
+  const uint64_t t0 = now_ts();
   const CUresult r = reinterpret_cast<GraphLaunchFn>(real)(g, s);
-  write({api, via, t0, now_ns(), g, s, {}, {}, 0, r});
+  write({api, via, t0, now_ts(), g, s, {}, {}, 0, r});
   return r;
 }
 
@@ -384,9 +406,9 @@ CUresult graph_launch(void* real, uint16_t api, uint16_t via, CUgraphExec g, CUs
 // longer traps).
 CUresult kernel_get_function(void* real, uint16_t via, CUfunction* out, void* kernel) {
   if (!real) return kNotFound;
-  const uint64_t t0 = now_ns();
+  const uint64_t t0 = now_ts();
   const CUresult r = reinterpret_cast<KernelGetFunctionFn>(real)(out, kernel);
-  write({GS_LAUNCH_CU_KERNEL_GET_FUNCTION, via, t0, now_ns(), kernel, r == 0 && out ? CUstream(*out) : nullptr, {}, {},
+  write({GS_LAUNCH_CU_KERNEL_GET_FUNCTION, via, t0, now_ts(), kernel, r == 0 && out ? CUstream(*out) : nullptr, {}, {},
          0, r},
         false);
   return r;
@@ -669,6 +691,7 @@ GS_EXPORT CUresult cuKernelGetFunction(CUfunction* out, void* kernel) {
 
 __attribute__((constructor)) static void gs_launches_init() {
   init_real_dlsym();
+  launch_clock();
   fill_wrappers<kLaunchKernel>(std::make_integer_sequence<int, kSlots>{});
   fill_wrappers<kLaunchKernelEx>(std::make_integer_sequence<int, kSlots>{});
   fill_wrappers<kLaunchCooperative>(std::make_integer_sequence<int, kSlots>{});

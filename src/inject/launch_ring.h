@@ -15,7 +15,8 @@
  * reservation and its publication (the process killed) leaves the reader waiting at that slot:
  * what came before it was read.
  *
- * Times are CLOCK_MONOTONIC nanoseconds, the clock of gpuscope's probes. */
+ * Times are CLOCK_MONOTONIC nanoseconds, the clock of gpuscope's probes, or the TSC's ticks
+ * (the header says which), which the reader converts. */
 #ifndef GPUSCOPE_LAUNCH_RING_H
 #define GPUSCOPE_LAUNCH_RING_H
 
@@ -25,7 +26,7 @@
 /* The ring's stack_every until gpuscope sets it (0 if unset). */
 #define GS_LAUNCH_STACK_EVERY_ENV "GPUSCOPE_LAUNCH_STACK_EVERY"
 #define GS_LAUNCH_RING_MAGIC "GSLNCH1"
-#define GS_LAUNCH_RING_VERSION 2
+#define GS_LAUNCH_RING_VERSION 3
 #define GS_LAUNCH_RING_SOCKET "rings.sock"
 #define GS_LAUNCH_RING_SLOTS_DEFAULT (1u << 16) /* 4 MiB of records */
 
@@ -46,6 +47,12 @@ enum gs_launch_api {
   GS_LAUNCH_API_COUNT = 10,
 };
 
+/* The clock of a ring's times (its header's `clock`). */
+#define GS_LAUNCH_CLOCK_MONOTONIC 0u /* CLOCK_MONOTONIC nanoseconds */
+/* The CPU's time-stamp counter, where the kernel's clock source is the TSC (one counter for all
+ * CPUs, at one rate): half the cost of clock_gettime a read. The reader converts the ticks. */
+#define GS_LAUNCH_CLOCK_TSC 1u
+
 /* How the wrapper was reached (flags). */
 #define GS_LAUNCH_VIA_PROC_ADDRESS 0x1u /* a pointer cuGetProcAddress handed out */
 #define GS_LAUNCH_VIA_SYMBOL 0x2u       /* a call bound to the symbol (the preload interposed it) */
@@ -53,7 +60,7 @@ enum gs_launch_api {
 
 struct gs_launch_record {
   uint64_t seq;       /* position + 1, stored last: the record is whole once it reads so */
-  uint64_t ts_ns;     /* entry */
+  uint64_t ts_ns;     /* entry, in the ring's clock (nanoseconds once read by gpuscope) */
   uint64_t function;  /* CUfunction; a graph launch: its CUgraphExec */
   uint64_t stream;    /* CUstream as passed (0: the default stream) */
   uint32_t tid;
@@ -63,7 +70,7 @@ struct gs_launch_record {
   uint16_t block_z;
   uint16_t api;       /* gs_launch_api */
   uint32_t shared_mem;
-  uint32_t duration_ns; /* entry to return, saturated */
+  uint32_t duration_ns; /* entry to return in the ring's clock, saturated */
   uint16_t result;      /* CUresult (all below 1000) */
   uint16_t flags;
 };
@@ -81,7 +88,8 @@ struct gs_launch_ring_header {
   /* Set by gpuscope: 0, no stacks; N, one launch in N (at random) is handed to the probed
    * gpuscope_launch_stack for its stack instead of being written here. */
   uint32_t stack_every;
-  uint8_t pad0[24];
+  uint32_t clock; /* GS_LAUNCH_CLOCK_*: the records' times */
+  uint8_t pad0[20];
   uint64_t head; /* next position to reserve (writers) */
   uint8_t pad1[56];
   uint64_t tail; /* next position to read (the reader) */

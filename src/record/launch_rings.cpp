@@ -67,7 +67,8 @@ bool LaunchRings::adopt(pid_t pid, void* mapping, size_t bytes, bool owned) {
                      slots >= 1 && (slots & (slots - 1)) == 0 &&
                      bytes == sizeof(gs_launch_ring_header) + uint64_t(slots) * sizeof(gs_launch_record) &&
                      h->pid == uint32_t(pid);
-  if (!whole) {
+  const uint32_t clock = whole ? __atomic_load_n(&h->clock, __ATOMIC_RELAXED) : 0;
+  if (!whole || (clock != GS_LAUNCH_CLOCK_MONOTONIC && clock != GS_LAUNCH_CLOCK_TSC)) {
     if (owned) munmap(mapping, bytes);
     ++refused_;
     return false;
@@ -77,6 +78,7 @@ bool LaunchRings::adopt(pid_t pid, void* mapping, size_t bytes, bool owned) {
   r.bytes = bytes;
   r.owned = owned;
   r.mask = uint64_t(slots) - 1;
+  r.clock = clock;
   r.read = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);
   __atomic_store_n(&h->stack_every, initial_stack_every_.load(), __ATOMIC_RELAXED);
   __atomic_store_n(&h->reader_pid, uint32_t(getpid()), __ATOMIC_RELEASE);
@@ -154,6 +156,7 @@ size_t LaunchRings::drain_one(pid_t pid, Ring& r, const OnLaunch& on, uint64_t u
     if (__atomic_load_n(&slot.seq, __ATOMIC_ACQUIRE) != r.read + 1) break;
     gs_launch_record copy;
     std::memcpy(&copy, &slot, sizeof copy);
+    to_ns(r.clock, copy);
     if (copy.ts_ns > upto_ns) break;
     ++r.read;
     on(uint32_t(pid), copy);
@@ -164,8 +167,24 @@ size_t LaunchRings::drain_one(pid_t pid, Ring& r, const OnLaunch& on, uint64_t u
   return n;
 }
 
+void LaunchRings::to_ns(uint32_t clock, gs_launch_record& r) const {
+  if (clock != GS_LAUNCH_CLOCK_TSC) return;
+  r.ts_ns = tsc_.to_ns(r.ts_ns);
+  // A saturated span stays saturated.
+  r.duration_ns = r.duration_ns == UINT32_MAX ? UINT32_MAX : uint32_t(std::min<uint64_t>(tsc_.span_ns(r.duration_ns), UINT32_MAX));
+}
+
+bool LaunchRings::times_to_ns(pid_t pid, gs_launch_record& r) const {
+  std::lock_guard lock(mu_);
+  auto it = rings_.find(pid);
+  if (it == rings_.end()) return false;
+  to_ns(it->second.clock, r);
+  return true;
+}
+
 size_t LaunchRings::drain(const OnLaunch& on, uint64_t upto_ns) {
   std::lock_guard lock(mu_);
+  tsc_.sample();
   size_t n = 0;
   for (auto& [pid, r] : retired_) {
     n += drain_one(pid, r, on);
@@ -181,6 +200,7 @@ void LaunchRings::forget(pid_t pid, const OnLaunch& on) {
   std::lock_guard lock(mu_);
   auto it = rings_.find(pid);
   if (it == rings_.end()) return;
+  tsc_.sample();
   drain_one(pid, it->second, on);
   lost_gone_ += __atomic_load_n(&it->second.header->lost, __ATOMIC_RELAXED);
   release(it->second);

@@ -18,6 +18,7 @@
 
 #include "events.h"
 #include "inject/launch_ring.h"
+#include "record/tsc_clock.h"
 
 namespace gpuscope::record {
 
@@ -43,6 +44,10 @@ class LaunchRings {
   size_t drain(const OnLaunch& on, uint64_t upto_ns = UINT64_MAX);
   // A process that is gone: what it left is drained, its ring unmapped, its announcement removed.
   void forget(pid_t pid, const OnLaunch& on);
+  // Times a record of process `pid`'s ring carries in CLOCK_MONOTONIC nanoseconds, as drain
+  // hands them out (a launch handed to gpuscope_launch_stack comes through its probe); false if
+  // the process has no ring here.
+  bool times_to_ns(pid_t pid, gs_launch_record& r) const;
 
   size_t rings() const;
   // Every process whose ring was received.
@@ -70,15 +75,18 @@ class LaunchRings {
     size_t bytes = 0;
     uint64_t read = 0;   // next position to read
     uint64_t mask = 0;   // slots - 1, as checked at adopt (never the header's later word)
+    uint32_t clock = GS_LAUNCH_CLOCK_MONOTONIC;  // as checked at adopt
     bool owned = false;  // unmapped here
   };
   size_t drain_one(pid_t pid, Ring& r, const OnLaunch& on, uint64_t upto_ns = UINT64_MAX);
+  void to_ns(uint32_t clock, gs_launch_record& r) const;
   void release(Ring& r);
 
   void receive();
   // Every method takes it: the ring-buffer thread drains, the control thread sets N.
   mutable std::mutex mu_;
   std::atomic<uint32_t> initial_stack_every_{0};
+  TscClock tsc_;  // sampled at each drain
   std::string dir_;
   int socket_ = -1;
   std::map<pid_t, Ring> rings_;

@@ -211,7 +211,20 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
       if (kind == GS_REC_CALL && size >= sizeof(gs_call_record)) {
         gs_call_record head;
         std::memcpy(&head, data, sizeof head);
-        if (head.func == marker) drain_launch_rings(false, head.ts_ns, true);
+        if (head.func == marker) {
+          drain_launch_rings(false, head.ts_ns, true);
+          // The launch it carries, in its ring's clock: in nanoseconds, as the ring's records.
+          gs_launch_record launch;
+          if ((head.flags & GS_CALL_DEREF_OK) && head.deref_len >= sizeof launch) {
+            std::memcpy(&launch, head.deref, sizeof launch);
+            if (launch_rings_->times_to_ns(pid_t(head.pid), launch)) {
+              marker_copy_.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + size);
+              std::memcpy(marker_copy_.data() + offsetof(gs_call_record, deref), &launch, sizeof launch);
+              pipeline_->push(marker_copy_.data(), size);
+              return;
+            }
+          }
+        }
       } else if ((kind == GS_REC_EXIT || kind == GS_REC_EXEC) && size >= sizeof(gs_proc_record)) {
         gs_proc_record proc;
         std::memcpy(&proc, data, sizeof proc);

@@ -193,6 +193,7 @@ class Tracer {
   // What the trap into a probe costs a thread besides the BPF program (the emulated push %rbp
   // and the return: 0.7-1.7 us on these VMs, PLATFORM.md; the H100's launch loop +1.2 us a launch).
   static constexpr uint64_t kInProcessTrapNs = 1500;
+  std::vector<uint8_t> marker_copy_;  // ring-buffer thread: a gpuscope_launch_stack record, its times in ns
   // Says what the rings lost, and which processes had their launches probed instead.
   void report_launch_rings();
   // InProcess, at a process's first CUDA library (it is stopped there): a process without the

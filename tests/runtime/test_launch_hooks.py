@@ -143,12 +143,25 @@ def test_a_library_kernel_is_named_by_the_function_asked_for_before_each_launch(
     # before each launch (in the ring with the hooks), the function only on the launcher's stack.
     env = dict(os.environ, LD_LIBRARY_PATH=str(FAKE_DRIVER))
     target = [TARGETS / "driver_lookups", "--launches", 1, "--library-kernels", 600]
+    # The hooks time launches with the TSC where the kernel does (this machine, CI's), else with
+    # CLOCK_MONOTONIC: either reads in the probes' clock, in the calls' order.
     for mode in ([], ["--launch-probes", "in-process"], ["--launch-probes", "in-process", "--stack-every", 3],
-                 ["--launch-probes", "in-process", "--no-stacks"]):
-        rec = record(*mode, "--", *target, env=env)
+                 ["--launch-probes", "in-process", "--no-stacks"], ["--launch-probes", "in-process", "monotonic"]):
+        clock = {"GPUSCOPE_LAUNCH_CLOCK": "monotonic"} if "monotonic" in mode else {}
+        rec = record(*[m for m in mode if m != "monotonic"], "--", *target, env=dict(env, **clock))
         assert rec.returncode == 0, (mode, rec.stderr)
         named = dict(rec.query("SELECT k.name, count(*) FROM calls c JOIN kernels k ON k.id = c.kernel_id GROUP BY 1"))
         assert named == {"lib_kernel_a": 300, "lib_kernel_b": 300}, (mode, named)
+        calls = rec.query("SELECT f.name, c.ts_ns, c.duration_ns FROM calls c JOIN functions f ON f.id = c.func "
+                          "WHERE c.tid = c.pid ORDER BY c.ts_ns, c.id")
+        lookups = [name for name, _, _ in calls if name != "cuLaunchKernel"]
+        assert lookups == ["cuLibraryGetKernel"] * 2 + ["cuKernelGetFunction"] * 600, (mode, lookups[:4])
+        # Each library kernel's launch right after its lookup, and ended before the next lookup.
+        lib = [(n, t, d) for n, t, d in calls if n in ("cuKernelGetFunction", "cuLaunchKernel")][-1200:]
+        assert [n for n, _, _ in lib] == ["cuKernelGetFunction", "cuLaunchKernel"] * 600, mode
+        # (Probed launches have no return probe: no duration.)
+        assert all(0 < d < 50_000_000 for n, _, d in lib if n == "cuLaunchKernel" and mode), mode
+        assert all(t1 + d1 <= t2 for (_, t1, d1), (_, t2, _) in zip(lib, lib[1:]) if d1 is not None), mode
         if mode:
             assert rec.scalar("SELECT value FROM meta WHERE key = 'launch_ring_launches'") == str(
                 rec.scalar("SELECT count(*) FROM calls c JOIN functions f ON f.id = c.func "

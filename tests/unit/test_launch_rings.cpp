@@ -3,6 +3,7 @@
 // what the writers lost is counted, and anything that is not a ring is refused.
 #include <gtest/gtest.h>
 
+#include <time.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "cuda/functions.h"
 #include "decode/decoder.h"
 #include "record/launch_rings.h"
+#include "record/tsc_clock.h"
 
 using namespace gpuscope;
 
@@ -91,6 +93,60 @@ TEST(LaunchRings, ADrainUpToATimeLeavesTheCallsEnteredAfterItForTheNext) {
   EXPECT_EQ(got, (std::vector<uint64_t>{1, 2}));
   EXPECT_EQ(m.header()->tail, 2u);  // their slots are free again; the others' are not
   EXPECT_EQ(drain(rings), (std::vector<uint64_t>{3, 4}));
+}
+
+namespace {
+uint64_t monotonic_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+}
+}  // namespace
+
+TEST(TscClock, TicksReadAsTheMonotonicClock) {
+  record::TscClock c;
+  const uint64_t t0 = record::TscClock::read_tsc();
+  const uint64_t n0 = monotonic_ns();
+  const timespec pause{0, 20'000'000};
+  nanosleep(&pause, nullptr);
+  c.sample();
+  const uint64_t t1 = record::TscClock::read_tsc();
+  const uint64_t n1 = monotonic_ns();
+  // Within 50 us of the clock (a loaded machine may deschedule between the two reads).
+  EXPECT_NEAR(double(c.to_ns(t0)), double(n0), 50'000);
+  EXPECT_NEAR(double(c.to_ns(t1)), double(n1), 50'000);
+  EXPECT_NEAR(double(c.span_ns(t1 - t0)), double(n1 - n0), 0.01 * double(n1 - n0) + 50'000);
+}
+
+TEST(LaunchRings, ARingTimedWithTheTscIsReadInNanoseconds) {
+  MemoryRing m(4);
+  m.header()->clock = GS_LAUNCH_CLOCK_TSC;
+  record::LaunchRings rings("");
+  ASSERT_TRUE(rings.adopt(77, m.words.data(), m.bytes(), false));
+  const uint64_t pos = m.write(1, false);
+  auto& slot = m.slots()[pos];
+  const uint64_t t0 = record::TscClock::read_tsc();
+  const uint64_t n0 = monotonic_ns();
+  const timespec pause{0, 5'000'000};
+  nanosleep(&pause, nullptr);
+  slot.ts_ns = t0;
+  slot.duration_ns = uint32_t(record::TscClock::read_tsc() - t0);
+  const uint64_t n1 = monotonic_ns();
+  slot.seq = pos + 1;
+  std::vector<gs_launch_record> got;
+  rings.drain([&](uint32_t, const gs_launch_record& r) { got.push_back(r); });
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_NEAR(double(got[0].ts_ns), double(n0), 50'000);
+  EXPECT_NEAR(double(got[0].duration_ns), double(n1 - n0), 0.02 * double(n1 - n0) + 50'000);
+  // As a launch handed to the probe is read.
+  gs_launch_record marker = slot;
+  ASSERT_TRUE(rings.times_to_ns(77, marker));
+  EXPECT_EQ(marker.ts_ns, got[0].ts_ns);
+  EXPECT_FALSE(rings.times_to_ns(78, marker));
+  // A clock it does not know: not a ring.
+  MemoryRing other(4, 79);
+  other.header()->clock = 7;
+  EXPECT_FALSE(rings.adopt(79, other.words.data(), other.bytes(), false));
 }
 
 TEST(LaunchRings, AStaleSlotFromTheLastLapIsNotReadAgain) {

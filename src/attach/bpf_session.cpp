@@ -556,7 +556,8 @@ AttachResult BpfSession::attach_file(const std::string& path) {
       if (detached_runtime_functions_.contains(f.id)) continue;
       // The hooks record cuKernelGetFunction too: its probe reads what it wrote at the thread's
       // next launch, which no longer traps.
-      const bool per_process_launch = !launch_probes_ && f.sig != cuda::Signature::InProcessLaunch &&
+      // (The runtime's launch probes are attached as with probes, until the driver is probed.)
+      const bool per_process_launch = !launch_probes_ && f.sig != cuda::Signature::InProcessLaunch && !is_rt_launch &&
                                       (f.kind == cuda::CallKind::Launch || f.kind == cuda::CallKind::GraphLaunch ||
                                        f.sig == cuda::Signature::KernelGetFunction);
       if ((high_rate_per_process_ && cuda::is_high_rate(f)) || per_process_launch) {

@@ -137,14 +137,17 @@ int main(int argc, char** argv) {
   rec->add_flag("--no-stacks", no_stacks, "Do not capture user stacks");
   std::map<std::string, record::LaunchProbes> launch_modes{
       {"auto", record::LaunchProbes::Auto},
+      {"probes", record::LaunchProbes::Probes},
       {"driver", record::LaunchProbes::Driver},
       {"both", record::LaunchProbes::Both},
       {"in-process", record::LaunchProbes::InProcess}};
   rec->add_option("--launch-probes", ropts.tracer.launch_probes,
-                  "Probes that record runtime launches: driver (one trap per launch), both (runtime and driver: "
-                  "two), auto (driver once it is probed, when recording a command; both with --pid/--all), "
-                  "in-process (record -- CMD: no trap; libgpuscope_launches.so, preloaded, hands the launches "
-                  "over through shared memory, and one in N to a probe for its stack, N from the stack budget). "
+                  "How launches are recorded: in-process (record -- CMD: no trap; libgpuscope_launches.so, "
+                  "preloaded, hands the launches over through shared memory, and one in N to a probe for its "
+                  "stack, N from the stack budget), probes (a trap per launch: the driver's once it is probed, "
+                  "when recording a command; runtime and driver with --pid/--all), driver (the driver's probes "
+                  "only), both (runtime and driver: two traps), auto (in-process for a command, probes "
+                  "otherwise). "
                   "Except with both, a runtime copy, memset or sync function is left to the "
                   "driver's probes once its calls were all seen to make one")
       ->transform(CLI::CheckedTransformer(launch_modes, CLI::ignore_case))

@@ -627,22 +627,69 @@ dlsym:
 
 
 // Calls bound to the symbols (a program or library linked against libcuda): the preload's
-// definitions come first, and call the next ones (libcuda's).
+// definitions come first, and call the one the caller would have reached without this library.
+// That is the next in the global scope (libcuda, or another preloaded shim that wraps it),
+// else the one the caller's own object sees: itself or its dependencies (a library opened
+// RTLD_LOCAL with libcuda among its dependencies, as Python opens extension modules; or one that
+// defines the function itself).
 namespace {
-// libcuda's own definition: looked up in libcuda (not RTLD_NEXT: a libcuda opened RTLD_LOCAL, as
-// the runtime opens it, is not in the global scope), never this library's.
-void* next(const char* name) {
+void* next_global(const char* name) {
   init_real_dlsym();
   if (!gs_launches_real_dlsym) return nullptr;
-  void* real = open_libcuda() ? gs_launches_real_dlsym(g_libcuda, name) : nullptr;
-  if (!real) real = gs_launches_real_dlsym(RTLD_NEXT, name);
+  void* real = gs_launches_real_dlsym(RTLD_NEXT, name);
   return real && !is_ours(real) ? real : nullptr;
+}
+
+void* caller_definition(const char* name, void* ret) {
+  Dl_info info{};
+  if (!gs_launches_real_dlsym || !dladdr(ret, &info) || !info.dli_fname || !*info.dli_fname) return nullptr;
+  void* h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (!h) return nullptr;
+  void* real = gs_launches_real_dlsym(h, name);
+  dlclose(h);
+  return real && !is_ours(real) ? real : nullptr;
+}
+
+// Per call site (its return address), what caller_definition found: a few sites an entry point.
+struct Site {
+  std::atomic<uintptr_t> ret{0};
+  std::atomic<void*> real{nullptr};
+};
+constexpr int kSites = 8;
+void* site_definition(Site* sites, const char* name, void* ret) {
+  const uintptr_t key = uintptr_t(ret);
+  Site& s = sites[(key >> 4) % kSites];
+  if (s.ret.load(std::memory_order_acquire) == key) {
+    void* real = s.real.load(std::memory_order_acquire);
+    if (s.ret.load(std::memory_order_acquire) == key) return real;
+  }
+  void* real = caller_definition(name, ret);
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&mu);
+  s.ret.store(0, std::memory_order_release);
+  s.real.store(real, std::memory_order_release);
+  s.ret.store(key, std::memory_order_release);
+  pthread_mutex_unlock(&mu);
+  return real;
+}
+
+void* next_for(std::atomic<void*>& global, Site* sites, const char* name, void* ret) {
+  void* real = global.load(std::memory_order_relaxed);
+  if (real) return real;
+  // Looked up again while none is there: libcuda may be opened globally later.
+  if ((real = next_global(name))) {
+    global.store(real, std::memory_order_relaxed);
+    return real;
+  }
+  return site_definition(sites, name, ret);
 }
 }  // namespace
 
 #define GS_EXPORT extern "C" __attribute__((visibility("default")))
-#define GS_NEXT(name)                      \
-  static void* const real = next(#name); \
+#define GS_NEXT(name)                                                                                  \
+  static std::atomic<void*> global_next{nullptr};                                                      \
+  static Site sites[kSites];                                                                           \
+  void* const real = next_for(global_next, sites, #name, __builtin_return_address(0));                \
   constexpr uint16_t via = GS_LAUNCH_VIA_SYMBOL
 
 GS_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,

@@ -95,6 +95,7 @@ class Recorder {
   void prepare_launch_rings();
   std::string inject_library_, gpu_trace_dir_;
   std::string launches_library_, launch_ring_dir_;
+  LaunchProbes launch_probes_ = LaunchProbes::Auto;  // as resolved for this recording
   pid_t child_ = 0;
 };
 
@@ -315,16 +316,32 @@ pid_t Recorder::spawn_command() {
 }
 
 void Recorder::prepare_launch_rings() {
-  if (opts_.tracer.launch_probes != LaunchProbes::InProcess) return;
-  if (opts_.command.empty())
-    throw Error("--launch-probes in-process works with record -- CMD (the library goes into the programs gpuscope "
-                "starts); with --pid or --all use auto");
+  launch_probes_ = opts_.tracer.launch_probes;
+  const bool asked = launch_probes_ == LaunchProbes::InProcess;
+  if (!asked && launch_probes_ != LaunchProbes::Auto) return;
+  if (opts_.command.empty()) {
+    if (asked)
+      throw Error("--launch-probes in-process works with record -- CMD (the library goes into the programs gpuscope "
+                  "starts); with --pid or --all use probes");
+    launch_probes_ = LaunchProbes::Probes;
+    return;
+  }
   char self[4096] = {};
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   const std::string exe = n > 0 ? std::string(self, size_t(n)) : std::string();
   launches_library_ = exe.substr(0, exe.rfind('/') == std::string::npos ? 0 : exe.rfind('/')) + "/libgpuscope_launches.so";
-  if (access(launches_library_.c_str(), R_OK) != 0)
-    throw Error("--launch-probes in-process needs {} beside gpuscope; this install lacks it (use auto)", launches_library_);
+  if (access(launches_library_.c_str(), R_OK) != 0) {
+    if (asked)
+      throw Error("--launch-probes in-process needs {} beside gpuscope; this install lacks it (use probes)",
+                  launches_library_);
+    log_warn("{} is not beside gpuscope: launches are probed, one trap each (reinstall gpuscope whole for "
+             "--launch-probes in-process)",
+             launches_library_);
+    launches_library_.clear();
+    launch_probes_ = LaunchProbes::Probes;
+    return;
+  }
+  launch_probes_ = LaunchProbes::InProcess;
   // A private directory (its socket only), on shared memory's file system where there is one.
   launch_ring_dir_ = LaunchRings::make_dir(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
 }
@@ -365,6 +382,7 @@ int Recorder::run() {
   // Kernels loaded before gpuscope started are named only by their runtime registration, so
   // the runtime's launch probes stay where processes are joined late.
   topts.whole_history = opts_.pids.empty() && !opts_.tracer.all;
+  topts.launch_probes = launch_probes_;
   topts.launch_ring_dir = launch_ring_dir_;
   topts.launches_library = launches_library_;
   tracer_ = std::make_unique<Tracer>(topts, *writer_);

@@ -96,9 +96,13 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
     : opts_(opts), sink_(sink), control_(std::make_unique<ControlQueue>()) {
   attach::SessionConfig cfg;
   const bool in_process = opts_.launch_probes == LaunchProbes::InProcess;
-  cfg.runtime_launch_probes = opts_.launch_probes != LaunchProbes::Driver && !in_process;
+  // In-process too, the runtime's launch probes stay until the driver is probed: without a
+  // driver (none installed, or not found) they alone see the launches, which fail.
+  cfg.runtime_launch_probes = opts_.launch_probes != LaunchProbes::Driver;
   cfg.launch_probes = !in_process;
-  detach_runtime_launches_with_driver_ = opts_.launch_probes == LaunchProbes::Auto && opts_.whole_history;
+  detach_runtime_launches_with_driver_ = (opts_.launch_probes == LaunchProbes::Auto ||
+                                          opts_.launch_probes == LaunchProbes::Probes || in_process) &&
+                                         opts_.whole_history;
   drop_redundant_runtime_ = opts_.launch_probes != LaunchProbes::Both;
   sink_.set_meta("launch_probes", in_process                                 ? "in-process"
                                   : opts_.launch_probes == LaunchProbes::Driver ? "driver"

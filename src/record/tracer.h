@@ -35,7 +35,10 @@ namespace gpuscope::record {
 
 // Which probes record a kernel launch made through the CUDA runtime.
 enum class LaunchProbes {
-  Auto,    // driver only once the driver is probed, when every process is seen from its start
+  // record: InProcess for a command gpuscope starts (libgpuscope_launches.so beside it), else
+  // Probes. A Tracer given Auto treats it as Probes.
+  Auto,
+  Probes,  // driver only once the driver is probed, when every process is seen from its start
   Driver,  // driver only: one trap per launch; kernels loaded before gpuscope started go unnamed
   Both,    // runtime and driver: two traps per runtime launch, names from either side
   // None probed: each process started with libgpuscope_launches.so preloaded writes its launches

@@ -210,10 +210,12 @@ def test_both_keeps_the_runtime_probes(record):
     assert rec.scalar("SELECT count(*) FROM meta WHERE key = 'runtime_probes_removed'") == 0
 
 
-def test_looked_up_functions_are_named_without_a_return_probe(record):
+@pytest.mark.parametrize("mode", ["probes", "in-process"])
+def test_looked_up_functions_are_named_without_a_return_probe(record, mode):
     """cuKernelGetFunction has no return probe: the function it wrote is read at the thread's
-    next launch, and names that launch's kernel."""
-    rec = record("--", "/usr/bin/python3", TARGETS.parent.parent / "tests/targets/load_lib.py",
+    next launch, and names that launch's kernel. In-process, the hooks record it whole (and the
+    library, opened RTLD_LOCAL, reaches its own definitions through the hooks' exports)."""
+    rec = record("--launch-probes", mode, "--", "/usr/bin/python3", TARGETS.parent.parent / "tests/targets/load_lib.py",
                  TARGETS / "libnested_driver.so", "run_lookups", 100)
     assert rec.returncode == 0, rec.stderr
     assert "run_lookups returned 0" in rec.stdout, rec.stdout
@@ -222,7 +224,7 @@ def test_looked_up_functions_are_named_without_a_return_probe(record):
                         "JOIN calls l ON l.id = (SELECT min(id) FROM calls WHERE id > c.id AND func = "
                         "(SELECT id FROM functions WHERE name = 'cuLaunchKernel')) "
                         "WHERE f.name = 'cuKernelGetFunction'")
-    assert len(lookups) == 100 and all(d is None and before for d, before in lookups), lookups[:5]
+    assert len(lookups) == 100 and all((d is None) == (mode == "probes") and before for d, before in lookups), lookups[:5]
 
 
 def test_runtime_launch_keeps_its_driver_launch_across_a_lookup(record):
@@ -368,9 +370,9 @@ def test_driver_api_launches_recorded_with_shape_and_stack(record, stub_driver):
 
 
 def test_runtime_launch_probes_leave_once_the_driver_is_probed(record, stub_driver):
-    # Default: once libcuda is probed, launches are recorded by the driver's probe alone (one
+    # With probes: once libcuda is probed, launches are recorded by the driver's probe alone (one
     # trap per launch). The stub driver fails cuInit, so these launches never reach it.
-    rec = record("--", TARGETS / "cuda_ops", env=stub_driver)
+    rec = record("--launch-probes", "probes", "--", TARGETS / "cuda_ops", env=stub_driver)
     assert rec.returncode == 3, rec.stderr
     assert rec.scalar("SELECT driver_probes FROM libraries WHERE path LIKE '%libcuda.so.1'") > 0
     assert rec.scalar("SELECT value FROM meta WHERE key='launch_probes'") == "driver once probed"
@@ -382,9 +384,16 @@ def test_runtime_launch_probes_leave_once_the_driver_is_probed(record, stub_driv
     assert both.scalar("SELECT count(*) FROM meta WHERE key='runtime_launch_probes_removed_at_ns'") == 0
     assert both.count("cudaLaunchKernel") == 2
 
-    # Without a driver the runtime's probes are the only ones that can see a launch: they stay.
-    alone = record("--", TARGETS / "cuda_ops")
-    assert alone.count("cudaLaunchKernel") == 2
+    # Without a driver the runtime's probes are the only ones that can see a launch: they stay,
+    # with probes and in-process (the default for a command) alike.
+    for mode in ("probes", "in-process"):
+        alone = record("--launch-probes", mode, "--", TARGETS / "cuda_ops")
+        assert alone.count("cudaLaunchKernel") == 2, mode
+    # In-process with a driver: the runtime's probes go once it is probed, as with probes.
+    rec = record("--", TARGETS / "cuda_ops", env=stub_driver)
+    assert rec.scalar("SELECT value FROM meta WHERE key='launch_probes'") == "in-process"
+    assert rec.scalar("SELECT count(*) FROM meta WHERE key='runtime_launch_probes_removed_at_ns'") == 1
+    assert rec.count("cudaLaunchKernel") == 0
 
 
 def test_floor_probes_trap_on_the_same_calls_and_record_none(record, tmp_path):

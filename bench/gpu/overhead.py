@@ -61,7 +61,13 @@ def configurations(gpuscope, nsys, nsys_backtraces):
     if every:
         c["gpuscope +stacks budget"] = ("gpuscope", [])
     # Later capabilities join the suite as soon as the binary offers them.
-    if "in-process" in helptext:
+    if "probes->" in helptext:
+        # record's default is in-process (issue 33: launches through the preloaded hooks' rings, no
+        # trap each; 1 launch in N through a probe for its stack): the "+stacks budget" row. The
+        # probes it replaced (a trap per launch), and the hooks without stacks, beside it.
+        c["gpuscope probes +stacks budget"] = ("gpuscope", ["--launch-probes", "probes"])
+        c["gpuscope in-process calls"] = ("gpuscope", ["--launch-probes", "in-process", "--no-stacks"])
+    elif "in-process" in helptext:
         # Launches through the preloaded hooks' rings, no trap each (issue 33): calls only, and
         # with record's stack budget (1 launch in N through a probe for its stack).
         c["gpuscope in-process calls"] = ("gpuscope", ["--launch-probes", "in-process", "--no-stacks"])
@@ -127,7 +133,12 @@ def run_one(workload, config, how, args, tmp):
         cmd = [str(args.build / "gpuscope"), "record", "-q", *extra, "-o", str(record), "--"] + cmd
     elif kind == "nsys":
         cmd = [args.nsys, "profile", *extra, "--force-overwrite=true", "-o", str(tmp / "nsys"), "--"] + cmd
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # numpy's OpenBLAS threads (torch imports numpy) spin beside the launching thread on the
+    # H100 VM's 16 vCPUs: one process in three ran its steps 40% slower, in every configuration
+    # alike (session 31). One BLAS thread: no GPU work changes.
+    env = dict(os.environ)
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{config} / {workload} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
     per_step, units = {}, {}

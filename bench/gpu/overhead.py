@@ -128,6 +128,8 @@ def run_one(workload, config, how, args, tmp):
         cmd = [sys.executable, str(HERE / "workloads.py"), args.workloads]
         if kind == "profiler":
             cmd += ["--profiler", extra]
+    if args.cpus:
+        cmd = ["taskset", "-c", args.cpus, *cmd]
     record = tmp / "run.gpuscope"
     if kind == "gpuscope":
         cmd = [str(args.build / "gpuscope"), "record", "-q", *extra, "-o", str(record), "--"] + cmd
@@ -255,6 +257,8 @@ def main():
     ap.add_argument("--nsys-backtraces", action="store_true", help="also run Nsight Systems with CUDA backtraces")
     ap.add_argument("--configs", default="", help="comma-separated configuration names to run (default: all)")
     ap.add_argument("--max-seconds", type=float, default=0, help="start no round after this many seconds")
+    ap.add_argument("--cpus", default="", help="run the workloads on these CPUs (taskset -c), e.g. 2-7: the same "
+                                               "CPUs for every configuration")
     ap.add_argument("--merge", nargs="*", default=[], help="overhead.json files of earlier runs to add to this one")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = ap.parse_args()

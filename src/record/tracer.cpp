@@ -202,41 +202,42 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
     if (kind == GS_REC_EXEC) control_->push_exec(static_cast<pid_t>(proc->pid));
     if (kind == GS_REC_EXIT) control_->push_exit(static_cast<pid_t>(proc->pid), proc->ts_ns, opts_.all);
   });
-  if (!launch_rings_) {
+  if (!launch_rings_)
     bpf_->set_handler([p = pipeline_.get()](const void* data, size_t size) { p->push(data, size); });
-  } else {
-    // The rings' records of calls before these, first: a launch handed to gpuscope_launch_stack
-    // comes after its thread's calls before it (its kernel's cuKernelGetFunction), and a process's
-    // exit or exec after all it did (the pipeline forgets its kernels' names there).
-    static const uint16_t marker = cuda::function_by_symbol("gpuscope_launch_stack")->id;
-    bpf_->set_handler([this](const void* data, size_t size) {
-      uint16_t kind = 0;
-      if (size >= sizeof kind) std::memcpy(&kind, data, sizeof kind);
-      if (kind == GS_REC_CALL && size >= sizeof(gs_call_record)) {
-        gs_call_record head;
-        std::memcpy(&head, data, sizeof head);
-        if (head.func == marker) {
-          drain_launch_rings(false, head.ts_ns, true);
-          // The launch it carries, in its ring's clock: in nanoseconds, as the ring's records.
-          gs_launch_record launch;
-          if ((head.flags & GS_CALL_DEREF_OK) && head.deref_len >= sizeof launch) {
-            std::memcpy(&launch, head.deref, sizeof launch);
-            if (launch_rings_->times_to_ns(pid_t(head.pid), launch)) {
-              marker_copy_.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + size);
-              std::memcpy(marker_copy_.data() + offsetof(gs_call_record, deref), &launch, sizeof launch);
-              pipeline_->push(marker_copy_.data(), size);
-              return;
-            }
-          }
+  else
+    bpf_->set_handler([this](const void* data, size_t size) { push_beside_launch_rings(data, size); });
+}
+
+void Tracer::push_beside_launch_rings(const void* data, size_t size) {
+  // The rings' records of calls before this one, first: a launch handed to gpuscope_launch_stack
+  // comes after its thread's calls before it (its kernel's cuKernelGetFunction), and a process's
+  // exit or exec after all it did (the pipeline forgets its kernels' names there).
+  static const uint16_t marker = cuda::function_by_symbol("gpuscope_launch_stack")->id;
+  uint16_t kind = 0;
+  if (size >= sizeof kind) std::memcpy(&kind, data, sizeof kind);
+  if (kind == GS_REC_CALL && size >= sizeof(gs_call_record)) {
+    gs_call_record head;
+    std::memcpy(&head, data, sizeof head);
+    if (head.func == marker) {
+      drain_launch_rings(false, head.ts_ns, true);
+      // The launch it carries, in its ring's clock: in nanoseconds, as the ring's records.
+      gs_launch_record launch;
+      if ((head.flags & GS_CALL_DEREF_OK) && head.deref_len >= sizeof launch) {
+        std::memcpy(&launch, head.deref, sizeof launch);
+        if (launch_rings_->times_to_ns(pid_t(head.pid), launch)) {
+          marker_copy_.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + size);
+          std::memcpy(marker_copy_.data() + offsetof(gs_call_record, deref), &launch, sizeof launch);
+          pipeline_->push(marker_copy_.data(), size);
+          return;
         }
-      } else if ((kind == GS_REC_EXIT || kind == GS_REC_EXEC) && size >= sizeof(gs_proc_record)) {
-        gs_proc_record proc;
-        std::memcpy(&proc, data, sizeof proc);
-        drain_launch_rings(false, proc.ts_ns, true);
       }
-      pipeline_->push(data, size);
-    });
+    }
+  } else if ((kind == GS_REC_EXIT || kind == GS_REC_EXEC) && size >= sizeof(gs_proc_record)) {
+    gs_proc_record proc;
+    std::memcpy(&proc, data, sizeof proc);
+    drain_launch_rings(false, proc.ts_ns, true);
   }
+  pipeline_->push(data, size);
 }
 
 Tracer::~Tracer() {

@@ -190,6 +190,8 @@ class Tracer {
   // `discover`: rings sent since the last look are taken first (a process may have sent its ring
   // and ended within kRingDiscoverNs).
   void drain_launch_rings(bool final, uint64_t upto_ns = UINT64_MAX, bool discover = false);
+  // InProcess: the ring buffer's records, each after the rings' records of calls before it.
+  void push_beside_launch_rings(const void* data, size_t size);
   static constexpr uint64_t kRingDiscoverNs = 20'000'000;
   // A ring holds 65,536 launches: 5 ms is 13 million launches a second.
   static constexpr int kRingPollMs = 5;

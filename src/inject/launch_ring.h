@@ -89,7 +89,11 @@ struct gs_launch_ring_header {
    * gpuscope_launch_stack for its stack instead of being written here. */
   uint32_t stack_every;
   uint32_t clock; /* GS_LAUNCH_CLOCK_*: the records' times */
-  uint8_t pad0[20];
+  /* Nonzero: launches go straight to the driver, unrecorded (their cuKernelGetFunction calls
+   * still are). gpuscope never sets it; bench/gpu/hooks_ab.py does, to measure what the hooks
+   * add to a step inside one process. */
+  uint32_t paused;
+  uint8_t pad0[16];
   uint64_t head; /* next position to reserve (writers) */
   uint8_t pad1[56];
   uint64_t tail; /* next position to read (the reader) */

@@ -64,6 +64,16 @@ def test_a_full_ring_counts_what_it_could_not_hold():
     assert ring["launches"] >= 64
 
 
+def test_paused_hooks_hand_launches_straight_to_the_driver():
+    # A benchmark's switch (the ring header's `paused`, set here from the start): nothing of the
+    # launches is written, and each still reaches the driver; the function lookups still are.
+    program, rings = drained("env", "GPUSCOPE_LAUNCH_PAUSED=1", TARGETS / "driver_lookups", "--launches", 500,
+                             "--library-kernels", 30)
+    assert program["failed"] == 0 and program["driver_counted"] == 4 * 500 + 30, program
+    (ring,) = rings["processes"].values()
+    assert ring["by_api"] == {"9": 30} and rings["lost"] == 0, rings
+
+
 def test_the_program_runs_as_without_the_hooks():
     plain = run([TARGETS / "driver_lookups", "--launches", 10])
     hooked = run([TARGETS / "driver_lookups", "--launches", 10], env={"LD_PRELOAD": str(HOOKS)})

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""What the in-process launch hooks (record's default for a command, issue 33) add to a step,
+measured inside one process: `gpuscope record` starts one workload (ab_workload.py) and the hooks'
+switch (the ring header's `paused`, reached through /proc/PID/map_files) turns them off and on in
+windows, round after round; torch.profiler with stacks is switched on and off in the same process
+(hooks off) for comparison. Each window is compared with the off window of its own round, so what
+separates one PyTorch process from the next (±30% and more on the H100 VM) does not enter.
+
+    sudo python3 bench/gpu/hooks_ab.py --gpuscope build-static/gpuscope [--workloads eager_add,...]
+        [--rounds 5] [--window 4] [--settle 1] [--record-flags "..."]
+
+Configurations, each a window:
+  off                   the hooks paused: launches go straight to the driver, unrecorded (the rest
+                        of record's probes stay: allocations, copies, memsets, syncs, lookups)
+  on                    the hooks recording every launch, one in N handed to the stack probe (N from
+                        record's stack budget), as by default
+  torch.profiler+stack  the hooks paused, torch.profiler with CPU and CUDA activities and Python stacks
+What "on" adds over "off" is what collecting launches in the process costs the step; record's other
+probes cost the same in both (bench/gpu/attach_ab.py measures what attaching all of them adds).
+Prints per workload the median step of each configuration (median over rounds of each window's
+median) and the added time (median and range of the per-round differences from that round's off
+window), in ms and % of the off step, and the ratio torch.profiler+stack / hooks."""
+import argparse
+import mmap
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from attach_ab import Workload  # noqa: E402
+
+PAUSED_OFFSET = 44  # gs_launch_ring_header.paused (src/inject/launch_ring.h)
+CONFIGS = ["off", "on", "torch.profiler+stack"]
+
+
+class RecordedWorkload(Workload):
+    """ab_workload.py started by `gpuscope record`, its hooks' switch mapped here."""
+
+    def __init__(self, gpuscope, python, name, record, flags):
+        self.proc = subprocess.Popen(
+            [gpuscope, "record", "-q", *flags, "-o", record, "--", python, str(HERE / "ab_workload.py"), name],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+            env=dict(os.environ, GPUSCOPE_LAUNCH_PAUSED="1", OPENBLAS_NUM_THREADS="1"))
+        self.steps, self.modes = [], []
+        self.cond = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.switch = None
+
+    def map_switch(self):
+        """The workload's ring header, mapped: the workload is gpuscope's child."""
+        children = pathlib.Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        for pid in children:
+            for line in pathlib.Path(f"/proc/{pid}/maps").read_text().splitlines():
+                if "memfd:gpuscope-launches" in line:
+                    span = line.split()[0]
+                    fd = os.open(f"/proc/{pid}/map_files/{span}", os.O_RDWR)
+                    try:
+                        self.switch = mmap.mmap(fd, mmap.PAGESIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                    finally:
+                        os.close(fd)
+                    return int(pid)
+        raise SystemExit("hooks_ab: the workload has no launch ring (is libgpuscope_launches.so beside gpuscope?)")
+
+    def hooks(self, on):
+        self.switch[PAUSED_OFFSET:PAUSED_OFFSET + 4] = (0 if on else 1).to_bytes(4, "little")
+
+
+def window(args, work, config):
+    work.hooks(config == "on")
+    mode = "cuda+stack" if config == "torch.profiler+stack" else "none"
+    if work.profiler(mode) != mode:
+        raise SystemExit(f"hooks_ab: the workload could not switch its profiler to {mode}")
+    time.sleep(args.settle)
+    t0 = time.monotonic_ns()
+    time.sleep(args.window)
+    durs = work.durations(t0, time.monotonic_ns(), mode)
+    if mode != "none":
+        work.profiler("none")  # its post-processing here, outside the next window
+    return durs
+
+
+def run_workload(args, name, tmp):
+    work = RecordedWorkload(args.gpuscope, args.python, name, str(tmp / f"{name}.gpuscope"),
+                            args.record_flags.split())
+    configs = args.configs.split(",")
+    medians = {c: [] for c in configs}
+    try:
+        work.wait_steps(1, 600)
+        pid = work.map_switch()
+        time.sleep(args.warmup)
+        for r in range(args.rounds):
+            order = configs[r % len(configs):] + configs[:r % len(configs)]
+            for c in order:
+                durs = window(args, work, c)
+                if not durs:
+                    raise SystemExit(f"hooks_ab: no whole step in {c}'s window; make --window longer")
+                medians[c].append(statistics.median(durs))
+                print(f"{name} (PID {pid}), round {r + 1}: {c:22} {statistics.median(durs) / 1e6:9.4f} ms/step over "
+                      f"{len(durs)} steps", flush=True)
+    finally:
+        work.stop()
+        work.proc.wait(timeout=120)
+    return medians
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gpuscope", default="build-static/gpuscope")
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--workloads", default="eager_add,generation,lstm_infer,multi_stream")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--window", type=float, default=4.0, help="seconds of steps kept a window")
+    ap.add_argument("--settle", type=float, default=1.0, help="seconds after a switch before the window")
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--record-flags", default="", help="more flags for gpuscope record")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="of: " + ", ".join(CONFIGS) + " (off first)")
+    args = ap.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.workloads.split(","):
+            results[name] = run_workload(args, name, pathlib.Path(tmp))
+    print(f"\n{'workload':14} {'configuration':22} {'ms/step':>9} {'added ms (range)':>28} {'added %':>8}")
+    for name, m in results.items():
+        off = statistics.median(m["off"])
+        added = {}
+        for c in m:
+            diffs = [x - o for x, o in zip(m[c], m["off"])]
+            added[c] = statistics.median(diffs)
+            print(f"{name:14} {c:22} {statistics.median(m[c]) / 1e6:9.4f} {added[c] / 1e6:+10.4f} "
+                  f"({min(diffs) / 1e6:+.4f}..{max(diffs) / 1e6:+.4f}) {100 * added[c] / off:+7.2f}%")
+        if "on" in added and "torch.profiler+stack" in added:
+            hooks, prof = added["on"], added["torch.profiler+stack"]
+            ratio = f"{prof / hooks:.1f}x" if hooks > 0 else "the hooks added nothing measurable"
+            print(f"{name:14} torch.profiler+stack / hooks: {ratio}")
+
+
+if __name__ == "__main__":
+    main()

@@ -19,7 +19,9 @@ What "on" adds over "off" is what collecting launches in the process costs the s
 probes cost the same in both (bench/gpu/attach_ab.py measures what attaching all of them adds).
 Prints per workload the median step of each configuration (median over rounds of each window's
 median) and the added time (median and range of the per-round differences from that round's off
-window), in ms and % of the off step, and the ratio torch.profiler+stack / hooks."""
+window; the median of the per-round percentages), and the ratio torch.profiler+stack / hooks.
+torch.profiler's rounds come after the hooks' (it leaves the process slower once it stops), each
+with an off window of its own."""
 import argparse
 import mmap
 import os
@@ -89,24 +91,32 @@ def run_workload(args, name, tmp):
     work = RecordedWorkload(args.gpuscope, args.python, name, str(tmp / f"{name}.gpuscope"),
                             args.record_flags.split())
     configs = args.configs.split(",")
+    # torch.profiler leaves the process slower after its window ends (on the H100 the off windows
+    # after the first profiler window took 30-50% longer): its rounds come last, each with an off
+    # window of its own.
+    hooks = [c for c in configs if c != "torch.profiler+stack"]
     medians = {c: [] for c in configs}
+    medians_before_profiler = {"off": [], "torch.profiler+stack": []}
+    plan = [(r, hooks[r % len(hooks):] + hooks[:r % len(hooks)], medians) for r in range(args.rounds)]
+    if "torch.profiler+stack" in configs:
+        plan += [(args.rounds + r, ["off", "torch.profiler+stack"], medians_before_profiler)
+                 for r in range(args.profiler_rounds)]
     try:
         work.wait_steps(1, 600)
         pid = work.map_switch()
         time.sleep(args.warmup)
-        for r in range(args.rounds):
-            order = configs[r % len(configs):] + configs[:r % len(configs)]
+        for r, order, into in plan:
             for c in order:
                 durs = window(args, work, c)
                 if not durs:
                     raise SystemExit(f"hooks_ab: no whole step in {c}'s window; make --window longer")
-                medians[c].append(statistics.median(durs))
+                into[c].append(statistics.median(durs))
                 print(f"{name} (PID {pid}), round {r + 1}: {c:22} {statistics.median(durs) / 1e6:9.4f} ms/step over "
                       f"{len(durs)} steps", flush=True)
     finally:
         work.stop()
         work.proc.wait(timeout=120)
-    return medians
+    return {c: v for c, v in medians.items() if v}, medians_before_profiler
 
 
 def main():
@@ -120,24 +130,33 @@ def main():
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--record-flags", default="", help="more flags for gpuscope record")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="of: " + ", ".join(CONFIGS) + " (off first)")
+    ap.add_argument("--profiler-rounds", type=int, default=2, help="rounds of torch.profiler+stack, after the others")
     args = ap.parse_args()
-    results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.workloads.split(","):
-            results[name] = run_workload(args, name, pathlib.Path(tmp))
+            # Each workload's table as soon as it is measured (a run cut short keeps the others').
+            summarise(name, *run_workload(args, name, pathlib.Path(tmp)))
+
+
+def summarise(name, m, m_profiler):
     print(f"\n{'workload':14} {'configuration':22} {'ms/step':>9} {'added ms (range)':>28} {'added %':>8}")
-    for name, m in results.items():
-        off = statistics.median(m["off"])
-        added = {}
-        for c in m:
-            diffs = [x - o for x, o in zip(m[c], m["off"])]
-            added[c] = statistics.median(diffs)
-            print(f"{name:14} {c:22} {statistics.median(m[c]) / 1e6:9.4f} {added[c] / 1e6:+10.4f} "
-                  f"({min(diffs) / 1e6:+.4f}..{max(diffs) / 1e6:+.4f}) {100 * added[c] / off:+7.2f}%")
-        if "on" in added and "torch.profiler+stack" in added:
-            hooks, prof = added["on"], added["torch.profiler+stack"]
-            ratio = f"{prof / hooks:.1f}x" if hooks > 0 else "the hooks added nothing measurable"
-            print(f"{name:14} torch.profiler+stack / hooks: {ratio}")
+    added = {}
+    for group in (m, m_profiler):
+        if not group.get("off"):
+            continue
+        off = statistics.median(group["off"])
+        for c in group:
+            if c == "off" and group is m_profiler:
+                continue
+            diffs = [x - o for x, o in zip(group[c], group["off"])]
+            pct = [100 * (x - o) / o for x, o in zip(group[c], group["off"])]
+            added[c] = statistics.median(pct)
+            print(f"{name:14} {c:22} {statistics.median(group[c]) / 1e6:9.4f} {statistics.median(diffs) / 1e6:+10.4f} "
+                  f"({min(diffs) / 1e6:+.4f}..{max(diffs) / 1e6:+.4f}) {added[c]:+7.2f}%", flush=True)
+    if "on" in added and "torch.profiler+stack" in added:
+        hooks, prof = added["on"], added["torch.profiler+stack"]
+        ratio = f"{prof / hooks:.1f}x" if hooks > 0 else "the hooks added nothing measurable"
+        print(f"{name:14} torch.profiler+stack / hooks (added %): {ratio}", flush=True)
 
 
 if __name__ == "__main__":

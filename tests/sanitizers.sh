@@ -19,7 +19,9 @@ if [[ ! -f $BUILD/CMakeCache.txt ]]; then
     -DGPUSCOPE_SANITIZE=ON -DGPUSCOPE_FUZZ=ON >/dev/null
 fi
 # shellcheck disable=SC2086
-cmake --build "$BUILD" -j"$(nproc)" --target gpuscope gpuscope_unit_tests $FUZZ_TARGETS
+# The launch hooks, which record preloads into the commands it starts (not sanitized: they run
+# inside the traced programs).
+cmake --build "$BUILD" -j"$(nproc)" --target gpuscope gpuscope_launches gpuscope_unit_tests $FUZZ_TARGETS
 
 BUILD=$(cd "$BUILD" && pwd)
 LOGS=$BUILD/sanitizer-logs

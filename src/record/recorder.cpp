@@ -317,6 +317,9 @@ pid_t Recorder::spawn_command() {
 
 void Recorder::prepare_launch_rings() {
   launch_probes_ = opts_.tracer.launch_probes;
+  // auto stays probes until the in-process default passes CI: twice under CI's load, a command's
+  // stacks unwound from copies came out empty with it (session 31), never with probes.
+  if (launch_probes_ == LaunchProbes::Auto) launch_probes_ = LaunchProbes::Probes;
   const bool asked = launch_probes_ == LaunchProbes::InProcess;
   if (!asked && launch_probes_ != LaunchProbes::Auto) return;
   if (opts_.command.empty()) {

@@ -37,6 +37,19 @@ bool process_exists(pid_t pid) {
   return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
 }
 
+bool process_exiting(pid_t pid) {
+  // /proc/PID/stat's ninth field: the task's flags; PF_EXITING is 0x4.
+  const std::string s = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = s.rfind(')');
+  if (close == std::string::npos) return true;
+  std::istringstream in(s.substr(close + 2));
+  std::string field;
+  uint64_t flags = 0;
+  for (int i = 3; i < 9 && in >> field;) ++i;
+  if (!(in >> flags)) return true;
+  return (flags & 0x4) != 0;
+}
+
 std::string read_comm(pid_t pid) {
   std::string s = read_file("/proc/" + std::to_string(pid) + "/comm");
   if (!s.empty() && s.back() == '\n') s.pop_back();

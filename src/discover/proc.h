@@ -20,6 +20,9 @@ struct Mapping {
 };
 
 bool process_exists(pid_t pid);
+// Its main thread is on its way out (PF_EXITING), or it is gone: once the last thread is, its
+// memory is torn down, and /proc/PID/maps may list a part of it meanwhile.
+bool process_exiting(pid_t pid);
 std::string read_comm(pid_t pid);
 std::string read_cmdline(pid_t pid);  // arguments joined by spaces
 std::string read_exe(pid_t pid);      // the executable's path, as the process sees it

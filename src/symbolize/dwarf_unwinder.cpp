@@ -94,12 +94,18 @@ struct DwarfUnwinder::Process {
 DwarfUnwinder::DwarfUnwinder(ProcessMaps& maps) : maps_(maps) {}
 
 // (Re)reports the process's modules to libdw, from gpuscope's snapshot of its mappings written
-// out in /proc/PID/maps form: at first use, and when a pc falls outside every module.
+// out in /proc/PID/maps form: at first use, and when a pc falls outside every module. libdw
+// opens a module's file at the first walk that needs it, which may come after the process has
+// exited: a path through its root (/proc/PID/root/...) would fail then, and the module stay
+// without call frame information for good (walks through it went astray on frame pointers).
 bool DwarfUnwinder::report(Process& p, pid_t pid) {
-  std::string text;
+  std::string text, path;
+  const discover::Mapping* last = nullptr;
   for (const auto& m : maps_.mappings(pid)) {
+    if (!last || last->path != m.path || last->inode != m.inode) path = lasting_path(pid, m);
+    last = &m;
     text += fmt::format("{:x}-{:x} {}p {:08x} {:02x}:{:02x} {} {}\n", m.start, m.end, m.executable ? "r-x" : "r--",
-                        m.offset, m.dev_major, m.dev_minor, m.inode, openable_path(pid, m.path));
+                        m.offset, m.dev_major, m.dev_minor, m.inode, path);
   }
   if (text.empty()) return false;
   FILE* f = fmemopen(text.data(), text.size(), "r");
@@ -153,6 +159,12 @@ DwarfUnwinder::Result DwarfUnwinder::unwind(pid_t pid, pid_t tid, const gs_user_
     // modules were last reported (the first stacks of a process come while it is loading).
     if (out.complete || attempt > 0 || out.ips.empty() || dwfl_addrmodule(p->dwfl, out.ips.back())) break;
     if (!report_for(*p, pid, out.ips.back())) break;
+  }
+  if (!out.complete && getenv("GS_DEBUG_UNWIND")) {
+    std::string s = fmt::format("DEBUG unwind pid {} tid {} ip {:x} sp {:x} bp {:x} len {} outside {}:", pid, tid, regs.ip, regs.sp, regs.bp, stack.size(), current_.read_outside_copy);
+    for (auto ip : out.ips) { Dwfl_Module* m = dwfl_addrmodule(p->dwfl, ip); Dwarf_Addr st = 0, en = 0; Dwarf_Addr cb = 0; Dwarf_CFI* cfi = m ? dwfl_module_eh_cfi(m, &cb) : nullptr; const char* mf = nullptr; if (m) dwfl_module_info(m, nullptr, &st, &en, nullptr, nullptr, &mf, nullptr); s += fmt::format(" {:x}({} {:x}-{:x} cfi {} file {})", ip, m ? dwfl_module_info(m, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr) : "?", st, en, (void*)cfi, mf ? mf : "-"); }
+    s += fmt::format("\n   dwfl err {}", dwfl_errmsg(-1));
+    fprintf(stderr, "%s\n", s.c_str());
   }
   return out;
 }

@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,13 +68,27 @@ std::string openable_path(pid_t pid, const std::string& path) {
   return access(in_root.c_str(), R_OK) == 0 ? in_root : path;
 }
 
+std::string lasting_path(pid_t pid, const discover::Mapping& m) {
+  struct stat st {};
+  if (m.inode && ::stat(m.path.c_str(), &st) == 0 && st.st_ino == m.inode && major(st.st_dev) == m.dev_major &&
+      minor(st.st_dev) == m.dev_minor)
+    return m.path;
+  return openable_path(pid, m.path);
+}
+
 bool ProcessMaps::refresh(pid_t pid) {
   reads_.fetch_add(1, std::memory_order_relaxed);
   auto maps = discover::read_maps(pid);
   if (maps.empty()) return false;
   std::erase_if(maps, [](const discover::Mapping& m) { return m.path.empty() || m.path[0] != '/'; });
   std::sort(maps.begin(), maps.end(), [](const auto& a, const auto& b) { return a.start < b.start; });
+  // Read while the process was exiting, the list may be a part of what it mapped (its memory
+  // was being torn down): a short-lived program's frames in the C library went unnamed once such
+  // a read replaced the snapshot. The snapshot before stays.
+  const bool exiting = discover::process_exiting(pid);
   std::lock_guard lock(mu_);
+  if (exiting)
+    if (auto it = processes_.find(pid); it != processes_.end() && !it->second.maps.empty()) return true;
   Process& p = processes_[pid];
   p.maps = std::move(maps);
   p.no_file_pages.clear();

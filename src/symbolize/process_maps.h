@@ -28,6 +28,11 @@ struct ModuleAddress {
 // or, once it is gone with its root, the same path in ours (build ids tell a report whether
 // that guess was right).
 std::string openable_path(pid_t pid, const std::string& path);
+// The same, by a path that stays good once the process is gone where there is one: the mapping's
+// path in our root when that names the same file (its device and inode), else openable_path's.
+// For readers that open files later, when the process may have exited (libdw opens a module's
+// file at the first walk that needs it).
+std::string lasting_path(pid_t pid, const discover::Mapping& m);
 
 class ProcessMaps {
  public:

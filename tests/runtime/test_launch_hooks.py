@@ -155,8 +155,10 @@ def test_a_library_kernel_is_named_by_the_function_asked_for_before_each_launch(
     target = [TARGETS / "driver_lookups", "--launches", 1, "--library-kernels", 600]
     # The hooks time launches with the TSC where the kernel does (this machine, CI's), else with
     # CLOCK_MONOTONIC: either reads in the probes' clock, in the calls' order.
-    for mode in ([], ["--launch-probes", "in-process"], ["--launch-probes", "in-process", "--stack-every", 3],
+    # The default is in-process for a command.
+    for mode in (["--launch-probes", "probes"], [], ["--launch-probes", "in-process", "--stack-every", 3],
                  ["--launch-probes", "in-process", "--no-stacks"], ["--launch-probes", "in-process", "monotonic"]):
+        in_process = "probes" not in mode
         clock = {"GPUSCOPE_LAUNCH_CLOCK": "monotonic"} if "monotonic" in mode else {}
         rec = record(*[m for m in mode if m != "monotonic"], "--", *target, env=dict(env, **clock))
         assert rec.returncode == 0, (mode, rec.stderr)
@@ -170,9 +172,13 @@ def test_a_library_kernel_is_named_by_the_function_asked_for_before_each_launch(
         lib = [(n, t, d) for n, t, d in calls if n in ("cuKernelGetFunction", "cuLaunchKernel")][-1200:]
         assert [n for n, _, _ in lib] == ["cuKernelGetFunction", "cuLaunchKernel"] * 600, mode
         # (Probed launches have no return probe: no duration.)
-        assert all(0 < d < 50_000_000 for n, _, d in lib if n == "cuLaunchKernel" and mode), mode
+        # The stand-in's launch takes nanoseconds: under the TSC's steps on a VM (10 ns on the dev VM)
+        # some read as 0.
+        durations = [d for n, _, d in lib if n == "cuLaunchKernel" and in_process]
+        assert all(d is not None and 0 <= d < 50_000_000 for d in durations), mode
+        assert sum(d > 0 for d in durations) > len(durations) // 2 or not in_process, mode
         assert all(t1 + d1 <= t2 for (_, t1, d1), (_, t2, _) in zip(lib, lib[1:]) if d1 is not None), mode
-        if mode:
+        if in_process:
             assert rec.scalar("SELECT value FROM meta WHERE key = 'launch_ring_launches'") == str(
                 rec.scalar("SELECT count(*) FROM calls c JOIN functions f ON f.id = c.func "
                            "WHERE f.kind IN ('launch', 'graph_launch') AND c.stack_id IS NULL")), mode

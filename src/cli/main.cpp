@@ -146,8 +146,8 @@ int main(int argc, char** argv) {
                   "preloaded, hands the launches over through shared memory, and one in N to a probe for its "
                   "stack, N from the stack budget), probes (a trap per launch: the driver's once it is probed, "
                   "when recording a command; runtime and driver with --pid/--all), driver (the driver's probes "
-                  "only), both (runtime and driver: two traps), auto (probes for now; in-process for a command "
-                  "once it is the default). "
+                  "only), both (runtime and driver: two traps), auto (in-process for a command, probes "
+                  "otherwise). "
                   "Except with both, a runtime copy, memset or sync function is left to the "
                   "driver's probes once its calls were all seen to make one")
       ->transform(CLI::CheckedTransformer(launch_modes, CLI::ignore_case))

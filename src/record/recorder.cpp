@@ -317,20 +317,31 @@ pid_t Recorder::spawn_command() {
 
 void Recorder::prepare_launch_rings() {
   launch_probes_ = opts_.tracer.launch_probes;
-  // auto stays probes until the in-process default passes CI: twice under CI's load, a command's
-  // stacks unwound from copies came out empty with it (session 31), never with probes.
-  if (launch_probes_ == LaunchProbes::Auto) launch_probes_ = LaunchProbes::Probes;
-  if (launch_probes_ != LaunchProbes::InProcess) return;
-  if (opts_.command.empty())
-    throw Error("--launch-probes in-process works with record -- CMD (the library goes into the programs gpuscope "
-                "starts); with --pid or --all use probes");
+  const bool asked = launch_probes_ == LaunchProbes::InProcess;
+  if (!asked && launch_probes_ != LaunchProbes::Auto) return;
+  if (opts_.command.empty()) {
+    if (asked)
+      throw Error("--launch-probes in-process works with record -- CMD (the library goes into the programs gpuscope "
+                  "starts); with --pid or --all use probes");
+    launch_probes_ = LaunchProbes::Probes;
+    return;
+  }
   char self[4096] = {};
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   const std::string exe = n > 0 ? std::string(self, size_t(n)) : std::string();
   launches_library_ = exe.substr(0, exe.rfind('/') == std::string::npos ? 0 : exe.rfind('/')) + "/libgpuscope_launches.so";
-  if (access(launches_library_.c_str(), R_OK) != 0)
-    throw Error("--launch-probes in-process needs {} beside gpuscope; this install lacks it (use probes)",
-                launches_library_);
+  if (access(launches_library_.c_str(), R_OK) != 0) {
+    if (asked)
+      throw Error("--launch-probes in-process needs {} beside gpuscope; this install lacks it (use probes)",
+                  launches_library_);
+    log_warn("{} is not beside gpuscope: launches are probed, one trap each (reinstall gpuscope whole for "
+             "--launch-probes in-process)",
+             launches_library_);
+    launches_library_.clear();
+    launch_probes_ = LaunchProbes::Probes;
+    return;
+  }
+  launch_probes_ = LaunchProbes::InProcess;
   // A private directory (its socket only), on shared memory's file system where there is one.
   launch_ring_dir_ = LaunchRings::make_dir(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
 }

@@ -385,12 +385,12 @@ def test_runtime_launch_probes_leave_once_the_driver_is_probed(record, stub_driv
     assert both.count("cudaLaunchKernel") == 2
 
     # Without a driver the runtime's probes are the only ones that can see a launch: they stay,
-    # with probes and in-process alike.
+    # with probes and in-process (the default for a command) alike.
     for mode in ("probes", "in-process"):
         alone = record("--launch-probes", mode, "--", TARGETS / "cuda_ops")
         assert alone.count("cudaLaunchKernel") == 2, mode
     # In-process with a driver: the runtime's probes go once it is probed, as with probes.
-    rec = record("--launch-probes", "in-process", "--", TARGETS / "cuda_ops", env=stub_driver)
+    rec = record("--", TARGETS / "cuda_ops", env=stub_driver)
     assert rec.scalar("SELECT value FROM meta WHERE key='launch_probes'") == "in-process"
     assert rec.scalar("SELECT count(*) FROM meta WHERE key='runtime_launch_probes_removed_at_ns'") == 1
     assert rec.count("cudaLaunchKernel") == 0

@@ -7,6 +7,7 @@
 #include <functional>
 #include <set>
 
+#include "diagnose/contention.h"
 #include "diagnose/findings.h"
 
 namespace gpuscope::diagnose {
@@ -599,6 +600,21 @@ ProcessDiagnosis analyze(const ProcessEvidence& e, const ProcessNames& names, bo
         f.ms_per_step = f.share * all_step_ms;
       }
       p.findings.push_back(std::move(f));
+    }
+  }
+  // Another tenant's load on the PCIe link, by what it did to the steps: with the GPU busy, the
+  // idle time findings_from weighs it by holds none of the loss (contention.h).
+  if (!p.all.gpu_tenants.empty()) {
+    std::vector<double> copied;
+    for (const auto& b : per_step) copied.push_back(b.copy_bytes);
+    if (const auto c = compare_pcie_load(spans, copied, e.gpu, e.gpu_processes, family)) {
+      Finding f = pcie_comparison_finding(*c, p.all.gpu_tenants, names, origin_ns);
+      const auto had = std::find_if(p.findings.begin(), p.findings.end(),
+                                    [](const Finding& g) { return g.cause == "pcie_contention"; });
+      if (had == p.findings.end())
+        p.findings.push_back(std::move(f));
+      else if (had->share < f.share)
+        *had = std::move(f);
     }
   }
   // Until its exit, where the record has it (the report that ended it counts).

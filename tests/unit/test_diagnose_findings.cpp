@@ -362,6 +362,74 @@ TEST(DiagnoseFindings, AnotherProcessCopyingOverPcieIsNamed) {
   EXPECT_EQ(c[0], "pcie_contention");
 }
 
+// A GPU-bound job (busy throughout; its thread waits in a sync each step) whose 40 steps take
+// 8 ms, then 40 more `loaded_ms` while another process ("copier") moves 20 GB/s over the GPU's
+// PCIe link, computing on `tenant_sm`% of the SMs meanwhile. One NVML reading a step.
+std::vector<diagnose::Finding> findings_beside_a_copier(const std::string& name, double loaded_ms,
+                                                       uint32_t tenant_sm = 0) {
+  CraftedRun r(name);
+  r.w.upsert_process(4343, 1, "copier", "python3 copy.py", "/usr/bin/python3", 0);
+  uint64_t t = 1'000'000;
+  for (int s = 0; s < 80; ++s) {
+    const bool loaded = s >= 40;
+    const auto len = uint64_t((loaded ? loaded_ms : 8.0) * 1e6);
+    r.call("cudaMemcpyAsync", kPid, t, 10'000, 0, 4 << 20);
+    for (int k = 0; k < 20; ++k) r.call("cudaLaunchKernel", kPid, t + 50'000 + uint64_t(k) * 20'000, 5'000, 0x1000 + k);
+    r.call("cudaStreamSynchronize", kPid, t + 600'000, len - 700'000);
+    store::ThreadTimeRow w;
+    w.pid = w.tid = kPid;
+    w.start_ns = t;
+    w.end_ns = t + len;
+    w.on_cpu_ns = 700'000;
+    w.lock_ns = w.blocked_ns = len - 700'000;
+    w.waker_tid = w.waker_pid = 0;
+    w.state = "on_cpu";
+    r.w.add_thread_time(w);
+    gpu::NvmlSampler::Batch b;
+    gpu::GpuSample g;
+    g.ts_ns = t + len / 2;
+    g.gpu_util = 100;
+    g.sm_clock_mhz = 1980;
+    // The job's own 4 MB a step (0.5 GB/s), and the copier's load.
+    const uint64_t kbs = (loaded ? 20'000'000'000ull : 0) / 1024 + (4ull << 20) * 1000 / 8 / 1024;
+    g.pcie_tx_kbs = g.pcie_rx_kbs = uint32_t(kbs / 2);
+    b.samples.push_back(g);
+    if (s % 5 == 0) {
+      b.processes.push_back({g.ts_ns, 0, kPid, loaded && tenant_sm ? 95 - tenant_sm : 95, 0, 1 << 30});
+      b.processes.push_back({g.ts_ns, 0, 4343, loaded ? tenant_sm : 0, 0, 1 << 30});
+    }
+    r.w.add_gpu_batch(b);
+    t += len;
+  }
+  const auto d = diagnosis_of(r);
+  return d.processes.empty() ? std::vector<diagnose::Finding>{} : d.processes[0].findings;
+}
+
+TEST(DiagnoseFindings, StepsSlowerWhileAnotherProcessCopiesOverPcieNameItWithTheGpuBusy) {
+  const auto f = findings_beside_a_copier("pcie_busy", 9.2);
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f[0].cause, "pcie_contention");
+  // 40 steps 1.2 ms longer, of 688 ms.
+  EXPECT_NEAR(f[0].share, 48.0 / 688, 0.01);
+  EXPECT_NE(f[0].evidence.find("steps taken while PCIe carried 20."), std::string::npos) << f[0].evidence;
+  EXPECT_NE(f[0].evidence.find("15% longer than its 40 steps without that load (8.00 ms)"), std::string::npos)
+      << f[0].evidence;
+  EXPECT_NE(f[0].evidence.find("copier"), std::string::npos) << f[0].evidence;
+}
+
+TEST(DiagnoseFindings, ACopierThatSlowsNoStepIsNoFinding) {
+  const auto f = findings_beside_a_copier("pcie_harmless", 8.0);
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f[0].cause, "none");
+}
+
+TEST(DiagnoseFindings, StepsSlowedByATenantThatAlsoComputesAreGpuContention) {
+  const auto f = findings_beside_a_copier("pcie_computing", 9.2, 40);
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f[0].cause, "gpu_contention");
+  for (const auto& x : f) EXPECT_NE(x.cause, "pcie_contention") << x.evidence;
+}
+
 TEST(DiagnoseFindings, AWaitPassedOnByAPinMemoryThreadIsTheWorkersInput) {
   // The main thread waits on a queue filled by its pin-memory thread (kHelper), which itself
   // waits on a pipe from a DataLoader worker (pid 300, a child).

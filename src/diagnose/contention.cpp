@@ -12,14 +12,17 @@ namespace gpuscope::diagnose {
 namespace {
 
 // The link is loaded by others while it carries this much beyond the job's own copies, and twice
-// as much as those; quiet while the others' share stays under kQuietBytesPerS.
+// as much as those; quiet while the others' share stays under kQuietBytesPerS (or kQuietShare of
+// their load, below).
 constexpr double kLoadedBytesPerS = 2e9;
-constexpr double kQuietBytesPerS = 1e9;
+constexpr double kQuietBytesPerS = 1e9, kQuietShare = 0.1;
 // Another process computes on the GPU from this share of its SMs' time: the steps it slows are
 // gpu_contention's, whatever the link carried.
 constexpr double kComputingShare = 0.05;
-// Each side of the comparison needs this many steps, from this many readings.
-constexpr size_t kMinSteps = 8, kMinReadings = 2;
+// Each side of the comparison needs this many steps; the loaded side this many readings (a load
+// that lasted), the quiet side one: NVML's PCIe counters are read once a second (gpu/nvml.cpp),
+// and a tenant that starts a second into the job leaves one.
+constexpr size_t kMinSteps = 8, kMinLoadedReadings = 2;
 // Loaded steps slower than the quiet ones by less than this are no evidence.
 constexpr double kMinSlowdown = 0.03;
 // Per-process readings of another tenant this close to a PCIe reading tell whether it was on the
@@ -43,7 +46,7 @@ std::optional<PcieComparison> compare_pcie_load(const std::vector<std::pair<uint
   std::vector<const GpuReading*> readings;
   for (const auto& r : gpu)
     if (r.pcie_bytes_per_s >= 0) readings.push_back(&r);
-  if (readings.size() < 2 * kMinReadings || steps.size() < 2 * kMinSteps) return std::nullopt;
+  if (readings.size() < kMinLoadedReadings + 1 || steps.size() < 2 * kMinSteps) return std::nullopt;
   std::vector<double> gaps;
   for (size_t i = 1; i < readings.size(); ++i) gaps.push_back(double(readings[i]->ts_ns - readings[i - 1]->ts_ns));
   const double period = median(gaps);
@@ -55,6 +58,8 @@ std::optional<PcieComparison> compare_pcie_load(const std::vector<std::pair<uint
   // over its span), the others' load beside it.
   std::vector<Link> link(readings.size(), Link::Unknown);
   std::vector<double> external(readings.size(), 0), own_rate(readings.size(), 0);
+  std::vector<double> loads;         // the others' share at the loaded readings
+  std::vector<size_t> maybe_quiet;   // readings neither loaded nor with a tenant computing
   size_t first_step = 0, tenant_from = 0;
   for (size_t i = 0; i < readings.size(); ++i) {
     const uint64_t ts = readings[i]->ts_ns;
@@ -76,29 +81,42 @@ std::optional<PcieComparison> compare_pcie_load(const std::vector<std::pair<uint
       computing |= processes[j].sm >= kComputingShare;
     }
     if (computing) continue;
-    if (tenant && external[i] >= kLoadedBytesPerS && external[i] >= 2 * own_rate[i])
+    if (tenant && external[i] >= kLoadedBytesPerS && external[i] >= 2 * own_rate[i]) {
       link[i] = Link::Loaded;
-    else if (external[i] < kQuietBytesPerS)
-      link[i] = Link::Quiet;
+      loads.push_back(external[i]);
+    } else {
+      maybe_quiet.push_back(i);
+    }
   }
+  // Quiet: the others' share of the link under kQuietBytesPerS, or under a tenth of what they
+  // moved while it was loaded (a tenant's own start-up copies before it loads the link in full).
+  const double quiet_below = loads.empty() ? kQuietBytesPerS : std::max(kQuietBytesPerS, kQuietShare * median(loads));
+  for (size_t i : maybe_quiet)
+    if (external[i] < quiet_below) link[i] = Link::Quiet;
 
-  // Each step takes the state of the reading nearest its middle, within a period.
+  // A reading tells the link's state at its instant only (NVML samples it for 20 ms): a step
+  // takes the state that the readings on both sides of its middle agree on; one before the first
+  // reading or after the last, that reading's, within a period of it. Steps between a quiet
+  // reading and a loaded one are left out: the load began somewhere in between.
+  auto state_at = [&](uint64_t mid, size_t& at) {
+    while (at < readings.size() && readings[at]->ts_ns <= mid) ++at;  // readings[at]: the first after
+    const bool before = at > 0, after = at < readings.size();
+    if (before && after) return link[at - 1] == link[at] ? std::pair{link[at], at} : std::pair{Link::Unknown, at};
+    const size_t only = before ? at - 1 : at;
+    const uint64_t ts = readings[only]->ts_ns;
+    return double(ts > mid ? ts - mid : mid - ts) <= period ? std::pair{link[only], only}
+                                                            : std::pair{Link::Unknown, only};
+  };
   PcieComparison c;
   std::vector<double> loaded, quiet;
-  std::vector<size_t> loaded_readings, quiet_readings;
+  std::vector<size_t> loaded_readings;
   double ext_sum = 0, own_sum = 0;
-  size_t r = 0;
+  size_t next_reading = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
     const double ms = double(steps[i].second - steps[i].first) / 1e6;
     c.all_ms += ms;
-    while (r + 1 < readings.size() && readings[r + 1]->ts_ns <= mids[i]) ++r;
-    size_t near = r;
-    if (r + 1 < readings.size() &&
-        readings[r + 1]->ts_ns - mids[i] < (mids[i] > readings[r]->ts_ns ? mids[i] - readings[r]->ts_ns : UINT64_MAX))
-      near = r + 1;
-    const uint64_t ts = readings[near]->ts_ns;
-    if (double(ts > mids[i] ? ts - mids[i] : mids[i] - ts) > period) continue;
-    if (link[near] == Link::Loaded) {
+    const auto [state, near] = state_at(mids[i], next_reading);
+    if (state == Link::Loaded) {
       loaded.push_back(ms);
       if (loaded_readings.empty() || loaded_readings.back() != near) {
         loaded_readings.push_back(near);
@@ -107,13 +125,11 @@ std::optional<PcieComparison> compare_pcie_load(const std::vector<std::pair<uint
       }
       if (!c.from_ns) c.from_ns = steps[i].first;
       c.to_ns = steps[i].second;
-    } else if (link[near] == Link::Quiet) {
+    } else if (state == Link::Quiet) {
       quiet.push_back(ms);
-      if (quiet_readings.empty() || quiet_readings.back() != near) quiet_readings.push_back(near);
     }
   }
-  if (loaded.size() < kMinSteps || quiet.size() < kMinSteps || loaded_readings.size() < kMinReadings ||
-      quiet_readings.size() < kMinReadings)
+  if (loaded.size() < kMinSteps || quiet.size() < kMinSteps || loaded_readings.size() < kMinLoadedReadings)
     return std::nullopt;
   c.all_steps = steps.size();
   c.loaded_steps = loaded.size();

@@ -362,16 +362,17 @@ TEST(DiagnoseFindings, AnotherProcessCopyingOverPcieIsNamed) {
   EXPECT_EQ(c[0], "pcie_contention");
 }
 
-// A GPU-bound job (busy throughout; its thread waits in a sync each step) whose 40 steps take
+// A GPU-bound job (busy throughout; its thread waits in a sync each step) whose `quiet` steps take
 // 8 ms, then 40 more `loaded_ms` while another process ("copier") moves 20 GB/s over the GPU's
-// PCIe link, computing on `tenant_sm`% of the SMs meanwhile. One NVML reading a step.
+// PCIe link, computing on `tenant_sm`% of the SMs meanwhile. One NVML reading a step, of PCIe
+// each 10th (NVML's counters are read once a second).
 std::vector<diagnose::Finding> findings_beside_a_copier(const std::string& name, double loaded_ms,
-                                                       uint32_t tenant_sm = 0) {
+                                                       uint32_t tenant_sm = 0, int quiet = 40) {
   CraftedRun r(name);
   r.w.upsert_process(4343, 1, "copier", "python3 copy.py", "/usr/bin/python3", 0);
   uint64_t t = 1'000'000;
-  for (int s = 0; s < 80; ++s) {
-    const bool loaded = s >= 40;
+  for (int s = 0; s < quiet + 40; ++s) {
+    const bool loaded = s >= quiet;
     const auto len = uint64_t((loaded ? loaded_ms : 8.0) * 1e6);
     r.call("cudaMemcpyAsync", kPid, t, 10'000, 0, 4 << 20);
     for (int k = 0; k < 20; ++k) r.call("cudaLaunchKernel", kPid, t + 50'000 + uint64_t(k) * 20'000, 5'000, 0x1000 + k);
@@ -392,7 +393,7 @@ std::vector<diagnose::Finding> findings_beside_a_copier(const std::string& name,
     g.sm_clock_mhz = 1980;
     // The job's own 4 MB a step (0.5 GB/s), and the copier's load.
     const uint64_t kbs = (loaded ? 20'000'000'000ull : 0) / 1024 + (4ull << 20) * 1000 / 8 / 1024;
-    g.pcie_tx_kbs = g.pcie_rx_kbs = uint32_t(kbs / 2);
+    if (s % 10 == 0) g.pcie_tx_kbs = g.pcie_rx_kbs = uint32_t(kbs / 2);
     b.samples.push_back(g);
     if (s % 5 == 0) {
       b.processes.push_back({g.ts_ns, 0, kPid, loaded && tenant_sm ? 95 - tenant_sm : 95, 0, 1 << 30});
@@ -412,9 +413,17 @@ TEST(DiagnoseFindings, StepsSlowerWhileAnotherProcessCopiesOverPcieNameItWithThe
   // 40 steps 1.2 ms longer, of 688 ms.
   EXPECT_NEAR(f[0].share, 48.0 / 688, 0.01);
   EXPECT_NE(f[0].evidence.find("steps taken while PCIe carried 20."), std::string::npos) << f[0].evidence;
-  EXPECT_NE(f[0].evidence.find("15% longer than its 40 steps without that load (8.00 ms)"), std::string::npos)
+  EXPECT_NE(f[0].evidence.find("15% longer than its 30 steps without that load (8.00 ms)"), std::string::npos)
       << f[0].evidence;
   EXPECT_NE(f[0].evidence.find("copier"), std::string::npos) << f[0].evidence;
+}
+
+TEST(DiagnoseFindings, ACopierThatStartsASecondInIsComparedWithTheStepsBefore) {
+  // The steps before it, under one reading of the link.
+  const auto f = findings_beside_a_copier("pcie_late", 9.2, 0, 20);
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f[0].cause, "pcie_contention");
+  EXPECT_NE(f[0].evidence.find("than its 10 steps without that load"), std::string::npos) << f[0].evidence;
 }
 
 TEST(DiagnoseFindings, ACopierThatSlowsNoStepIsNoFinding) {

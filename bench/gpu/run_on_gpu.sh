@@ -40,6 +40,9 @@
 # hooks:    issue 33's cost per launch: the hooks' inside one process (bench/launch_hooks_ab,
 #           HOOKS_AB_BATCHES), then each way to collect launches (bench/gpu/launch_hooks_cost.py,
 #           HOOKS_ROUNDS rounds; 0 skips it).
+# hooksab:  issue 33's added step time inside one process: one workload per run under record, the
+#           hooks switched off and on in windows, torch.profiler+stack after (bench/gpu/hooks_ab.py;
+#           HOOKSAB_WORKLOADS, HOOKSAB_ROUNDS rounds of HOOKSAB_WINDOW s windows).
 # views:    issue 29's flame graph views and GPU summary on a PyTorch CNN (bench/gpu/cnn_steps.py,
 #           VIEWS_STEPS steps) under record --gpu-times --cpu-profile 99: frames per view, no
 #           frame per address, the interpreter's frames gone by default; start-up apart from idle
@@ -113,6 +116,12 @@ if [[ " $STAGES " == *" hooks "* ]]; then
     $PY bench/gpu/launch_hooks_cost.py --build "$BUILD" --rounds ${HOOKS_ROUNDS:-3}
   fi
 } 2>&1 | tee "$OUT/hooks.txt"
+fi
+
+if [[ " $STAGES " == *" hooksab "* ]]; then
+  $PY bench/gpu/hooks_ab.py --gpuscope "$BUILD/gpuscope" --python "$PY" \
+      --workloads ${HOOKSAB_WORKLOADS:-generation,lstm_infer,multi_stream,eager_add} --rounds ${HOOKSAB_ROUNDS:-7} \
+      --window ${HOOKSAB_WINDOW:-3} --settle ${HOOKSAB_SETTLE:-1} 2>&1 | tee "$OUT/hooksab.txt"
 fi
 
 if [[ " $STAGES " == *" cost "* ]]; then

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <charconv>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -47,7 +48,12 @@ bool process_exiting(pid_t pid) {
   uint64_t flags = 0;
   for (int i = 3; i < 9 && in >> field;) ++i;
   if (!(in >> flags)) return true;
-  return (flags & 0x4) != 0;
+  if (!(flags & 0x4)) return false;
+  // A main thread that left by pthread_exit is exiting too while the others run on: the memory
+  // is torn down only with the last thread.
+  const std::string status = read_file("/proc/" + std::to_string(pid) + "/status");
+  const auto at = status.find("\nThreads:");
+  return at == std::string::npos || std::strtol(status.c_str() + at + 9, nullptr, 10) <= 1;
 }
 
 std::string read_comm(pid_t pid) {

@@ -20,8 +20,8 @@ struct Mapping {
 };
 
 bool process_exists(pid_t pid);
-// Its main thread is on its way out (PF_EXITING), or it is gone: once the last thread is, its
-// memory is torn down, and /proc/PID/maps may list a part of it meanwhile.
+// Its last thread is on its way out (PF_EXITING on the main thread, no other left), or it is
+// gone: its memory is being torn down, and /proc/PID/maps may list a part of it meanwhile.
 bool process_exiting(pid_t pid);
 std::string read_comm(pid_t pid);
 std::string read_cmdline(pid_t pid);  // arguments joined by spaces

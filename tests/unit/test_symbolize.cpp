@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/utsname.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,12 +16,14 @@
 #include <map>
 #include <sstream>
 
+#include "discover/proc.h"
 #include "elf/elf_file.h"
 #include "symbolize/process_maps.h"
 #include "symbolize/symbolizer.h"
 
 using namespace gpuscope::symbolize;
 using namespace gpuscope::elf;
+namespace discover = gpuscope::discover;
 
 // Big enough that an offset into its middle is still inside it.
 extern "C" __attribute__((noinline, used)) int gpuscope_test_marker(int n) {
@@ -353,4 +356,46 @@ TEST(ProcessMaps, AMissReReadsTheMapsOnlyWhenAFileMapsTheAddressNow) {
   dlclose(lib2);
   dlclose(lib);
   fs::remove_all(dir);
+}
+
+TEST(ProcessMaps, AProcessThatExitedKeepsItsLastSnapshot) {
+  // A zombie (exited, not yet waited for) has no mappings left to list: the snapshot taken while it
+  // ran stays, as it must for a process whose memory is being torn down (partial lists).
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char c;
+    close(go[1]);
+    [[maybe_unused]] auto n = read(go[0], &c, 1);
+    _exit(0);
+  }
+  close(go[0]);
+  EXPECT_FALSE(discover::process_exiting(child));
+  ProcessMaps maps;
+  ASSERT_TRUE(maps.refresh(child));
+  const auto before = maps.mappings(child);
+  ASSERT_FALSE(before.empty());
+  close(go[1]);
+  for (int i = 0; i < 200 && !discover::process_exiting(child); ++i) usleep(5'000);
+  EXPECT_TRUE(discover::process_exiting(child));
+  EXPECT_FALSE(maps.refresh(child));  // nothing listed any more
+  EXPECT_EQ(maps.mappings(child).size(), before.size());
+  waitpid(child, nullptr, 0);
+  EXPECT_TRUE(discover::process_exiting(child));  // gone
+  EXPECT_FALSE(discover::process_exiting(getpid()));
+}
+
+TEST(ProcessMaps, ALastingPathIsOursWhereItNamesTheSameFile) {
+  // The C library this test maps: the same file in our root, by device and inode.
+  for (const auto& m : discover::read_maps(getpid())) {
+    if (m.path.find("/libc.so") == std::string::npos) continue;
+    EXPECT_EQ(lasting_path(getpid(), m), m.path);
+    discover::Mapping other = m;
+    other.inode += 1;  // another file of that name (a container's): through the process's root
+    EXPECT_EQ(lasting_path(getpid(), other), "/proc/" + std::to_string(getpid()) + "/root" + m.path);
+    return;
+  }
+  FAIL() << "no libc mapping";
 }

@@ -160,12 +160,6 @@ DwarfUnwinder::Result DwarfUnwinder::unwind(pid_t pid, pid_t tid, const gs_user_
     if (out.complete || attempt > 0 || out.ips.empty() || dwfl_addrmodule(p->dwfl, out.ips.back())) break;
     if (!report_for(*p, pid, out.ips.back())) break;
   }
-  if (!out.complete && getenv("GS_DEBUG_UNWIND")) {
-    std::string s = fmt::format("DEBUG unwind pid {} tid {} ip {:x} sp {:x} bp {:x} len {} outside {}:", pid, tid, regs.ip, regs.sp, regs.bp, stack.size(), current_.read_outside_copy);
-    for (auto ip : out.ips) { Dwfl_Module* m = dwfl_addrmodule(p->dwfl, ip); Dwarf_Addr st = 0, en = 0; Dwarf_Addr cb = 0; Dwarf_CFI* cfi = m ? dwfl_module_eh_cfi(m, &cb) : nullptr; const char* mf = nullptr; if (m) dwfl_module_info(m, nullptr, &st, &en, nullptr, nullptr, &mf, nullptr); s += fmt::format(" {:x}({} {:x}-{:x} cfi {} file {})", ip, m ? dwfl_module_info(m, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr) : "?", st, en, (void*)cfi, mf ? mf : "-"); }
-    s += fmt::format("\n   dwfl err {}", dwfl_errmsg(-1));
-    fprintf(stderr, "%s\n", s.c_str());
-  }
   return out;
 }
 

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <string>
 
 #include "diagnose/findings.h"
@@ -11,10 +10,8 @@
 namespace gpuscope::diagnose {
 namespace {
 
-// The link is loaded by others while it carries this much beyond the job's own copies, and twice
-// as much as those; quiet while the others' share stays under kQuietBytesPerS (or kQuietShare of
-// their load, below).
-constexpr double kLoadedBytesPerS = 2e9;
+// The link is loaded by others as findings.h's pcie_loaded_by_others says; quiet while the
+// others' share stays under kQuietBytesPerS (or kQuietShare of their load, below).
 constexpr double kQuietBytesPerS = 1e9, kQuietShare = 0.1;
 // Another process computes on the GPU from this share of its SMs' time: the steps it slows are
 // gpu_contention's, whatever the link carried.
@@ -81,7 +78,7 @@ std::optional<PcieComparison> compare_pcie_load(const std::vector<std::pair<uint
       computing |= processes[j].sm >= kComputingShare;
     }
     if (computing) continue;
-    if (tenant && external[i] >= kLoadedBytesPerS && external[i] >= 2 * own_rate[i]) {
+    if (tenant && pcie_loaded_by_others(external[i], own_rate[i])) {
       link[i] = Link::Loaded;
       loads.push_back(external[i]);
     } else {
@@ -145,13 +142,12 @@ std::optional<PcieComparison> compare_pcie_load(const std::vector<std::pair<uint
 
 Finding pcie_comparison_finding(const PcieComparison& c, const std::set<uint32_t>& tenants, const ProcessNames& names,
                                 uint64_t origin_ns) {
-  std::string who;
-  for (uint32_t t : tenants) who += (who.empty() ? "" : ", ") + names.of(t);
+  const std::string who = names_of(tenants, names);
   const double slower = c.loaded_ms / c.quiet_ms - 1;
   const double share = c.all_ms > 0 ? c.excess_ms / c.all_ms : 0;
   Finding f;
   f.cause = "pcie_contention";
-  f.title = "Another process's copies load this GPU's PCIe link";
+  f.title = kPcieContentionTitle;
   f.share = share;
   f.ms_per_step = c.excess_ms / double(c.all_steps);
   f.from_ns = c.from_ns - std::min(c.from_ns, origin_ns);
@@ -161,9 +157,7 @@ Finding pcie_comparison_finding(const PcieComparison& c, const std::set<uint32_t
       "longer than its {} steps without that load ({:.2f} ms); also on the GPU: {}",
       c.loaded_steps, c.external_bytes_per_s / 1e9, c.own_bytes_per_s / 1e9, c.loaded_ms, pct(slower),
       c.quiet_steps, c.quiet_ms, who.empty() ? "another process" : who);
-  f.fix =
-      "Move the other tenant's transfers off this GPU (or schedule it elsewhere); keep the job's inputs on the GPU or "
-      "copy them in fewer, larger transfers";
+  f.fix = kPcieContentionFix;
   f.confidence = slower >= 0.1 && c.loaded_steps >= 30 && c.quiet_steps >= 30 ? "high" : "medium";
   return f;
 }

@@ -81,6 +81,12 @@ constexpr double kThrottledMost = 0.5;
 
 std::string pct(double share) { return fmt::format("{:.0f}%", share * 100); }
 
+std::string names_of(const std::set<uint32_t>& pids, const ProcessNames& names) {
+  std::string out;
+  for (uint32_t pid : pids) out += (out.empty() ? "" : ", ") + names.of(pid);
+  return out;
+}
+
 std::pair<uint32_t, double> top(const std::map<uint32_t, double>& by) {
   std::pair<uint32_t, double> best{0, 0};
   double total = 0;
@@ -184,17 +190,11 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
     const double total = b.pcie_bytes_per_s / b.pcie_n;
     const double own = b.copy_bytes / (b.window_ns / 1e9);
     const double external = total - own;
-    if (external >= 2e9 && external >= 2 * own) {
-      std::string who;
-      for (uint32_t t : b.gpu_tenants) who += (who.empty() ? "" : ", ") + names.of(t);
-      add_share("pcie_contention", "Another process's copies load this GPU's PCIe link",
-                gpu_view ? std::min(idle, external / (external + own)) : 0,
+    if (pcie_loaded_by_others(external, own))
+      add_share("pcie_contention", kPcieContentionTitle, gpu_view ? std::min(idle, external / (external + own)) : 0,
                 fmt::format("PCIe carried {:.1f} GB/s while this process copied {:.2f} GB/s; also on the GPU: {}{}",
-                            total / 1e9, own / 1e9, who, gpu_idle_note),
-                "Move the other tenant's transfers off this GPU (or schedule it elsewhere); keep the job's inputs "
-                "on the GPU or copy them in fewer, larger transfers",
-                "medium");
-    }
+                            total / 1e9, own / 1e9, names_of(b.gpu_tenants, names), gpu_idle_note),
+                kPcieContentionFix, "medium");
   }
   // Kernels too small for the GPU (GPM's SM activity): NVML counts the GPU busy while any kernel
   // runs, however few of its SMs that kernel uses. The SMs' idle share of the busy time is what a

@@ -22,6 +22,19 @@ constexpr double kMinShare = 0.05;  // a finding explains at least this share of
 constexpr uint64_t kSlowdownReasons = 0x8 | 0x20 | 0x40 | 0x80;
 
 std::string pct(double share);  // "42%"
+
+// pcie_contention, weighed two ways (by the GPU's idle time here, by comparing steps in
+// contention.h): another process's copies load the link when it carries 2 GB/s or more beyond the
+// job's own copies, and twice as much as those.
+inline constexpr char kPcieContentionTitle[] = "Another process's copies load this GPU's PCIe link";
+inline constexpr char kPcieContentionFix[] =
+    "Move the other tenant's transfers off this GPU (or schedule it elsewhere); keep the job's inputs on the GPU or "
+    "copy them in fewer, larger transfers";
+inline bool pcie_loaded_by_others(double external_bytes_per_s, double own_bytes_per_s) {
+  return external_bytes_per_s >= 2e9 && external_bytes_per_s >= 2 * own_bytes_per_s;
+}
+// The processes, named, joined by commas.
+std::string names_of(const std::set<uint32_t>& pids, const ProcessNames& names);
 // The pid that accounts for most of `by`, with its share of the total.
 std::pair<uint32_t, double> top(const std::map<uint32_t, double>& by);
 

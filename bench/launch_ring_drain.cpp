@@ -1,7 +1,8 @@
 // Runs a command with libgpuscope_launches.so preloaded and drains its processes' launch rings as
 // gpuscope does (record/launch_rings.h), every --every-us. Prints one JSON line: the launches read
-// per process and entry point, those lost, the rings refused, and how the records read (times in
-// order per thread, a launch's fields as the caller passed them where it is driver_lookups).
+// per process and entry point, the functions' names they gave, those lost, the rings refused, and
+// how the records read (times in order per thread, a launch's fields as the caller passed them
+// where it is driver_lookups).
 //
 //     build/bench/launch_ring_drain [--lib build/libgpuscope_launches.so] [--every-us 2000] -- CMD ARGS...
 #include <signal.h>
@@ -59,6 +60,11 @@ int main(int argc, char** argv) {
     uint64_t total = 0;
   };
   std::map<uint32_t, Seen> seen;
+  std::map<uint32_t, std::map<uint64_t, std::string>> names;
+  uint64_t names_twice = 0;
+  rings.on_name([&](uint32_t pid, uint64_t function, std::string_view name) {
+    names_twice += !names[pid].emplace(function, std::string(name)).second;
+  });
   std::map<uint32_t, uint64_t> last_ts;  // tid -> last entry time
   uint64_t out_of_order = 0, fields_wrong = 0;
   auto on = [&](uint32_t pid, const gs_launch_record& r) {
@@ -88,16 +94,23 @@ int main(int argc, char** argv) {
   for (const auto& [pid, s] : seen) rings.forget(pid_t(pid), on);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("{\"exit\": %d, \"seconds\": %.3f, \"rings\": %zu, \"lost\": %llu, \"refused\": %llu, \"out_of_order\": %llu, "
-              "\"fields_wrong\": %llu, \"processes\": {",
+              "\"fields_wrong\": %llu, \"names_twice\": %llu, \"names_lost\": %llu, \"processes\": {",
               WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), secs, rings_seen,
               (unsigned long long)rings.lost(), (unsigned long long)rings.refused(),
-              (unsigned long long)out_of_order, (unsigned long long)fields_wrong);
+              (unsigned long long)out_of_order, (unsigned long long)fields_wrong, (unsigned long long)names_twice,
+              (unsigned long long)rings.names_lost());
   bool first = true;
   for (const auto& [pid, s] : seen) {
     std::printf("%s\"%u\": {\"launches\": %llu, \"by_api\": {", first ? "" : ", ", pid, (unsigned long long)s.total);
     bool f2 = true;
     for (const auto& [api, n] : s.by_api) {
       std::printf("%s\"%d\": %llu", f2 ? "" : ", ", api, (unsigned long long)n);
+      f2 = false;
+    }
+    std::printf("}, \"names\": {");
+    f2 = true;
+    for (const auto& [function, name] : names[pid]) {
+      std::printf("%s\"%#llx\": \"%s\"", f2 ? "" : ", ", (unsigned long long)function, name.c_str());
       f2 = false;
     }
     std::printf("}}");

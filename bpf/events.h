@@ -45,6 +45,8 @@ enum gs_record_kind {
 	GS_REC_NATIVE_STACK = 11, /* a user stack walked in BPF (frame pointers or .eh_frame tables),
 	                           * sent once per process ahead of the first record naming it */
 	GS_REC_THREAD_TIME = 12,  /* how a target thread spent a window of time (host_events.h) */
+	GS_REC_FUNCTION_NAME = 13, /* a kernel function's name, as a process's launch hooks told it:
+	                            * made by gpuscope from the launch rings, never by BPF */
 };
 
 /* The BPF cookie of each uprobe, set by user space at attach time:
@@ -571,6 +573,15 @@ GS_ASSERT_AT(struct gs_call_record_long, r, 0);
 /* Variable-length records are cut after their last used entry: the array comes last. */
 GS_ASSERT_AT(struct gs_py_stack_record, frames, 24);
 GS_ASSERT_AT(struct gs_native_stack_record, ips, 24);
+
+/* A GS_REC_FUNCTION_NAME: `length` bytes of name follow (no terminating 0). */
+struct gs_function_name_record {
+	__u16 kind;          /* GS_REC_FUNCTION_NAME */
+	__u16 length;
+	__u32 pid;
+	__u64 function;      /* CUfunction */
+	char name[];
+};
 
 /* Each feature's records beside its part: host telemetry (host.bpf.c). */
 #include "host_events.h"

@@ -9,10 +9,16 @@ configuration is compared with the same process's own steps and not with another
 Prints "step END_NS DURATION_NS MODE" after each step (CLOCK_MONOTONIC, the step synchronised).
 Reads commands between steps: "profiler none|cuda|cuda+stack" leaves the current torch.profiler
 window and enters one with CPU and CUDA activities (with Python stacks for cuda+stack), then answers
-"mode NAME". WORKLOAD ctypes_launch needs no GPU or PyTorch: launches through libcudart by ctypes
+"mode NAME". "count N" runs N steps under torch.profiler (CPU and CUDA activities) at once, then
+answers "count T0_NS T1_NS JSON": the steps' span and the profiler's kernel launches in them by
+name (a reference for a tool recording the same steps). WORKLOAD ctypes_launch needs no GPU or PyTorch: launches through libcudart by ctypes
 (each fails at once without a device), as bench/py_launch_loop.py makes them; it has no profiler."""
+import collections
 import ctypes
+import json
+import os
 import pathlib
+import tempfile
 import queue
 import sys
 import threading
@@ -81,6 +87,22 @@ def main():
                 profiler.__enter__()
                 mode = cmd[1]
             out.write(f"mode {mode}\n")
+            out.flush()
+        if cmd[:1] == ["count"] and torch is not None and profiler is None:
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as counting:
+                torch.cuda.synchronize()
+                t0 = time.monotonic_ns()
+                for _ in range(int(cmd[1])):
+                    step()
+                torch.cuda.synchronize()
+                t1 = time.monotonic_ns()
+            trace = os.path.join(tempfile.mkdtemp(), "trace.json")
+            counting.export_chrome_trace(trace)
+            with open(trace) as f:
+                kernels = collections.Counter(e["name"] for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel")
+            os.unlink(trace)
+            out.write(f"count {t0} {t1} {json.dumps(kernels)}\n")
             out.flush()
         t0 = time.monotonic_ns()
         step()

@@ -28,6 +28,9 @@ Configurations:
                          every gpuscope configuration has it, as in overhead.py)
   +stacks budget +cpu 99Hz  the same by budget
   +stacks 1/N            gpuscope record --stack-every N
+  in-process calls       with --preload-hooks: record --pid claims the workload's launch ring, its
+                         launches read without a trap each (--launch-probes in-process --no-stacks)
+  in-process budget      the same with stacks by budget (record --pid's default for such a process)
   agent                  `gpuscope agent` (its default configuration: a 1% budget) started for the
                          window and stopped after it; it finds the running workload itself
   agent 1/16             the agent with `stack_every: 16`
@@ -93,6 +96,10 @@ GPUSCOPE_CONFIGS = {
     "+stacks eh-frame 1/4": ["--call-stacks", "eh-frame", "--stack-every", "4"],
     "+stacks eh-frame 1/16": ["--call-stacks", "eh-frame", "--stack-every", "16"],
     "+stacks eh-frame 1/64": ["--call-stacks", "eh-frame", "--stack-every", "64"],
+    # The workload started with libgpuscope_launches.so preloaded (--preload-hooks): its launches
+    # read from its ring, claimed by record --pid, no trap each (issue 33).
+    "in-process calls": ["--launch-probes", "in-process", "--no-stacks"],
+    "in-process budget": ["--launch-probes", "in-process"],
 }
 AGENT_CONFIGS = {"agent": "", "agent 1/16": "stack_every: 16\n"}
 PROFILER_CONFIGS = {"torch.profiler": "cuda", "torch.profiler+stack": "cuda+stack"}
@@ -102,11 +109,15 @@ DEFAULT_CONFIGS = "baseline,floor,calls,+stacks,+stacks budget,+stacks budget +c
 class Workload:
     """The workload process, and the steps it has reported: (start_ns, end_ns, mode)."""
 
-    def __init__(self, python, name, cpus=None):
+    def __init__(self, python, name, cpus=None, preload=None):
         pin = ["taskset", "-c", cpus] if cpus else []
+        env = dict(os.environ)
+        if preload:  # the hooks in standby, as a service's owner would start it
+            env["LD_PRELOAD"] = ":".join(p for p in (str(pathlib.Path(preload).resolve()), env.get("LD_PRELOAD")) if p)
+            env.pop("GPUSCOPE_LAUNCH_RING", None)
         self.proc = subprocess.Popen([*pin, python, str(HERE / "ab_workload.py"), name], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)
-        self.steps, self.modes = [], []
+                                     stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
+        self.steps, self.modes, self.counts = [], [], []
         self.cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -119,6 +130,8 @@ class Workload:
                     self.steps.append((end - dur, end, f[3]))
                 elif f[:1] == ["mode"]:
                     self.modes.append(f[1])
+                elif f[:1] == ["count"]:
+                    self.counts.append((int(f[1]), int(f[2]), json.loads(line.split(maxsplit=3)[3])))
                 self.cond.notify_all()
         with self.cond:
             self.cond.notify_all()
@@ -138,6 +151,16 @@ class Workload:
             if not self.cond.wait_for(lambda: len(self.modes) > n or self.proc.poll() is not None, timeout):
                 raise SystemExit(f"attach_ab: the workload did not switch its profiler to {mode}")
             return self.modes[-1]
+
+    def count(self, steps, timeout=300):
+        """(t0, t1, kernel launches by name): `steps` steps run under torch.profiler (ab_workload's count)."""
+        with self.cond:
+            n = len(self.counts)
+            self.proc.stdin.write(f"count {steps}\n")
+            self.proc.stdin.flush()
+            if not self.cond.wait_for(lambda: len(self.counts) > n or self.proc.poll() is not None, timeout):
+                raise SystemExit("attach_ab: the workload did not count its kernels")
+            return self.counts[-1]
 
     def durations(self, t0, t1, mode=None):
         with self.cond:
@@ -227,8 +250,9 @@ def gpuscope_window(args, work, flags, tmp, binary=None):
     """Attaches gpuscope, measures a window, detaches; returns (durations, figures)."""
     rec = tmp / "ab.gpuscope"
     rec.unlink(missing_ok=True)
+    launches = [] if "--launch-probes" in flags else ["--launch-probes", args.launch_probes]
     proc = subprocess.Popen([*(binary or [args.gpuscope]), "record", "-q", "--pid", str(work.proc.pid), "--bpf-stats",
-                             "--launch-probes", args.launch_probes, *flags, "-o", str(rec)], stderr=subprocess.PIPE, text=True)
+                             *launches, *flags, "-o", str(rec)], stderr=subprocess.PIPE, text=True)
     time.sleep(args.settle)
     if proc.poll() is not None:
         raise SystemExit(f"attach_ab: gpuscope {' '.join(flags)} exited: {proc.stderr.read().strip()}")
@@ -286,7 +310,7 @@ def baseline_window(args, work):
 
 def run_group(args, configs, tmp, label):
     """Runs one workload process through the rounds of these configurations."""
-    work = Workload(args.python, args.workload, args.workload_cpus)
+    work = Workload(args.python, args.workload, args.workload_cpus, args.preload_hooks)
     windows = {c: [] for c in configs}
     figures = {c: [] for c in configs}
     try:
@@ -336,6 +360,10 @@ def main():
     ap.add_argument("--warmup", type=float, default=5, help="seconds of steps before the first window")
     ap.add_argument("--launch-probes", default="driver",
                     help="gpuscope's --launch-probes (both: where launches never reach the driver, as without a GPU)")
+    ap.add_argument("--preload-hooks", metavar="LIB",
+                    help="start the workload with this libgpuscope_launches.so preloaded (in standby until a "
+                         "configuration \"in-process ...\" claims its ring; baseline windows then include the "
+                         "hooks in standby)")
     ap.add_argument("--gpuscope-b", help="another gpuscope build: configuration \"X [b]\" is X run with it")
     ap.add_argument("--workload-cpus", help="taskset the workload to these CPUs (e.g. 0-7)")
     ap.add_argument("--apart-cpus", help="configuration \"X [apart]\": X with gpuscope taskset to these CPUs (e.g. 8-15)")

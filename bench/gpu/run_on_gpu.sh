@@ -43,6 +43,11 @@
 # hooksab:  issue 33's added step time inside one process: one workload per run under record, the
 #           hooks switched off and on in windows, torch.profiler+stack after (bench/gpu/hooks_ab.py;
 #           HOOKSAB_WORKLOADS, HOOKSAB_ROUNDS rounds of HOOKSAB_WINDOW s windows).
+# attachring: issue 33's services started another way: a workload started with the hooks
+#           preloaded (standby), recorded by record --pid with its ring claimed, against the probes
+#           on the same process (bench/gpu/attach_ring_check.py, ATTACHRING_WORKLOADS); then what each
+#           adds to the step inside one process (attach_ab.py --preload-hooks, ATTACHRING_AB_WORKLOADS,
+#           ROUNDS rounds of AB_WINDOW s).
 # views:    issue 29's flame graph views and GPU summary on a PyTorch CNN (bench/gpu/cnn_steps.py,
 #           VIEWS_STEPS steps) under record --gpu-times --cpu-profile 99: frames per view, no
 #           frame per address, the interpreter's frames gone by default; start-up apart from idle
@@ -122,6 +127,20 @@ if [[ " $STAGES " == *" hooksab "* ]]; then
   $PY bench/gpu/hooks_ab.py --gpuscope "$BUILD/gpuscope" --python "$PY" \
       --workloads ${HOOKSAB_WORKLOADS:-generation,lstm_infer,multi_stream,eager_add} --rounds ${HOOKSAB_ROUNDS:-7} \
       --window ${HOOKSAB_WINDOW:-3} --settle ${HOOKSAB_SETTLE:-1} 2>&1 | tee "$OUT/hooksab.txt"
+fi
+
+if [[ " $STAGES " == *" attachring "* ]]; then
+  for w in ${ATTACHRING_WORKLOADS:-train_step}; do
+    echo "== $w: record --pid, ring claimed, against the probes"
+    $PY bench/gpu/attach_ring_check.py --gpuscope "$BUILD/gpuscope" --hooks "$BUILD/libgpuscope_launches.so" \
+        --python "$PY" --workload "$w" --window ${ATTACHRING_WINDOW:-6} --count-steps ${ATTACHRING_STEPS:-10}
+  done 2>&1 | tee "$OUT/attachring.txt"
+  for w in ${ATTACHRING_AB_WORKLOADS:-eager_add}; do
+    $PY bench/gpu/attach_ab.py --gpuscope "$BUILD/gpuscope" --python "$PY" --workload "$w" --rounds ${ROUNDS:-4} \
+        --window ${AB_WINDOW:-3} --settle ${AB_SETTLE:-2} --preload-hooks "$BUILD/libgpuscope_launches.so" \
+        --configs "${ATTACHRING_AB_CONFIGS:-baseline,calls,+stacks budget,in-process calls,in-process budget}" \
+        --out "$OUT" 2>&1 | tee "$OUT/attachring-ab-$w.txt"
+  done
 fi
 
 if [[ " $STAGES " == *" cost "* ]]; then

@@ -119,7 +119,8 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
 BpfSession::BpfSession(const SessionConfig& cfg)
     : runtime_launch_probes_(cfg.runtime_launch_probes),
       high_rate_per_process_(cfg.high_rate_per_process),
-      launch_probes_(cfg.launch_probes) {
+      launch_probes_(cfg.launch_probes),
+      runtime_launches_per_process_(cfg.runtime_launches_per_process) {
   libbpf_set_print(libbpf_print);
   // Kernels before 6.6 refuse uprobe-multi programs: fall back to one perf link per probe.
   libbpf_set_print(nullptr);
@@ -556,8 +557,10 @@ AttachResult BpfSession::attach_file(const std::string& path) {
       if (detached_runtime_functions_.contains(f.id)) continue;
       // The hooks record cuKernelGetFunction too: its probe reads what it wrote at the thread's
       // next launch, which no longer traps.
-      // (The runtime's launch probes are attached as with probes, until the driver is probed.)
-      const bool per_process_launch = !launch_probes_ && f.sig != cuda::Signature::InProcessLaunch && !is_rt_launch &&
+      // (The runtime's launch probes are attached as with probes, until the driver is probed, when
+      // gpuscope started the processes; else per process, with the driver's.)
+      const bool per_process_launch = !launch_probes_ && f.sig != cuda::Signature::InProcessLaunch &&
+                                      (!is_rt_launch || runtime_launches_per_process_) &&
                                       (f.kind == cuda::CallKind::Launch || f.kind == cuda::CallKind::GraphLaunch ||
                                        f.sig == cuda::Signature::KernelGetFunction);
       if ((high_rate_per_process_ && cuda::is_high_rate(f)) || per_process_launch) {

@@ -66,6 +66,10 @@ struct SessionConfig {
   // processes' own launch rings (record --launch-probes in-process, record/launch_rings.h). A process without
   // them gets its launch probes of its own, by set_high_rate_probes.
   bool launch_probes = true;
+  // With launch_probes false: the runtime's launch probes too are a process's own (processes
+  // joined late, whose kernels loaded before are named by the runtime's host stubs where they
+  // have no ring: record --pid).
+  bool runtime_launches_per_process = false;
   // Walk the Python frames of the processes given to set_python_process at every CUDA call
   // that has a stack, and in CPU samples.
   bool python_stacks = false;
@@ -319,6 +323,7 @@ class BpfSession {
   };
   bool high_rate_per_process_ = false;
   bool launch_probes_ = true;
+  bool runtime_launches_per_process_ = false;
   std::vector<HighRateSet> high_rate_sets_;
   std::map<pid_t, ProcessLinks> high_rate_links_;
   void attach_high_rate(pid_t pid, const HighRateSet& set, ProcessLinks& into);

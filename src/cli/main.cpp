@@ -142,12 +142,13 @@ int main(int argc, char** argv) {
       {"both", record::LaunchProbes::Both},
       {"in-process", record::LaunchProbes::InProcess}};
   rec->add_option("--launch-probes", ropts.tracer.launch_probes,
-                  "How launches are recorded: in-process (record -- CMD: no trap; libgpuscope_launches.so, "
-                  "preloaded, hands the launches over through shared memory, and one in N to a probe for its "
-                  "stack, N from the stack budget), probes (a trap per launch: the driver's once it is probed, "
-                  "when recording a command; runtime and driver with --pid/--all), driver (the driver's probes "
-                  "only), both (runtime and driver: two traps), auto (in-process for a command, probes "
-                  "otherwise). "
+                  "How launches are recorded: in-process (no trap; libgpuscope_launches.so, preloaded into "
+                  "a command gpuscope starts, or into a process by its owner for --pid, hands the launches "
+                  "over through shared memory, and one in N to a probe for its stack, N from the stack budget), "
+                  "probes (a trap per launch: the driver's once it is probed, when recording a command; runtime "
+                  "and driver with --pid/--all), driver (the driver's probes only), both (runtime and driver: "
+                  "two traps), auto (in-process for a command and for --pid processes started with the library "
+                  "preloaded, probes otherwise). "
                   "Except with both, a runtime copy, memset or sync function is left to the "
                   "driver's probes once its calls were all seen to make one")
       ->transform(CLI::CheckedTransformer(launch_modes, CLI::ignore_case))

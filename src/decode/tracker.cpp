@@ -163,6 +163,11 @@ void Tracker::update_state(ProcessState& p, const CallEvent& e) {
   }
 }
 
+void Tracker::learn_function_name(uint32_t pid, uint64_t function, std::string name) {
+  // A lookup's name, where one was seen, stays: they are the same name.
+  processes_[pid].handle_names.try_emplace(function, KernelName{std::move(name), 0});
+}
+
 const Tracker::KernelName* Tracker::find_kernel_name(const CallEvent& e) const {
   auto pit = processes_.find(e.pid);
   if (pit == processes_.end()) return nullptr;

@@ -75,6 +75,10 @@ class Tracker {
   static constexpr uint64_t kRedundantAfter = 32;
   std::vector<uint16_t> take_redundant_runtime_functions();
 
+  // A function's name as the process's launch hooks told it (record/launch_rings.h): what names
+  // its launches where no registration or lookup was seen (one made before gpuscope attached).
+  void learn_function_name(uint32_t pid, uint64_t function, std::string name);
+
   // Kernel name for a launch, from registrations and lookups seen so far; "" if unknown.
   std::string kernel_name(const CallEvent& launch) const;
   // Where in the process the launch's kernel name is, when it was learnt from a registration

@@ -6,7 +6,9 @@
 // library interposes dlsym, hands out its own cuGetProcAddress, and that hands out wrappers of the
 // launch entry points; programs that call the driver by symbol reach the wrappers exported here.
 // Each wrapper calls the driver and writes one 64-byte record into a ring in shared memory
-// (inject/launch_ring.h) that gpuscope drains: no system call, no lock.
+// (inject/launch_ring.h) that gpuscope drains: no system call, no lock. The first launch of each
+// function also writes its name there. Preloaded by a service's owner rather than by gpuscope,
+// the library keeps the ring in standby until a `gpuscope record --pid` claims it.
 //
 // It must never break or block the program: anything it cannot do (no ring directory, a full
 // ring, a lookup it does not know) leaves the call as it was, counted.
@@ -14,6 +16,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -74,6 +77,7 @@ Ring g_ring;
 // 0: not tried, 1: being made, 2: ready, 3: none (no directory, or it failed: calls go on unrecorded).
 std::atomic<int> g_ring_state{0};
 std::atomic<uint64_t> g_unrecorded{0};  // launches while there was no ring
+bool g_ring_kept = false;  // in standby for a `record --pid` to claim (set before the ring is ready)
 
 uint64_t now_ns() {
   timespec ts;
@@ -161,28 +165,30 @@ bool send_ring(const char* dir, int fd, pid_t pid) {
   return sent;
 }
 
-// The ring is a sealed memfd: its size can never change under gpuscope's mapping.
+// The ring is a sealed memfd: its size can never change under gpuscope's mapping. Without
+// GPUSCOPE_LAUNCH_RING (a service the library was preloaded into by its owner) the process keeps
+// it in standby (inject/launch_ring.h) for a `gpuscope record --pid` to claim.
 void make_ring() {
   const char* dir = std::getenv(GS_LAUNCH_RING_ENV);
-  if (!dir || !*dir) {
-    g_ring_state.store(3, std::memory_order_release);
-    return;
-  }
+  const bool standby = !dir || !*dir;
   auto fail = [&](const char* what) {
     std::fprintf(stderr, "gpuscope: could not make the launch ring (%s: %s): this process's launches go unrecorded\n",
                  what, std::strerror(errno));
     g_ring_state.store(3, std::memory_order_release);
   };
   const uint32_t slots = ring_slots();
-  const size_t bytes = sizeof(gs_launch_ring_header) + size_t(slots) * sizeof(gs_launch_record);
-  const int fd = memfd_create("gpuscope-launches", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  const size_t names_at = sizeof(gs_launch_ring_header) + size_t(slots) * sizeof(gs_launch_record);
+  const size_t bytes = names_at + GS_LAUNCH_NAMES_BYTES_DEFAULT;
+  const int fd = memfd_create(GS_LAUNCH_RING_MEMFD, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return fail("memfd_create");
   void* mem = MAP_FAILED;
   if (ftruncate(fd, off_t(bytes)) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-      (mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0)) == MAP_FAILED) {
+      (mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
     close(fd);
     return fail("memfd");
   }
+  // The records' pages now, not at a launch (the names' pages as names come: few are).
+  for (size_t at = 0; at < names_at; at += 4096) static_cast<volatile char*>(mem)[at] = 0;
   const pid_t pid = getpid();
   auto* h = static_cast<gs_launch_ring_header*>(mem);
   std::memcpy(h->magic, GS_LAUNCH_RING_MAGIC, sizeof h->magic);
@@ -191,20 +197,25 @@ void make_ring() {
   h->slots = slots;
   h->pid = uint32_t(pid);
   h->created_ns = now_ns();
+  h->names_offset = uint32_t(names_at);
+  h->names_bytes = GS_LAUNCH_NAMES_BYTES_DEFAULT;
   if (const char* every = std::getenv(GS_LAUNCH_STACK_EVERY_ENV))
     h->stack_every = uint32_t(std::strtoul(every, nullptr, 10));
   h->clock = uint32_t(launch_clock());
   // Benchmarks start paused (bench/gpu/hooks_ab.py), then switch the hooks on and off.
   if (const char* p = std::getenv("GPUSCOPE_LAUNCH_PAUSED")) h->paused = std::strtoul(p, nullptr, 10) != 0;
+  if (standby) h->paused = 1;
   // Handed to gpuscope, which holds it from then on: a process that ends, however it ends,
-  // leaves its ring readable. The process keeps only the mapping.
-  const bool sent = send_ring(dir, fd, pid);
+  // leaves its ring readable. The process keeps only the mapping (which is how a later
+  // gpuscope finds a ring in standby).
+  const bool sent = standby || send_ring(dir, fd, pid);
   close(fd);
   if (!sent) {
     munmap(mem, bytes);
     return fail("handing it to gpuscope");
   }
   g_ring = {h, reinterpret_cast<gs_launch_record*>(h + 1), uint64_t(slots) - 1, bytes};
+  g_ring_kept = standby;
   g_ring_state.store(2, std::memory_order_release);
   // Launches that came while it was being made (a thread that waited too long) count as lost.
   __atomic_fetch_add(&h->lost, g_unrecorded.exchange(0), __ATOMIC_RELAXED);
@@ -226,11 +237,52 @@ gs_launch_ring_header* ring() {
   return s == 2 ? g_ring.header : nullptr;
 }
 
+// The functions whose names are in the ring (at most one thread names each): an open-addressing
+// set of CUfunctions, looked at on every launch.
+constexpr int kNamedBits = 14;
+constexpr uint32_t kNamedMask = (1u << kNamedBits) - 1;
+std::atomic<uint64_t> g_named[1u << kNamedBits];
+void name_function(gs_launch_ring_header* h, void* f);  // below: it needs the driver
+
+// Appends `f`'s name to the ring the first time `f` is launched. A set too full near `f`'s place
+// leaves it unnamed (gpuscope names it as it would without the ring, where it can).
+inline void name_once(gs_launch_ring_header* h, void* f) {
+  if (!h || !f) return;
+  const uint64_t key = uint64_t(f);
+  uint32_t i = uint32_t((key * 0x9E3779B97F4A7C15ull) >> (64 - kNamedBits));
+  for (int probe = 0; probe < 32; ++probe, i = (i + 1) & kNamedMask) {
+    uint64_t k = g_named[i].load(std::memory_order_relaxed);
+    if (k == key) return;
+    if (k == 0 && (g_named[i].compare_exchange_strong(k, key, std::memory_order_relaxed) || k == key)) {
+      if (k == 0) name_function(h, f);
+      return;
+    }
+  }
+}
+
+void write_name(gs_launch_ring_header* h, void* f, const char* name) {
+  const uint32_t length = uint32_t(strnlen(name, GS_LAUNCH_NAME_MAX));
+  const uint64_t size = GS_LAUNCH_NAME_SIZE(length);
+  const uint64_t at = __atomic_fetch_add(&h->names_head, size, __ATOMIC_RELAXED);
+  if (at + size > h->names_bytes) {
+    __atomic_fetch_add(&h->names_lost, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  auto* e = reinterpret_cast<gs_launch_name*>(reinterpret_cast<char*>(h) + h->names_offset + at);
+  e->function = uint64_t(f);
+  e->length = length;
+  std::memcpy(e->name, name, length);
+  e->name[length] = 0;
+  __atomic_store_n(&e->ready, 1u, __ATOMIC_RELEASE);
+}
+
 // A forked child writes into a ring of its own, made at its first launch; the parent's stays the
 // parent's. Only the forking thread lives on in the child.
 void after_fork_in_child() {
+  for (auto& k : g_named) k.store(0, std::memory_order_relaxed);  // the child's ring has no names yet
   if (g_ring_state.load() == 2) munmap(g_ring.header, g_ring.bytes);
   g_ring = {};
+  g_ring_kept = false;
   g_ring_state.store(0);
   t_tid = 0;
 }
@@ -306,6 +358,22 @@ gpuscope_launch_stack:
 
 namespace {
 
+// A ring kept here, claimed by a gpuscope that was killed before it could give it back, goes
+// back to standby: looked at every 65,536 launches the ring could not hold (it fills once nobody
+// reads it) or a thread handed over for their stacks (to a probe that is gone).
+__attribute__((tls_model("initial-exec"))) thread_local uint32_t t_handed = 0;
+void standby_if_reader_gone(gs_launch_ring_header* h) {
+  if (!g_ring_kept) return;
+  const uint32_t reader = __atomic_load_n(&h->reader_pid, __ATOMIC_RELAXED);
+  const int saved = errno;  // the program's
+  if (reader && kill(pid_t(reader), 0) != 0 && errno == ESRCH) {
+    __atomic_store_n(&h->paused, 1u, __ATOMIC_RELAXED);
+    uint32_t expected = reader;
+    __atomic_compare_exchange_n(&h->reader_pid, &expected, 0u, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  }
+  errno = saved;
+}
+
 // `stacked`: a launch, one in stack_every of which goes to gpuscope_launch_stack for its stack.
 void write(const Launch& l, bool stacked = true) {
   gs_launch_ring_header* h = ring();
@@ -318,6 +386,7 @@ void write(const Launch& l, bool stacked = true) {
     gs_launch_record r{};
     fill(r, l, l.flags);
     gpuscope_launch_stack(&r, every);
+    if ((++t_handed & 0xffff) == 0) standby_if_reader_gone(h);
     return;
   }
   uint64_t pos = __atomic_load_n(&h->head, __ATOMIC_RELAXED);
@@ -325,7 +394,7 @@ void write(const Launch& l, bool stacked = true) {
     // Signed: a `pos` read before the reader moved the tail past it is behind the tail, not full
     // (the compare-and-swap then fails and reads the head again).
     if (int64_t(pos - __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE)) >= int64_t(h->slots)) {
-      __atomic_fetch_add(&h->lost, 1, __ATOMIC_RELAXED);
+      if ((__atomic_fetch_add(&h->lost, 1, __ATOMIC_RELAXED) & 0xffff) == 0xffff) standby_if_reader_gone(h);
       return;
     }
   } while (!__atomic_compare_exchange_n(&h->head, &pos, pos + 1, true, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
@@ -362,15 +431,22 @@ constexpr int kLaunchKernel = 0, kLaunchKernelEx = 1, kLaunchCooperative = 2, kG
               kKernelGetFunction = 4;
 constexpr int kHooks = sizeof(g_hooks) / sizeof(g_hooks[0]);
 
-// The ring header's `paused` (a benchmark's switch): launches go straight to the driver.
+// The ring header's `paused` (a benchmark's switch, or a ring in standby): launches go straight
+// to the driver. Their functions are named all the same.
 inline bool paused() {
   return g_ring_state.load(std::memory_order_acquire) == 2 && __atomic_load_n(&g_ring.header->paused, __ATOMIC_RELAXED);
+}
+// A ring kept in this process (not handed to gpuscope), paused with no reader: in standby,
+// where nothing but names is written.
+inline bool standing_by() {
+  return g_ring_kept && paused() && !__atomic_load_n(&g_ring.header->reader_pid, __ATOMIC_RELAXED);
 }
 
 // The launch, timed, then written. `real`: the driver's entry point.
 CUresult launch_kernel(void* real, uint16_t api, uint16_t via, CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                        unsigned bx, unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) {
   if (!real) return kNotFound;
+  name_once(ring(), f);
   if (paused()) return reinterpret_cast<LaunchKernelFn>(real)(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
   const uint64_t t0 = now_ts();
   const CUresult r = reinterpret_cast<LaunchKernelFn>(real)(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
@@ -380,6 +456,7 @@ CUresult launch_kernel(void* real, uint16_t api, uint16_t via, CUfunction f, uns
 CUresult launch_kernel_ex(void* real, uint16_t api, uint16_t via, const CUlaunchConfig* c, CUfunction f,
                           void** params, void** extra) {
   if (!real) return kNotFound;
+  name_once(ring(), f);
   if (paused()) return reinterpret_cast<LaunchKernelExFn>(real)(c, f, params, extra);
   const uint64_t t0 = now_ts();
   const CUresult r = reinterpret_cast<LaunchKernelExFn>(real)(c, f, params, extra);
@@ -397,6 +474,7 @@ CUresult launch_cooperative(void* real, uint16_t api, uint16_t via, CUfunction f
                             unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shmem, CUstream s,
                             void** params) {
   if (!real) return kNotFound;
+  name_once(ring(), f);
   if (paused()) return reinterpret_cast<LaunchCooperativeFn>(real)(f, gx, gy, gz, bx, by, bz, shmem, s, params);
   const uint64_t t0 = now_ts();
   const CUresult r = reinterpret_cast<LaunchCooperativeFn>(real)(f, gx, gy, gz, bx, by, bz, shmem, s, params);
@@ -419,6 +497,7 @@ CUresult kernel_get_function(void* real, uint16_t via, CUfunction* out, void* ke
   if (!real) return kNotFound;
   const uint64_t t0 = now_ts();
   const CUresult r = reinterpret_cast<KernelGetFunctionFn>(real)(out, kernel);
+  if (standing_by()) return r;
   write({GS_LAUNCH_CU_KERNEL_GET_FUNCTION, via, t0, now_ts(), kernel, r == 0 && out ? CUstream(*out) : nullptr, {}, {},
          0, r},
         false);
@@ -488,6 +567,32 @@ bool is_ours(void* address) {
 void* open_libcuda() {
   if (!g_libcuda) g_libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   return g_libcuda;
+}
+
+// The driver's name for a launched function, written into the ring: cuFuncGetName, or for a
+// CUkernel (which the runtime of CUDA 12 and later passes to cuLaunchKernel in place of a function,
+// its kernels being loaded as a library's) cuKernelGetName; both CUDA 12.3 on. A driver without
+// them names nothing: gpuscope names kernels as it would without the ring.
+using GetNameFn = CUresult (*)(const char**, void*);
+GetNameFn driver_function(const char* symbol) {
+  return open_libcuda() && gs_launches_real_dlsym
+             ? reinterpret_cast<GetNameFn>(gs_launches_real_dlsym(g_libcuda, symbol))
+             : nullptr;
+}
+void name_function(gs_launch_ring_header* h, void* f) {
+  static std::atomic<bool> looked{false};
+  static std::atomic<GetNameFn> func_name{nullptr}, kernel_name{nullptr};
+  if (!looked.load(std::memory_order_acquire)) {
+    func_name.store(driver_function("cuFuncGetName"), std::memory_order_relaxed);
+    kernel_name.store(driver_function("cuKernelGetName"), std::memory_order_relaxed);
+    looked.store(true, std::memory_order_release);
+  }
+  const GetNameFn by_function = func_name.load(std::memory_order_relaxed);
+  const GetNameFn by_kernel = kernel_name.load(std::memory_order_relaxed);
+  const char* name = nullptr;
+  if ((by_function && by_function(&name, f) == 0 && name && *name) ||
+      (by_kernel && by_kernel(&name, f) == 0 && name && *name))
+    write_name(h, f, name);
 }
 
 // The wrapper to hand out for `real`, an address of hook `h` (real itself when all slots serve

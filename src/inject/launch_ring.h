@@ -16,7 +16,20 @@
  * what came before it was read.
  *
  * Times are CLOCK_MONOTONIC nanoseconds, the clock of gpuscope's probes, or the TSC's ticks
- * (the header says which), which the reader converts. */
+ * (the header says which), which the reader converts.
+ *
+ * After the records, the names of the functions the process launched (version 4): the hooks ask
+ * the driver for a function's name (cuFuncGetName) the first time they see it launched and
+ * append it here, whether or not anyone reads the ring yet, so that a gpuscope that attaches
+ * later names kernels loaded before it came. Entries (gs_launch_name) are reserved by moving
+ * `names_head` on by their size and published by storing `ready` last; a full area counts the
+ * names it could not hold in `names_lost`.
+ *
+ * A process not started by gpuscope (GPUSCOPE_LAUNCH_RING unset: the library preloaded into a
+ * service by its owner) keeps its ring to itself, in standby: `paused`, with no reader, the hooks
+ * write nothing but names. `gpuscope record --pid` opens it through /proc/PID/map_files (the
+ * memfd is named GS_LAUNCH_RING_MEMFD), claims it by setting `reader_pid`, clears `paused`, and
+ * at its end sets `paused` again and gives the claim back. */
 #ifndef GPUSCOPE_LAUNCH_RING_H
 #define GPUSCOPE_LAUNCH_RING_H
 
@@ -26,9 +39,12 @@
 /* The ring's stack_every until gpuscope sets it (0 if unset). */
 #define GS_LAUNCH_STACK_EVERY_ENV "GPUSCOPE_LAUNCH_STACK_EVERY"
 #define GS_LAUNCH_RING_MAGIC "GSLNCH1"
-#define GS_LAUNCH_RING_VERSION 3
+#define GS_LAUNCH_RING_VERSION 4
+#define GS_LAUNCH_RING_MEMFD "gpuscope-launches"
 #define GS_LAUNCH_RING_SOCKET "rings.sock"
 #define GS_LAUNCH_RING_SLOTS_DEFAULT (1u << 16) /* 4 MiB of records */
+#define GS_LAUNCH_NAMES_BYTES_DEFAULT (2u << 20) /* ~5,000 mangled names of PyTorch's length */
+#define GS_LAUNCH_NAME_MAX 4095u                 /* longer names are cut there */
 
 /* What was called. The reader names each as the function gpuscope's probes would (cuda/functions). */
 enum gs_launch_api {
@@ -93,14 +109,28 @@ struct gs_launch_ring_header {
    * still are). gpuscope never sets it; bench/gpu/hooks_ab.py does, to measure what the hooks
    * add to a step inside one process. */
   uint32_t paused;
-  uint8_t pad0[16];
+  uint32_t names_offset; /* where the names start: after the records */
+  uint32_t names_bytes;  /* the names' area, a multiple of 8 */
+  uint8_t pad0[8];
   uint64_t head; /* next position to reserve (writers) */
   uint8_t pad1[56];
   uint64_t tail; /* next position to read (the reader) */
   uint8_t pad2[56];
   uint64_t lost; /* launches not written (the ring was full): head + lost were made */
-  uint8_t pad3[56];
+  uint64_t names_head; /* bytes of the names' area reserved (may run past names_bytes: full) */
+  uint64_t names_lost; /* functions whose names did not fit */
+  uint8_t pad3[40];
 };
+
+/* A function's name in the names' area, 8-aligned; the next entry starts at
+ * GS_LAUNCH_NAME_SIZE(length) bytes after this one's start. */
+struct gs_launch_name {
+  uint64_t function; /* CUfunction */
+  uint32_t length;   /* bytes of the name (no terminating 0 counted; one follows) */
+  uint32_t ready;    /* 1 once the whole entry is written (stored last, with release order) */
+  char name[];
+};
+#define GS_LAUNCH_NAME_SIZE(length) ((sizeof(struct gs_launch_name) + (length) + 1 + 7) & ~(uint64_t)7)
 
 /* The datagram that carries a ring's descriptor. */
 struct gs_launch_ring_hello {

@@ -3,8 +3,8 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +12,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <fmt/format.h>
+
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/files.h"
 #include "common/log.h"
@@ -53,25 +56,103 @@ std::string LaunchRings::make_dir(const std::string& parent) {
 }
 
 void LaunchRings::release(Ring& r) {
+  if (r.header) let_go(r);
   if (r.owned && r.header) munmap(r.header, r.bytes);
   r.header = nullptr;
 }
 
+void LaunchRings::let_go(Ring& r) {
+  if (!r.claimed) return;
+  r.claimed = false;
+  // Paused first: a launch that saw it running may still be written after this (the next
+  // claimer reads only what comes after its own claim).
+  __atomic_store_n(&r.header->paused, 1u, __ATOMIC_RELEASE);
+  uint32_t mine = uint32_t(getpid());
+  __atomic_compare_exchange_n(&r.header->reader_pid, &mine, 0u, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+}
+
+std::string LaunchRings::standby_ring(pid_t pid) {
+  const std::string maps = read_text_file(fmt::format("/proc/{}/maps", pid)).value_or("");
+  // "start-end perms offset dev inode /memfd:gpuscope-launches (deleted)"
+  const std::string name = "/memfd:" GS_LAUNCH_RING_MEMFD;
+  for (size_t at = 0; at < maps.size();) {
+    const size_t end = std::min(maps.find('\n', at), maps.size());
+    const std::string_view line(maps.data() + at, end - at);
+    at = end + 1;
+    const size_t path = line.find(name);
+    if (path == std::string_view::npos || line.find(' ') == std::string_view::npos) continue;
+    const std::string_view rest = line.substr(path + name.size());
+    if (rest.empty() || rest == " (deleted)") return std::string(line.substr(0, line.find(' ')));
+  }
+  return {};
+}
+
+LaunchRings::Claim LaunchRings::claim(pid_t pid, uint32_t* reader) {
+  const std::string range = standby_ring(pid);
+  if (range.empty()) return Claim::NoRing;
+  // The memfd itself (needs CAP_SYS_ADMIN, as gpuscope has): sealed, so the mapping can never
+  // run past the file.
+  const int fd = open(fmt::format("/proc/{}/map_files/{}", pid, range).c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return Claim::Refused;
+  struct stat st{};
+  const bool sealed = (fcntl(fd, F_GET_SEALS) & F_SEAL_SHRINK) && fstat(fd, &st) == 0 &&
+                      st.st_size >= off_t(sizeof(gs_launch_ring_header));
+  void* mem = sealed ? mmap(nullptr, size_t(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  close(fd);
+  if (mem == MAP_FAILED) return Claim::Refused;
+  auto* h = static_cast<gs_launch_ring_header*>(mem);
+  // Claimed by setting reader_pid: from 0, or from a gpuscope that is gone (its pid free, or
+  // taken by another program since).
+  const uint32_t me = uint32_t(getpid());
+  uint32_t had = 0;
+  while (!__atomic_compare_exchange_n(&h->reader_pid, &had, me, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    if (had == me) break;
+    const auto comm = read_text_file(fmt::format("/proc/{}/comm", had));
+    if (comm && comm->starts_with("gpuscope")) {
+      munmap(mem, size_t(st.st_size));
+      if (reader) *reader = had;
+      return Claim::Taken;
+    }
+  }
+  std::lock_guard lock(mu_);
+  const uint64_t since = monotonic_ns();
+  Ring* r = adopt_locked(pid, mem, size_t(st.st_size), true);
+  if (!r) {
+    uint32_t mine = me;
+    __atomic_compare_exchange_n(&h->reader_pid, &mine, 0u, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+    return Claim::Refused;  // unmapped already
+  }
+  r->claimed = true;
+  r->since_ns = since;
+  r->lost_before = __atomic_load_n(&h->lost, __ATOMIC_RELAXED);
+  // No launch is handed over for its stack until the caller has probed this process's hooks
+  // and set N (set_stack_every): it would be lost.
+  __atomic_store_n(&h->stack_every, 0u, __ATOMIC_RELAXED);
+  __atomic_store_n(&h->paused, 0u, __ATOMIC_RELEASE);
+  return Claim::Claimed;
+}
+
 bool LaunchRings::adopt(pid_t pid, void* mapping, size_t bytes, bool owned) {
   std::lock_guard lock(mu_);
+  return adopt_locked(pid, mapping, bytes, owned) != nullptr;
+}
+
+LaunchRings::Ring* LaunchRings::adopt_locked(pid_t pid, void* mapping, size_t bytes, bool owned) {
   auto* h = static_cast<gs_launch_ring_header*>(mapping);
   // Read once: the process can write its header at any time, and only what was checked is used.
   const uint32_t slots = bytes >= sizeof(gs_launch_ring_header) ? __atomic_load_n(&h->slots, __ATOMIC_RELAXED) : 0;
   const bool whole = bytes >= sizeof(gs_launch_ring_header) && !std::memcmp(h->magic, GS_LAUNCH_RING_MAGIC, 8) &&
                      h->version == GS_LAUNCH_RING_VERSION && h->record_size == sizeof(gs_launch_record) &&
-                     slots >= 1 && (slots & (slots - 1)) == 0 &&
-                     bytes == sizeof(gs_launch_ring_header) + uint64_t(slots) * sizeof(gs_launch_record) &&
-                     h->pid == uint32_t(pid);
+                     slots >= 1 && (slots & (slots - 1)) == 0 && h->pid == uint32_t(pid);
+  const uint64_t names_at = whole ? __atomic_load_n(&h->names_offset, __ATOMIC_RELAXED) : 0;
+  const uint64_t names_bytes = whole ? __atomic_load_n(&h->names_bytes, __ATOMIC_RELAXED) : 0;
+  const bool laid_out = names_at == sizeof(gs_launch_ring_header) + uint64_t(slots) * sizeof(gs_launch_record) &&
+                        names_bytes % 8 == 0 && bytes == names_at + names_bytes;
   const uint32_t clock = whole ? __atomic_load_n(&h->clock, __ATOMIC_RELAXED) : 0;
-  if (!whole || (clock != GS_LAUNCH_CLOCK_MONOTONIC && clock != GS_LAUNCH_CLOCK_TSC)) {
+  if (!whole || !laid_out || (clock != GS_LAUNCH_CLOCK_MONOTONIC && clock != GS_LAUNCH_CLOCK_TSC)) {
     if (owned) munmap(mapping, bytes);
     ++refused_;
-    return false;
+    return nullptr;
   }
   Ring r;
   r.header = h;
@@ -79,6 +160,8 @@ bool LaunchRings::adopt(pid_t pid, void* mapping, size_t bytes, bool owned) {
   r.owned = owned;
   r.mask = uint64_t(slots) - 1;
   r.clock = clock;
+  r.names_at = names_at;
+  r.names_bytes = names_bytes;
   r.read = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);
   __atomic_store_n(&h->stack_every, initial_stack_every_.load(), __ATOMIC_RELAXED);
   __atomic_store_n(&h->reader_pid, uint32_t(getpid()), __ATOMIC_RELEASE);
@@ -87,9 +170,9 @@ bool LaunchRings::adopt(pid_t pid, void* mapping, size_t bytes, bool owned) {
     retired_.emplace_back(pid, old->second);
     rings_.erase(old);
   }
-  rings_.emplace(pid, std::move(r));
+  Ring& added = rings_.emplace(pid, std::move(r)).first->second;
   if (received_.size() < 1'000'000) received_.insert(pid);
-  return true;
+  return &added;
 }
 
 void LaunchRings::receive() {
@@ -146,8 +229,30 @@ void LaunchRings::discover() {
   if (socket_ >= 0) receive();
 }
 
+void LaunchRings::read_names(pid_t pid, Ring& r) {
+  if (r.names_broken) return;
+  const char* area = reinterpret_cast<const char*>(r.header) + r.names_at;
+  const uint64_t reserved = std::min<uint64_t>(__atomic_load_n(&r.header->names_head, __ATOMIC_ACQUIRE), r.names_bytes);
+  while (r.names_read + sizeof(gs_launch_name) <= reserved) {
+    const auto* e = reinterpret_cast<const gs_launch_name*>(area + r.names_read);
+    if (__atomic_load_n(&e->ready, __ATOMIC_ACQUIRE) != 1) return;  // being written
+    const uint32_t length = e->length;
+    const uint64_t size = GS_LAUNCH_NAME_SIZE(uint64_t(length));
+    if (length > GS_LAUNCH_NAME_MAX || r.names_read + size > r.names_bytes) {
+      r.names_broken = true;
+      return;
+    }
+    const uint64_t function = e->function;
+    std::string name(e->name, strnlen(e->name, length));
+    r.names_read += size;
+    names_.fetch_add(1, std::memory_order_relaxed);
+    if (on_name_ && !name.empty()) on_name_(uint32_t(pid), function, name);
+  }
+}
+
 size_t LaunchRings::drain_one(pid_t pid, Ring& r, const OnLaunch& on, uint64_t upto_ns) {
   if (!r.header) return 0;
+  read_names(pid, r);
   const auto* slots = reinterpret_cast<const gs_launch_record*>(r.header + 1);
   const uint64_t mask = r.mask;
   size_t n = 0;
@@ -159,7 +264,8 @@ size_t LaunchRings::drain_one(pid_t pid, Ring& r, const OnLaunch& on, uint64_t u
     to_ns(r.clock, copy);
     if (copy.ts_ns > upto_ns) break;
     ++r.read;
-    on(uint32_t(pid), copy);
+    // A claimed ring's launches from before the claim (written while an earlier reader let go).
+    if (copy.ts_ns >= r.since_ns) on(uint32_t(pid), copy);
     // Free the slots now and then, not at every record: the writers read the tail at each launch.
     if ((n & 255) == 255) __atomic_store_n(&r.header->tail, r.read, __ATOMIC_RELEASE);
   }
@@ -188,7 +294,8 @@ size_t LaunchRings::drain(const OnLaunch& on, uint64_t upto_ns) {
   size_t n = 0;
   for (auto& [pid, r] : retired_) {
     n += drain_one(pid, r, on);
-    lost_gone_ += __atomic_load_n(&r.header->lost, __ATOMIC_RELAXED);
+    lost_gone_ += lost_of(r);
+    names_lost_gone_ += __atomic_load_n(&r.header->names_lost, __ATOMIC_RELAXED);
     release(r);
   }
   retired_.clear();
@@ -201,8 +308,12 @@ void LaunchRings::forget(pid_t pid, const OnLaunch& on) {
   auto it = rings_.find(pid);
   if (it == rings_.end()) return;
   tsc_.sample();
+  // A claimed ring is paused before its last reading: what its process writes after that is the
+  // next reader's.
+  if (it->second.claimed) __atomic_store_n(&it->second.header->paused, 1u, __ATOMIC_RELEASE);
   drain_one(pid, it->second, on);
-  lost_gone_ += __atomic_load_n(&it->second.header->lost, __ATOMIC_RELAXED);
+  lost_gone_ += lost_of(it->second);
+  names_lost_gone_ += __atomic_load_n(&it->second.header->names_lost, __ATOMIC_RELAXED);
   release(it->second);
   rings_.erase(it);
 }
@@ -242,11 +353,24 @@ void LaunchRings::set_stack_every(pid_t pid, uint32_t every) {
     __atomic_store_n(&it->second.header->stack_every, every, __ATOMIC_RELAXED);
 }
 
+uint64_t LaunchRings::lost_of(const Ring& r) const {
+  const uint64_t lost = __atomic_load_n(&r.header->lost, __ATOMIC_RELAXED);
+  return lost > r.lost_before ? lost - r.lost_before : 0;
+}
+
 uint64_t LaunchRings::lost() const {
   std::lock_guard lock(mu_);
   uint64_t n = lost_gone_;
   for (const auto& [pid, r] : rings_)
-    if (r.header) n += __atomic_load_n(&r.header->lost, __ATOMIC_RELAXED);
+    if (r.header) n += lost_of(r);
+  return n;
+}
+
+uint64_t LaunchRings::names_lost() const {
+  std::lock_guard lock(mu_);
+  uint64_t n = names_lost_gone_;
+  for (const auto& [pid, r] : rings_)
+    if (r.header) n += __atomic_load_n(&r.header->names_lost, __ATOMIC_RELAXED);
   return n;
 }
 

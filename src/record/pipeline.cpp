@@ -57,6 +57,7 @@ const Pipeline::Route* Pipeline::route_of(uint16_t kind) {
       {GS_REC_PY_CODE, sizeof(gs_py_code_record), false, &Pipeline::on_python_code},
       {GS_REC_NATIVE_STACK, kNativeStackHeader, false, &Pipeline::on_native_stack},
       {GS_REC_THREAD_TIME, sizeof(gs_thread_time_record), false, &Pipeline::on_thread_time},
+      {GS_REC_FUNCTION_NAME, sizeof(gs_function_name_record), false, &Pipeline::on_function_name},
   };
   for (const auto& r : kRoutes)
     if (r.kind == kind) return &r;
@@ -375,6 +376,13 @@ void Pipeline::on_sample(const uint8_t* data, size_t size) {
   sink_.add_sample(rec.ts_ns, rec.pid, rec.tid, rec.cpu, st.user, st.kernel);
   ++samples_;
   ++calls_since_commit_;
+}
+
+void Pipeline::on_function_name(const uint8_t* data, size_t size) {
+  gs_function_name_record r;
+  std::memcpy(&r, data, sizeof(r));
+  const size_t length = std::min<size_t>(r.length, size - sizeof(r));
+  tracker_.learn_function_name(r.pid, r.function, std::string(reinterpret_cast<const char*>(data) + sizeof(r), length));
 }
 
 void Pipeline::on_thread_time(const uint8_t* data, size_t) {

@@ -118,6 +118,7 @@ class Pipeline {
   void on_fork(const uint8_t* data, size_t size);
   void on_sample(const uint8_t* data, size_t size);
   void on_thread_time(const uint8_t* data, size_t size);
+  void on_function_name(const uint8_t* data, size_t size);
   void on_exit(const uint8_t* data, size_t size);
   void on_exec(const uint8_t* data, size_t size);
   struct Route;

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -319,11 +320,21 @@ void Recorder::prepare_launch_rings() {
   launch_probes_ = opts_.tracer.launch_probes;
   const bool asked = launch_probes_ == LaunchProbes::InProcess;
   if (!asked && launch_probes_ != LaunchProbes::Auto) return;
-  if (opts_.command.empty()) {
+  if (opts_.tracer.all) {
     if (asked)
-      throw Error("--launch-probes in-process works with record -- CMD (the library goes into the programs gpuscope "
-                  "starts); with --pid or --all use probes");
+      throw Error("--launch-probes in-process works with record -- CMD, and with --pid for processes started with "
+                  "libgpuscope_launches.so preloaded; with --all use probes");
     launch_probes_ = LaunchProbes::Probes;
+    return;
+  }
+  if (opts_.command.empty()) {
+    // --pid: rings in standby (the library preloaded by the processes' owner) are claimed; the
+    // processes without one are probed. Without any, as with probes.
+    std::vector<pid_t> targets = opts_.pids;
+    for (pid_t d : discover::descendants(opts_.pids)) targets.push_back(d);
+    const bool any = std::any_of(targets.begin(), targets.end(),
+                                 [](pid_t p) { return !LaunchRings::standby_ring(p).empty(); });
+    launch_probes_ = asked || any ? LaunchProbes::InProcess : LaunchProbes::Probes;
     return;
   }
   char self[4096] = {};

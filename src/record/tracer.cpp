@@ -100,6 +100,9 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   // driver (none installed, or not found) they alone see the launches, which fail.
   cfg.runtime_launch_probes = opts_.launch_probes != LaunchProbes::Driver;
   cfg.launch_probes = !in_process;
+  // Processes joined late (--pid) whose rings cannot be claimed keep both sides' launch probes,
+  // as with probes: the runtime's name kernels loaded before gpuscope came.
+  cfg.runtime_launches_per_process = in_process && !opts_.whole_history;
   detach_runtime_launches_with_driver_ = (opts_.launch_probes == LaunchProbes::Auto ||
                                           opts_.launch_probes == LaunchProbes::Probes || in_process) &&
                                          opts_.whole_history;
@@ -113,6 +116,19 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
     // The hooks hand 1 launch in N to the probe on gpuscope_launch_stack for its stack: N from
     // --stack-every, or from the budget (starting at 1, as the probes' sampling does).
     launch_rings_->set_initial_stack_every(initial_launch_stack_every());
+    launch_rings_->on_name([this](uint32_t pid, uint64_t function, std::string_view name) {
+      // On the ring-buffer thread, ahead of the launches read with it.
+      const size_t length = std::min<size_t>(name.size(), UINT16_MAX);
+      name_record_.resize(sizeof(gs_function_name_record) + length);
+      gs_function_name_record r{};
+      r.kind = GS_REC_FUNCTION_NAME;
+      r.length = uint16_t(length);
+      r.pid = pid;
+      r.function = function;
+      std::memcpy(name_record_.data(), &r, sizeof r);
+      std::memcpy(name_record_.data() + sizeof r, name.data(), length);
+      pipeline_->push(name_record_.data(), name_record_.size());
+    });
   }
   cfg.filter_targets = !opts_.all;
   cfg.program_stats = opts_.bpf_stats;
@@ -331,17 +347,49 @@ void Tracer::check_launch_hooks(pid_t pid) {
   if (!launch_hooks_checked_.insert(pid).second) return;
   // The preload is mapped when the program starts, before any CUDA library can load.
   const auto maps = discover::read_maps(pid);
-  if (std::any_of(maps.begin(), maps.end(), [](const auto& m) { return discover::is_launch_hooks_library(m.path); }))
-    return;
+  const auto hooks = std::find_if(maps.begin(), maps.end(),
+                                  [](const auto& m) { return discover::is_launch_hooks_library(m.path); });
+  std::string why;
+  if (hooks == maps.end()) {
+    why = opts_.whole_history ? "runs without libgpuscope_launches.so (its environment dropped LD_PRELOAD?)"
+                              : "was not started with libgpuscope_launches.so preloaded";
+  } else if (opts_.whole_history) {
+    return;  // started by gpuscope: its ring comes to the socket
+  } else {
+    // Joined late: its ring, in standby, is claimed; then its hooks are probed for the launches
+    // they hand over for their stacks, and only then asked to.
+    uint32_t reader = 0;
+    switch (launch_rings_->claim(pid, &reader)) {
+      case LaunchRings::Claim::Claimed:
+        claimed_rings_.push_back(pid);
+        if (opts_.stacks) {
+          const auto res = bpf_->attach_file(discover::path_in_target(pid, hooks->path));
+          if (res.error.empty())
+            launch_rings_->set_stack_every(pid, initial_launch_stack_every());
+          else
+            log_warn("could not probe {} in PID {}: its launches are recorded without stacks ({})", hooks->path, pid,
+                     res.error);
+        }
+        if (!opts_.quiet) log_info("PID {} ({}): launches read from its launch ring, no trap each", pid, discover::read_comm(pid));
+        return;
+      case LaunchRings::Claim::NoRing:
+        why = "has no launch ring yet (its CUDA start-up was under way)";
+        break;
+      case LaunchRings::Claim::Taken:
+        why = fmt::format("has its launch ring read by another gpuscope (PID {})", reader);
+        break;
+      case LaunchRings::Claim::Refused:
+        why = "has a launch ring gpuscope could not open or read";
+        break;
+    }
+  }
   try {
     bpf_->set_high_rate_probes(pid, true);
     launch_probed_.push_back(pid);
     if (!opts_.quiet)
-      log_warn("PID {} ({}) runs without libgpuscope_launches.so (its environment dropped LD_PRELOAD?): its launches "
-               "are probed instead, one trap each",
-               pid, discover::read_comm(pid));
+      log_warn("PID {} ({}) {}: its launches are probed instead, one trap each", pid, discover::read_comm(pid), why);
   } catch (const std::exception& e) {
-    log_error("PID {} runs without libgpuscope_launches.so and its launches could not be probed: {}", pid, e.what());
+    log_error("PID {} {} and its launches could not be probed: {}", pid, why, e.what());
   }
 }
 
@@ -355,8 +403,15 @@ void Tracer::report_launch_rings() {
              "launch_ring_lost)",
              lost);
   if (!launch_probed_.empty()) sink_.set_meta("launch_probed_processes", fmt::format("{}", fmt::join(launch_probed_, ",")));
+  if (!claimed_rings_.empty()) sink_.set_meta("launch_ring_claimed", fmt::format("{}", fmt::join(claimed_rings_, ",")));
+  sink_.set_meta("launch_ring_names", std::to_string(launch_rings_->names()));
+  if (const uint64_t n = launch_rings_->names_lost()) {
+    sink_.set_meta("launch_ring_names_lost", std::to_string(n));
+    log_warn("{} kernel names did not fit their processes' launch rings: kernels loaded before gpuscope came may go "
+             "unnamed", n);
+  }
   std::error_code ec;
-  std::filesystem::remove_all(opts_.launch_ring_dir, ec);
+  if (!opts_.launch_ring_dir.empty()) std::filesystem::remove_all(opts_.launch_ring_dir, ec);
 }
 
 void Tracer::forget_process(pid_t pid) {

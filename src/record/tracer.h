@@ -240,6 +240,8 @@ class Tracer {
   bool drop_redundant_runtime_ = false;
   std::vector<std::string> runtime_probes_removed_;
   std::unique_ptr<LaunchRings> launch_rings_;
+  std::vector<pid_t> claimed_rings_;   // rings in standby claimed (record --pid)
+  std::vector<uint8_t> name_record_;   // a GS_REC_FUNCTION_NAME being made (ring-buffer thread)
   uint64_t rings_discovered_ns_ = 0;
   std::mutex ring_exits_mu_;
   std::vector<pid_t> ring_exits_;                          // exited processes, for the ring-buffer thread

@@ -1,13 +1,17 @@
 """The in-process launch hooks (libgpuscope_launches.so, issue 33) against a stand-in driver:
 launches reached as the runtime reaches them (dlsym, cuGetProcAddress, through itself, the
-per-thread variants) are all in the rings gpuscope reads, with their arguments; the program runs as
-it would without them; a forked child has its own ring; nothing is announced by a program that
-never launches."""
+per-thread variants) are all in the rings gpuscope reads, with their arguments and their
+functions' names; the program runs as it would without them; a forked child has its own ring;
+nothing is announced by a program that never launches; a process started with the hooks by its
+owner keeps its ring in standby for `record --pid`."""
 import json
+import mmap
 import os
+import struct
 import subprocess
+import time
 
-from conftest import BUILD, CUDART, TARGETS, folded
+from conftest import BUILD, CUDART, GPUSCOPE, TARGETS, Record, folded
 
 DRAIN = BUILD / "bench" / "launch_ring_drain"
 HOOKS = BUILD / "libgpuscope_launches.so"
@@ -37,9 +41,12 @@ def test_every_launch_is_in_the_rings_with_its_arguments():
     # cuLaunchKernel (1), its per-thread variant (2), cuLaunchKernelEx found with dlsym (3),
     # cuGraphLaunch found through cuGetProcAddress's own pointer (7): n of each per thread.
     assert parent["by_api"] == {"1": n * threads, "2": n * threads, "3": n * threads, "7": n * threads}, parent
-    # The child's launches, in a ring of its own.
+    # Each function named once, as the driver names it (cuFuncGetName); graphs are not functions.
+    names = {"0x1000": "_Z12fake_kernel1Pfi", "0x2000": "_Z12fake_kernel2v", "0x3000": "_Z12fake_kernel3Pd"}
+    assert parent["names"] == names and rings["names_twice"] == 0 and rings["names_lost"] == 0, rings
+    # The child's launches, in a ring of its own, with the names again.
     (child,) = rings["processes"].values()
-    assert child["by_api"] == {"1": n, "2": n, "3": n, "7": n}, child
+    assert child["by_api"] == {"1": n, "2": n, "3": n, "7": n} and child["names"] == names, child
 
 
 def test_calls_bound_to_the_driver_symbols_reach_the_exports():
@@ -122,8 +129,9 @@ def test_record_in_process_has_the_launches_the_probes_record(record, tmp_path):
     assert hooked[("cuLaunchKernel", "parent")][5] == 2 * n
     meta = dict(rec.query("SELECT key, value FROM meta WHERE key LIKE 'launch%'"))
     # Every launch went to the probe for its stack: none through the rings.
+    # Three functions named by each process's ring.
     assert meta == {"launch_probes": "in-process", "launch_ring_launches": "0", "launch_ring_lost": "0",
-                    "launch_ring_processes": "2"}, meta
+                    "launch_ring_processes": "2", "launch_ring_names": "6"}, meta
     assert set(os.listdir("/dev/shm")) == shm_before  # the rings' directory is gone
 
 
@@ -163,7 +171,12 @@ def test_a_library_kernel_is_named_by_the_function_asked_for_before_each_launch(
         rec = record(*[m for m in mode if m != "monotonic"], "--", *target, env=dict(env, **clock))
         assert rec.returncode == 0, (mode, rec.stderr)
         named = dict(rec.query("SELECT k.name, count(*) FROM calls c JOIN kernels k ON k.id = c.kernel_id GROUP BY 1"))
-        assert named == {"lib_kernel_a": 300, "lib_kernel_b": 300}, (mode, named)
+        assert {k: v for k, v in named.items() if k.startswith("lib_")} == {"lib_kernel_a": 300,
+                                                                               "lib_kernel_b": 300}, (mode, named)
+        # The stand-in's other kernels have no lookup to name them: the rings do, from the driver.
+        others = {k: v for k, v in named.items() if not k.startswith("lib_")}
+        assert others == ({"_Z12fake_kernel1Pfi": 1, "_Z12fake_kernel2v": 1, "_Z12fake_kernel3Pd": 1}
+                          if in_process else {}), (mode, named)
         calls = rec.query("SELECT f.name, c.ts_ns, c.duration_ns FROM calls c JOIN functions f ON f.id = c.func "
                           "WHERE c.tid = c.pid ORDER BY c.ts_ns, c.id")
         lookups = [name for name, _, _ in calls if name != "cuLaunchKernel"]
@@ -194,6 +207,136 @@ def test_record_in_process_probes_the_launches_of_a_process_without_the_hooks(re
     assert rec.scalar("SELECT value FROM meta WHERE key = 'launch_probed_processes'") == str(pid)
     # Its launches are all there, taken by its own probes (with their stacks: --stack-every 1).
     assert rec.query("SELECT count(*), count(stack_id) FROM calls") == [(20, 20)]
-    out = gpuscope("record", "--launch-probes", "in-process", "-p", os.getpid(), "-o", "/dev/null")
+    out = gpuscope("record", "--launch-probes", "in-process", "--all", "-o", "/dev/null")
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
-    assert "works with record -- CMD" in out.stderr
+    assert "works with record -- CMD, and with --pid" in out.stderr
+
+
+STANDBY_ENV = {"LD_LIBRARY_PATH": str(FAKE_DRIVER), "LD_PRELOAD": str(HOOKS)}
+
+
+def standby_target(go, before=200, after=300, then=None, env=None):
+    """driver_lookups started with the hooks by its owner (no gpuscope): `before` launches of each
+    kind and of two library kernels, then waiting for `go` before `after` more (and for `then`
+    before it ends)."""
+    env = dict(os.environ, **STANDBY_ENV, **(env or {}))
+    env.pop("GPUSCOPE_LAUNCH_RING", None)
+    then = ["--then-wait", str(then)] if then else []
+    target = subprocess.Popen([str(TARGETS / "driver_lookups"), "--launches", str(before), "--library-kernels",
+                               str(before), "--wait-file", str(go), "--after", str(after), *then],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert target.stderr.readline() == "waiting\n"
+    return target
+
+
+def ring_state(pid):
+    """(paused, reader_pid) of the process's ring in standby, read through its memfd."""
+    with open(f"/proc/{pid}/maps") as f:
+        line = next(line for line in f if "/memfd:gpuscope-launches" in line)
+    with open(f"/proc/{pid}/map_files/{line.split()[0]}", "rb") as f:
+        header = mmap.mmap(f.fileno(), 256, access=mmap.ACCESS_READ)
+        reader_pid, _, _, paused = struct.unpack_from("<IIII", header, 32)
+        header.close()
+    return paused, reader_pid
+
+
+def start_record(out, *args):
+    rec = subprocess.Popen([str(GPUSCOPE), "record", "-o", str(out), *map(str, args)], stderr=subprocess.PIPE,
+                           text=True)
+    err = ""
+    while "recording PID" not in err:
+        line = rec.stderr.readline()
+        assert line, err
+        err += line
+    return rec, err
+
+
+def read_back(path):
+    return Record(path, subprocess.CompletedProcess([], 0, "", ""))
+
+
+def by_kernel(rec):
+    return {(f, k): (n, stacks) for f, k, n, stacks in rec.query(
+        "SELECT f.name, coalesce(k.name, ''), count(*), count(c.stack_id) FROM calls c "
+        "JOIN functions f ON f.id = c.func LEFT JOIN kernels k ON k.id = c.kernel_id "
+        "WHERE f.kind IN ('launch', 'graph_launch') GROUP BY 1, 2")}
+
+
+def test_record_pid_claims_the_ring_of_a_process_started_with_the_hooks(tmp_path):
+    go, n = tmp_path / "go", 300
+    target = standby_target(go, after=n)
+    try:
+        # In standby: paused, nobody reading; the launches so far went straight to the driver.
+        assert ring_state(target.pid) == (1, 0)
+        rec_proc, err = start_record(tmp_path / "a.gpuscope", "--stack-every", 3, "--pid", target.pid)
+        assert f"PID {target.pid} (driver_lookups): launches read from its launch ring" in err, err
+        assert ring_state(target.pid) == (0, rec_proc.pid)
+        # A second gpuscope finds the ring taken: it probes the launches, one trap each.
+        second, err2 = start_record(tmp_path / "b.gpuscope", "--stack-every", 1, "--pid", target.pid)
+        assert f"has its launch ring read by another gpuscope (PID {rec_proc.pid})" in err2, err2
+        go.touch()
+        assert json.loads(target.communicate(timeout=60)[0])["failed"] == 0
+        for p in (rec_proc, second):
+            _, rest = p.communicate(timeout=60)
+            assert p.returncode == 0, rest
+    finally:
+        target.kill()
+    # Exactly the launches made while it recorded, named, though every function was looked up
+    # (and its name given) before gpuscope came.
+    expected = {("cuLaunchKernel", "_Z12fake_kernel1Pfi"): n, ("cuLaunchKernel_ptsz", "_Z12fake_kernel2v"): n,
+                ("cuLaunchKernelEx", "_Z12fake_kernel3Pd"): n, ("cuGraphLaunch", ""): n,
+                ("cuLaunchKernel", "lib_kernel_a"): n // 2, ("cuLaunchKernel", "lib_kernel_b"): n // 2}
+    claimed = read_back(tmp_path / "a.gpuscope")
+    rows = by_kernel(claimed)
+    assert {k: v[0] for k, v in rows.items()} == expected, rows
+    meta = dict(claimed.query("SELECT key, value FROM meta WHERE key LIKE 'launch%'"))
+    assert meta["launch_probes"] == "in-process" and meta["launch_ring_claimed"] == str(target.pid), meta
+    assert meta["launch_ring_lost"] == "0" and meta["launch_ring_names"] == "5", meta
+    # One launch in 3 handed to the probe for its stack, the rest through the ring.
+    stacked = sum(v[1] for v in rows.values())
+    assert int(meta["launch_ring_launches"]) == sum(expected.values()) - stacked, (meta, stacked)
+    assert 0.2 < stacked / sum(expected.values()) < 0.5, rows
+    probed = read_back(tmp_path / "b.gpuscope")
+    assert sum(v[0] for v in by_kernel(probed).values()) == sum(expected.values())
+    assert dict(probed.query("SELECT key, value FROM meta WHERE key = 'launch_probed_processes'")) == {
+        "launch_probed_processes": str(target.pid)}
+
+
+def test_a_claimed_ring_goes_back_to_standby_and_probes_leave_it_alone(tmp_path, record):
+    go = tmp_path / "go"
+    target = standby_target(go)
+    try:
+        rec = record("--pid", target.pid, "--duration", 1)
+        assert rec.returncode == 0 and "launches read from its launch ring" in rec.stderr, rec.stderr
+        assert ring_state(target.pid) == (1, 0)
+        # Probes asked for: the ring is not claimed.
+        rec_proc, err = start_record(tmp_path / "p.gpuscope", "--launch-probes", "probes", "--pid", target.pid)
+        assert ring_state(target.pid) == (1, 0) and "launch ring" not in err, err
+        go.touch()
+        target.communicate(timeout=60)
+        rec_proc.communicate(timeout=60)
+    finally:
+        target.kill()
+    probed = read_back(tmp_path / "p.gpuscope")
+    assert probed.scalar("SELECT value FROM meta WHERE key = 'launch_probes'") != "in-process"
+    assert sum(v[0] for v in by_kernel(probed).values()) == 5 * 300
+
+
+def test_a_ring_whose_gpuscope_was_killed_goes_back_to_standby(tmp_path):
+    # 64 slots: the claimed ring fills at once once nobody reads it (and the launches handed over
+    # for their stacks go to a probe that is gone).
+    go, then = tmp_path / "go", tmp_path / "then"
+    target = standby_target(go, after=20000, then=then, env={"GPUSCOPE_LAUNCH_RING_SLOTS": "64"})
+    try:
+        rec_proc, err = start_record(tmp_path / "k.gpuscope", "--pid", target.pid)
+        assert ring_state(target.pid) == (0, rec_proc.pid), err
+        rec_proc.kill()
+        rec_proc.wait(timeout=30)
+        # 100,000 launches: at the 65,536th the hooks could not hand over, they find the reader gone.
+        go.touch()
+        assert target.stderr.readline() == "waiting\n"
+        assert ring_state(target.pid) == (1, 0)
+        then.touch()
+        assert json.loads(target.communicate(timeout=60)[0])["failed"] == 0
+    finally:
+        target.kill()

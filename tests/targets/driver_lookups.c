@@ -4,12 +4,16 @@
  * stand-in driver (fake_cuda.c) for the launch hooks' tests, and on the GPU machine against the
  * real one (where the function handles are not kernels and every launch fails, counted all the same).
  *
- *   driver_lookups [--launches N] [--threads T] [--fork] [--library-kernels K]
+ *   driver_lookups [--launches N] [--threads T] [--fork] [--library-kernels K] [--wait-file F --after M
+ *                  [--then-wait G]]
  * Each of T threads makes N launches of each kind; --fork: a child makes N more through the
  * pointers its parent looked up; --library-kernels: then K launches of a library's kernel as
  * cuBLASLt makes them (cuLibraryGetKernel once, cuKernelGetFunction before each launch, the
- * function on the stack), named "lib_kernel_a" and "lib_kernel_b" in turns. Prints one JSON line
- * of what it made and the driver counted. */
+ * function on the stack), named "lib_kernel_a" and "lib_kernel_b" in turns. --wait-file: then it
+ * says "waiting" on stderr, waits for F to exist, and makes M launches of each kind and M of the
+ * library's kernels more (with --library-kernels; a process gpuscope attaches to); --then-wait:
+ * then it says "waiting" again and waits for G before it ends. Prints one JSON line of what it made
+ * and the driver counted. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -76,13 +80,17 @@ static void *thread_main(void *arg) {
 
 int main(int argc, char **argv) {
   int threads = 1, fork_child = 0;
-  long library_kernels = 0;
+  long library_kernels = 0, after = 0;
+  const char *wait_file = 0, *then_wait = 0;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--library-kernels") && i + 1 < argc) library_kernels = atol(argv[++i]);
     else
     if (!strcmp(argv[i], "--launches") && i + 1 < argc) n = atol(argv[++i]);
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--fork")) fork_child = 1;
+    else if (!strcmp(argv[i], "--wait-file") && i + 1 < argc) wait_file = argv[++i];
+    else if (!strcmp(argv[i], "--after") && i + 1 < argc) after = atol(argv[++i]);
+    else if (!strcmp(argv[i], "--then-wait") && i + 1 < argc) then_wait = argv[++i];
   }
   void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!cuda) {
@@ -141,10 +149,21 @@ int main(int argc, char **argv) {
       return 2;
     }
     for (long i = 0; i < library_kernels; ++i) failed |= launch_library_kernel(get_function, kernels[i % 2]);
+    if (wait_file) {
+      fprintf(stderr, "waiting\n");
+      while (access(wait_file, F_OK) != 0) usleep(10000);
+      launches(after);
+      for (long i = 0; i < after; ++i) failed |= launch_library_kernel(get_function, kernels[i % 2]);
+      if (then_wait) {
+        fprintf(stderr, "waiting\n");
+        while (access(then_wait, F_OK) != 0) usleep(10000);
+      }
+    }
   }
   uint64_t (*counted)(void) = (uint64_t(*)(void))dlsym(cuda, "fake_cuda_launches");
-  printf("{\"pid\": %d, \"launches\": %ld, \"child_launches\": %ld, \"driver_counted\": %lld, \"failed\": %d, "
-         "\"ns_per_launch\": %.1f}\n",
-         (int)getpid(), 4 * n * threads + library_kernels, child_launches, counted ? (long long)counted() : -1LL, failed, ns_per_launch);
+  printf("{\"pid\": %d, \"launches\": %ld, \"child_launches\": %ld, \"after\": %ld, \"driver_counted\": %lld, "
+         "\"failed\": %d, \"ns_per_launch\": %.1f}\n",
+         (int)getpid(), 4 * n * threads + library_kernels, child_launches, wait_file ? 5 * after : 0,
+         counted ? (long long)counted() : -1LL, failed, ns_per_launch);
   return 0;
 }

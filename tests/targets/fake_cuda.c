@@ -60,6 +60,24 @@ int cuKernelGetFunction(void **function, void *kernel) {
   return 0;
 }
 
+/* The driver's names: driver_lookups' fixed handles have mangled names, 0x3000 being a CUkernel
+ * launched in place of a function (as CUDA 12's runtime launches its kernels), which only
+ * cuKernelGetName names; a library kernel's function is named as its kernel (its handle less one
+ * is the kernel's name). */
+int cuFuncGetName(const char **name, void *function) {
+  if (!name || !function) return 1;
+  if ((uintptr_t)function == 0x1000) *name = "_Z12fake_kernel1Pfi";
+  else if ((uintptr_t)function == 0x2000) *name = "_Z12fake_kernel2v";
+  else if ((uintptr_t)function > 0x100000) *name = (const char *)function - 1; /* an address in the program */
+  else return 400; /* CUDA_ERROR_INVALID_HANDLE */
+  return 0;
+}
+int cuKernelGetName(const char **name, void *kernel) {
+  if (!name || (uintptr_t)kernel != 0x3000) return 400;
+  *name = "_Z12fake_kernel3Pd";
+  return 0;
+}
+
 int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status);
 
 /* flags & 2: the per-thread default stream's variant (CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM). */
@@ -79,6 +97,8 @@ static int lookup(const char *symbol, void **pfn, uint64_t flags) {
       {"cuGetProcAddress", (void *)cuGetProcAddress_v2, (void *)cuGetProcAddress_v2},
       {"cuLibraryGetKernel", (void *)cuLibraryGetKernel, (void *)cuLibraryGetKernel},
       {"cuKernelGetFunction", (void *)cuKernelGetFunction, (void *)cuKernelGetFunction},
+      {"cuFuncGetName", (void *)cuFuncGetName, (void *)cuFuncGetName},
+      {"cuKernelGetName", (void *)cuKernelGetName, (void *)cuKernelGetName},
   };
   for (unsigned i = 0; i < sizeof table / sizeof table[0]; ++i)
     if (!strcmp(symbol, table[i].name)) {

@@ -20,14 +20,33 @@ using namespace gpuscope;
 namespace {
 
 struct MemoryRing {
+  static constexpr uint32_t kNamesBytes = 256;
   std::vector<uint64_t> words;  // 8-byte aligned
   explicit MemoryRing(uint32_t slots, uint32_t pid = 77)
-      : words((sizeof(gs_launch_ring_header) + slots * sizeof(gs_launch_record)) / 8) {
+      : words((sizeof(gs_launch_ring_header) + slots * sizeof(gs_launch_record) + kNamesBytes) / 8) {
     std::memcpy(header()->magic, GS_LAUNCH_RING_MAGIC, 8);
     header()->version = GS_LAUNCH_RING_VERSION;
     header()->record_size = sizeof(gs_launch_record);
     header()->slots = slots;
     header()->pid = pid;
+    header()->names_offset = uint32_t(sizeof(gs_launch_ring_header) + slots * sizeof(gs_launch_record));
+    header()->names_bytes = kNamesBytes;
+  }
+  // As the hooks name a function: reserve, fill, mark ready (or not); false when it does not fit.
+  gs_launch_name* name(uint64_t function, const std::string& text, bool ready = true) {
+    const uint64_t size = GS_LAUNCH_NAME_SIZE(text.size());
+    const uint64_t at = header()->names_head;
+    header()->names_head += size;
+    if (at + size > header()->names_bytes) {
+      ++header()->names_lost;
+      return nullptr;
+    }
+    auto* e = reinterpret_cast<gs_launch_name*>(reinterpret_cast<char*>(words.data()) + header()->names_offset + at);
+    e->function = function;
+    e->length = uint32_t(text.size());
+    std::memcpy(e->name, text.c_str(), text.size() + 1);
+    e->ready = ready;
+    return e;
   }
   gs_launch_ring_header* header() { return reinterpret_cast<gs_launch_ring_header*>(words.data()); }
   gs_launch_record* slots() { return reinterpret_cast<gs_launch_record*>(header() + 1); }
@@ -189,7 +208,9 @@ TEST(LaunchRings, WhatIsNotARingIsRefused) {
   EXPECT_TRUE(refused([](MemoryRing& m) { m.header()->slots = 3; }));  // not a power of two
   EXPECT_TRUE(refused([](MemoryRing& m) { m.header()->slots = 1u << 20; }));  // past the mapping
   EXPECT_TRUE(refused([](MemoryRing& m) { m.header()->pid = 5; }));  // another process's
-  EXPECT_EQ(rings.refused(), 6u);
+  EXPECT_TRUE(refused([](MemoryRing& m) { m.header()->names_offset += 64; }));  // names past the mapping
+  EXPECT_TRUE(refused([](MemoryRing& m) { m.header()->names_bytes = 100; }));   // not whole entries' room
+  EXPECT_EQ(rings.refused(), 8u);
   EXPECT_EQ(rings.rings(), 0u);
   MemoryRing small(4);
   EXPECT_FALSE(rings.adopt(77, small.words.data(), sizeof(gs_launch_ring_header) - 8, false));
@@ -264,4 +285,45 @@ TEST(LaunchRings, AHeaderRewrittenAfterItWasCheckedIsNotBelieved) {
   // The process claims a bigger ring: reading by that would run past the mapping.
   m.header()->slots = 1u << 20;
   EXPECT_EQ(drain(rings), (std::vector<uint64_t>{1, 2, 3, 4}));
+}
+
+TEST(LaunchRings, NamesComeBeforeTheLaunchesReadWithThemAndOnlyWhole) {
+  MemoryRing m(8);
+  record::LaunchRings rings("");
+  std::vector<std::string> events;
+  rings.on_name([&](uint32_t pid, uint64_t function, std::string_view name) {
+    EXPECT_EQ(pid, 77u);
+    events.push_back(std::to_string(function) + "=" + std::string(name));
+  });
+  ASSERT_TRUE(rings.adopt(77, m.words.data(), m.bytes(), false));
+  m.name(0x10, "_Z6kernelPf");
+  m.write(0x10);
+  gs_launch_name* pending = m.name(0x20, "being_written", false);
+  m.name(0x30, "after_it");
+  m.write(0x20);
+  rings.drain([&](uint32_t, const gs_launch_record& r) { events.push_back("launch " + std::to_string(r.function)); });
+  // The name being written holds back those after it, not the launches.
+  EXPECT_EQ(events, (std::vector<std::string>{"16=_Z6kernelPf", "launch 16", "launch 32"}));
+  events.clear();
+  pending->ready = 1;
+  drain(rings);
+  EXPECT_EQ(events, (std::vector<std::string>{"32=being_written", "48=after_it"}));
+  EXPECT_EQ(rings.names(), 3u);
+  // A full area: counted by the writer, and what did fit stays readable.
+  EXPECT_EQ(m.name(0x40, std::string(300, 'x')), nullptr);
+  EXPECT_EQ(rings.names_lost(), 1u);
+}
+
+TEST(LaunchRings, ANameEntryThatDoesNotReadAsOneEndsTheNamesNotTheLaunches) {
+  MemoryRing m(4);
+  record::LaunchRings rings("");
+  std::vector<std::string> names;
+  rings.on_name([&](uint32_t, uint64_t, std::string_view name) { names.emplace_back(name); });
+  ASSERT_TRUE(rings.adopt(77, m.words.data(), m.bytes(), false));
+  m.name(0x10, "first");
+  m.name(0x20, "second")->length = 100000;  // runs past the area
+  m.name(0x30, "third");
+  m.write(0x10);
+  EXPECT_EQ(drain(rings), (std::vector<uint64_t>{0x10}));
+  EXPECT_EQ(names, (std::vector<std::string>{"first"}));
 }

@@ -77,6 +77,7 @@ Ring g_ring;
 // 0: not tried, 1: being made, 2: ready, 3: none (no directory, or it failed: calls go on unrecorded).
 std::atomic<int> g_ring_state{0};
 std::atomic<uint64_t> g_unrecorded{0};  // launches while there was no ring
+bool g_prefetch = true;  // GPUSCOPE_LAUNCH_PREFETCH=0 turns it off (a benchmark's switch)
 bool g_ring_kept = false;  // in standby for a `record --pid` to claim (set before the ring is ready)
 
 uint64_t now_ns() {
@@ -401,6 +402,12 @@ void write(const Launch& l, bool stacked = true) {
   gs_launch_record& r = g_ring.slots[pos & g_ring.mask];
   fill(r, l, uint16_t(l.flags | (every ? GS_LAUNCH_STACK_LEFT_OUT : 0)));
   __atomic_store_n(&r.seq, pos + 1, __ATOMIC_RELEASE);
+  // The next launches' slots, fetched for writing now: the reader's core read them last (a
+  // lap ago), and the driver's launch in between evicts what it can.
+  if (g_prefetch) {
+    __builtin_prefetch(&g_ring.slots[(pos + 1) & g_ring.mask], 1, 3);
+    __builtin_prefetch(&g_ring.slots[(pos + 2) & g_ring.mask], 1, 3);
+  }
 }
 
 // ---- the driver's entry points ----
@@ -854,6 +861,7 @@ GS_EXPORT CUresult cuKernelGetFunction(CUfunction* out, void* kernel) {
 
 __attribute__((constructor)) static void gs_launches_init() {
   init_real_dlsym();
+  if (const char* p = std::getenv("GPUSCOPE_LAUNCH_PREFETCH")) g_prefetch = std::strcmp(p, "0") != 0;
   launch_clock();
   fill_wrappers<kLaunchKernel>(std::make_integer_sequence<int, kSlots>{});
   fill_wrappers<kLaunchKernelEx>(std::make_integer_sequence<int, kSlots>{});

@@ -364,11 +364,13 @@ void Tracer::check_launch_hooks(pid_t pid) {
         claimed_rings_.push_back(pid);
         if (opts_.stacks) {
           const auto res = bpf_->attach_file(discover::path_in_target(pid, hooks->path));
-          if (res.error.empty())
+          if (res.error.empty()) {
             launch_rings_->set_stack_every(pid, initial_launch_stack_every());
-          else
+          } else {
+            rings_without_stacks_.insert(pid);
             log_warn("could not probe {} in PID {}: its launches are recorded without stacks ({})", hooks->path, pid,
                      res.error);
+          }
         }
         if (!opts_.quiet) log_info("PID {} ({}): launches read from its launch ring, no trap each", pid, discover::read_comm(pid));
         return;
@@ -647,7 +649,7 @@ void Tracer::adjust_stack_rates() {
     const uint64_t cost_ns = c.walk_ns + (launch_rings_ ? c.walks * kInProcessTrapNs : 0);
     if (auto every = stack_budget_->observe(c.pid, now, cost_ns, c.walks, c.first_ns)) {
       if (!bpf_->set_stack_rate(c.pid, *every)) ++stack_rates_refused_;
-      if (launch_rings_) launch_rings_->set_stack_every(c.pid, *every);
+      if (launch_rings_ && !rings_without_stacks_.contains(c.pid)) launch_rings_->set_stack_every(c.pid, *every);
       log_debug("stack budget: PID {} takes the stacks of 1 call in {}", c.pid, *every);
     }
   }

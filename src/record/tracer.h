@@ -241,6 +241,8 @@ class Tracer {
   std::vector<std::string> runtime_probes_removed_;
   std::unique_ptr<LaunchRings> launch_rings_;
   std::vector<pid_t> claimed_rings_;   // rings in standby claimed (record --pid)
+  // Claimed rings whose hooks could not be probed: never asked to hand launches over for stacks.
+  std::set<pid_t> rings_without_stacks_;
   std::vector<uint8_t> name_record_;   // a GS_REC_FUNCTION_NAME being made (ring-buffer thread)
   uint64_t rings_discovered_ns_ = 0;
   std::mutex ring_exits_mu_;

@@ -580,7 +580,9 @@ AttachResult BpfSession::attach_file(const std::string& path) {
                      : cuda::may_be_recorded_by_driver(f) ? runtime_function_links_[f.id]
                                                             : links_);
       }
-      (f.api == cuda::Api::Runtime ? result.runtime_probes : result.driver_probes)++;
+      (f.api == cuda::Api::Runtime  ? result.runtime_probes
+       : f.api == cuda::Api::Driver ? result.driver_probes
+                                    : result.nccl_probes)++;
     }
     if (multi_) {
       for (int fd : {attach_multi(emit_program(), path, emit, false),

@@ -90,6 +90,7 @@ struct SessionConfig {
 struct AttachResult {
   int runtime_probes = 0;
   int driver_probes = 0;
+  int nccl_probes = 0;
   bool already_attached = false;
   // When the file's last probe was in place, if it has driver probes (0 if not, or failed); for a
   // file attached before, that attach's.

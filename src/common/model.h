@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "cuda/functions.h"
@@ -61,6 +62,24 @@ struct CallEvent {
   // Entered while a runtime call was pending on its thread (GS_CALL_UNDER_RUNTIME): a call the
   // runtime made, to be nested under that call, with no stack of its own.
   bool under_runtime = false;
+
+  // NCCL calls: the communicator; a collective's or send's elements, their type (ncclDataType_t)
+  // and reduction (ncclRedOp_t), its root or peer; a communicator's making: its rank and ranks
+  // (-1: not passed), and the identity all its ranks share (a hash of the ncclUniqueId they were
+  // given; 0: none), or the communicator it was split from, with the split's colour and key.
+  // `bytes` is the elements' size (send buffer), `ptr` and `src` the receive and send buffers.
+  struct Nccl {
+    uint64_t comm = 0;
+    uint64_t count = 0;
+    int32_t datatype = -1;
+    int32_t op = -1;
+    int32_t peer = -1;
+    int32_t rank = -1, nranks = -1;
+    uint64_t id_hash = 0;
+    uint64_t parent = 0;
+    int32_t color = 0, key = 0;
+  };
+  std::optional<Nccl> nccl;
 
   // A runtime launch that reached the driver: the driver launch, folded into this one row
   // (one launch, one row; the driver's own row would only repeat it).

@@ -110,6 +110,20 @@ constexpr FunctionSpec named_lookup(uint16_t id, std::string_view sym) {
   return f;
 }
 
+// NCCL's API, each function with its return (a result, and the time the call took to enqueue).
+constexpr uint8_t kNcclIdRead = 32;  // of an ncclUniqueId: the bootstrap's magic and address
+constexpr FunctionSpec nccl(uint16_t id, std::string_view sym, CallKind kind, Signature sig) {
+  FunctionSpec f{id, sym, Nccl, kind, sig, true};
+  if (sig == NcclCommInitRank) f.return_out_arg = 0;
+  if (sig == NcclCommInitScalable) {
+    f.return_out_arg = 0;
+    f.entry_deref_arg = 4;
+    f.entry_deref_len = kNcclIdRead;
+  }
+  if (sig == NcclCommSplit) f.return_out_arg = 3;
+  return f;
+}
+
 // Ids are stored in record files: append, never renumber.
 constexpr auto kFunctions = std::to_array<FunctionSpec>({
     launch(1, "cudaLaunchKernel", Runtime, RtLaunch),
@@ -309,6 +323,26 @@ constexpr auto kFunctions = std::to_array<FunctionSpec>({
     global_lookup(316, "cuModuleGetGlobal_v2", MemKind::Device),
     global_lookup(317, "cuLibraryGetGlobal", MemKind::Device),
     global_lookup(318, "cuLibraryGetManaged", MemKind::Managed),
+    // NCCL exports each function twice at one address (ncclX weak, pncclX strong): the first
+    // name of an address is probed, once.
+    nccl(400, "ncclAllReduce", Collective, NcclReduce),
+    nccl(401, "ncclReduceScatter", Collective, NcclReduce),
+    nccl(402, "ncclAllGather", Collective, NcclGather),
+    nccl(403, "ncclAlltoAll", Collective, NcclGather),
+    nccl(404, "ncclBroadcast", Collective, NcclRooted),
+    nccl(405, "ncclBcast", Collective, NcclPeer),  // (buf, count, datatype, root, comm, stream)
+    nccl(406, "ncclReduce", Collective, NcclReduceRooted),
+    nccl(407, "ncclSend", PeerToPeer, NcclPeer),
+    nccl(408, "ncclRecv", PeerToPeer, NcclPeer),
+    nccl(409, "ncclGroupStart", Group, NoArgs),
+    nccl(410, "ncclGroupEnd", Group, NoArgs),
+    nccl(411, "ncclCommInitRank", CommInit, NcclCommInitRank),
+    nccl(412, "ncclCommInitRankConfig", CommInit, NcclCommInitRank),
+    nccl(413, "ncclCommInitRankScalable", CommInit, NcclCommInitScalable),
+    nccl(414, "ncclCommSplit", CommInit, NcclCommSplit),
+    nccl(415, "ncclCommDestroy", CommEnd, NcclComm),
+    nccl(416, "ncclCommAbort", CommEnd, NcclComm),
+    nccl(417, "ncclCommFinalize", CommEnd, NcclComm),
 });
 
 constexpr bool retiring_ids_fit() {
@@ -385,7 +419,14 @@ uint64_t probe_cookie(const FunctionSpec& f) {
   return c;
 }
 
-std::string_view to_string(Api a) { return a == Runtime ? "runtime" : "driver"; }
+std::string_view to_string(Api a) {
+  switch (a) {
+    case Runtime: return "runtime";
+    case Driver: return "driver";
+    case Nccl: return "nccl";
+  }
+  return "?";
+}
 
 std::string_view to_string(CallKind k) {
   switch (k) {
@@ -402,6 +443,11 @@ std::string_view to_string(CallKind k) {
     case ArrayCreate: return "array_create";
     case ArrayDestroy: return "array_destroy";
     case SymbolLookup: return "symbol_lookup";
+    case Collective: return "collective";
+    case PeerToPeer: return "p2p";
+    case Group: return "group";
+    case CommInit: return "comm_init";
+    case CommEnd: return "comm_end";
   }
   return "?";
 }

@@ -1,4 +1,5 @@
-// The probed CUDA API: one row per symbol, with how to probe it and how to read its arguments.
+// The probed CUDA API (and NCCL's, which CUDA programs call beside it): one row per symbol, with
+// how to probe it and how to read its arguments.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +9,7 @@
 
 namespace gpuscope::cuda {
 
-enum class Api : uint8_t { Runtime, Driver };
+enum class Api : uint8_t { Runtime, Driver, Nccl };
 
 enum class CallKind : uint8_t {
   Launch,        // a kernel launch
@@ -30,6 +31,13 @@ enum class CallKind : uint8_t {
   // that a copy the direction of which comes from its pointers (cudaMemcpyDefault, cuMemcpy)
   // knows it. Not counted as device memory allocated.
   SymbolLookup,
+  // NCCL (Api::Nccl): a collective or a send/receive, enqueued on a stream (its kernel runs later,
+  // at ncclGroupEnd inside a group); a group's start or end; a communicator made or ended.
+  Collective,
+  PeerToPeer,
+  Group,
+  CommInit,
+  CommEnd,
 };
 
 // How the raw argument words of a call are laid out; one decoder per signature.
@@ -83,6 +91,19 @@ enum class Signature : uint8_t {
   // to a probe for its stack (1 in N, N its weight); the record is copied at entry
   // (inject/launch_ring.h, record --launch-probes in-process).
   InProcessLaunch,
+  // NCCL's (x86-64: the seventh argument and on are on the stack).
+  NcclReduce,       // (send, recv, count, datatype, op, comm, stream): AllReduce, ReduceScatter
+  NcclGather,       // (send, recv, count, datatype, comm, stream): AllGather, AlltoAll
+  NcclRooted,       // (send, recv, count, datatype, root, comm, stream): Broadcast
+  NcclReduceRooted, // (send, recv, count, datatype, op, root, comm, stream): Reduce
+  NcclPeer,         // (buf, count, datatype, peer, comm, stream): Send, Recv
+  // (ncclComm_t* out, nranks, rank, [config]) with the 128-byte ncclUniqueId passed by value on
+  // the stack (its first 32 bytes read as arguments 6-9: the bootstrap's random magic and address,
+  // which every rank of the communicator was given): CommInitRank, CommInitRankConfig
+  NcclCommInitRank,
+  NcclCommInitScalable,  // (ncclComm_t* out, nranks, rank, nIds, ncclUniqueId* ids, config): the first id read at entry
+  NcclCommSplit,    // (comm, color, key, ncclComm_t* out, config)
+  NcclComm,         // (comm): Destroy, Abort, Finalize
 };
 
 // Direction of a copy, as cudaMemcpyKind numbers it.

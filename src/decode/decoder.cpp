@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "decode/copies.h"
+#include "decode/nccl.h"
 #include "decode/entry_data.h"
 
 namespace gpuscope::decode {
@@ -68,12 +69,15 @@ bool decode_call(const gs_call_record& r, CallEvent& e, std::span<const uint8_t>
   e.ret = e.has_return ? static_cast<int32_t>(r.ret) : 0;  // cudaError_t/CUresult are 32-bit
   e.py_stack = r.py_stack;
   e.comm.assign(r.comm, strnlen(r.comm, sizeof(r.comm)));
-  e.out_valid = (r.flags & GS_CALL_OUT_OK) && e.ret == 0;
+  // A communicator made without blocking (ncclInProgress, 7) is written before the call returns.
+  const bool succeeded = e.ret == 0 || (f->api == cuda::Api::Nccl && e.ret == 7);
+  e.out_valid = (r.flags & GS_CALL_OUT_OK) && succeeded;
   if (e.out_valid) e.out_handle = r.out_value;
   e.out_unchecked = r.flags & GS_CALL_OUT_LATER;
   e.under_runtime = r.flags & GS_CALL_UNDER_RUNTIME;
 
   if (decode_copy_family(*f, a, d, e)) return true;
+  if (decode_nccl(*f, a, d, e)) return true;
   switch (f->sig) {
     case cuda::Signature::RtLaunch:
       e.kernel_handle = a[0];

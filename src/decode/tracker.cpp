@@ -257,7 +257,8 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
     return;
   }
 
-  if (!e.has_return) {
+  // NCCL's calls are never made inside a runtime call: as they come.
+  if (!e.has_return || f->api == cuda::Api::Nccl) {
     emit(e);
     return;
   }

@@ -42,5 +42,7 @@ bool is_cuda_runtime_library(const std::string& path);
 bool is_cuda_driver_library(const std::string& path);
 // gpuscope's own launch hooks, preloaded by record --launch-probes in-process.
 bool is_launch_hooks_library(std::string_view path);
+// libnccl.so*: NCCL, probed for its API (and the CUDA runtime it links statically).
+bool is_nccl_library(const std::string& path);
 
 }  // namespace gpuscope::discover

@@ -446,7 +446,7 @@ void Tracer::attach_library(pid_t pid, const std::string& open_path, const std::
     log_debug("PID {} exited while {} was being probed: {}", pid, shown_path, res.error);
   else if (!res.error.empty())
     log_error("could not probe {} in PID {}: {}", shown_path, pid, res.error);
-  else if (res.runtime_probes + res.driver_probes > 0)
+  else if (res.runtime_probes + res.driver_probes + res.nccl_probes > 0)
     ++libraries_attached_;
   if (res.error.empty() && res.driver_probes > 0 && detach_runtime_launches_with_driver_ &&
       bpf_->runtime_launch_probes()) {
@@ -457,8 +457,8 @@ void Tracer::attach_library(pid_t pid, const std::string& open_path, const std::
     log_debug("driver probed: launch probes removed from {} runtime link(s); launches recorded by the driver", n);
   }
   if (!opts_.quiet && res.error.empty())
-    log_info("probing {} ({} runtime, {} driver functions) first used by PID {}", shown_path, res.runtime_probes,
-             res.driver_probes, pid);
+    log_info("probing {} ({} runtime, {} driver{} functions) first used by PID {}", shown_path, res.runtime_probes,
+             res.driver_probes, res.nccl_probes ? fmt::format(", {} NCCL", res.nccl_probes) : "", pid);
   pipeline_->add_library(std::move(row));
 }
 
@@ -467,9 +467,11 @@ bool Tracer::check_static_runtime(pid_t pid, const std::string& exe_path, const 
   if (stat(exe_path.c_str(), &st) != 0 || !checked_executables_.insert({st.st_dev, st.st_ino}).second) return false;
   if (discover::is_cuda_runtime_library(shown) || discover::is_cuda_driver_library(shown)) return false;
   // A file that is not ELF (a script) defines nothing.
-  if (!elf::defines_any_function(exe_path, {"cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMalloc"}))
+  // NCCL links the runtime statically, and is probed for its own API too.
+  if (!elf::defines_any_function(exe_path, {"cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMalloc", "ncclAllReduce"}))
     return false;
-  attach_library(pid, exe_path, shown + " (static CUDA runtime)", monotonic_ns(), at_load);
+  attach_library(pid, exe_path, shown + (discover::is_nccl_library(shown) ? "" : " (static CUDA runtime)"),
+                 monotonic_ns(), at_load);
   return true;
 }
 

@@ -263,8 +263,19 @@ std::string_view find(const ErrorName (&table)[N], int64_t code) {
 
 }  // namespace
 
+// ncclResult_t (nccl.h).
+constexpr ErrorName kNcclResults[] = {
+    {0, "ncclSuccess"},       {1, "ncclUnhandledCudaError"}, {2, "ncclSystemError"}, {3, "ncclInternalError"},
+    {4, "ncclInvalidArgument"}, {5, "ncclInvalidUsage"},   {6, "ncclRemoteError"}, {7, "ncclInProgress"},
+};
+
 std::string_view cuda_error_name(int64_t code, cuda::Api api) {
-  return api == cuda::Api::Runtime ? find(kRuntimeErrors, code) : find(kDriverErrors, code);
+  switch (api) {
+    case cuda::Api::Runtime: return find(kRuntimeErrors, code);
+    case cuda::Api::Driver: return find(kDriverErrors, code);
+    case cuda::Api::Nccl: return find(kNcclResults, code);
+  }
+  return {};
 }
 
 }  // namespace gpuscope::report

@@ -8,7 +8,7 @@
 
 namespace gpuscope::report {
 
-// The cudaError_t (runtime) or CUresult (driver) name of a code; "" when unknown.
+// The cudaError_t (runtime), CUresult (driver) or ncclResult_t name of a code; "" when unknown.
 std::string_view cuda_error_name(int64_t code, cuda::Api api);
 
 }  // namespace gpuscope::report

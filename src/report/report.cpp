@@ -23,6 +23,7 @@ json build_report(store::RecordReader& rec, symbolize::Symbolizer& sym, const Op
           {"allocation_sites", std::move(mem.allocation_sites)},
           {"errors", errors(r)},
           {"sync", sync(r, stats)},
+          {"communication", communication(r)},
           {"cpu", cpu_profile(rec, sym, opt.top)},
           {"gpus", gpus(rec, r)},
           {"gpu_time", gpu_time({r.db, r.origin, r.end, rec.meta("mode") == "command", r.stack_weight}, stacks, opt.top)},
@@ -39,6 +40,7 @@ std::string render_text(const json& report) {
   if (report.contains("allocation_sites")) allocation_sites_text(out, report.at("allocation_sites"));
   errors_text(out, report.at("errors"));
   sync_text(out, report.at("sync"));
+  if (report.contains("communication")) communication_text(out, report.at("communication"));
   if (report.contains("cpu")) cpu_text(out, report.at("cpu"));
   if (report.contains("gpu_time")) gpu_time_text(out, report.at("gpu_time"));
   if (report.contains("gpus")) gpus_text(out, report.at("gpus"));

@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "common/thread_name.h"
 #include "cuda/functions.h"
+#include "decode/nccl.h"
 #include "store/schema.h"
 
 namespace gpuscope::store {
@@ -151,6 +152,9 @@ void RecordWriter::prepare_statements() {
       "driver_func, driver_handle, stack_weight, copies) "
       "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,"
       "?28,?29)");
+  insert_nccl_call_ = db_.prepare(
+      "INSERT INTO nccl_calls(call_id, comm, count, datatype, op, peer, rank, nranks, comm_id, parent_comm, color, "
+      "split_key) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)");
   insert_kernel_ = db_.prepare("INSERT INTO kernels(id, name, demangled) VALUES(?1, ?2, ?3)");
   insert_module_ = db_.prepare("INSERT INTO modules(id, path, build_id) VALUES(?1, ?2, ?3)");
   insert_stack_ = db_.prepare("INSERT INTO stacks(id, depth) VALUES(?1, ?2)");
@@ -306,7 +310,7 @@ void RecordWriter::place() {
 }
 
 void RecordWriter::close_statements() {
-  for (Stmt* st : {&insert_call_, &insert_kernel_, &insert_module_, &insert_stack_, &insert_frame_, &upsert_process_,
+  for (Stmt* st : {&insert_call_, &insert_nccl_call_, &insert_kernel_, &insert_module_, &insert_stack_, &insert_frame_, &upsert_process_,
                    &process_exit_, &upsert_thread_, &insert_library_, &set_lost_, &set_meta_, &insert_sample_,
                    &insert_thread_time_, &insert_symbol_, &insert_python_frame_, &insert_gpu_, &insert_gpu_sample_, &insert_gpu_process_,
                    &insert_gpu_event_, &insert_pressure_})
@@ -625,6 +629,27 @@ void RecordWriter::insert_call(const CallEvent& e) {
   if (e.driver_func) s.bind(26, int64_t(e.driver_func)).bind(27, e.driver_handle);
   if (e.stack_weight != 1) s.bind(28, int64_t(e.stack_weight));
   if (e.copies) s.bind(29, int64_t(e.copies));
+  s.run();
+  if (e.nccl && f && f->kind != cuda::CallKind::Group) insert_nccl_call(e, *f);
+}
+
+void RecordWriter::insert_nccl_call(const CallEvent& e, const cuda::FunctionSpec& f) {
+  using enum cuda::CallKind;
+  const CallEvent::Nccl& n = *e.nccl;
+  auto& s = insert_nccl_call_;
+  s.bind(1, e.call_id);
+  if (n.comm) s.bind(2, n.comm);
+  if (f.kind == Collective || f.kind == PeerToPeer) {
+    s.bind(3, n.count);
+    if (const auto t = decode::nccl_datatype_name(n.datatype); !t.empty()) s.bind(4, t);
+    else s.bind(4, fmt::format("{}", n.datatype));
+    if (const auto op = decode::nccl_op_name(n.op); !op.empty()) s.bind(5, op);
+    if (n.peer >= 0) s.bind(6, int64_t(n.peer));
+  }
+  if (n.rank >= 0) s.bind(7, int64_t(n.rank));
+  if (n.nranks >= 0) s.bind(8, int64_t(n.nranks));
+  if (n.id_hash) s.bind(9, fmt::format("{:016x}", n.id_hash));
+  if (f.sig == cuda::Signature::NcclCommSplit) s.bind(10, n.parent).bind(11, int64_t(n.color)).bind(12, int64_t(n.key));
   s.run();
 }
 

@@ -106,6 +106,7 @@ class RecordWriter final : public EventSink {
   static constexpr size_t kMaxQueuedBatches = 4;
 
   void insert_call(const CallEvent& e);
+  void insert_nccl_call(const CallEvent& e, const cuda::FunctionSpec& f);  // its nccl_calls row
   void write_loop();
   void write_batch(Batch& b);
   // The disk filled while writing a batch (rolled back): stop, give the reserve back, fold.
@@ -136,7 +137,7 @@ class RecordWriter final : public EventSink {
   const std::string path_;
   TempFile temp_;
   Db db_;
-  Stmt insert_call_, insert_kernel_, insert_module_, insert_stack_, insert_frame_, upsert_process_, process_exit_,
+  Stmt insert_call_, insert_nccl_call_, insert_kernel_, insert_module_, insert_stack_, insert_frame_, upsert_process_, process_exit_,
       upsert_thread_, insert_library_, set_lost_, set_meta_, insert_sample_, insert_thread_time_, insert_symbol_, insert_python_frame_, insert_gpu_, insert_gpu_sample_,
       insert_gpu_process_, insert_gpu_event_, insert_pressure_;
   std::unordered_map<std::string, int64_t> kernels_;

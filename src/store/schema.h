@@ -58,6 +58,9 @@ CREATE TABLE gpu_activities(id INTEGER PRIMARY KEY, pid INTEGER NOT NULL, kind T
                             start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, bytes INTEGER, copy_kind INTEGER,
                             name TEXT, call_id INTEGER, grid_x INTEGER, grid_y INTEGER, grid_z INTEGER,
                             block_x INTEGER, block_y INTEGER, block_z INTEGER);
+CREATE TABLE nccl_calls(call_id INTEGER PRIMARY KEY, comm INTEGER, count INTEGER, datatype TEXT, op TEXT,
+                        peer INTEGER, rank INTEGER, nranks INTEGER, comm_id TEXT, parent_comm INTEGER,
+                        color INTEGER, split_key INTEGER);
 )sql";
 
 // Created when a recording ends; a record cut short is readable without them.

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "decode/decoder.h"
+#include "decode/nccl.h"
 #include "decode/tracker.h"
 
 using namespace gpuscope;
@@ -422,3 +423,51 @@ TEST_F(TrackerTest, LookupsReadAtTheNextLaunchNameOnlyFunctionsNotNamedYet) {
   EXPECT_EQ(later(0xcb0, 0xf0b, 30), "kernel_b");
 }
 
+
+TEST(Decode, NcclCollectivesReadTheirStreamFromTheStack) {
+  // ncclAllReduce(send, recv, count, datatype, op, comm, stream): the stream is the 7th argument.
+  auto e = decoded(raw("ncclAllReduce", {0x1000, 0x2000, 1024, 9 /* bfloat16 */, 4 /* avg */, 0xc0, 0x30}));
+  ASSERT_TRUE(e.nccl);
+  EXPECT_EQ(e.nccl->comm, 0xc0u);
+  EXPECT_EQ(e.nccl->count, 1024u);
+  EXPECT_EQ(nccl_datatype_name(e.nccl->datatype), "bfloat16");
+  EXPECT_EQ(nccl_op_name(e.nccl->op), "avg");
+  EXPECT_EQ(e.bytes, 2048u);
+  EXPECT_EQ(e.stream, 0x30u);
+  EXPECT_EQ(e.src, 0x1000u);
+  EXPECT_EQ(e.ptr, 0x2000u);
+  // ncclReduce(send, recv, count, datatype, op, root, comm, stream): comm and stream both on the stack.
+  auto r = decoded(raw("ncclReduce", {0x1000, 0x2000, 8, 12 /* past the known types */, 7, 2, 0xc0, 0x30}));
+  EXPECT_EQ(r.nccl->peer, 2);
+  EXPECT_EQ(nccl_op_name(r.nccl->op), "custom");  // made by ncclRedOpCreate*
+  EXPECT_FALSE(r.bytes_known);
+  EXPECT_EQ(r.stream, 0x30u);
+  // ncclSend(buf, count, datatype, peer, comm, stream).
+  auto s = decoded(raw("ncclSend", {0x1000, 100, 2 /* int32 */, 3, 0xc0, 0x30}));
+  EXPECT_EQ(s.bytes, 400u);
+  EXPECT_EQ(s.nccl->peer, 3);
+  EXPECT_EQ(s.nccl->comm, 0xc0u);
+}
+
+TEST(Decode, NcclCommunicatorsCarryTheIdEveryRankWasGiven) {
+  // ncclCommInitRank(comm* out, nranks, [ncclUniqueId by value], rank): nranks and rank in
+  // registers, the id's first words where the stack arguments are read.
+  auto r = raw("ncclCommInitRank", {0x7ff0, 8, 3, 0, 0, 0, 0x1111, 0x2222, 0x3333, 0x4444});
+  r.flags |= GS_CALL_OUT_OK;
+  r.out_value = 0xc0;
+  auto a = decoded(r);
+  ASSERT_TRUE(a.nccl);
+  EXPECT_EQ(a.nccl->nranks, 8);
+  EXPECT_EQ(a.nccl->rank, 3);
+  EXPECT_EQ(a.nccl->comm, 0xc0u);
+  // Another rank of the same communicator: the same identity; another id: another.
+  auto other = raw("ncclCommInitRankConfig", {0x7ff0, 8, 5, 0xcf, 0, 0, 0x1111, 0x2222, 0x3333, 0x4444});
+  other.ret = 7;  // ncclInProgress: a communicator made without blocking, written already
+  other.flags |= GS_CALL_OUT_OK;
+  other.out_value = 0xd0;
+  auto b = decoded(other);
+  EXPECT_EQ(b.nccl->id_hash, a.nccl->id_hash);
+  EXPECT_EQ(b.nccl->comm, 0xd0u);
+  EXPECT_NE(decoded(raw("ncclCommInitRank", {0x7ff0, 8, 3, 0, 0, 0, 0x1112, 0x2222, 0x3333, 0x4444})).nccl->id_hash,
+            a.nccl->id_hash);
+}

@@ -23,7 +23,7 @@ Functions read_functions(Db& db) {
   Functions fns;
   auto q = db.prepare("SELECT id, name, api, kind FROM functions");
   while (q.step())
-    fns[q.i64(0)] = {q.str(1), q.str(2) == "driver" ? cuda::Api::Driver : cuda::Api::Runtime, q.str(3)};
+    fns[q.i64(0)] = {q.str(1), q.str(2) == "driver" ? cuda::Api::Driver : q.str(2) == "nccl" ? cuda::Api::Nccl : cuda::Api::Runtime, q.str(3)};
   return fns;
 }
 

@@ -47,6 +47,10 @@ void allocation_sites_text(std::string& out, const nlohmann::json& sites);
 nlohmann::json errors(const Record& r);
 void errors_text(std::string& out, const nlohmann::json& errors);
 
+// communication.cpp: NCCL's collectives and sends per process, communicator and function.
+nlohmann::json communication(const Record& r);
+void communication_text(std::string& out, const nlohmann::json& comm);
+
 // sync.cpp: time spent in synchronisation calls.
 nlohmann::json sync(const Record& r, const std::map<int64_t, FunctionStats>& stats);
 void sync_text(std::string& out, const nlohmann::json& sync);

@@ -37,21 +37,24 @@ json summary(store::RecordReader& rec, const Record& r, const std::map<int64_t, 
                      {"exit_code", p.exit_code ? json(*p.exit_code) : json()}});
   s["processes"] = procs;
 
-  std::map<std::string, std::array<int64_t, 2>> by_kind;  // kind → calls per api (runtime, driver)
+  std::map<std::string, std::array<int64_t, 3>> by_kind;  // kind → calls per api (runtime, driver, NCCL)
   int64_t total = 0, nested = 0;
   for (const auto& [func, st] : stats) {
     const Function* f = r.function(func);
     nested += st.nested;
     if (!f || !st.calls) continue;
-    by_kind[f->kind][f->api == cuda::Api::Driver] += st.calls;
+    by_kind[f->kind][size_t(f->api)] += st.calls;
     total += st.calls;
   }
   json kinds = json::array();
-  for (const auto& [kind, n] : by_kind) kinds.push_back({{"kind", kind}, {"runtime", n[0]}, {"driver", n[1]}});
-  std::stable_sort(kinds.begin(), kinds.end(), [](const json& a, const json& b) {
-    return a["runtime"].get<int64_t>() + a["driver"].get<int64_t>() >
-           b["runtime"].get<int64_t>() + b["driver"].get<int64_t>();
-  });
+  for (const auto& [kind, n] : by_kind) {
+    kinds.push_back({{"kind", kind}, {"runtime", n[0]}, {"driver", n[1]}});
+    if (n[2]) kinds.back()["nccl"] = n[2];
+  }
+  auto calls_of = [](const json& k) {
+    return k["runtime"].get<int64_t>() + k["driver"].get<int64_t>() + k.value("nccl", int64_t(0));
+  };
+  std::stable_sort(kinds.begin(), kinds.end(), [&](const json& a, const json& b) { return calls_of(a) > calls_of(b); });
   s["calls"] = {{"total", total}, {"nested", nested}, {"by_kind", kinds}};
 
   json libs = json::array();
@@ -90,8 +93,15 @@ void summary_text(std::string& out, const json& s) {
     out += fmt::format(" (each counted once; not counting {} made inside runtime calls)",
                        count_of(i64(calls, "nested"), "driver call"));
   out += ":\n";
-  Table kinds({"KIND", ">RUNTIME", ">DRIVER"});
-  for (const auto& k : calls.at("by_kind")) kinds.add({str(k, "kind"), num(i64(k, "runtime")), num(i64(k, "driver"))});
+  const bool nccl = std::any_of(calls.at("by_kind").begin(), calls.at("by_kind").end(),
+                                [](const json& k) { return k.contains("nccl"); });
+  Table kinds(nccl ? std::vector<std::string>{"KIND", ">RUNTIME", ">DRIVER", ">NCCL"}
+                   : std::vector<std::string>{"KIND", ">RUNTIME", ">DRIVER"});
+  for (const auto& k : calls.at("by_kind")) {
+    std::vector<std::string> row{str(k, "kind"), num(i64(k, "runtime")), num(i64(k, "driver"))};
+    if (nccl) row.push_back(num(k.value("nccl", int64_t(0))));
+    kinds.add(row);
+  }
   if (!calls.at("by_kind").empty()) out += kinds.render();
 
   out += "CUDA libraries attached:\n";

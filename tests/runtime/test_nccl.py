@@ -1,0 +1,61 @@
+"""NCCL's API (issue 34) against the real libnccl.so.2 of the CUDA toolkit: every call recorded
+once (NCCL exports each function twice at one address), with its communicator, elements, type,
+bytes, reduction, root or peer and stream, and a communicator's rank, ranks and the identity its
+ranks share (a hash of the ncclUniqueId). Without a GPU the calls fail, with NCCL's own results."""
+import json
+
+from conftest import TARGETS
+
+NCCL_CALLS = TARGETS / "nccl_calls"
+
+
+def fnv1a(data):
+    h = 0xcbf29ce484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h or 1
+
+
+def test_each_nccl_call_once_with_its_arguments(record, gpuscope):
+    rec = record("--", NCCL_CALLS)
+    assert rec.returncode == 0, rec.stderr
+    program = json.loads(rec.stdout)
+    assert "NCCL functions" in rec.stderr, rec.stderr  # libnccl.so.2 probed for its API
+    rows = rec.query(
+        "SELECT f.name, f.api, f.kind, c.ret, c.bytes, c.stream, c.src, c.ptr, n.comm, n.count, n.datatype, n.op, "
+        "n.peer, n.rank, n.nranks, n.comm_id, n.color, n.split_key, c.stack_id IS NOT NULL "
+        "FROM calls c JOIN functions f ON f.id = c.func LEFT JOIN nccl_calls n ON n.call_id = c.id "
+        "WHERE f.api = 'nccl' ORDER BY c.ts_ns")
+    names = [r[0] for r in rows]
+    assert names == ["ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommSplit", "ncclAllReduce",
+                     "ncclReduceScatter", "ncclAllGather", "ncclAlltoAll", "ncclBroadcast", "ncclReduce",
+                     "ncclGroupStart", "ncclSend", "ncclRecv", "ncclGroupEnd", "ncclCommDestroy"], names
+    # NCCL's own results, as the program saw them.
+    assert [r[3] for r in rows] == program["results"], rows
+    by = {r[0]: r for r in rows}
+    # Every rank of a communicator was given the same ncclUniqueId (bytes 1, 2, 3, ... here): its
+    # identity is a hash of the id's first 32 bytes (the bootstrap's magic and address).
+    comm_id = f"{fnv1a(bytes(range(1, 33))):016x}"
+    assert by["ncclCommInitRank"][13:16] == (2, 4, comm_id), by["ncclCommInitRank"]
+    assert by["ncclCommInitRankConfig"][13:16] == (3, 8, comm_id), by["ncclCommInitRankConfig"]
+    assert by["ncclCommSplit"][16:18] == (5, 7), by["ncclCommSplit"]
+    stream, send, recv = 0x30, 0x100000, 0x200000
+    # (bytes, stream, send, recv, count, datatype, op, root or peer)
+    expected = {
+        "ncclAllReduce": (4096, stream, send, recv, 1024, "float32", "sum", None),
+        "ncclReduceScatter": (1024, stream, send, recv, 512, "bfloat16", "avg", None),
+        "ncclAllGather": (512, stream, send, recv, 256, "float16", None, None),
+        "ncclAlltoAll": (1024, stream, send, recv, 128, "int64", None, None),
+        "ncclBroadcast": (64, stream, send, recv, 64, "uint8", None, 3),
+        "ncclReduce": (256, stream, send, recv, 32, "float64", "max", 2),
+        "ncclSend": (400, stream, send, send, 100, "int32", None, 1),
+        "ncclRecv": (800, stream, recv, recv, 200, "int32", None, 3),
+    }
+    for name, want in expected.items():
+        r = by[name]
+        assert (r[4], r[5], r[6], r[7], r[9], r[10], r[11], r[12]) == want, (name, r)
+        assert r[1:3] == ("nccl", "p2p" if name in ("ncclSend", "ncclRecv") else "collective"), r
+        assert r[8] is None and r[18], r  # a null communicator; the call's stack
+    # The report counts them apart from CUDA's calls.
+    out = gpuscope("report", rec.path)
+    assert out.returncode == 0 and "NCCL" in out.stdout, out.stdout

@@ -78,6 +78,9 @@ struct CallEvent {
     uint64_t id_hash = 0;
     uint64_t parent = 0;
     int32_t color = 0, key = 0;
+    // A collective or send between ncclGroupStart and ncclGroupEnd on its thread: the outermost
+    // start's call_id (its kernel is launched at the group's end); 0: none.
+    int64_t group = 0;
   };
   std::optional<Nccl> nccl;
 

@@ -257,12 +257,27 @@ void Tracker::process(CallEvent e, const std::function<void(CallEvent&)>& emit) 
     return;
   }
 
+  if (f->api == cuda::Api::Nccl && e.nccl) group_nccl_call(t, *f, e);
   // NCCL's calls are never made inside a runtime call: as they come.
   if (!e.has_return || f->api == cuda::Api::Nccl) {
     emit(e);
     return;
   }
   hold(t, std::move(e), emit);
+}
+
+void Tracker::group_nccl_call(ThreadState& t, const cuda::FunctionSpec& f, CallEvent& e) {
+  if (f.kind == cuda::CallKind::Group) {
+    if (f.symbol == "ncclGroupStart") {
+      if (t.nccl_group_depth++ == 0) t.nccl_group = e.call_id;
+      e.nccl->group = t.nccl_group;
+    } else {  // ncclGroupEnd: it launches the group's work
+      e.nccl->group = t.nccl_group;
+      if (t.nccl_group_depth > 0 && --t.nccl_group_depth == 0) t.nccl_group = 0;
+    }
+  } else if (t.nccl_group_depth > 0) {
+    e.nccl->group = t.nccl_group;
+  }
 }
 
 void Tracker::hold(ThreadState& t, CallEvent e, const std::function<void(CallEvent&)>& emit) {

@@ -103,6 +103,9 @@ class Tracker {
     // Calls that may be inside a runtime call not returned yet, in the order they returned:
     // driver calls with a return, and runtime calls made inside a runtime call.
     std::deque<CallEvent> held_calls;
+    // NCCL groups open on the thread, and the outermost's ncclGroupStart.
+    int nccl_group_depth = 0;
+    int64_t nccl_group = 0;
   };
   struct ProcessState {
     bool complete_history = false;
@@ -130,6 +133,8 @@ class Tracker {
   // without a parent yet) and what they say about it is used (see take_redundant_runtime_functions).
   void nest_inner_calls(const ProcessState& p, ThreadState& t, const cuda::FunctionSpec& f, CallEvent& e);
   void hold(ThreadState& t, CallEvent e, const std::function<void(CallEvent&)>& emit);
+  // An NCCL call's group (CallEvent::Nccl::group), from the thread's ncclGroupStart/End.
+  void group_nccl_call(ThreadState& t, const cuda::FunctionSpec& f, CallEvent& e);
   void settle_runtime_launch(ThreadState& t, CallEvent* driver_launch, const std::function<void(CallEvent&)>& emit);
   void update_state(ProcessState& p, const CallEvent& e);
   HostMem host_kind(const ProcessState& p, uint64_t addr) const;

@@ -154,7 +154,7 @@ void RecordWriter::prepare_statements() {
       "?28,?29)");
   insert_nccl_call_ = db_.prepare(
       "INSERT INTO nccl_calls(call_id, comm, count, datatype, op, peer, rank, nranks, comm_id, parent_comm, color, "
-      "split_key) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)");
+      "split_key, group_id) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)");
   insert_kernel_ = db_.prepare("INSERT INTO kernels(id, name, demangled) VALUES(?1, ?2, ?3)");
   insert_module_ = db_.prepare("INSERT INTO modules(id, path, build_id) VALUES(?1, ?2, ?3)");
   insert_stack_ = db_.prepare("INSERT INTO stacks(id, depth) VALUES(?1, ?2)");
@@ -650,6 +650,7 @@ void RecordWriter::insert_nccl_call(const CallEvent& e, const cuda::FunctionSpec
   if (n.nranks >= 0) s.bind(8, int64_t(n.nranks));
   if (n.id_hash) s.bind(9, fmt::format("{:016x}", n.id_hash));
   if (f.sig == cuda::Signature::NcclCommSplit) s.bind(10, n.parent).bind(11, int64_t(n.color)).bind(12, int64_t(n.key));
+  if (n.group) s.bind(13, n.group);
   s.run();
 }
 

@@ -60,7 +60,7 @@ CREATE TABLE gpu_activities(id INTEGER PRIMARY KEY, pid INTEGER NOT NULL, kind T
                             block_x INTEGER, block_y INTEGER, block_z INTEGER);
 CREATE TABLE nccl_calls(call_id INTEGER PRIMARY KEY, comm INTEGER, count INTEGER, datatype TEXT, op TEXT,
                         peer INTEGER, rank INTEGER, nranks INTEGER, comm_id TEXT, parent_comm INTEGER,
-                        color INTEGER, split_key INTEGER);
+                        color INTEGER, split_key INTEGER, group_id INTEGER);
 )sql";
 
 // Created when a recording ends; a record cut short is readable without them.

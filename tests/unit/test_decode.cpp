@@ -471,3 +471,26 @@ TEST(Decode, NcclCommunicatorsCarryTheIdEveryRankWasGiven) {
   EXPECT_NE(decoded(raw("ncclCommInitRank", {0x7ff0, 8, 3, 0, 0, 0, 0x1112, 0x2222, 0x3333, 0x4444})).nccl->id_hash,
             a.nccl->id_hash);
 }
+
+TEST(Tracker, NcclCallsInAGroupBelongToItsOutermostStart) {
+  Tracker t(true);
+  std::vector<CallEvent> out;
+  auto emit = [&](CallEvent& e) { out.push_back(e); };
+  uint64_t ts = 1000;
+  auto call = [&](std::string_view name, std::initializer_list<uint64_t> args = {}) {
+    t.process(decoded(raw(name, args, ts += 100)), emit);
+  };
+  call("ncclAllReduce", {0, 0, 1, 7, 0, 0xc0, 0});
+  call("ncclGroupStart");
+  call("ncclGroupStart");  // nested: still the outer group
+  call("ncclSend", {0, 1, 7, 1, 0xc0, 0});
+  call("ncclGroupEnd");
+  call("ncclRecv", {0, 1, 7, 1, 0xc0, 0});
+  call("ncclGroupEnd");
+  call("ncclBroadcast", {0, 0, 1, 7, 0, 0xc0, 0});
+  ASSERT_EQ(out.size(), 8u);
+  const int64_t start = out[1].call_id;
+  std::vector<int64_t> groups;
+  for (const auto& e : out) groups.push_back(e.nccl ? e.nccl->group : -1);
+  EXPECT_EQ(groups, (std::vector<int64_t>{0, start, start, start, start, start, start, 0}));
+}

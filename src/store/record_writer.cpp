@@ -630,7 +630,7 @@ void RecordWriter::insert_call(const CallEvent& e) {
   if (e.stack_weight != 1) s.bind(28, int64_t(e.stack_weight));
   if (e.copies) s.bind(29, int64_t(e.copies));
   s.run();
-  if (e.nccl && f && f->kind != cuda::CallKind::Group) insert_nccl_call(e, *f);
+  if (e.nccl && f) insert_nccl_call(e, *f);
 }
 
 void RecordWriter::insert_nccl_call(const CallEvent& e, const cuda::FunctionSpec& f) {

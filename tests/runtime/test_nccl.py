@@ -56,11 +56,12 @@ def test_each_nccl_call_once_with_its_arguments(record, gpuscope):
         assert (r[4], r[5], r[6], r[7], r[9], r[10], r[11], r[12]) == want, (name, r)
         assert r[1:3] == ("nccl", "p2p" if name in ("ncclSend", "ncclRecv") else "collective"), r
         assert r[8] is None and r[18], r  # a null communicator; the call's stack
-    # The send and the receive belong to their group (its ncclGroupStart's row); nothing else does.
+    # The send and the receive belong to their group (its ncclGroupStart's row), as do its start
+    # and end; nothing else does.
     start = rec.scalar("SELECT c.id FROM calls c JOIN functions f ON f.id = c.func WHERE f.name = 'ncclGroupStart'")
     grouped = dict(rec.query("SELECT f.name, n.group_id FROM nccl_calls n JOIN calls c ON c.id = n.call_id "
                              "JOIN functions f ON f.id = c.func WHERE n.group_id IS NOT NULL"))
-    assert grouped == {"ncclSend": start, "ncclRecv": start}, grouped
+    assert grouped == {"ncclGroupStart": start, "ncclSend": start, "ncclRecv": start, "ncclGroupEnd": start}, grouped
     # The report counts them apart from CUDA's calls.
     out = gpuscope("report", rec.path)
     assert out.returncode == 0 and "NCCL" in out.stdout, out.stdout

@@ -13,6 +13,28 @@ namespace gpuscope {
 enum class HostMem : uint8_t { NotApplicable = 0, Pageable = 1, Pinned = 2, Unknown = 3 };
 std::string_view to_string(HostMem);
 
+// NCCL calls: the communicator; a collective's or send's elements, their type (ncclDataType_t)
+// and reduction (ncclRedOp_t), its root or peer; a communicator's making: its rank and ranks
+// (-1: not passed), and the identity all its ranks share (a hash of the ncclUniqueId they were
+// given; 0: none), or the communicator it was split from, with the split's colour and key. (The
+// call's CallEvent has the elements' size in `bytes`, the receive and send buffers in `ptr`, `src`.)
+// Outside CallEvent: clang takes a nested struct with member initialisers as not constructible
+// while the enclosing one is incomplete (std::optional<Nested>::emplace fails).
+struct NcclArgs {
+  uint64_t comm = 0;
+  uint64_t count = 0;
+  int32_t datatype = -1;
+  int32_t op = -1;
+  int32_t peer = -1;
+  int32_t rank = -1, nranks = -1;
+  uint64_t id_hash = 0;
+  uint64_t parent = 0;
+  int32_t color = 0, key = 0;
+  // A collective or send between ncclGroupStart and ncclGroupEnd on its thread: the outermost
+  // start's call_id (its kernel is launched at the group's end); 0: none.
+  int64_t group = 0;
+};
+
 struct CallEvent {
   uint64_t ts_ns = 0;  // CLOCK_MONOTONIC at entry
   uint64_t duration_ns = 0;
@@ -63,26 +85,7 @@ struct CallEvent {
   // runtime made, to be nested under that call, with no stack of its own.
   bool under_runtime = false;
 
-  // NCCL calls: the communicator; a collective's or send's elements, their type (ncclDataType_t)
-  // and reduction (ncclRedOp_t), its root or peer; a communicator's making: its rank and ranks
-  // (-1: not passed), and the identity all its ranks share (a hash of the ncclUniqueId they were
-  // given; 0: none), or the communicator it was split from, with the split's colour and key.
-  // `bytes` is the elements' size (send buffer), `ptr` and `src` the receive and send buffers.
-  struct Nccl {
-    uint64_t comm = 0;
-    uint64_t count = 0;
-    int32_t datatype = -1;
-    int32_t op = -1;
-    int32_t peer = -1;
-    int32_t rank = -1, nranks = -1;
-    uint64_t id_hash = 0;
-    uint64_t parent = 0;
-    int32_t color = 0, key = 0;
-    // A collective or send between ncclGroupStart and ncclGroupEnd on its thread: the outermost
-    // start's call_id (its kernel is launched at the group's end); 0: none.
-    int64_t group = 0;
-  };
-  std::optional<Nccl> nccl;
+  std::optional<NcclArgs> nccl;  // NCCL calls (cuda::Api::Nccl)
 
   // A runtime launch that reached the driver: the driver launch, folded into this one row
   // (one launch, one row; the driver's own row would only repeat it).

@@ -133,7 +133,7 @@ class Tracker {
   // without a parent yet) and what they say about it is used (see take_redundant_runtime_functions).
   void nest_inner_calls(const ProcessState& p, ThreadState& t, const cuda::FunctionSpec& f, CallEvent& e);
   void hold(ThreadState& t, CallEvent e, const std::function<void(CallEvent&)>& emit);
-  // An NCCL call's group (CallEvent::Nccl::group), from the thread's ncclGroupStart/End.
+  // An NCCL call's group (NcclArgs::group), from the thread's ncclGroupStart/End.
   void group_nccl_call(ThreadState& t, const cuda::FunctionSpec& f, CallEvent& e);
   void settle_runtime_launch(ThreadState& t, CallEvent* driver_launch, const std::function<void(CallEvent&)>& emit);
   void update_state(ProcessState& p, const CallEvent& e);

@@ -635,7 +635,7 @@ void RecordWriter::insert_call(const CallEvent& e) {
 
 void RecordWriter::insert_nccl_call(const CallEvent& e, const cuda::FunctionSpec& f) {
   using enum cuda::CallKind;
-  const CallEvent::Nccl& n = *e.nccl;
+  const NcclArgs& n = *e.nccl;
   auto& s = insert_nccl_call_;
   s.bind(1, e.call_id);
   if (n.comm) s.bind(2, n.comm);

@@ -58,83 +58,70 @@ uint64_t nccl_id_hash(const uint8_t* bytes, size_t n) {
 }
 
 bool decode_nccl(const cuda::FunctionSpec& f, const __u64* a, const EntryData& d, CallEvent& e) {
+  if (f.api != cuda::Api::Nccl) return false;
+  NcclArgs& n = e.nccl.emplace();  // a group's start or end has nothing more
   using enum cuda::Signature;
   switch (f.sig) {
     case NcclReduce:  // (send, recv, count, datatype, op, comm, stream)
-      e.nccl.emplace();
       collective(a, e, a[2], as_int(a[3]));
-      e.nccl->op = as_int(a[4]);
-      e.nccl->comm = a[5];
+      n.op = as_int(a[4]);
+      n.comm = a[5];
       e.stream = a[6];
-      return true;
+      break;
     case NcclGather:  // (send, recv, count, datatype, comm, stream)
-      e.nccl.emplace();
       collective(a, e, a[2], as_int(a[3]));
-      e.nccl->comm = a[4];
+      n.comm = a[4];
       e.stream = a[5];
-      return true;
+      break;
     case NcclRooted:  // (send, recv, count, datatype, root, comm, stream)
-      e.nccl.emplace();
       collective(a, e, a[2], as_int(a[3]));
-      e.nccl->peer = as_int(a[4]);
-      e.nccl->comm = a[5];
+      n.peer = as_int(a[4]);
+      n.comm = a[5];
       e.stream = a[6];
-      return true;
+      break;
     case NcclReduceRooted:  // (send, recv, count, datatype, op, root, comm, stream)
-      e.nccl.emplace();
       collective(a, e, a[2], as_int(a[3]));
-      e.nccl->op = as_int(a[4]);
-      e.nccl->peer = as_int(a[5]);
-      e.nccl->comm = a[6];
+      n.op = as_int(a[4]);
+      n.peer = as_int(a[5]);
+      n.comm = a[6];
       e.stream = a[7];
-      return true;
+      break;
     case NcclPeer: {  // (buf, count, datatype, peer or root, comm, stream)
-      e.nccl.emplace();
       const __u64 shifted[] = {a[0], a[0], a[1], a[2]};
       collective(shifted, e, a[1], as_int(a[2]));
-      e.nccl->peer = as_int(a[3]);
-      e.nccl->comm = a[4];
+      n.peer = as_int(a[3]);
+      n.comm = a[4];
       e.stream = a[5];
-      return true;
+      break;
     }
-    case NcclCommInitRank: {  // (comm* out, nranks, rank, [config]); the unique id at arguments 6-9
-      e.nccl.emplace();
-      e.nccl->nranks = as_int(a[1]);
-      e.nccl->rank = as_int(a[2]);
+    case NcclCommInitRank:      // (comm* out, nranks, rank, [config]); the unique id at arguments 6-9
+    case NcclCommInitScalable: {  // (comm* out, nranks, rank, nIds, ncclUniqueId* ids, config): read at entry
+      n.nranks = as_int(a[1]);
+      n.rank = as_int(a[2]);
       uint8_t id[32];
-      std::memcpy(id, &a[GS_NUM_REG_ARGS], sizeof id);
-      e.nccl->id_hash = nccl_id_hash(id, sizeof id);
-      if (e.out_valid) e.nccl->comm = e.out_handle;
-      return true;
-    }
-    case NcclCommInitScalable: {  // (comm* out, nranks, rank, nIds, ncclUniqueId* ids, config)
-      e.nccl.emplace();
-      e.nccl->nranks = as_int(a[1]);
-      e.nccl->rank = as_int(a[2]);
-      if (d.ok()) {
-        uint8_t id[32];
+      if (f.sig == NcclCommInitRank) {
+        std::memcpy(id, &a[GS_NUM_REG_ARGS], sizeof id);
+        n.id_hash = nccl_id_hash(id, sizeof id);
+      } else if (d.ok()) {
         for (size_t i = 0; i < sizeof id; ++i) id[i] = d.get<uint8_t>(i);
-        e.nccl->id_hash = nccl_id_hash(id, sizeof id);
+        n.id_hash = nccl_id_hash(id, sizeof id);
       }
-      if (e.out_valid) e.nccl->comm = e.out_handle;
-      return true;
+      if (e.out_valid) n.comm = e.out_handle;
+      break;
     }
     case NcclCommSplit:  // (comm, color, key, comm* out, config)
-      e.nccl.emplace();
-      e.nccl->parent = a[0];
-      e.nccl->color = as_int(a[1]);
-      e.nccl->key = as_int(a[2]);
-      if (e.out_valid) e.nccl->comm = e.out_handle;
-      return true;
+      n.parent = a[0];
+      n.color = as_int(a[1]);
+      n.key = as_int(a[2]);
+      if (e.out_valid) n.comm = e.out_handle;
+      break;
     case NcclComm:
-      e.nccl.emplace();
-      e.nccl->comm = a[0];
-      return true;
+      n.comm = a[0];
+      break;
     default:
-      if (f.api != cuda::Api::Nccl) return false;
-      e.nccl.emplace();  // a group's start or end
-      return true;
+      break;
   }
+  return true;
 }
 
 }  // namespace gpuscope::decode

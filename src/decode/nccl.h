@@ -12,8 +12,8 @@
 
 namespace gpuscope::decode {
 
-// Fills e (e.nccl, and bytes, buffers and stream) from a call of an NCCL signature; false for
-// any other signature.
+// Fills e (e.nccl, and bytes, buffers and stream) from a call of NCCL's API; false for a function
+// of another API.
 bool decode_nccl(const cuda::FunctionSpec& f, const __u64* args, const EntryData& entry, CallEvent& e);
 
 // ncclDataType_t: bytes an element (0: unknown), and its name ("" if unknown).

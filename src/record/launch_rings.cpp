@@ -71,28 +71,20 @@ void LaunchRings::let_go(Ring& r) {
   __atomic_compare_exchange_n(&r.header->reader_pid, &mine, 0u, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
 }
 
-std::string LaunchRings::standby_ring(pid_t pid) {
-  const std::string maps = read_text_file(fmt::format("/proc/{}/maps", pid)).value_or("");
-  // "start-end perms offset dev inode /memfd:gpuscope-launches (deleted)"
+const discover::Mapping* LaunchRings::standby_ring(const std::vector<discover::Mapping>& maps) {
+  // Its memfd's mapping: "/memfd:gpuscope-launches (deleted)".
   const std::string name = "/memfd:" GS_LAUNCH_RING_MEMFD;
-  for (size_t at = 0; at < maps.size();) {
-    const size_t end = std::min(maps.find('\n', at), maps.size());
-    const std::string_view line(maps.data() + at, end - at);
-    at = end + 1;
-    const size_t path = line.find(name);
-    if (path == std::string_view::npos || line.find(' ') == std::string_view::npos) continue;
-    const std::string_view rest = line.substr(path + name.size());
-    if (rest.empty() || rest == " (deleted)") return std::string(line.substr(0, line.find(' ')));
-  }
-  return {};
+  for (const auto& m : maps)
+    if (m.path == name || m.path == name + " (deleted)") return &m;
+  return nullptr;
 }
 
-LaunchRings::Claim LaunchRings::claim(pid_t pid, uint32_t* reader) {
-  const std::string range = standby_ring(pid);
-  if (range.empty()) return Claim::NoRing;
+LaunchRings::Claim LaunchRings::claim(pid_t pid, const std::vector<discover::Mapping>& maps, uint32_t* reader) {
+  const discover::Mapping* ring = standby_ring(maps);
+  if (!ring) return Claim::NoRing;
   // The memfd itself (needs CAP_SYS_ADMIN, as gpuscope has): sealed, so the mapping can never
   // run past the file.
-  const int fd = open(fmt::format("/proc/{}/map_files/{}", pid, range).c_str(), O_RDWR | O_CLOEXEC);
+  const int fd = open(fmt::format("/proc/{}/map_files/{:x}-{:x}", pid, ring->start, ring->end).c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return Claim::Refused;
   struct stat st{};
   const bool sealed = (fcntl(fd, F_GET_SEALS) & F_SEAL_SHRINK) && fstat(fd, &st) == 0 &&

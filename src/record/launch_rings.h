@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "discover/proc.h"
 #include "events.h"
 #include "inject/launch_ring.h"
 #include "record/tsc_clock.h"
@@ -44,9 +45,10 @@ class LaunchRings {
   // its claim given back. Taken: another live gpuscope (`reader`) reads it. It hands no launch
   // over for its stack until set_stack_every.
   enum class Claim { Claimed, NoRing, Taken, Refused };
-  Claim claim(pid_t pid, uint32_t* reader = nullptr);
-  // The address range ("start-end") of the process's ring as its maps list it; "" if none.
-  static std::string standby_ring(pid_t pid);
+  // `maps`: the process's (discover::read_maps).
+  Claim claim(pid_t pid, const std::vector<discover::Mapping>& maps, uint32_t* reader = nullptr);
+  // The mapping of a process's ring among its `maps`; null if none.
+  static const discover::Mapping* standby_ring(const std::vector<discover::Mapping>& maps);
   // The names the processes give the functions they launch, handed to `on` by drain and forget
   // before the launches read with them. Set before the first drain.
   using OnName = std::function<void(uint32_t pid, uint64_t function, std::string_view name)>;

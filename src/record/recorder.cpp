@@ -333,7 +333,7 @@ void Recorder::prepare_launch_rings() {
     std::vector<pid_t> targets = opts_.pids;
     for (pid_t d : discover::descendants(opts_.pids)) targets.push_back(d);
     const bool any = std::any_of(targets.begin(), targets.end(),
-                                 [](pid_t p) { return !LaunchRings::standby_ring(p).empty(); });
+                                 [](pid_t p) { return LaunchRings::standby_ring(discover::read_maps(p)) != nullptr; });
     launch_probes_ = asked || any ? LaunchProbes::InProcess : LaunchProbes::Probes;
     return;
   }

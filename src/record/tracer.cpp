@@ -359,7 +359,7 @@ void Tracer::check_launch_hooks(pid_t pid) {
     // Joined late: its ring, in standby, is claimed; then its hooks are probed for the launches
     // they hand over for their stacks, and only then asked to.
     uint32_t reader = 0;
-    switch (launch_rings_->claim(pid, &reader)) {
+    switch (launch_rings_->claim(pid, maps, &reader)) {
       case LaunchRings::Claim::Claimed:
         claimed_rings_.push_back(pid);
         if (opts_.stacks) {

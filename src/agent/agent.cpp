@@ -744,9 +744,10 @@ int Agent::run() {
   bcfg.budget = cfg_.budget;
   bcfg.entry_hit_ns = hit_cost_.entry_ns;
   bcfg.return_hit_ns = hit_cost_.return_ns;
-  budget_ = std::make_unique<BudgetController>(bcfg, *agg_, [this](pid_t pid, bool on) {
+  budget_ = std::make_unique<BudgetController>(bcfg, *agg_, [this](pid_t pid, bool on, bool all_functions) {
     try {
-      tracer_->bpf().set_high_rate_probes(pid, on);
+      const auto seen = on && !all_functions ? agg_->high_rate_functions(uint32_t(pid)) : std::set<uint16_t>{};
+      tracer_->bpf().set_high_rate_probes(pid, on, on && !all_functions ? &seen : nullptr);
       return on;
     } catch (const std::exception& e) {
       // Said once per process; its launches and copies go unobserved (observed_ratio shows it).

@@ -163,6 +163,8 @@ void Aggregator::add_call(const CallEvent& e) {
     p->hits.high_rate_entries += entries;
     p->hits.high_rate_returns += returns;
     ++high_rate_calls_seen_;
+    p->high_rate_functions.insert(e.func);
+    if (e.driver_func) p->high_rate_functions.insert(e.driver_func);
   }
   // A driver call made inside a runtime call is part of that call: counted once, as the program made it.
   if (e.parent_id) return;
@@ -399,6 +401,12 @@ std::map<uint32_t, ProbeHits> Aggregator::probe_hits() const {
   for (const auto& [pid, p] : processes_)
     if (!p.exited) out[pid] = p.hits;
   return out;
+}
+
+std::set<uint16_t> Aggregator::high_rate_functions(uint32_t pid) const {
+  std::lock_guard lock(mu_);
+  auto it = processes_.find(pid);
+  return it == processes_.end() ? std::set<uint16_t>{} : it->second.high_rate_functions;
 }
 
 Labels Aggregator::labels_of(uint32_t pid) const {

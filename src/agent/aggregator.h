@@ -10,6 +10,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <set>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -110,6 +111,9 @@ class Aggregator final : public store::EventSink {
   // work on them grows with.
   uint64_t high_rate_calls_seen() const;
   std::map<uint32_t, ProbeHits> probe_hits() const;
+  // The high-rate functions (cuda::FunctionSpec ids) the process was seen calling, driver calls
+  // made inside runtime calls included: what its probes must cover between full on-periods.
+  std::set<uint16_t> high_rate_functions(uint32_t pid) const;
   // The process's labels (empty if unknown).
   Labels labels_of(uint32_t pid) const;
 
@@ -154,6 +158,7 @@ class Aggregator final : public store::EventSink {
     std::map<uint16_t, CallTotals> syncs;  // function id
     std::map<uint16_t, double> errors;     // function id -> calls that returned an error
     ProbeHits hits;
+    std::set<uint16_t> high_rate_functions;
     std::unordered_map<int64_t, int64_t> cpu_window, launch_window;  // stack id -> weight
     uint64_t window_start_unix_ns = 0;
     Labels labels() const;

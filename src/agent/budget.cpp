@@ -66,7 +66,8 @@ void BudgetController::add_process(pid_t pid, uint64_t now_ns, bool at_start) {
   // on the dev VM). Calls before that are not counted, as calls before its library's load was
   // seen are not.
   const auto attach_start = std::chrono::steady_clock::now();
-  st.on = switch_(pid, true);
+  st.on = switch_(pid, true, true);
+  st.on_periods = 1;
   const uint64_t live_ns = now_ns + elapsed_ns(attach_start);
   agg_.high_rate_found(uint32_t(pid), live_ns, at_start);
   if (st.on) agg_.high_rate_switched_on(uint32_t(pid), live_ns);
@@ -88,7 +89,7 @@ void BudgetController::remove_process(pid_t pid, uint64_t now_ns) {
   if (now_ns) agg_.high_rate_let_go(uint32_t(pid), now_ns);
   state_.erase(it);
   ++changes_;
-  switch_(pid, false);
+  switch_(pid, false, false);
 }
 
 void BudgetController::tick(uint64_t now_ns) {
@@ -171,7 +172,7 @@ void BudgetController::tick(uint64_t now_ns) {
       // credited it with calls it never saw, and estimates came out 7-20% low.
       const uint64_t off_at = now_ns + elapsed_ns(tick_start);
       const auto detach_start = std::chrono::steady_clock::now();
-      switch_(pid, false);
+      switch_(pid, false, false);
       // The probes were live from the tick that switched them on until the switch-off returned:
       // longer than planned, as ticks come late and attaching and detaching take the agent time
       // (on the H100 VM the planned duty was overrun severalfold). So the off-period is sized
@@ -187,7 +188,7 @@ void BudgetController::tick(uint64_t now_ns) {
                 "time while on)",
                 pid, st.off_len_s, live_s, duty, st.probe_share * 100);
     } else if (!st.on && (duty >= 1 || phase_s >= st.off_len_s)) {
-      st.on = switch_(pid, true);
+      st.on = switch_(pid, true, st.on_periods++ % kAllFunctionsEvery == 0);
       st.phase_start_ns = now_ns;
       // Live once attaching returned: until then the off-period goes on.
       if (st.on) agg_.high_rate_switched_on(uint32_t(pid), now_ns + elapsed_ns(tick_start));

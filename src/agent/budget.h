@@ -32,8 +32,10 @@ struct BudgetConfig {
 
 class BudgetController {
  public:
-  // `switch_probes(pid, on)` attaches or removes a process's high-rate probes; false if that failed.
-  using SwitchFn = std::function<bool(pid_t, bool)>;
+  // `switch_probes(pid, on, all_functions)` attaches or removes a process's high-rate probes;
+  // false if that failed. Switching on with `all_functions` false, only the functions the
+  // process was seen calling need probes (see kAllFunctionsEvery).
+  using SwitchFn = std::function<bool(pid_t, bool on, bool all_functions)>;
   BudgetController(const BudgetConfig& cfg, Aggregator& agg, SwitchFn switch_probes);
 
   void set_budget(double budget) { cfg_.budget = budget; }
@@ -75,6 +77,7 @@ class BudgetController {
     // cost of high-rate hits (whenever their records arrive: some come after the switch-off)
     // and of the always-on probes' hits.
     uint64_t acc_on_wall_ns = 0;
+    uint32_t on_periods = 0;  // switched on since tracked
     bool estimated = false;  // the duty was estimated once
     double probe_share = 0;  // the high-rate probes' cost over the CPU time while on, at the last estimate
     double acc_on_cpu_ns = 0, acc_cpu_ns = 0, acc_high_added_ns = 0, acc_low_added_ns = 0;
@@ -93,6 +96,12 @@ class BudgetController {
   static constexpr double kMinAgentFactor = 0.05;
   // On-time after which a process far over its budget is cut back, before a full estimate.
   static constexpr uint64_t kEarlyEstimateNs = 200'000'000;
+  // Every high-rate function is probed in the first on-period and in every 4th after it, the
+  // rest probe those the process was seen calling: a function it starts calling is found within
+  // four cycles (8 s at the 2 s cycle). Attaching and removing ~100 probes a cycle, most never
+  // hit, took the larger part of the agent's CPU (dev VM, perf: TLB flushes of the probes'
+  // writes into the process).
+  static constexpr uint32_t kAllFunctionsEvery = 4;
   double hits_cost_ns(uint64_t entries, uint64_t returns) const;
   // The share of the cycle a process's high-rate probes are on: its duty, the agent's factor.
   double duty_now(const ProcessState& st) const;

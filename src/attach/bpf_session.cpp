@@ -613,18 +613,34 @@ AttachResult BpfSession::attach_file(const std::string& path) {
   return result;
 }
 
-void BpfSession::attach_high_rate(pid_t pid, const HighRateSet& set, ProcessLinks& into) {
+void BpfSession::attach_high_rate(pid_t pid, const HighRateSet& set, ProcessLinks& into,
+                                  const std::set<uint16_t>* only) {
+  // Each probe written into a process or taken out of it costs the agent a TLB flush across the
+  // host's CPUs per mapping (uprobe_write_opcode): attaching and removing a file's ~60 high-rate
+  // probes every cycle was the largest part of the agent's CPU beside a training job (dev VM,
+  // perf). A program calls a handful of them.
+  auto pick = [only](const ProbeSet& all) {
+    if (!only) return all;
+    ProbeSet some;
+    for (size_t i = 0; i < all.offsets.size(); ++i)
+      if (only->contains(uint16_t(GS_COOKIE_FUNC(all.cookies[i])))) {
+        some.offsets.push_back(all.offsets[i]);
+        some.cookies.push_back(all.cookies[i]);
+      }
+    return some;
+  };
+  const ProbeSet emit = pick(set.emit), entry = pick(set.entry);
   if (multi_) {
-    for (int fd : {attach_multi(emit_program(), set.path, set.emit, false, pid),
-                   attach_multi(entry_program(), set.path, set.entry, false, pid),
-                   attach_multi(return_program(), set.path, set.entry, true, pid)})
+    for (int fd : {attach_multi(emit_program(), set.path, emit, false, pid),
+                   attach_multi(entry_program(), set.path, entry, false, pid),
+                   attach_multi(return_program(), set.path, entry, true, pid)})
       if (fd >= 0) into.fds.push_back(fd);
     return;
   }
-  for (size_t i = 0; i < set.emit.offsets.size(); ++i)
-    attach_probe(set.path, set.emit.offsets[i], set.emit.cookies[i], true, false, into.links, pid);
-  for (size_t i = 0; i < set.entry.offsets.size(); ++i)
-    attach_probe(set.path, set.entry.offsets[i], set.entry.cookies[i], false, true, into.links, pid);
+  for (size_t i = 0; i < emit.offsets.size(); ++i)
+    attach_probe(set.path, emit.offsets[i], emit.cookies[i], true, false, into.links, pid);
+  for (size_t i = 0; i < entry.offsets.size(); ++i)
+    attach_probe(set.path, entry.offsets[i], entry.cookies[i], false, true, into.links, pid);
 }
 
 void BpfSession::retire(pid_t pid, ProcessLinks&& links) {
@@ -634,7 +650,7 @@ void BpfSession::retire(pid_t pid, ProcessLinks&& links) {
   });
 }
 
-int BpfSession::set_high_rate_probes(pid_t pid, bool on) {
+int BpfSession::set_high_rate_probes(pid_t pid, bool on, const std::set<uint16_t>* only) {
   auto it = high_rate_links_.find(pid);
   if (!on) {
     if (it == high_rate_links_.end()) return 0;
@@ -648,7 +664,7 @@ int BpfSession::set_high_rate_probes(pid_t pid, bool on) {
   closer_.wait_for(pid);
   ProcessLinks links;
   try {
-    for (const auto& set : high_rate_sets_) attach_high_rate(pid, set, links);
+    for (const auto& set : high_rate_sets_) attach_high_rate(pid, set, links, only);
   } catch (...) {
     for (int fd : links.fds) close(fd);
     throw;

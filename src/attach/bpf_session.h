@@ -189,8 +189,9 @@ class BpfSession {
   // With high_rate_per_process: attaches (on) or removes (off) the process's high-rate probes
   // in every file attached so far and, while on, in files attached later. Returns the number
   // of links made or removed; throws Error if the kernel refuses. Links removed close on the
-  // LinkCloser's threads: this returns without waiting for them.
-  int set_high_rate_probes(pid_t pid, bool on);
+  // LinkCloser's threads: this returns without waiting for them. `only` (on): probe just these
+  // functions (cuda::FunctionSpec ids) in the files attached so far; null: every high-rate one.
+  int set_high_rate_probes(pid_t pid, bool on, const std::set<uint16_t>* only = nullptr);
   // Removes what a process that exited still holds.
   void forget_process(pid_t pid);
   size_t processes_with_high_rate_probes() const { return high_rate_links_.size(); }
@@ -327,7 +328,7 @@ class BpfSession {
   bool runtime_launches_per_process_ = false;
   std::vector<HighRateSet> high_rate_sets_;
   std::map<pid_t, ProcessLinks> high_rate_links_;
-  void attach_high_rate(pid_t pid, const HighRateSet& set, ProcessLinks& into);
+  void attach_high_rate(pid_t pid, const HighRateSet& set, ProcessLinks& into, const std::set<uint16_t>* only = nullptr);
   // Closes a process's links on the closer's threads.
   void retire(pid_t pid, ProcessLinks&& links);
 };

@@ -370,7 +370,7 @@ TEST(Budget, DutyFollowsWhatTheProbesCostAgainstTheProcessCpu) {
   const pid_t pid = getpid();
   std::vector<std::pair<pid_t, bool>> switches;
   const agent::BudgetConfig cfg = one_percent_budget(1000, 3000);
-  agent::BudgetController budget(cfg, agg, [&](pid_t p, bool on) {
+  agent::BudgetController budget(cfg, agg, [&](pid_t p, bool on, bool) {
     switches.emplace_back(p, on);
     return on;
   });
@@ -427,7 +427,7 @@ TEST(Budget, AlwaysOnProbesTakeTheirShareAndLateHitsStillCount) {
   agent::Aggregator agg({}, 0);
   const pid_t pid = getpid();
   const agent::BudgetConfig cfg = one_percent_budget(1000, 1000);
-  agent::BudgetController budget(cfg, agg, [](pid_t, bool on) { return on; });
+  agent::BudgetController budget(cfg, agg, [](pid_t, bool on, bool) { return on; });
   agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
   uint64_t now = 1'000'000'000;
   budget.add_process(pid, now);
@@ -465,7 +465,7 @@ TEST(Budget, SlowSwitchesLengthenTheOffPeriodNotTheShareObserved) {
   agent::Aggregator agg({}, 0);
   const pid_t pid = getpid();
   const agent::BudgetConfig cfg = one_percent_budget(1000, 1000);
-  agent::BudgetController budget(cfg, agg, [](pid_t, bool on) {
+  agent::BudgetController budget(cfg, agg, [](pid_t, bool on, bool) {
     if (!on) std::this_thread::sleep_for(std::chrono::milliseconds(300));
     return on;
   });
@@ -483,6 +483,31 @@ TEST(Budget, SlowSwitchesLengthenTheOffPeriodNotTheShareObserved) {
   // 0.5 * (1 - duty) / duty.
   EXPECT_GT(st.off_len_s, 0.49 * (1 - st.duty) / st.duty);
   EXPECT_LT(st.off_len_s, 0.56 * (1 - st.duty) / st.duty);
+}
+
+TEST(Budget, ProbesEveryFunctionInTheFirstAndEveryFourthOnPeriodOnly) {
+  // Between those, only the functions the process was seen calling are probed: the aggregator
+  // keeps them, driver calls made inside runtime calls included.
+  agent::Aggregator agg({}, 0);
+  const pid_t pid = getpid();
+  std::vector<bool> all_functions;  // one per switch-on
+  agent::BudgetController budget(one_percent_budget(1000, 1000), agg, [&](pid_t, bool on, bool all) {
+    if (on) all_functions.push_back(all);
+    return on;
+  });
+  agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
+  uint64_t now = 1'000'000'000;
+  budget.add_process(pid, now);
+  const uint64_t burnt = burn_cpu(300'000'000);
+  CallEvent launch = call(uint32_t(pid), "cudaLaunchKernel");
+  launch.driver_func = cuda::function_by_symbol("cuLaunchKernel")->id;
+  for (uint64_t i = 0; i < burnt / 10 / 1000; ++i) agg.add_call(launch);
+  for (int i = 0; i < 600 && all_functions.size() < 10; ++i) budget.tick(now += 100'000'000);
+  ASSERT_GE(all_functions.size(), 10u);
+  for (size_t i = 0; i < all_functions.size(); ++i) EXPECT_EQ(all_functions[i], i % 4 == 0) << "on-period " << i;
+  EXPECT_EQ(agg.high_rate_functions(uint32_t(pid)),
+            (std::set<uint16_t>{cuda::function_by_symbol("cudaLaunchKernel")->id, launch.driver_func}));
+  EXPECT_TRUE(agg.high_rate_functions(uint32_t(pid) + 1).empty());
 }
 
 TEST(NameOffsets, AgreesWithTheIndexedFileAndKeepsNothing) {
@@ -649,7 +674,7 @@ TEST(Budget, ProcessCpuTimeReadsStatPastACommandWithParentheses) {
 struct FoundProcess {
   agent::Aggregator agg{{}, 0, "/", [this] { return now; }};  // the budget's clock
   const pid_t pid = getpid();
-  agent::BudgetController budget{one_percent_budget(1000, 1000), agg, [](pid_t, bool on) { return on; }};
+  agent::BudgetController budget{one_percent_budget(1000, 1000), agg, [](pid_t, bool on, bool) { return on; }};
   uint64_t now = 1'000'000'000;
   FoundProcess() {
     agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));  // known to the aggregator
@@ -726,7 +751,7 @@ TEST(Budget, OnlyTheAgentsWorkOnObservedCallsCutsEveryDuty) {
   EXPECT_DOUBLE_EQ(agent::observing_share(0.08, 1, 2000, 1000), 0.04);  // half
   EXPECT_EQ(agent::observing_share(0.08, 1, 0, 0), 0);
   agent::Aggregator agg({}, 0);
-  agent::BudgetController budget(one_percent_budget(1000, 1000), agg, [](pid_t, bool on) { return on; });
+  agent::BudgetController budget(one_percent_budget(1000, 1000), agg, [](pid_t, bool on, bool) { return on; });
   budget.note_agent_cpu(agent::observing_share(0.08, 1, 1000, 0), 0.05);
   EXPECT_EQ(budget.agent_factor(), 1);
   budget.note_agent_cpu(agent::observing_share(0.2, 1, 1000, 1000), 0.05);

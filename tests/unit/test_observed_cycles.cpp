@@ -54,7 +54,7 @@ TEST(ObservedCycles, AProcessThatLivesInsideOneOnPeriodIsCountedExactlyWhateverT
   agent::BudgetConfig cfg;
   cfg.budget = 0.01;
   cfg.entry_hit_ns = cfg.return_hit_ns = 1000;
-  agent::BudgetController budget(cfg, t.agg, [](pid_t, bool on) { return on; });
+  agent::BudgetController budget(cfg, t.agg, [](pid_t, bool on, bool) { return on; });
   budget.note_agent_cpu(0.13, 0.05);
   ASSERT_NEAR(budget.agent_factor(), 0.385, 0.001);
   const uint64_t found = t.now;

@@ -21,7 +21,7 @@
 namespace gpuscope::agent {
 
 struct BudgetConfig {
-  double budget = 0.01;           // share of the process's CPU time; 1 (or more): no limit
+  double budget = 0.005;          // share of the process's CPU time; 1 (or more): no limit
   double entry_hit_ns = 0;        // an entry-only probe hit (uprobe)
   double return_hit_ns = 0;       // a call probed at entry and return (uprobe + uretprobe)
   // High-rate probes are on for duty * cycle_s of each cycle. Short, so that the live diagnosis

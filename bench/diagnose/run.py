@@ -56,6 +56,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # GPUSCOPE_DIAG_WORKLOAD: another script taking workload.py's options (to check this harness
 # where there is no GPU).
 WORKLOAD = os.environ.get("GPUSCOPE_DIAG_WORKLOAD", os.path.join(HERE, "workload.py"))
+
+
+def workload_cmd(a, *args):
+    """The workload's command line, with --scale where it is not 1 (a batch other than the
+    workload's own, e.g. --scale 0.6667 for the training step's batch of 256 before 2026-11-29)."""
+    return [a.python, WORKLOAD, *args] + (["--scale", str(a.scale)] if a.scale != 1 else [])
 SCENARIOS = {  # name: (fault inside the workload, injected from outside, expected cause)
     "clean": ("none", None, "none"),
     "hog": ("none", "hog", "cpu_contention"),
@@ -310,8 +316,8 @@ def run_one(a, lane, workload, scenario, intensity):
     inj = Injector(outside, intensity, lane, cg, a.python) if outside and outside != "server" else None
     if inj:
         inj.prepare()
-    wl = [a.python, WORKLOAD, "--workload", workload, "--fault", fault, "--intensity", str(intensity),
-          "--seconds", str(a.seconds), "--ready", ready, "--cpu", str(loop_cpu), "--dir", a.out]
+    wl = workload_cmd(a, "--workload", workload, "--fault", fault, "--intensity", str(intensity),
+                      "--seconds", str(a.seconds), "--ready", ready, "--cpu", str(loop_cpu), "--dir", a.out)
     if server:
         wl += ["--port", str(server.port)]
     inner = " ".join(f"'{x}'" for x in wl)
@@ -630,7 +636,7 @@ def steady(a):
     with agent(a, suite=False) as ag:
         w = a.workloads.split(",")[0]
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(a.lane)}
-        p = subprocess.Popen([a.python, WORKLOAD, "--workload", w, "--seconds", str(a.seconds), "--dir", a.out],
+        p = subprocess.Popen(workload_cmd(a, "--workload", w, "--seconds", str(a.seconds), "--dir", a.out),
                              stdout=subprocess.PIPE, text=True, env=env)
         time.sleep(30)
         cpu0, t0, threads0 = cpu_seconds(ag.pid), time.monotonic(), thread_cpu(ag.pid)
@@ -687,7 +693,7 @@ def overhead(a):
     for rnd in range(a.rounds):
         for w in a.workloads.split(","):
             for mode in modes:
-                wl = [a.python, WORKLOAD, "--workload", w, "--seconds", str(a.seconds), "--dir", a.out]
+                wl = workload_cmd(a, "--workload", w, "--seconds", str(a.seconds), "--dir", a.out)
                 env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(a.lane)}
                 if mode == "record":
                     wl = [f"{a.build}/gpuscope", "record", "-q", "-o", os.path.join(a.out, "overhead.gpuscope"), "--"] + wl
@@ -741,8 +747,8 @@ def paired(a):
         if os.path.exists(f):
             os.unlink(f)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(a.lane)}
-    p = subprocess.Popen([a.python, WORKLOAD, "--workload", w, "--seconds", str(a.seconds), "--dir", a.out,
-                          "--ready", ready, "--series", series], stdout=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(workload_cmd(a, "--workload", w, "--seconds", str(a.seconds), "--dir", a.out,
+                                      "--ready", ready, "--series", series), stdout=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 120
     while not os.path.exists(ready):
         if p.poll() is not None or time.monotonic() > deadline:
@@ -817,6 +823,7 @@ def main():
                     help="run on GPUs 0..N-1 at once, a run on each (CPUs 4k+2.. for lane k); flood runs alone "
                          "at the end (its packet steering is the host's)")
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--scale", type=float, default=1.0, help="multiplies each workload's batch (workload.py --scale)")
     ap.add_argument("--record-args", default="", help="more options for gpuscope record")
     ap.add_argument("--keep-records", action="store_true")
     ap.add_argument("--skip-done", action="store_true", help="skip the runs that DIR/runs.jsonl already holds")

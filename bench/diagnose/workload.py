@@ -4,12 +4,14 @@
     python3 workload.py --workload train|cnn|infer [--fault F] [--intensity 1|2] [--seconds 8]
                         [--ready FILE] [--cpu N] [--port P] [--dir DIR] [--scale X]
 Workloads, each meant to keep the GPU busy when nothing is wrong (the host launches ahead):
-  train  an MLP training step (16 layers of 2048, batch 256) on input copied from pinned memory
+  train  an MLP training step (16 layers of 2048, batch 384) on input copied from pinned memory
   cnn    a small CNN (72 channels) trained from a DataLoader (4 workers, pin_memory, non_blocking copies)
   infer  a Transformer encoder's inference loop (batch 16); each step's output is copied back to
          pinned memory and waited for one step later (pipelined: the GPU never waits for the host's read)
 Sized on the H100 so that the GPU is busy >90% of a clean step while the host's work per step is
 more than a third of the GPU's: a job tuned to keep its GPU fed, which host faults then slow.
+(train was batch 256 until 2026-11-29: its clean step left the GPU 84-85% busy on an H100 and an
+H200, launch-bound in part, and diagnose said so: launch_bound 14%, true of it, not of a clean run.)
 Faults from inside (intensity 2 is the stronger):
   pageable     the input comes from pageable memory (16 MB; 64 MB)
   fsync        a checkpoint written and fsynced every step (8 MB; 32 MB)
@@ -95,7 +97,7 @@ def main():
 
     # The model and its step; `inp()` gives the next input on the GPU.
     if a.workload == "train":
-        batch = max(1, int(256 * a.scale) // batch_div)
+        batch = max(1, int(384 * a.scale) // batch_div)
         model = torch.nn.Sequential(*[m for _ in range(16) for m in (torch.nn.Linear(2048, 2048), torch.nn.ReLU())]).to(dev)
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
         target = torch.randn(batch, 2048, device=dev)

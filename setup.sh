@@ -6,7 +6,7 @@ cd "$(dirname "$0")"
 
 PACKAGES=(build-essential cmake pkg-config clang libbpf-dev bpftool libelf-dev libdw-dev zlib1g-dev
           libzstd-dev libbz2-dev liblzma-dev libsqlite3-dev sqlite3 libfmt-dev libcli11-dev nlohmann-json3-dev libgtest-dev
-          libcpp-httplib-dev libmicrohttpd-dev libyaml-cpp-dev
+          libcpp-httplib-dev libmicrohttpd-dev libyaml-cpp-dev libibverbs-dev
           python3 python3-pytest procps util-linux)
 
 # install_missing [apt-get install options...] -- PACKAGE...

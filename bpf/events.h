@@ -47,6 +47,7 @@ enum gs_record_kind {
 	GS_REC_THREAD_TIME = 12,  /* how a target thread spent a window of time (host_events.h) */
 	GS_REC_FUNCTION_NAME = 13, /* a kernel function's name, as a process's launch hooks told it:
 	                            * made by gpuscope from the launch rings, never by BPF */
+	GS_REC_VERBS = 14,   /* an RDMA verbs call: control path or data path (verbs_events.h) */
 };
 
 /* The BPF cookie of each uprobe, set by user space at attach time:
@@ -517,7 +518,12 @@ enum gs_unwind_stat {
 	/* A stack walked along frame pointers instead of sent as a copy while a table (or the \
 	 * walker) it needed was not there yet: copies past GS_STACK_COPIES_PER_S, or the ring half \
 	 * full. */ \
-	X(GS_LOST_UNWIND_COPY_LIMIT, "unwind_copy_limit")
+	X(GS_LOST_UNWIND_COPY_LIMIT, "unwind_copy_limit") \
+	/* RDMA verbs: work requests or completions past GS_VERBS_MAX_ITEMS in one call (each one \
+	 * counted, up to GS_VERBS_COUNT_LIMIT a post), and contexts past the map of contexts \
+	 * to resolve (their QPs' posts and completions are not probed) */ \
+	X(GS_LOST_VERBS_ITEMS, "verbs_items") \
+	X(GS_LOST_VERBS_CONTEXTS, "verbs_contexts_full")
 
 #define GS_LOST_ENUM_ENTRY(cause, name) cause,
 enum gs_lost_cause {

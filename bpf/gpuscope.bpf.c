@@ -21,5 +21,6 @@
 #include "host.bpf.c"
 #include "samples.bpf.c"
 #include "libload.bpf.c"
+#include "verbs.bpf.c"
 
 char LICENSE[] SEC("license") = "GPL";

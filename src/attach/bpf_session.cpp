@@ -524,6 +524,21 @@ void BpfSession::attach_entry_probe(const std::string& path, uint64_t offset, ui
   multi_links_.push_back(attach_multi(emit_program(), path, one, false));
 }
 
+void BpfSession::attach_program(const char* program, const std::string& path, uint64_t offset, uint64_t cookie,
+                                bool retprobe) {
+  bpf_program* prog = bpf_object__find_program_by_name(skel_->obj, program);
+  if (!prog) throw Error("no BPF program {}", program);
+  LIBBPF_OPTS(bpf_uprobe_opts, opts, .bpf_cookie = cookie, .retprobe = retprobe);
+  bpf_link* link = bpf_program__attach_uprobe_opts(prog, -1, path.c_str(), offset, &opts);
+  if (!link) throw Error("{} at {}+{:#x}: {}", retprobe ? "uretprobe" : "uprobe", path, offset, strerror(errno));
+  links_.emplace_back(link);
+}
+
+int BpfSession::map_fd(const char* name) const {
+  bpf_map* m = bpf_object__find_map_by_name(skel_->obj, name);
+  return m ? bpf_map__fd(m) : -1;
+}
+
 AttachResult BpfSession::attach_file(const std::string& path) {
   AttachResult result;
   struct stat st{};

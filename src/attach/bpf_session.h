@@ -120,6 +120,13 @@ class BpfSession {
   BpfSession(const BpfSession&) = delete;
   BpfSession& operator=(const BpfSession&) = delete;
 
+  // A probe on a program of its own (not the CUDA catalogue's: verbs.bpf.c's), by the program's
+  // name, kept until the session ends. Throws Error where it cannot be placed.
+  void attach_program(const char* program, const std::string& path, uint64_t offset, uint64_t cookie,
+                      bool retprobe);
+  // A map's fd by its name in the object (-1 if none).
+  int map_fd(const char* name) const;
+
   void add_target(pid_t pid);
   void remove_target(pid_t pid);
   // Host telemetry with filter_targets off: the process (and its children from now on) is followed.

@@ -156,6 +156,8 @@ bool is_cuda_runtime_library(const std::string& path) {
 
 bool is_cuda_driver_library(const std::string& path) { return base_name(path).starts_with("libcuda.so"); }
 bool is_nccl_library(const std::string& path) { return base_name(path).starts_with("libnccl"); }
+bool is_verbs_library(const std::string& path) { return base_name(path).starts_with("libibverbs.so"); }
+bool is_mlx5_library(const std::string& path) { return base_name(path).starts_with("libmlx5.so"); }
 bool is_launch_hooks_library(std::string_view path) {
   const auto slash = path.rfind('/');
   return path.substr(slash == std::string_view::npos ? 0 : slash + 1).starts_with("libgpuscope_launches.so");

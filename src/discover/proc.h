@@ -44,5 +44,9 @@ bool is_cuda_driver_library(const std::string& path);
 bool is_launch_hooks_library(std::string_view path);
 // libnccl.so*: NCCL, probed for its API (and the CUDA runtime it links statically).
 bool is_nccl_library(const std::string& path);
+// libibverbs.so*: RDMA verbs' control path, probed; libmlx5.so*: the mlx5 provider, whose direct
+// verbs (mlx5dv_*) bypass libibverbs' data path.
+bool is_verbs_library(const std::string& path);
+bool is_mlx5_library(const std::string& path);
 
 }  // namespace gpuscope::discover

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <fstream>
 
+#include "decode/verbs.h"
+#include "verbs_events.h"
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -58,6 +60,7 @@ const Pipeline::Route* Pipeline::route_of(uint16_t kind) {
       {GS_REC_NATIVE_STACK, kNativeStackHeader, false, &Pipeline::on_native_stack},
       {GS_REC_THREAD_TIME, sizeof(gs_thread_time_record), false, &Pipeline::on_thread_time},
       {GS_REC_FUNCTION_NAME, sizeof(gs_function_name_record), false, &Pipeline::on_function_name},
+      {GS_REC_VERBS, sizeof(gs_verbs_record), false, &Pipeline::on_verbs},
   };
   for (const auto& r : kRoutes)
     if (r.kind == kind) return &r;
@@ -80,6 +83,7 @@ Pipeline::Pipeline(store::EventSink& sink, StackMaps& stack_maps, std::function<
     kernel_names_.forget(pid);
   });
   stacks_.subscribe(lifetime_);
+  lifetime_.on_exit([this](uint32_t pid, uint64_t) { verbs_.forget(pid); });
   lifetime_.on_exec([this](uint32_t pid, uint64_t ts_ns) { maps_.forget_before(static_cast<pid_t>(pid), ts_ns); });
   if (!cfg.capture_path.empty()) {
     capture_ = std::fopen(cfg.capture_path.c_str(), "wbe");
@@ -383,6 +387,14 @@ void Pipeline::on_function_name(const uint8_t* data, size_t size) {
   std::memcpy(&r, data, sizeof(r));
   const size_t length = std::min<size_t>(r.length, size - sizeof(r));
   tracker_.learn_function_name(r.pid, r.function, std::string(reinterpret_cast<const char*>(data) + sizeof(r), length));
+}
+
+void Pipeline::on_verbs(const uint8_t* data, size_t size) {
+  RdmaEvent e;
+  if (!decode::decode_verbs(data, size, e)) return;
+  note_process(e.pid, e.ts_ns);
+  verbs_.process(e);
+  sink_.add_rdma(e);
 }
 
 void Pipeline::on_thread_time(const uint8_t* data, size_t) {

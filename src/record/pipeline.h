@@ -24,6 +24,7 @@
 #include "host/pressure.h"
 #include "attach/bpf_session.h"
 #include "decode/tracker.h"
+#include "decode/verbs_tracker.h"
 #include "gpu/nvml.h"
 #include "record/build_ids.h"
 #include "record/kernel_names.h"
@@ -118,6 +119,7 @@ class Pipeline {
   void on_fork(const uint8_t* data, size_t size);
   void on_sample(const uint8_t* data, size_t size);
   void on_thread_time(const uint8_t* data, size_t size);
+  void on_verbs(const uint8_t* data, size_t size);  // RDMA verbs (decode/verbs, decode/verbs_tracker)
   void on_function_name(const uint8_t* data, size_t size);
   void on_exit(const uint8_t* data, size_t size);
   void on_exec(const uint8_t* data, size_t size);
@@ -136,6 +138,7 @@ class Pipeline {
   symbolize::ProcessMaps& maps_;
   PipelineConfig cfg_;
   decode::Tracker tracker_;
+  decode::VerbsTracker verbs_;
   // Per-process state on this thread, let go of at the process's exit or exec.
   ProcessLifetime lifetime_;
   BuildIds build_ids_;

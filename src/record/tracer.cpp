@@ -164,6 +164,7 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   cfg.wakeup_bytes = cfg.ringbuf_bytes / 4;
   cfg.host_telemetry = opts_.host_telemetry;
   bpf_ = std::make_unique<attach::BpfSession>(cfg);
+  verbs_ = std::make_unique<attach::VerbsProbes>(*bpf_);
   sink_.set_meta("host_telemetry", bpf_->host_telemetry() ? "1" : "0");
   if (launch_rings_ && opts_.stacks && !opts_.launches_library.empty()) {
     // The launches handed over for their stacks: probed in every process that maps the library.
@@ -295,6 +296,7 @@ void Tracer::stop() {
     handle_control();
   }
   if (launch_rings_) report_launch_rings();
+  report_verbs();
   if (guardian_) guardian_->ended_in_order();
   if (nvml_) nvml_->stop();
   pressure_.stop();
@@ -511,6 +513,35 @@ void Tracer::attach_handoffs(pid_t pid, const std::string& open_path, const std:
   }
 }
 
+void Tracer::attach_verbs(pid_t pid, const std::string& open_path, const std::string& shown) {
+  if (!discover::is_verbs_library(shown) && !discover::is_mlx5_library(shown)) return;
+  try {
+    if (const int n = verbs_->attach_library(open_path); n > 0 && !opts_.quiet)
+      log_info("probing {} ({} RDMA verbs functions) first used by PID {}", shown, n, pid);
+  } catch (const std::exception& e) {
+    log_error("could not probe {} in PID {}: {}", shown, pid, e.what());
+  }
+}
+
+void Tracer::resolve_verbs() {
+  // A map lookup a tick while no context waits; reading one is a few system calls.
+  if (const int n = verbs_->resolve_contexts(); n > 0)
+    for (size_t i = verbs_->provider_probes().size() - n; i < verbs_->provider_probes().size(); ++i) {
+      const auto& [path, offset, op] = verbs_->provider_probes()[i];
+      log_debug("RDMA provider function probed: {}+{:#x} (op {})", path, offset, op);
+    }
+}
+
+void Tracer::report_verbs() {
+  resolve_verbs();
+  if (!verbs_->provider_probes().empty())
+    sink_.set_meta("rdma_provider_functions", std::to_string(verbs_->provider_probes().size()));
+  for (const auto& [why, n] : verbs_->skipped()) {
+    sink_.set_lost(why, n);
+    log_warn("{} RDMA provider function(s) not probed ({}): their posts or completions are not in the record", n, why);
+  }
+}
+
 void Tracer::find_python(pid_t pid) {
   if (!opts_.python_stacks || !opts_.stacks) return;
   auto inspect = [&](const discover::Mapping& m) {
@@ -555,6 +586,7 @@ void Tracer::attach_mapped_libraries(pid_t pid) {
       attach_library(pid, discover::path_in_target(pid, m.path), m.path, monotonic_ns(), false);
     }
     if (cuda::may_define_handoffs(m.path)) handoff_files.push_back(m.path);
+    attach_verbs(pid, discover::path_in_target(pid, m.path), m.path);
   }
   if (has_cuda || !opts_.all)
     check_static_runtime(pid, "/proc/" + std::to_string(pid) + "/exe", discover::read_exe(pid), false);
@@ -589,6 +621,7 @@ void Tracer::handle_control() {
     if (probed || l.stopped) maps_.refresh(pid);
     // Before the process goes on: its first backward pass must find the probe in place.
     attach_handoffs(pid, open_path, path);
+    attach_verbs(pid, open_path, path);
     // A libpython is found at its load, before its first Python frame runs.
     if (discover::looks_like_python(path) && !opts_.only_cuda_processes) find_python(pid);
     if (probed && opts_.only_cuda_processes) find_python(pid);
@@ -612,6 +645,7 @@ void Tracer::handle_control() {
 
 void Tracer::tick(bool control_readable) {
   if (control_readable) handle_control();
+  resolve_verbs();
   check_guardian();
   for (auto [pid, ts_ns] : control_->take_exits()) lifetime_.exited(static_cast<uint32_t>(pid), ts_ns);
   update_unwind_tables();

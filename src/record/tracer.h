@@ -19,6 +19,7 @@
 
 #include "attach/bpf_session.h"
 #include "attach/stop_guardian.h"
+#include "attach/verbs_probes.h"
 #include "discover/python.h"
 #include "gpu/nvml.h"
 #include "host/pressure.h"
@@ -211,12 +212,18 @@ class Tracer {
   // Probes the calls that hand work to other threads (decode/handoffs.h) if the file defines
   // them, once per file, so that the workers' stacks are stored below their callers'.
   void attach_handoffs(pid_t pid, const std::string& open_path, const std::string& shown_path);
+  // RDMA verbs (attach/verbs_probes.h): libibverbs' or libmlx5's probes, once per file; the
+  // providers of the contexts handed over since the last tick; at the end, what was skipped.
+  void attach_verbs(pid_t pid, const std::string& open_path, const std::string& shown_path);
+  void resolve_verbs();
+  void report_verbs();
   // Gives the BPF side the process's interpreter, if it runs one gpuscope can walk.
   void find_python(pid_t pid);
 
   TracerOptions opts_;
   store::EventSink& sink_;
   std::unique_ptr<attach::BpfSession> bpf_;
+  std::unique_ptr<attach::VerbsProbes> verbs_;
   symbolize::ProcessMaps maps_;
   std::unique_ptr<StackMaps> stack_maps_;
   std::unique_ptr<Pipeline> pipeline_;

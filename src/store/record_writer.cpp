@@ -156,6 +156,7 @@ void RecordWriter::prepare_statements() {
       "INSERT INTO nccl_calls(call_id, comm, count, datatype, op, peer, rank, nranks, comm_id, parent_comm, color, "
       "split_key, group_id) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)");
   insert_kernel_ = db_.prepare("INSERT INTO kernels(id, name, demangled) VALUES(?1, ?2, ?3)");
+  rdma_.prepare(db_);
   insert_module_ = db_.prepare("INSERT INTO modules(id, path, build_id) VALUES(?1, ?2, ?3)");
   insert_stack_ = db_.prepare("INSERT INTO stacks(id, depth) VALUES(?1, ?2)");
   insert_frame_ = db_.prepare("INSERT INTO stack_frames(stack_id, depth, module_id, offset, ip) VALUES(?1,?2,?3,?4,?5)");
@@ -315,6 +316,7 @@ void RecordWriter::close_statements() {
                    &insert_thread_time_, &insert_symbol_, &insert_python_frame_, &insert_gpu_, &insert_gpu_sample_, &insert_gpu_process_,
                    &insert_gpu_event_, &insert_pressure_})
     *st = Stmt();
+  rdma_.close();
 }
 
 void RecordWriter::checkpoint() {
@@ -377,6 +379,10 @@ void RecordWriter::add_thread_time(const ThreadTimeRow& r) {
     q.bind(28, int64_t(r.sys_ns));
     q.run();
   });
+}
+
+void RecordWriter::add_rdma(const RdmaEvent& e) {
+  filling_.ops.push_back([e, this] { rdma_.insert(e); });
 }
 
 void RecordWriter::add_symbol(int64_t module_id, uint64_t offset, const std::string& name) {

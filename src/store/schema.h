@@ -61,6 +61,20 @@ CREATE TABLE gpu_activities(id INTEGER PRIMARY KEY, pid INTEGER NOT NULL, kind T
 CREATE TABLE nccl_calls(call_id INTEGER PRIMARY KEY, comm INTEGER, count INTEGER, datatype TEXT, op TEXT,
                         peer INTEGER, rank INTEGER, nranks INTEGER, comm_id TEXT, parent_comm INTEGER,
                         color INTEGER, split_key INTEGER, group_id INTEGER);
+CREATE TABLE rdma_calls(id INTEGER PRIMARY KEY, ts_ns INTEGER NOT NULL, duration_ns INTEGER, pid INTEGER NOT NULL,
+                        tid INTEGER NOT NULL, func TEXT NOT NULL, ok INTEGER NOT NULL, ret INTEGER, object INTEGER,
+                        context INTEGER, qp_num INTEGER, qp_type TEXT, sq_sig_all INTEGER, send_cq INTEGER,
+                        recv_cq INTEGER, state TEXT, prev_state TEXT, dest_qp_num INTEGER, attr_mask INTEGER,
+                        addr INTEGER, length INTEGER, iova INTEGER, access INTEGER, lkey INTEGER, rkey INTEGER,
+                        dmabuf_fd INTEGER, cqe INTEGER, name TEXT);
+CREATE TABLE rdma_work_requests(id INTEGER PRIMARY KEY, post_id INTEGER NOT NULL, ts_ns INTEGER NOT NULL,
+                                pid INTEGER NOT NULL, tid INTEGER NOT NULL, qp_num INTEGER NOT NULL, queue TEXT NOT NULL,
+                                wr_id INTEGER NOT NULL, opcode TEXT NOT NULL, num_sge INTEGER, bytes INTEGER,
+                                signaled INTEGER NOT NULL, remote_addr INTEGER, rkey INTEGER);
+CREATE TABLE rdma_completions(id INTEGER PRIMARY KEY, ts_ns INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL,
+                              cq INTEGER, qp_num INTEGER NOT NULL, wr_id INTEGER NOT NULL, status TEXT NOT NULL,
+                              status_code INTEGER NOT NULL, opcode TEXT, byte_len INTEGER, wr_opcode TEXT,
+                              latency_ns INTEGER);
 )sql";
 
 // Created when a recording ends; a record cut short is readable without them.

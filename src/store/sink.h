@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/model.h"
+#include "common/rdma.h"
 #include "gpu/nvml.h"
 #include "host/pressure.h"
 
@@ -77,6 +78,8 @@ class EventSink {
   virtual void add_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, uint32_t cpu, int64_t stack_id,
                           int64_t kernel_stack_id) = 0;
   virtual void add_thread_time(const ThreadTimeRow&) {}
+  // An RDMA verbs call (common/rdma.h): kept by records, not by the agent.
+  virtual void add_rdma(const RdmaEvent&) {}
   // A frame's name known only while tracing (kernel frames, from /proc/kallsyms).
   virtual void add_symbol(int64_t module_id, uint64_t offset, const std::string& name) = 0;
   virtual void set_lost(const std::string& cause, uint64_t count) = 0;

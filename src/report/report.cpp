@@ -24,6 +24,7 @@ json build_report(store::RecordReader& rec, symbolize::Symbolizer& sym, const Op
           {"errors", errors(r)},
           {"sync", sync(r, stats)},
           {"communication", communication(r)},
+          {"rdma", rdma(r)},
           {"cpu", cpu_profile(rec, sym, opt.top)},
           {"gpus", gpus(rec, r)},
           {"gpu_time", gpu_time({r.db, r.origin, r.end, rec.meta("mode") == "command", r.stack_weight}, stacks, opt.top)},
@@ -41,6 +42,7 @@ std::string render_text(const json& report) {
   errors_text(out, report.at("errors"));
   sync_text(out, report.at("sync"));
   if (report.contains("communication")) communication_text(out, report.at("communication"));
+  if (report.contains("rdma")) rdma_text(out, report.at("rdma"));
   if (report.contains("cpu")) cpu_text(out, report.at("cpu"));
   if (report.contains("gpu_time")) gpu_time_text(out, report.at("gpu_time"));
   if (report.contains("gpus")) gpus_text(out, report.at("gpus"));

@@ -64,14 +64,17 @@ int main(void)
 
 	struct ibv_qp_attr attr = {.qp_state = IBV_QPS_INIT, .port_num = 1,
 				   .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ};
-	ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	const int masks[3] = {IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+			      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+				      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+			      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+				      IBV_QP_MAX_QP_RD_ATOMIC};
+	ibv_modify_qp(qp, &attr, masks[0]);
 	attr = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = 0x2a7,
 				    .rq_psn = 0, .max_dest_rd_atomic = 1, .min_rnr_timer = 12};
-	ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-				     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	ibv_modify_qp(qp, &attr, masks[1]);
 	attr = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7};
-	ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-				     IBV_QP_MAX_QP_RD_ATOMIC);
+	ibv_modify_qp(qp, &attr, masks[2]);
 
 	static char buf[1 << 16];
 	struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
@@ -134,13 +137,21 @@ int main(void)
 	int post_long = ibv_post_recv(all, rws, &bad_recv);
 	int long_completions = poll_all(cq, 20, wc + 8);
 
+	/* A QP connected that posts nothing through the provider (as one driven by direct verbs). */
+	init.sq_sig_all = 0;
+	struct ibv_qp *idle = ibv_create_qp(pd, &init); /* 0x103 */
+	attr = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS};
+	ibv_modify_qp(idle, &attr, IBV_QP_STATE);
+
 	int dereg = ibv_dereg_mr(mr) | ibv_dereg_mr(dmabuf);
-	int destroyed = ibv_destroy_qp(qp) | ibv_destroy_qp(all) | ibv_destroy_cq(cq) | ibv_destroy_cq(other_cq);
+	int destroyed = ibv_destroy_qp(qp) | ibv_destroy_qp(all) | ibv_destroy_qp(idle) | ibv_destroy_cq(cq) |
+			ibv_destroy_cq(other_cq);
 	ibv_dealloc_pd(pd);
 	ibv_dealloc_pd(other_pd);
 	printf("{\"data_path_probed\": %d, \"empty\": %d, \"posts\": [%d, %d, %d, %d], \"completions\": %d, "
-	       "\"long_completions\": %d, \"statuses\": [%d, %d, %d, %d, %d], \"teardown\": %d}\n",
+	       "\"long_completions\": %d, \"statuses\": [%d, %d, %d, %d, %d], \"teardown\": %d, \"masks\": [%d, %d, %d]}\n",
 	       data_path_probed, empty, post_recv, post_send, post_all, post_long, completions, long_completions,
-	       wc[0].status, wc[1].status, wc[2].status, wc[3].status, wc[4].status, dereg | destroyed);
+	       wc[0].status, wc[1].status, wc[2].status, wc[3].status, wc[4].status, dereg | destroyed, masks[0],
+	       masks[1], masks[2]);
 	return 0;
 }

@@ -50,6 +50,10 @@ void errors_text(std::string& out, const nlohmann::json& errors);
 // communication.cpp: NCCL's collectives and sends per process, communicator and function.
 nlohmann::json communication(const Record& r);
 void communication_text(std::string& out, const nlohmann::json& comm);
+// rdma.cpp: RDMA verbs per process and QP: peer, state, work requests by opcode, bytes, completions,
+// errors, post-to-completion latency; memory registrations; where verbs were bypassed.
+nlohmann::json rdma(const Record& r);
+void rdma_text(std::string& out, const nlohmann::json& rdma);
 
 // sync.cpp: time spent in synchronisation calls.
 nlohmann::json sync(const Record& r, const std::map<int64_t, FunctionStats>& stats);

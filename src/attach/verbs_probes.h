@@ -37,6 +37,7 @@ class VerbsProbes {
   const std::vector<std::tuple<std::string, uint64_t, uint16_t>>& provider_probes() const { return provider_; }
   // libmlx5's direct-verbs functions probed, by their index in a GS_VERBS_DIRECT record's a[0].
   static const std::vector<std::string_view>& direct_functions();
+  bool any_library() const { return !files_.empty(); }
 
  private:
   void resolve(uint32_t pid, uint64_t context);

@@ -507,7 +507,9 @@ int Recorder::run() {
     if (writer_->disk_full())
       log_warn("{} CUDA calls made after the disk filled are not in the record (lost counter disk_full)",
                writer_->calls_dropped());
-    if (st.calls == 0)
+    if (st.calls == 0 && tracer_->libraries_attached() == 0 && tracer_->verbs_attached())
+      log_info("no CUDA library was loaded by the target; its RDMA verbs calls are recorded");
+    else if (st.calls == 0)
       log_info("{}", tracer_->libraries_attached() == 0 ? "no CUDA library was loaded by the target: nothing to record"
                                                         : "the target loaded CUDA but made no probed call");
   }

@@ -153,6 +153,7 @@ class Tracer {
   // stack_budget_result, stack_every_max).
   void report_stack_budget();
   int libraries_attached() const { return libraries_attached_; }
+  bool verbs_attached() const { return verbs_ && verbs_->any_library(); }
   // Processes' exits as the control loop learns of them (from their records, in tick(), or from
   // process_gone): subscribe to let go of what is kept per process on the control thread.
   ProcessLifetime& lifetime() { return lifetime_; }

@@ -263,7 +263,7 @@ int main(int argc, char** argv) {
   bool peak = false;
   auto* flame = app.add_subcommand("flamegraph", "Draw the stacks of a record weighted by a metric");
   flame->add_option("file", flame_path, "Record file")->required();
-  flame->add_option("-m,--metric", metric, "cpu, launches, memcpy-bytes, alloc-bytes, inuse-bytes or gpu-time")
+  flame->add_option("-m,--metric", metric, "cpu, launches, memcpy-bytes, alloc-bytes, inuse-bytes, gpu-time or nccl-bytes")
       ->capture_default_str();
   flame->add_option("-o,--output", flame_out,
                     "Output file; its name picks the format: .html (interactive), .folded (Brendan Gregg's "

@@ -121,10 +121,11 @@ Metric parse_metric(const std::string& s) {
                                                      {"memcpy-bytes", Metric::MemcpyBytes},
                                                      {"alloc-bytes", Metric::AllocBytes},
                                                      {"inuse-bytes", Metric::InuseBytes},
-                                                     {"gpu-time", Metric::GpuTime}};
+                                                     {"gpu-time", Metric::GpuTime},
+                                                     {"nccl-bytes", Metric::NcclBytes}};
   auto it = metrics.find(s);
   if (it == metrics.end())
-    throw Error("unknown metric '{}': use cpu, launches, memcpy-bytes, alloc-bytes, inuse-bytes or gpu-time", s);
+    throw Error("unknown metric '{}': use cpu, launches, memcpy-bytes, alloc-bytes, inuse-bytes, gpu-time or nccl-bytes", s);
   return it->second;
 }
 
@@ -209,6 +210,20 @@ FlameData build_flame(store::RecordReader& rec, symbolize::Symbolizer& sym, cons
         if (!q.is_null(4) && q.i64(5) > 0)
           add(q.i64(0), q.i64(1), {q.str(3).empty() ? q.str(2) : fmt::format("{} ({})", q.str(2), q.str(3))},
               q.i64(4) * q.i64(5));
+      break;
+    }
+    case Metric::NcclBytes: {
+      d.sample_type = "nccl";
+      d.unit = "bytes";
+      // What each collective, send and receive passed NCCL (count x the type's size, one rank's
+      // side), under the stack that called it; the leaf is the function, and says where the call
+      // failed: those bytes never moved.
+      auto q = db.prepare(calls_of_kind_sql(
+          "c.pid, coalesce(c.stack_id, 0), f.name, c.bytes, coalesce(c.ret, 0), " + call_stack_weight_sql(db),
+          "'collective', 'p2p'", opt.pid));
+      while (q.step())
+        if (!q.is_null(3) && q.i64(5) > 0)
+          add(q.i64(0), q.i64(1), {q.i64(4) == 0 ? q.str(2) : q.str(2) + " (failed)"}, q.i64(3) * q.i64(5));
       break;
     }
     case Metric::AllocBytes:

@@ -13,7 +13,7 @@
 
 namespace gpuscope::report {
 
-enum class Metric { Cpu, Launches, MemcpyBytes, AllocBytes, InuseBytes, GpuTime };
+enum class Metric { Cpu, Launches, MemcpyBytes, AllocBytes, InuseBytes, GpuTime, NcclBytes };
 enum class FlameFormat { Folded, Pprof, Html };
 
 struct FlameOptions {

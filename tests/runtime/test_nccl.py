@@ -4,7 +4,7 @@ bytes, reduction, root or peer and stream, and a communicator's rank, ranks and 
 ranks share (a hash of the ncclUniqueId). Without a GPU the calls fail, with NCCL's own results."""
 import json
 
-from conftest import TARGETS
+from conftest import TARGETS, folded
 
 NCCL_CALLS = TARGETS / "nccl_calls"
 
@@ -62,6 +62,13 @@ def test_each_nccl_call_once_with_its_arguments(record, gpuscope):
     grouped = dict(rec.query("SELECT f.name, n.group_id FROM nccl_calls n JOIN calls c ON c.id = n.call_id "
                              "JOIN functions f ON f.id = c.func WHERE n.group_id IS NOT NULL"))
     assert grouped == {"ncclGroupStart": start, "ncclSend": start, "ncclRecv": start, "ncclGroupEnd": start}, grouped
+    # Bytes by stack (flamegraph --metric nccl-bytes): each collective's and send's bytes under the
+    # stack that called it, the leaf the function, a failed call's marked so.
+    leaves = {}
+    for path, value in folded(gpuscope, rec, "nccl-bytes").items():
+        assert "main" in path, path
+        leaves[path[-1]] = leaves.get(path[-1], 0) + value
+    assert leaves == {name if by[name][3] == 0 else f"{name} (failed)": want[0] for name, want in expected.items()}
     # The report counts them apart from CUDA's calls.
     out = gpuscope("report", rec.path)
     assert out.returncode == 0 and "NCCL" in out.stdout, out.stdout

@@ -12,6 +12,7 @@
 #include "common/model.h"
 #include "cuda/functions.h"
 #include "diagnose/kernel_activity.h"
+#include "diagnose/stragglers.h"
 #include "report/call_sites.h"
 
 namespace gpuscope::diagnose {
@@ -271,6 +272,8 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites, const Dia
     ProcessDiagnosis p = analyze(e, names, d.host_telemetry, d.origin_ns, opts.slow_ranking);
     if (!p.step_ms.empty()) d.processes.push_back(std::move(p));
   }
+  // Ranks of one NCCL communicator in this record: one that the others wait for.
+  add_straggler_findings(read_rank_skew(rec), names, d.origin_ns, d.processes);
   if (procs.empty()) d.notes.push_back("no process in this record launched a kernel, copied or set memory: nothing to diagnose");
   return d;
 }

@@ -170,6 +170,10 @@ void Aggregator::add_call(const CallEvent& e) {
   if (e.parent_id) return;
   const bool failed = e.has_return && e.ret != 0;
   if (failed) p->errors[e.func] += 1;
+  if (f->api == cuda::Api::Nccl) {
+    p->nccl.add(e, *f);
+    return;
+  }
   // A launch or copy counts once in its cycle's observed calls and, scaled by what that cycle
   // weighs so far, in the counters (which rise with the weight as the cycle goes on). Only
   // calls of the duty-cycled probes say when those were live.
@@ -455,6 +459,7 @@ MetricSnapshot Aggregator::snapshot(std::vector<MetricFamily> extra, uint64_t st
   auto observed = family("gpuscope_observed_ratio", "Share of the process's traced time its high-rate probes (launches, copies) were on", "ratio", MetricType::Gauge);
   auto exact = family("gpuscope_counts_exact", "1 if the process's launch and copy counters count every call it made since it was found; 0 if they are estimates", "", MetricType::Gauge);
   auto error = family("gpuscope_estimate_error_ratio", "Bound on the relative error of the process's launch and copy counters (0: exact)", "ratio", MetricType::Gauge);
+  auto nccl = NcclCounters::make_families();
   auto hits = family("gpuscope_probe_hits_total", "Probe hits in the process (observed, not scaled)", "", MetricType::Counter);
 
   const uint64_t now = clock_();
@@ -501,10 +506,12 @@ MetricSnapshot Aggregator::snapshot(std::vector<MetricFamily> extra, uint64_t st
                                             : 0;
     error.samples.push_back({base, bound});
     hits.samples.push_back({base, double(p.hits.entries + p.hits.returns)});
+    p.nccl.append(base, {&nccl[0], &nccl[1], &nccl[2], &nccl[3]});
   }
   for (auto* f : {&launches, &copies, &copy_bytes, &copy_seconds, &allocs, &alloc_bytes, &freed, &in_use, &failures,
                   &pinned, &syncs, &sync_seconds, &errors, &observed, &exact, &error, &hits})
     s.families.push_back(std::move(*f));
+  for (auto& f : nccl) s.families.push_back(std::move(f));
 
   // GPUs: the latest reading of each.
   auto g = [&](const char* name, const char* help, const char* unit, MetricType type = MetricType::Gauge) {

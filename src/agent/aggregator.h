@@ -19,6 +19,7 @@
 
 #include "agent/live_diagnosis.h"
 #include "agent/metrics.h"
+#include "agent/nccl_counters.h"
 #include "agent/observed_cycles.h"
 #include "discover/container.h"
 #include "report/flamegraph.h"
@@ -159,6 +160,7 @@ class Aggregator final : public store::EventSink {
     std::map<uint16_t, double> errors;     // function id -> calls that returned an error
     ProbeHits hits;
     std::set<uint16_t> high_rate_functions;
+    NcclCounters nccl;
     std::unordered_map<int64_t, int64_t> cpu_window, launch_window;  // stack id -> weight
     uint64_t window_start_unix_ns = 0;
     Labels labels() const;

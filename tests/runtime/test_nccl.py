@@ -72,3 +72,32 @@ def test_each_nccl_call_once_with_its_arguments(record, gpuscope):
     # The report counts them apart from CUDA's calls.
     out = gpuscope("report", rec.path)
     assert out.returncode == 0 and "NCCL" in out.stdout, out.stdout
+
+
+def test_the_agent_counts_each_collective_by_communicator_and_rank(agent):
+    """The agent's NCCL series (shaped like the NCCL Inspector's): each collective and send/receive
+    counted once, by communicator, rank and collective; a failed call (every call here, without a
+    GPU) among the failures instead, with nothing enqueued."""
+    from agent_util import series
+    import subprocess
+    a = agent("budget: 1\ngpu_sample_hz: 0\n")
+    run = subprocess.run([str(NCCL_CALLS)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    results = dict(zip(["CommInitRank", "CommInitRankConfig", "CommSplit", "AllReduce", "ReduceScatter", "AllGather",
+                        "AlltoAll", "Broadcast", "Reduce", "GroupStart", "Send", "Recv", "GroupEnd", "CommDestroy"],
+                       json.loads(run.stdout)["results"]))
+    collectives = ["AllReduce", "ReduceScatter", "AllGather", "AlltoAll", "Broadcast", "Reduce", "Send", "Recv"]
+    failed = [c for c in collectives if results[c] != 0]
+
+    def count(m, name, c):
+        return series(m, name, comm="nccl_calls", collective=c)
+
+    def seen(m):
+        return sum(sum(count(m, n, c)) for c in collectives
+                   for n in ("gpuscope_nccl_calls_total", "gpuscope_nccl_failures_total"))
+    m = a.wait_for(lambda m: seen(m) == len(collectives), what="nccl_calls's collectives")
+    for c in collectives:
+        # One series each, labelled with its communicator, rank and ranks (unknown here: no
+        # communicator was made without a GPU).
+        assert count(m, "gpuscope_nccl_failures_total" if c in failed else "gpuscope_nccl_calls_total", c) == [1.0], c
+        assert count(m, "gpuscope_nccl_calls_total" if c in failed else "gpuscope_nccl_failures_total", c) == [], c

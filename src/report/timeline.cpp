@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <map>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -10,6 +11,7 @@
 
 #include "diagnose/analysis.h"
 #include "report/frame_names.h"
+#include "report/nccl_collectives.h"
 #include "report/stack_view.h"
 #include "report/stored_stacks.h"
 
@@ -55,6 +57,8 @@ std::string quoted(std::string_view s, size_t limit = kMaxText) {
 
 // The diagnosis's tracks in each process: thread ids no thread has (pids end at 2^22).
 constexpr int64_t kStepsTid = 999'999'990, kFindingsTid = 999'999'991;
+// A process's NCCL communicators: one track each, from this tid on, in the order first called.
+constexpr int64_t kCommTidBase = 999'999'000;
 // NVML's tracks are processes of their own, numbered past any real pid.
 constexpr int64_t kGpuPidBase = 1'000'000'000;
 
@@ -276,6 +280,36 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
         w.event(fmt::format(R"({{"ph":"f","bp":"e","id":{},"name":"launch","cat":"flow","ts":{},"pid":{},"tid":{}}})",
                             q.i64(0), us(q.i64(3)), gpu_pid, stream));
       }
+    }
+  }
+
+  // NCCL: per process, a track per communicator with its collectives and sends/receives, each from
+  // its call to its kernels' end where GPU times tie them (else the call), named by the function.
+  {
+    const NcclCollectives nccl = read_nccl_collectives(db, lo, hi, opt.pid);
+    std::map<std::pair<int64_t, int64_t>, int64_t> tracks;  // (pid, comm) -> tid
+    std::map<int64_t, int64_t> per_process;
+    for (const auto& c : nccl.calls) {
+      const NcclCommunicator* comm = nccl.comm_of(c);
+      auto [track, fresh] = tracks.try_emplace({c.pid, c.comm}, 0);
+      if (fresh) {
+        track->second = kCommTidBase + per_process[c.pid]++;
+        std::string name = fmt::format("NCCL communicator {:#x}", uint64_t(c.comm));
+        if (comm && comm->rank >= 0) name += fmt::format(", rank {} of {}", comm->rank, comm->nranks);
+        if (comm && !comm->id.empty()) name += fmt::format(" ({})", comm->id);
+        w.event(fmt::format(R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":{}}}}})", c.pid,
+                            track->second, quoted(name)));
+      }
+      const bool on_gpu = c.gpu_end_ns > c.gpu_start_ns;
+      const int64_t end = std::max(c.ts_ns + c.enqueue_ns, on_gpu ? c.gpu_end_ns : 0);
+      std::string args = fmt::format("\"bytes\":{},\"enqueue_us\":{:.3f}", c.bytes, c.enqueue_ns / 1e3);
+      if (on_gpu)
+        args += fmt::format(",\"gpu_start\":{},\"gpu_us\":{:.3f}", us(c.gpu_start_ns), (c.gpu_end_ns - c.gpu_start_ns) / 1e3);
+      if (c.group) args += fmt::format(",\"group\":{}", *c.group);
+      if (comm && !comm->id.empty()) args += ",\"communicator\":" + quoted(comm->id);
+      if (c.ret != 0) args += fmt::format(",\"error\":{}", c.ret);
+      w.event(fmt::format(R"({{"ph":"X","name":{},"cat":"nccl","ts":{},"dur":{:.3f},"pid":{},"tid":{},"args":{{{}}}}})",
+                          quoted(c.function), us(c.ts_ns), double(end - c.ts_ns) / 1e3, c.pid, track->second, args));
     }
   }
 

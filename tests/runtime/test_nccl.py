@@ -69,6 +69,19 @@ def test_each_nccl_call_once_with_its_arguments(record, gpuscope):
         assert "main" in path, path
         leaves[path[-1]] = leaves.get(path[-1], 0) + value
     assert leaves == {name if by[name][3] == 0 else f"{name} (failed)": want[0] for name, want in expected.items()}
+    # The timeline: a track per communicator of the process, a slice per collective and send.
+    trace = str(rec.path) + ".trace.json"
+    out = gpuscope("timeline", rec.path, "-o", trace)
+    assert out.returncode == 0, out.stderr
+    events = json.load(open(trace))["traceEvents"]
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"
+              and e["args"]["name"].startswith("NCCL communicator")}
+    assert list(tracks.values()) == ["NCCL communicator 0x0"], tracks
+    slices = [e for e in events if e.get("cat") == "nccl"]
+    assert [e["name"] for e in slices] == [n for n in names if n in expected], slices
+    for e in slices:
+        assert e["tid"] in tracks and e["args"]["bytes"] == expected[e["name"]][0], e
+        assert e["args"].get("error", 0) == by[e["name"]][3], e
     # The report counts them apart from CUDA's calls.
     out = gpuscope("report", rec.path)
     assert out.returncode == 0 and "NCCL" in out.stdout, out.stdout

@@ -226,8 +226,13 @@ def test_deep_recursion_is_walked_whole(record, gpuscope):
     assert sum(spinning.values()) / sum(stacks.values()) > 0.8
     whole = {k: v for k, v in spinning.items() if "[truncated stack]" not in k}
     assert sum(whole.values()) / sum(spinning.values()) > 0.95, list(spinning)[:2]
+    # Every whole stack reaches the program's start; all but a sample or two hold the 101 frames.
+    # A sample can land in the descent (CI, fresh clone: one of ~100 held 16 frames, main on down,
+    # whole): the process preempted on its way down is sampled where it resumes.
     for k in whole:
-        assert k[1] == "_start" and k.count("recurse") == 101, k
+        assert k[1] == "_start" and k.count("recurse") >= 1, k
+    deepest = sum(v for k, v in whole.items() if k.count("recurse") == 101)
+    assert deepest / sum(whole.values()) > 0.95, list(whole)[:2]
 
 
 @pytest.mark.parametrize("alive_ms", [0, 400])

@@ -313,7 +313,7 @@ def test_all_mode_picks_up_processes_started_later(record, tmp_path):
 
 
 def test_target_exiting_mid_record_leaves_complete_file(record, tmp_path):
-    target = subprocess.Popen([TARGETS / "cuda_ops", "--sleep-ms", "700", "--iterations", "1"])
+    target = subprocess.Popen([TARGETS / "cuda_ops", "--sleep-ms", "2000", "--iterations", "1"])
     rec = record("--pid", target.pid, "--duration", 30)
     assert rec.returncode == 0, rec.stderr
     assert "exited" in rec.stderr

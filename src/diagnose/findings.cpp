@@ -63,6 +63,9 @@ bool io_kernel_thread(const std::string& comm) {
 constexpr double kLaunchBoundNsPerLaunch = 150'000;
 // What a launch costs on the host at most before the call is waiting (a full launch queue).
 constexpr double kLaunchNs = 50'000;
+// The thread that feeds the GPU paces it when it works this share of the step or more, and
+// waits for the GPU this share at most.
+constexpr double kHostPacedBusy = 0.85, kHostPacedWait = 0.05;
 // GPM: the GPU counted busy (a kernel ran) with its SMs active less than this share of that time:
 // its kernels are too small to fill it (large-batch training keeps it near 1).
 constexpr double kSmallKernelsActive = 0.5;
@@ -137,7 +140,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
   // where the GPU's side is known, a host cause explains at most the share the GPU was idle.
   const double busy = b.busy_share();
   const bool gpu_view = busy >= 0;
-  const double idle = gpu_view ? 1 - busy : 1;
+  double idle = gpu_view ? 1 - busy : 1;
   // gpuscope's own probes: their traps and programs run in the kernel, in the job's threads, and
   // where the host fed the GPU, the GPU waited for them. Neither is the job's doing: their time is
   // no host cause's, and the GPU's idle time they account for is left out of what host causes can
@@ -146,13 +149,35 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
   b.on_cpu -= probes;
   if (b.sys > 0) b.storm_sys *= std::max(0.0, b.sys - probes) / b.sys;  // the probes' share of it
   b.sys = std::max(0.0, b.sys - probes);
-  const double host_idle = gpu_view ? std::max(0.0, idle - probes / b.window_ns) : idle;
   // The host's own work for the GPU: on a CPU outside CUDA calls, plus what launching costs (a
   // launch that waits for a full queue is the GPU's doing, not the host's).
   // Handed off, the work went on in another of its launching threads (autograd's backward pass):
   // that thread's running is the host's work too.
   const double own_work = std::max(0.0, b.on_cpu - b.net_softirq - storm_extra(b) - kernel_time(b) - b.in_cuda) +
                           std::min(b.in_launch, b.launches * kLaunchNs) + b.handoff;
+  // The thread that feeds the GPU worked all the step and never waited for the GPU (no sync, no
+  // copy, no launch held by a full queue): the host sets the pace, and the GPU, which would
+  // otherwise have filled the queue, idled for part of it whatever NVML's utilisation says. NVML
+  // counts a sample period busy if a kernel ran in it: between short kernels it reads near 100%
+  // (a Transformer's inference at batch 1 on the H200: NVML 99%, its kernels 72% of the step by
+  // CUPTI, GPM's SM activity 73%). The SMs' activity is the GPU's busy time at most (a kernel
+  // that fills none of them is busy with none active), so the GPU idled that much at most.
+  const double waited_for_gpu = b.in_sync + b.in_copy + std::max(0.0, b.in_launch - b.launches * kLaunchNs);
+  const bool host_paced = telemetry && gpu_view && !b.gpu_known && b.launches > 0 &&
+                          (own_work - b.handoff) / b.window_ns >= kHostPacedBusy &&
+                          waited_for_gpu / b.window_ns <= kHostPacedWait;
+  std::string idle_bounds;
+  if (host_paced && b.sm_active_n >= kMinGpmReadings) {
+    const double active = b.sm_active / b.sm_active_n;
+    if (1 - active > idle) {
+      idle_bounds = fmt::format(" at most (its SMs active {} by GPM; NVML's utilisation, {}, counts short kernels' "
+                                "gaps as busy; the thread never waited for the GPU: {} of the step in syncs, copies "
+                                "and full launch queues)",
+                                pct(active), pct(busy), pct(waited_for_gpu / b.window_ns));
+      idle = 1 - active;
+    }
+  }
+  const double host_idle = gpu_view ? std::max(0.0, idle - probes / b.window_ns) : idle;
   // Busy the whole step at a few tens of µs a launch: the host launches no faster than the GPU
   // runs what it launches.
   const bool launch_limited = telemetry && b.launches > 0 && own_work / b.window_ns >= 0.5 &&
@@ -172,7 +197,7 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
               std::move(fix), std::move(confidence));
   };
   const std::string gpu_idle_note =
-      gpu_view ? fmt::format("; the GPU was idle {} of the steps", pct(idle)) : std::string();
+      gpu_view ? fmt::format("; the GPU was idle {} of the steps{}", pct(idle), idle_bounds) : std::string();
 
   // Other tenants of the GPU (NVML's per-process readings).
   if (b.sm_n > 0) {
@@ -499,16 +524,16 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
     add_share("launch_bound", "The GPU waits for kernels to be launched: they are shorter than their launch",
               residual,
               fmt::format("{:.0f} launches a step at {:.0f} µs of host time each; the threads that feed the GPU ran "
-                          "{} of the step while the GPU was idle {}",
-                          b.launches / b.steps, per_launch / 1e3, pct(own_work / b.window_ns), pct(idle)),
+                          "{} of the step while the GPU was idle {}{}",
+                          b.launches / b.steps, per_launch / 1e3, pct(own_work / b.window_ns), pct(idle), idle_bounds),
               "Give each kernel more work: a bigger batch; fewer, fused kernels (torch.compile); or capture the step "
               "in a CUDA graph (torch.compile(mode=\"reduce-overhead\"), torch.cuda.graphs)",
               "high");
   else
     add_share("host_compute", "The thread that feeds the GPU computes on the CPU between launches", residual,
               fmt::format("on a CPU {} of the step, {:.1f} ms between launches on average, while the GPU was idle "
-                          "{}",
-                          pct(own_work / b.window_ns), per_launch / 1e6, pct(idle)),
+                          "{}{}",
+                          pct(own_work / b.window_ns), per_launch / 1e6, pct(idle), idle_bounds),
               "Move the CPU work out of the loop: preprocessing into DataLoader workers, or onto the GPU; "
               "`record --cpu-profile 99` shows where it goes",
               "medium");

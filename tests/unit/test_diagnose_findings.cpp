@@ -297,9 +297,10 @@ TEST(DiagnoseFindings, ManyLaunchesAndAnIdleGpuAreLaunchBound) {
 
 TEST(DiagnoseFindings, ABusyGpuWithMostOfItsSmsIdleRunsKernelsTooSmallForIt) {
   // NVML counts the GPU 95% busy, GPM says 20% of its SMs had work; 20 launches a step, the host
-  // thread not limited by launching (500 µs of host time a launch).
+  // thread not limited by launching (500 µs of host time a launch) and waiting for the GPU 3 ms a
+  // step (a host that never waited would be what sets the pace: AHostThatNeverWaits... below).
   CraftedRun r("small_kernels");
-  r.steps(20);
+  r.steps(20, 3'000'000);
   r.windows();
   r.gpu(95, {{kPid, 95}}, 0, 1980, 0, 20.0);
   const auto d = diagnosis_of(r);
@@ -324,10 +325,36 @@ TEST(DiagnoseFindings, SmallKernelsLaunchedAsFastAsTheHostCanAreLaunchBound) {
 }
 
 TEST(DiagnoseFindings, ABusyGpuWhoseSmsHaveWorkIsBoundByItsWork) {
+  // The host waits for the GPU 3 ms a step (GPU-bound), its SMs active 85% of the time.
   CraftedRun r("full_kernels");
-  r.steps(400);
+  r.steps(400, 3'000'000);
   r.windows();
   r.gpu(97, {{kPid, 97}}, 0, 1980, 0, 85.0);
+  EXPECT_EQ(causes_of(r), std::vector<std::string>{"none"});
+}
+
+TEST(DiagnoseFindings, AHostThatNeverWaitsForTheGpuPacesItWhateverNvmlSays) {
+  // 400 quick launches a step from a thread on a CPU all the step, never in a sync: NVML calls the
+  // GPU 98% busy, GPM sees its SMs active 73% of the time. The GPU idles up to 27%: launch-bound.
+  CraftedRun r("host_paced");
+  r.steps(400);
+  r.windows();
+  r.gpu(98, {{kPid, 98}}, 0, 1980, 0, 73.0);
+  const auto d = diagnosis_of(r);
+  ASSERT_EQ(d.processes.size(), 1u);
+  ASSERT_FALSE(d.processes[0].findings.empty());
+  const auto& f = d.processes[0].findings[0];
+  EXPECT_EQ(f.cause, "launch_bound");
+  EXPECT_NEAR(f.share, 0.27, 0.02);
+  EXPECT_NE(f.evidence.find("SMs active 73% by GPM"), std::string::npos) << f.evidence;
+}
+
+TEST(DiagnoseFindings, AHostThatWaitsForTheGpuKeepsNvmlsBusyShare) {
+  // The same readings, the thread in a sync 2 ms a step: the GPU sets the pace, nothing to find.
+  CraftedRun r("gpu_paced");
+  r.steps(400, 2'000'000);
+  r.windows();
+  r.gpu(98, {{kPid, 98}}, 0, 1980, 0, 73.0);
   EXPECT_EQ(causes_of(r), std::vector<std::string>{"none"});
 }
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -194,10 +195,13 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
   std::vector<diagnose::ProcessEvidence> evidence;
   diagnose::ProcessNames names;
   std::vector<uint32_t> unseen;  // no whole step in the window
+  std::set<uint32_t> starting;    // no step found yet: analysed for where its start-up ends only
+  std::map<uint32_t, uint64_t> first_steps;
   {
     std::lock_guard lock(mu_);
     for (auto it = processes_.begin(); it != processes_.end();) {
-      trim(it->second, from);
+      trim(it->second, std::max(from, it->second.steady_from_ns));
+      if (!it->second.steady_from_ns && limits_.skip_start_up) starting.insert(it->first);
       if (it->second.calls.empty() && it->second.off_since) {
         // No call seen while its probes are off: the last analysis stands (hold_ns).
         unseen.push_back(it->first);
@@ -260,6 +264,13 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
       unseen.push_back(e.pid);
       continue;
     }
+    if (starting.contains(e.pid)) {
+      uint64_t end = 0;
+      for (size_t i = 0; i < d.step_start_ns.size(); ++i)
+        end = std::max(end, d.step_start_ns[i] + uint64_t(d.step_ms[i] * 1e6));
+      first_steps[e.pid] = end;
+      continue;
+    }
     Current c;
     c.analysed_ns = now_ns;
     c.pid = e.pid;
@@ -273,6 +284,8 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
     found.push_back(std::move(c));
   }
   std::lock_guard lock(mu_);
+  for (const auto& [pid, ts] : first_steps)
+    if (auto p = processes_.find(pid); p != processes_.end()) p->second.steady_from_ns = ts;
   for (const auto& c : current_)
     if (std::find(unseen.begin(), unseen.end(), c.pid) != unseen.end() && now_ns - c.analysed_ns < limits_.hold_ns)
       found.push_back(c);

@@ -9,6 +9,9 @@ using namespace gpuscope;
 
 namespace {
 
+// Tests of what the analysis finds in a loop, from its first step on (no start-up left out).
+const agent::LiveDiagnosis::Limits kNoWarmup{.skip_start_up = false};
+
 constexpr uint32_t kPid = 500;
 constexpr uint64_t kStepNs = 10'000'000;
 
@@ -88,7 +91,7 @@ std::vector<std::string> causes(const agent::LiveDiagnosis& live) {
 }  // namespace
 
 TEST(LiveDiagnosis, AFindingIsToldOnceAsItBegins) {
-  agent::LiveDiagnosis live({});
+  agent::LiveDiagnosis live(kNoWarmup);
   const uint64_t t0 = 1'000'000'000;
   feed_loop(live, t0, 3, 0);
   live.tick(t0 + 3'000'000'000);
@@ -113,7 +116,7 @@ TEST(LiveDiagnosis, AFindingIsToldOnceAsItBegins) {
 
 TEST(LiveDiagnosis, NvmlReadingsOfABusyGpuOutweighAHostWait) {
   // The same sleep while the only GPU is busy 99% of the time costs the loop nothing.
-  agent::LiveDiagnosis live({});
+  agent::LiveDiagnosis live(kNoWarmup);
   const uint64_t t0 = 1'000'000'000;
   feed_loop(live, t0, 3, 5'000'000);
   feed_gpu(live, t0, 3, 99);
@@ -130,7 +133,7 @@ TEST(LiveDiagnosis, NvmlReadingsOfABusyGpuOutweighAHostWait) {
 TEST(LiveDiagnosis, ACgroupsThrottlingIsCitedLive) {
   // A loop runnable half of each step while its CPU is idle (quota throttling), and its cgroup's
   // cpu.stat read twice a second: the finding cites the cgroup's own count.
-  agent::LiveDiagnosis live({});
+  agent::LiveDiagnosis live(kNoWarmup);
   const uint64_t t0 = 1'000'000'000;
   feed_loop(live, t0, 3, 0, kStepNs / 2);
   for (uint64_t k = 0; k <= 6; ++k) {
@@ -159,7 +162,7 @@ TEST(LiveDiagnosis, TimeWithTheLaunchProbesOffHoldsNoStepButItsHostTimeCounts) {
   // slept half the time: the step that spans that second (from the last launch seen to the next)
   // is no step, while the thread's time then, seen whole by the host telemetry, counts at the
   // steps' pace: the sleep explains half of that second, a sixth of the three.
-  agent::LiveDiagnosis live({});
+  agent::LiveDiagnosis live(kNoWarmup);
   const uint64_t t0 = 1'000'000'000, s = 1'000'000'000;
   feed_loop(live, t0, 1, 0);
   live.high_rate_probes(kPid, false, t0 + s);
@@ -222,14 +225,14 @@ void feed_launch_loop(agent::LiveDiagnosis& live, uint64_t from_ns) {
 TEST(LiveDiagnosis, GpuIdleTimeTheProbesAccountForIsNoFinding) {
   // Without the probes' cost known, the GPU's idle 15% is the job's doing (its launching, and a
   // part of that in proportion, its time in the kernel).
-  agent::LiveDiagnosis unknown({});
+  agent::LiveDiagnosis unknown(kNoWarmup);
   const uint64_t t0 = 1'000'000'000;
   feed_launch_loop(unknown, t0);
   unknown.tick(t0 + 3'000'000'000);
   EXPECT_EQ(causes(unknown), std::vector<std::string>{"launch_bound"});
   // Two probed calls a launch at 8 µs each add 1.6 ms to a 10 ms step: the idle time is theirs,
   // and so is the system time they were counted in.
-  agent::LiveDiagnosis known({});
+  agent::LiveDiagnosis known(kNoWarmup);
   known.set_probe_costs(3'000, 8'000);
   feed_launch_loop(known, t0);
   known.tick(t0 + 3'000'000'000);
@@ -241,7 +244,7 @@ TEST(LiveDiagnosis, AThreadThatKeepsItsCpuIsNotTakenAsStillWaitingForIt) {
   // The loop's last window ended as it was preempted, 2 s before the analysis; it has run since (a
   // thread on its CPU sends no window until it leaves it or a profile sample comes). Those 2 s are
   // not time it waited for a CPU.
-  agent::LiveDiagnosis live({});
+  agent::LiveDiagnosis live(kNoWarmup);
   const uint64_t t0 = 1'000'000'000;
   feed_loop(live, t0, 1, 0);
   store::ThreadTimeRow last;
@@ -261,7 +264,7 @@ TEST(LiveDiagnosis, AThreadThatKeepsItsCpuIsNotTakenAsStillWaitingForIt) {
 TEST(LiveDiagnosis, SyncsSeenWhileTheLaunchProbesAreOffDoNotHideTheSteps) {
   // A loop that synchronises every step (an .item()): its syncs' probes stay on, its launches' and
   // copies' are on for 0.4 s of the 3 s. The steps are found in the time they were all seen.
-  agent::LiveDiagnosis live({});
+  agent::LiveDiagnosis live(kNoWarmup);
   const uint64_t t0 = 1'000'000'000;
   for (uint64_t s = 0; s < 300; ++s) {
     const uint64_t t = t0 + s * kStepNs;
@@ -289,7 +292,7 @@ namespace {
 // 3 s of the loop, its main thread runnable 3 ms of each step behind `holder` (a process).
 std::vector<std::string> causes_when_held_by(uint32_t holder) {
   const uint64_t t0 = 1'000'000'000;
-  agent::LiveDiagnosis held({});
+  agent::LiveDiagnosis held(kNoWarmup);
   for (uint64_t s = 0; s < 300; ++s) {
     const uint64_t t = t0 + s * kStepNs;
     add_step_calls(held, t);
@@ -321,7 +324,7 @@ TEST(LiveDiagnosis, AStartUpsKernelRegistrationsDoNotWeighOnTheProbesCostOfTheLo
   // 500,000 kernel registrations at start-up (entry hits of calls not kept, at 30 us each here):
   // counted for good, they would make each of the loop's calls look 5 ms dearer and the probes
   // explain all of the GPU's idle time. Ten seconds into the loop, its 3 ms sleep a step is the cause.
-  agent::LiveDiagnosis live({});
+  agent::LiveDiagnosis live(kNoWarmup);
   live.set_probe_costs(30'000, 8'000);
   const uint64_t t0 = 1'000'000'000;
   add_call(live, "cudaLaunchKernel", t0 - 10'000'000, 0xa0);  // the process is known
@@ -350,7 +353,7 @@ void add_xid(agent::LiveDiagnosis& live, uint64_t ts_ns, uint32_t xid, uint32_t 
 }  // namespace
 
 TEST(LiveDiagnosis, AGpuThatFailedIsNamedFirstAndStaysNamedWhileItsProcessHangs) {
-  agent::LiveDiagnosis live({});
+  agent::LiveDiagnosis live(kNoWarmup);
   const uint64_t t0 = 1'000'000'000;
   feed_gpu(live, t0, 3, 40);
   feed_loop(live, t0, 3, 5'000'000);  // a slowness of its own: sleep
@@ -384,7 +387,7 @@ TEST(LiveDiagnosis, AGpuThatFailedIsNamedFirstAndStaysNamedWhileItsProcessHangs)
 }
 
 TEST(LiveDiagnosis, AnErrorInTheProgramsWorkRanksByItsShareAndOnlyOnItsGpu) {
-  agent::LiveDiagnosis live({});
+  agent::LiveDiagnosis live(kNoWarmup);
   const uint64_t t0 = 1'000'000'000;
   // Two GPUs; NVML saw the loop on GPU 1. An XID on GPU 0 is another job's.
   for (uint32_t device : {0u, 1u}) {
@@ -417,7 +420,7 @@ TEST(LiveDiagnosis, AnErrorInTheProgramsWorkRanksByItsShareAndOnlyOnItsGpu) {
 }
 
 TEST(LiveDiagnosis, KernelTimeIsSaidWithWhatTheSamplesFoundThere) {
-  agent::LiveDiagnosis live({});
+  agent::LiveDiagnosis live(kNoWarmup);
   const uint64_t t0 = 1'000'000'000;
   for (uint64_t s = 0; s < 300; ++s) {
     const uint64_t t = t0 + s * kStepNs;
@@ -436,4 +439,21 @@ TEST(LiveDiagnosis, KernelTimeIsSaidWithWhatTheSamplesFoundThere) {
   EXPECT_NE(c[0].findings[0].evidence.find("its CPU samples there: 75% in page faults, 25% in mmap system calls"),
             std::string::npos)
       << c[0].findings[0].evidence;
+}
+
+TEST(LiveDiagnosis, AProcesssStartUpIsNotDiagnosed) {
+  // Its first second sleeps half of each step (a start-up's slow steps), then it runs clean: the
+  // first analysis only notes where those steps end; the next leaves them out (without that, the
+  // sleep would be a sixth of the window).
+  agent::LiveDiagnosis live({});
+  const uint64_t t0 = 1'000'000'000, s = 1'000'000'000;
+  feed_loop(live, t0, 1, 5'000'000);
+  live.tick(t0 + s);
+  EXPECT_TRUE(live.current().empty());
+  feed_loop(live, t0 + s, 2, 0);
+  live.tick(t0 + 3 * s);
+  const auto cur = live.current();
+  ASSERT_EQ(cur.size(), 1u);
+  EXPECT_TRUE(cur[0].findings.empty()) << cur[0].findings[0].cause;
+  EXPECT_GE(cur[0].steps, 190u);
 }

@@ -441,6 +441,7 @@ class LiveWatch:
         self.tops = {}  # top finding after the onset -> polls it was top in (what was found instead)
         self.last = {}
         self.evidence, self.polls = None, 0  # /debug/diagnosis for the process, read every 10 polls
+        self.wrong_evidence = []
         self.process_series = {}  # the agent's last series of the process (is it seen at all?)
 
     def onset(self, t, workload_pid):
@@ -470,10 +471,17 @@ class LiveWatch:
             if f'pid="{self.pid}"' in line and line.split("{", 1)[0] in (
                     "gpuscope_observed_ratio", "gpuscope_probe_hits_total", "gpuscope_kernel_launches_total"):
                 self.process_series[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
-        if self.polls % 10 == 0:
+        # /debug/diagnosis every 10 polls, and at each of the first 5 polls where a wrong cause is
+        # on top (its evidence, kept apart: what a clean run's false finding rested on).
+        wrong = top not in ("none", self.expected)
+        if self.polls % 10 == 0 or (wrong and len(self.wrong_evidence) < 5):
             try:
                 doc = json.loads(urllib.request.urlopen(self.url.replace("/metrics", "/debug/diagnosis"), timeout=2).read())
-                self.evidence = next((p for p in doc if str(p["pid"]) == self.pid), self.evidence)
+                mine = next((p for p in doc if str(p["pid"]) == self.pid), None)
+                if mine:
+                    self.evidence = mine
+                    if wrong and mine.get("findings"):
+                        self.wrong_evidence.append({"t": round(now - self.t_onset, 2), "findings": mine["findings"]})
             except (OSError, ValueError):
                 pass
         if shares:
@@ -486,14 +494,15 @@ class LiveWatch:
 
     def result(self):
         return {"detect_s": self.detected, "root_cause_s": self.rooted, "live_tops": self.tops, "live_last": self.last,
-                "live_diagnosis": self.evidence, "process_series": self.process_series}
+                "live_diagnosis": self.evidence, "wrong_evidence": self.wrong_evidence,
+                "process_series": self.process_series}
 
 
 # A fault that slows the step less than this (against the same workload's clean run) had no effect
 # to find: a GPU-bound job shrugs off a CPU hog. Such runs are scored apart: right if the top
 # finding is `none` or the cause injected.
 MIN_EFFECT = 0.05
-BATCH = {"train": 256, "cnn": 128, "infer": 16}  # workload.py's batches
+BATCH = {"train": 384, "cnn": 128, "infer": 16}  # workload.py's batches
 
 
 def score(out):

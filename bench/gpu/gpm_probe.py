@@ -2,7 +2,8 @@
 """What NVML's GPU performance metrics (GPM, Hopper and later) read beside NVML's utilisation on the
 diagnose suite's workloads: whether SM activity tells a GPU kept busy by tiny kernels (a small
 batch) from one its kernels fill. Runs each workload alone for --seconds and prints, per second,
-NVML's GPU utilisation and GPM's SM activity, SM occupancy and graphics activity.
+NVML's GPU utilisation and GPM's SM activity and occupancy, graphics, tensor, DRAM bandwidth and
+the FP64/FP32/FP16/integer pipes' activity (medians over the run).
 
     python3 bench/gpu/gpm_probe.py [--seconds 6] [--runs train:clean,train:small_batch:2,...]
 """
@@ -16,7 +17,8 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GPM_METRIC_MAX = 333  # nvml.h's array size in recent drivers; NVML reads numMetrics entries only
-METRICS = {1: "graphics", 2: "sm_activity", 3: "sm_occupancy"}
+METRICS = {1: "graphics", 2: "sm_activity", 3: "sm_occupancy", 4: "integer", 5: "tensor", 10: "dram",
+           11: "fp64", 12: "fp32", 13: "fp16"}
 
 
 class Info(ctypes.Structure):
@@ -99,8 +101,13 @@ def main():
             rows.append((u.gpu, vals, ret))
         out = p.communicate()[0].strip() if p else ""
         fmt = lambda v: "-" if v is None else f"{v:5.1f}"
-        print(f"{run:24s} " + "  ".join(f"util {u:3d} sm {fmt(v['sm_activity'])} occ {fmt(v['sm_occupancy'])} "
-                                        f"gr {fmt(v['graphics'])}" + (f" ret {r}" if r else "") for u, v, r in rows[:4])
+        # Each metric's median over the run's seconds (its first second left out where there are 3 or more).
+        keep = rows[1:] if len(rows) >= 3 else rows
+        med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None
+        util = med([u for u, _, _ in keep])
+        vals = {m: med([v[m] for _, v, _ in keep if v[m] is not None]) for m in METRICS.values()}
+        print(f"{run:24s} util {util} " + " ".join(f"{m} {fmt(v)}" for m, v in vals.items())
+              + "".join(f" ret {r}" for _, _, r in keep if r)
               + f"  | SampleGet {get_cost * 1e3:.2f} ms max | {out[-60:]}", flush=True)
 
 

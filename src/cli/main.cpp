@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "discover/proc.h"
 #include "record/recorder.h"
+#include "advise/advise.h"
 #include "diagnose/output.h"
 #include "report/call_sites.h"
 #include "report/flamegraph.h"
@@ -69,6 +70,19 @@ int run_diagnose(const std::string& path, bool json, double from_s, double to_s,
     std::cout << doc.dump(2) << "\n";
   else
     std::cout << diagnose::render_text(doc);
+  return 0;
+}
+
+int run_advise(const std::string& path, bool json, const std::string& table, size_t top) {
+  const auto model = table.empty() ? advise::builtin_copy_model() : advise::load_copy_model(table);
+  store::RecordReader reader(path);
+  symbolize::Symbolizer symbolizer;
+  report::CallSites sites(reader.db(), symbolizer);
+  const auto doc = advise::advise(reader, sites, model, {.top = top});
+  if (json)
+    std::cout << doc.dump(2) << "\n";
+  else
+    std::cout << advise::render_text(doc);
   return 0;
 }
 
@@ -258,6 +272,17 @@ int main(int argc, char** argv) {
                    "process's gpuscope_observed_ratio)")
       ->capture_default_str();
 
+  std::string advise_path, advise_table;
+  bool advise_json = false;
+  size_t advise_top = 20;
+  auto* adv = app.add_subcommand("advise", "Say which copies pageable memory slows, what pinning would save, and where to pin");
+  adv->add_option("file", advise_path, "Record file")->required();
+  adv->add_flag("--json", advise_json, "Print JSON instead of text");
+  adv->add_option("--copy-table", advise_table,
+                  "Copy times measured on the machine the job runs on (build/bench/copy_table's output; default: an "
+                  "H200's, built in)");
+  adv->add_option("--top", advise_top, "Call sites to list")->capture_default_str();
+
   std::string flame_path, metric = "cpu", flame_out, native = "auto";
   int64_t flame_pid = 0;
   bool peak = false;
@@ -371,6 +396,7 @@ int main(int argc, char** argv) {
       return run_timeline(tl_path, tl_out, tl_opt);
     }
     if (*diag) return run_diagnose(diag_path, diag_json, diag_from, diag_to, diag_as_agent, diag_duty);
+    if (*adv) return run_advise(advise_path, advise_json, advise_table, advise_top);
     if (*flame) return run_flamegraph(flame_path, metric, flame_out, flame_pid, peak, native);
     return run_report(report_path, json, top);
   } catch (const std::exception& e) {

@@ -1,0 +1,230 @@
+#include "advise/advise.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "report/format.h"
+#include "report/sections/record_view.h"
+
+namespace gpuscope::advise {
+namespace {
+
+using nlohmann::json;
+
+// One host buffer of one process: its copies from or to the GPU.
+struct Buffer {
+  double bytes = 0;                 // its size (the largest copy of it)
+  int64_t copies = 0, to_device = 0;
+  double copied_bytes = 0;
+  double measured_us = 0;           // the calls' own times, where they succeeded
+  int64_t measured = 0;             // copies with a time of their own
+  double pageable_us = 0, pinned_us = 0;  // the model's, for each copy
+  std::map<int64_t, int64_t> stacks;      // stack id -> its copies with it
+};
+
+struct Site {
+  std::string where, python;
+  bool data_loader = false, has_python = false;
+  int64_t copies = 0, to_device = 0, buffers = 0, measured = 0;
+  double bytes = 0, measured_us = 0, pageable_us = 0, pinned_us = 0;
+  // Buffers copied often enough that registering each once pays back: their copies' saving and
+  // registering's cost.
+  int64_t paying_buffers = 0;
+  double paying_saving_us = 0, paying_cost_us = 0;
+  double largest = 0;
+};
+
+bool in_data_loader(const std::vector<report::StackFrame>& frames) {
+  for (const auto& f : frames)
+    if (f.python && (f.text.find("torch/utils/data/") != std::string::npos ||
+                     f.text.find("_utils/pin_memory") != std::string::npos))
+      return true;
+  return false;
+}
+
+std::string ms(double us) { return fmt::format("{:.2f} ms", us / 1e3); }
+
+// Pinned copies saving less than this share of their time: no faster. Registering that leaves less
+// than kWorthPinning of the copies' time saved: not worth the memory it locks. A site of this many
+// buffers or more, each copied about once: its data is new each time.
+constexpr double kNoFaster = 0.05, kWorthPinning = 0.1;
+constexpr int64_t kManyBuffers = 8;
+
+}  // namespace
+
+json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel& model, const AdviseOptions& opts) {
+  const report::Record r = report::read_record(rec);
+  const std::string h2d(cuda::to_string(cuda::CopyDir::HostToDevice)), d2h(cuda::to_string(cuda::CopyDir::DeviceToHost));
+  auto q = r.db.prepare(
+      "SELECT pid, dir, bytes, duration_ns, coalesce(ret, 0), coalesce(stack_id, 0), "
+      "CASE WHEN dir = ?1 THEN src ELSE ptr END FROM calls WHERE parent_id IS NULL AND host_mem = 'pageable' "
+      "AND dir IN (?1, ?2) AND bytes > 0 AND func IN (" + report::ids_of(r.functions, {"memcpy"}) + ")");
+  q.bind(1, h2d).bind(2, d2h);
+  std::map<std::pair<int64_t, int64_t>, Buffer> buffers;  // (pid, host address) -> its copies
+  int64_t pageable = 0;
+  while (q.step()) {
+    const double bytes = double(q.i64(2));
+    const bool to_device = q.str(1) == h2d;
+    auto& b = buffers[{q.i64(0), q.i64(6)}];
+    b.bytes = std::max(b.bytes, bytes);
+    ++b.copies;
+    b.to_device += to_device;
+    b.copied_bytes += bytes;
+    if (q.i64(4) == 0 && q.i64(3) > 0) {
+      b.measured_us += double(q.i64(3)) / 1e3;
+      ++b.measured;
+    }
+    b.pageable_us += model.copy_us(bytes, to_device, false);
+    b.pinned_us += model.copy_us(bytes, to_device, true);
+    if (q.i64(5)) ++b.stacks[q.i64(5)];
+    ++pageable;
+  }
+
+  // Each buffer goes to the call site of most of its copies with a stack.
+  std::map<std::string, Site> by_site;
+  for (const auto& [key, b] : buffers) {
+    int64_t stack = 0, most = 0;
+    for (const auto& [id, n] : b.stacks)
+      if (n > most) stack = id, most = n;
+    const std::string where = stack ? sites.python_or_caller(stack) : "[no stack]";
+    auto& s = by_site[where];
+    if (s.where.empty()) {
+      s.where = where;
+      if (stack) {
+        s.python = sites.python_site(stack);
+        s.has_python = !s.python.empty();
+        s.data_loader = in_data_loader(sites.frames(stack));
+      }
+    }
+    ++s.buffers;
+    s.copies += b.copies;
+    s.to_device += b.to_device;
+    s.bytes += b.copied_bytes;
+    s.largest = std::max(s.largest, b.bytes);
+    s.measured += b.measured;
+    s.measured_us += b.measured_us;
+    s.pageable_us += b.pageable_us;
+    s.pinned_us += b.pinned_us;
+    // What its copies took as measured where all were, else the model's; minus pinned's.
+    const double now = b.measured == b.copies ? b.measured_us : b.pageable_us;
+    const double cost = model.register_us(b.bytes) + model.unregister_us(b.bytes);
+    if (now - b.pinned_us > cost) {
+      ++s.paying_buffers;
+      s.paying_saving_us += now - b.pinned_us;
+      s.paying_cost_us += cost;
+    }
+  }
+
+  std::vector<Site> ranked;
+  for (auto& [where, s] : by_site) ranked.push_back(std::move(s));
+  auto now_us = [](const Site& s) { return s.measured == s.copies ? s.measured_us : s.pageable_us; };
+  std::sort(ranked.begin(), ranked.end(),
+            [&](const Site& a, const Site& b) { return now_us(a) - a.pinned_us > now_us(b) - b.pinned_us; });
+
+  json out;
+  out["model"] = model.source;
+  out["pageable_copies"] = pageable;
+  out["buffers"] = buffers.size();
+  json list = json::array();
+  double total_now = 0, total_pinned = 0, total_saving = 0;
+  for (const auto& s : ranked) {
+    const double now = now_us(s), saving = now - s.pinned_us;
+    total_now += now;
+    total_pinned += s.pinned_us;
+    const double per_copy_bytes = s.bytes / double(std::max<int64_t>(1, s.copies));
+    std::string action, advice;
+    const double net_pin = s.paying_saving_us - s.paying_cost_us;
+    const double reuse = double(s.copies) / double(std::max<int64_t>(1, s.buffers));
+    if (saving <= kNoFaster * now) {
+      action = "leave";
+      advice = fmt::format("pinned memory is no faster for copies of {} (the copy model: {} pageable, {} pinned)",
+                           report::bytes_text(int64_t(per_copy_bytes)), ms(s.pageable_us), ms(s.pinned_us));
+    } else if (s.paying_buffers > 0 && net_pin >= kWorthPinning * now) {
+      action = "pin";
+      total_saving += net_pin;
+      const std::string how =
+          s.has_python ? "allocate it pinned once (tensor.pin_memory(), or torch.empty(..., pin_memory=True)) and copy "
+                         "with non_blocking=True"
+                       : "allocate it with cudaMallocHost (or cudaHostRegister it once) and keep it";
+      advice = fmt::format("{} buffer{} copied {:.0f} times each on average: {}; saves {} for {} of registering",
+                           s.paying_buffers, s.paying_buffers == 1 ? "" : "s", reuse, how, ms(s.paying_saving_us),
+                           ms(s.paying_cost_us));
+    } else if (s.buffers >= kManyBuffers && reuse < 2) {
+      // New buffers each time: registering each costs more than its copy saves; the data must be
+      // made in pinned memory.
+      action = "pin at the source";
+      total_saving += saving;
+      advice = s.data_loader
+                   ? "pin_memory=True on this DataLoader (its batches are made in pinned memory by a helper thread), "
+                     "then .to(device, non_blocking=True)"
+                   : s.has_python
+                         ? "make the data in a pinned buffer reused each step (torch.empty(..., pin_memory=True), "
+                           "then .copy_() into it) and copy with non_blocking=True; each new buffer is copied too "
+                           "seldom to register it"
+                         : "copy through a pinned staging buffer allocated once (cudaMallocHost), or allocate the "
+                           "data there; each new buffer is copied too seldom to register it";
+      advice += fmt::format(" ({} buffers, {:.1f} copies each)", s.buffers, reuse);
+    } else {
+      action = "leave";
+      double cost = 0;
+      cost = s.paying_buffers ? s.paying_cost_us : model.register_us(s.largest) + model.unregister_us(s.largest);
+      advice = fmt::format(
+          "{} cop{} of {} buffer{}: registering ({}) {} pinned copies save ({}); not worth it",
+          s.copies, s.copies == 1 ? "y" : "ies", s.buffers, s.buffers == 1 ? "" : "s", ms(cost),
+          cost >= saving ? "costs more than" : "costs nearly as much as", ms(saving));
+    }
+    if (list.size() < opts.top)
+      list.push_back({{"site", s.where},
+                      {"action", action},
+                      {"advice", advice},
+                      {"copies", s.copies},
+                      {"to_device", s.to_device},
+                      {"buffers", s.buffers},
+                      {"bytes", int64_t(s.bytes)},
+                      {"time_ms", now / 1e3},
+                      {"time_from", s.measured == s.copies ? "measured" : "model"},
+                      {"pinned_ms", s.pinned_us / 1e3},
+                      {"register_ms", s.paying_cost_us / 1e3}});
+  }
+  out["sites"] = std::move(list);
+  out["sites_total"] = ranked.size();
+  out["time_ms"] = total_now / 1e3;
+  out["pinned_ms"] = total_pinned / 1e3;
+  out["saving_ms"] = total_saving / 1e3;
+  return out;
+}
+
+std::string render_text(const json& doc) {
+  std::string out;
+  out += fmt::format("Copies from or to pageable memory: {} in {} host buffers; copy model: {}\n",
+                     doc["pageable_copies"].get<int64_t>(), doc["buffers"].get<int64_t>(),
+                     doc["model"].get<std::string>());
+  if (doc["sites"].empty()) {
+    out += "Nothing to pin: no copy used pageable memory.\n";
+    return out;
+  }
+  out += fmt::format("They took {:.2f} ms; pinned, {:.2f} ms; the advice below saves {:.2f} ms with registering paid.\n\n",
+                     doc["time_ms"].get<double>(), doc["pinned_ms"].get<double>(), doc["saving_ms"].get<double>());
+  int i = 0;
+  for (const auto& s : doc["sites"]) {
+    out += fmt::format("{}. [{}] {}\n", ++i, s["action"].get<std::string>(), s["site"].get<std::string>());
+    out += fmt::format("   {} cop{} ({} to the GPU) of {} in {} buffer{}: {:.2f} ms ({}), pinned {:.2f} ms\n",
+                       s["copies"].get<int64_t>(), s["copies"].get<int64_t>() == 1 ? "y" : "ies",
+                       s["to_device"].get<int64_t>(),
+                       report::bytes_text(s["bytes"].get<int64_t>()), s["buffers"].get<int64_t>(),
+                       s["buffers"].get<int64_t>() == 1 ? "" : "s", s["time_ms"].get<double>(),
+                       s["time_from"].get<std::string>(), s["pinned_ms"].get<double>());
+    out += "   " + s["advice"].get<std::string>() + "\n";
+  }
+  if (doc["sites_total"].get<size_t>() > doc["sites"].size())
+    out += fmt::format("({} more call sites; --top shows more)\n", doc["sites_total"].get<size_t>() - doc["sites"].size());
+  return out;
+}
+
+}  // namespace gpuscope::advise

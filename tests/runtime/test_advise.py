@@ -1,0 +1,59 @@
+"""`gpuscope advise` (issue 35) on records of a real CUDA program whose copies from pageable memory
+follow four patterns (tests/targets/pageable_copies.cu; without a GPU they fail, priced by the
+built-in copy model): a buffer copied 20 times is worth pinning once, new buffers copied once each
+are worth pinning where they are made, a one-shot checkpoint and a 4 KB flag are not."""
+import json
+
+from conftest import TARGETS
+
+
+def by_function(doc):
+    """Each site's advice by the program's function it is in."""
+    out = {}
+    for s in doc["sites"]:
+        for fn in ("reused_input", "fresh_batches", "checkpoint", "small_reads"):
+            if fn + "(" in s["site"]:
+                out[fn] = s
+    return out
+
+
+def test_advice_follows_each_buffers_reuse(record, gpuscope):
+    rec = record("--", TARGETS / "pageable_copies")
+    assert rec.returncode == 0, rec.stderr
+    out = gpuscope("advise", "--json", rec.path)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["pageable_copies"] == 20 + 12 + 1 + 200
+    sites = by_function(doc)
+    assert set(sites) == {"reused_input", "fresh_batches", "checkpoint", "small_reads"}, doc["sites"]
+    reused, fresh, ckpt, small = (sites[k] for k in ("reused_input", "fresh_batches", "checkpoint", "small_reads"))
+    assert (reused["action"], reused["copies"], reused["buffers"], reused["to_device"]) == ("pin", 20, 1, 20)
+    assert "cudaMallocHost" in reused["advice"]
+    assert (fresh["action"], fresh["copies"], fresh["buffers"]) == ("pin at the source", 12, 12)
+    assert (ckpt["action"], ckpt["copies"], ckpt["to_device"]) == ("leave", 1, 0)
+    assert (small["action"], small["copies"], small["buffers"]) == ("leave", 200, 1)
+    # The copies failed (no GPU): their times are the model's, and said to be.
+    assert all(s["time_from"] == "model" for s in doc["sites"])
+    # Ranked by what pinning saves: the reused buffer first.
+    assert "reused_input(" in doc["sites"][0]["site"]
+    text = gpuscope("advise", rec.path)
+    assert text.returncode == 0, text.stderr
+    assert "[pin] " in text.stdout and "[pin at the source] " in text.stdout and "[leave] " in text.stdout
+
+
+def test_a_record_without_pageable_copies_has_nothing_to_pin(record, gpuscope):
+    rec = record("--", TARGETS / "launch_count", "3")
+    assert rec.returncode == 0, rec.stderr
+    out = gpuscope("advise", rec.path)
+    assert out.returncode == 0, out.stderr
+    assert "Nothing to pin" in out.stdout
+
+
+def test_bad_input_gets_one_line_and_a_failing_exit(record, gpuscope, tmp_path):
+    missing = gpuscope("advise", tmp_path / "none.gpuscope")
+    assert missing.returncode != 0 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    rec = record("--", TARGETS / "launch_count", "1")
+    table = tmp_path / "table.txt"
+    table.write_text("not a table\n")
+    bad = gpuscope("advise", "--copy-table", table, rec.path)
+    assert bad.returncode != 0 and "copy_table" in bad.stderr, bad.stderr

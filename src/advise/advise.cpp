@@ -55,6 +55,9 @@ std::string ms(double us) { return fmt::format("{:.2f} ms", us / 1e3); }
 // buffers or more, each copied about once: its data is new each time.
 constexpr double kNoFaster = 0.05, kWorthPinning = 0.1;
 constexpr int64_t kManyBuffers = 8;
+// A copy's own time is taken up to this many times the model's: the rest is its wait for the work
+// queued before it.
+constexpr double kQueuedWait = 1.5;
 
 }  // namespace
 
@@ -76,11 +79,15 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
     ++b.copies;
     b.to_device += to_device;
     b.copied_bytes += bytes;
+    const double pageable_us = model.copy_us(bytes, to_device, false);
     if (q.i64(4) == 0 && q.i64(3) > 0) {
-      b.measured_us += double(q.i64(3)) / 1e3;
+      // A copy's call also waits for the work queued before it on its stream (a synchronous copy,
+      // or an asynchronous one from pageable memory): beyond kQueuedWait times the model's time,
+      // the rest is taken for that wait, not the copy.
+      b.measured_us += std::min(double(q.i64(3)) / 1e3, kQueuedWait * pageable_us);
       ++b.measured;
     }
-    b.pageable_us += model.copy_us(bytes, to_device, false);
+    b.pageable_us += pageable_us;
     b.pinned_us += model.copy_us(bytes, to_device, true);
     if (q.i64(5)) ++b.stacks[q.i64(5)];
     ++pageable;

@@ -29,7 +29,7 @@ struct Buffer {
 };
 
 struct Site {
-  std::string where, python;
+  std::string where;
   bool data_loader = false, has_python = false;
   int64_t copies = 0, to_device = 0, buffers = 0, measured = 0;
   double bytes = 0, measured_us = 0, pageable_us = 0, pinned_us = 0;
@@ -49,6 +49,13 @@ bool in_data_loader(const std::vector<report::StackFrame>& frames) {
 }
 
 std::string ms(double us) { return fmt::format("{:.2f} ms", us / 1e3); }
+
+// What a buffer's or a site's copies took: as measured where every one of them was, else the
+// model's.
+template <typename Copies>
+double taken_us(const Copies& c) {
+  return c.measured == c.copies ? c.measured_us : c.pageable_us;
+}
 
 // Pinned copies saving less than this share of their time: no faster. Registering that leaves less
 // than kWorthPinning of the copies' time saved: not worth the memory it locks. A site of this many
@@ -104,8 +111,7 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
     if (s.where.empty()) {
       s.where = where;
       if (stack) {
-        s.python = sites.python_site(stack);
-        s.has_python = !s.python.empty();
+        s.has_python = !sites.python_site(stack).empty();
         s.data_loader = in_data_loader(sites.frames(stack));
       }
     }
@@ -118,9 +124,8 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
     s.measured_us += b.measured_us;
     s.pageable_us += b.pageable_us;
     s.pinned_us += b.pinned_us;
-    // What its copies took as measured where all were, else the model's; minus pinned's.
-    const double now = b.measured == b.copies ? b.measured_us : b.pageable_us;
-    const double cost = model.register_us(b.bytes) + model.unregister_us(b.bytes);
+    const double now = taken_us(b);
+    const double cost = model.pin_cost_us(b.bytes);
     if (now - b.pinned_us > cost) {
       ++s.paying_buffers;
       s.paying_saving_us += now - b.pinned_us;
@@ -130,9 +135,8 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
 
   std::vector<Site> ranked;
   for (auto& [where, s] : by_site) ranked.push_back(std::move(s));
-  auto now_us = [](const Site& s) { return s.measured == s.copies ? s.measured_us : s.pageable_us; };
   std::sort(ranked.begin(), ranked.end(),
-            [&](const Site& a, const Site& b) { return now_us(a) - a.pinned_us > now_us(b) - b.pinned_us; });
+            [](const Site& a, const Site& b) { return taken_us(a) - a.pinned_us > taken_us(b) - b.pinned_us; });
 
   json out;
   out["model"] = model.source;
@@ -141,7 +145,7 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
   json list = json::array();
   double total_now = 0, total_pinned = 0, total_saving = 0;
   for (const auto& s : ranked) {
-    const double now = now_us(s), saving = now - s.pinned_us;
+    const double now = taken_us(s), saving = now - s.pinned_us;
     total_now += now;
     total_pinned += s.pinned_us;
     const double per_copy_bytes = s.bytes / double(std::max<int64_t>(1, s.copies));
@@ -179,8 +183,7 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
       advice += fmt::format(" ({} buffers, {:.1f} copies each)", s.buffers, reuse);
     } else {
       action = "leave";
-      double cost = 0;
-      cost = s.paying_buffers ? s.paying_cost_us : model.register_us(s.largest) + model.unregister_us(s.largest);
+      const double cost = s.paying_buffers ? s.paying_cost_us : model.pin_cost_us(s.largest);
       advice = fmt::format(
           "{} cop{} of {} buffer{}: registering ({}) {} pinned copies save ({}); not worth it",
           s.copies, s.copies == 1 ? "y" : "ies", s.buffers, s.buffers == 1 ? "" : "s", ms(cost),

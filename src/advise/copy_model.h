@@ -23,6 +23,8 @@ struct CopyModel {
   double copy_us(double bytes, bool to_device, bool pinned) const;
   double register_us(double bytes) const;
   double unregister_us(double bytes) const;
+  // Pinning a buffer of `bytes` in place for a while: registering it, then unregistering it.
+  double pin_cost_us(double bytes) const { return register_us(bytes) + unregister_us(bytes); }
 };
 
 // Measured on an H200 (driver 580, PCIe Gen5; docs/validation/2026-11-29-gpu-session35).

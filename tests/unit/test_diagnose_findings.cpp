@@ -187,6 +187,13 @@ std::vector<std::string> causes_of(CraftedRun& r) {
   return causes(r.path);
 }
 
+// The first finding of the run's one process; none where there is not one process with findings.
+std::optional<diagnose::Finding> top_finding_of(CraftedRun& r) {
+  const auto d = diagnosis_of(r);
+  if (d.processes.size() != 1 || d.processes[0].findings.empty()) return std::nullopt;
+  return d.processes[0].findings[0];
+}
+
 // The main thread copies in and launches, the autograd thread launches; the main thread blocks
 // 5 ms a step in futex, ended by `waker` (a thread of the process). `autograd_held_by`: the autograd
 // thread's own time in those 5 ms, blocked in futex until that thread woke it (0: it ran).
@@ -303,10 +310,9 @@ TEST(DiagnoseFindings, ABusyGpuWithMostOfItsSmsIdleRunsKernelsTooSmallForIt) {
   r.steps(20, 3'000'000);
   r.windows();
   r.gpu(95, {{kPid, 95}}, 0, 1980, 0, 20.0);
-  const auto d = diagnosis_of(r);
-  ASSERT_EQ(d.processes.size(), 1u);
-  ASSERT_FALSE(d.processes[0].findings.empty());
-  const auto& f = d.processes[0].findings[0];
+  const auto top = top_finding_of(r);
+  ASSERT_TRUE(top);
+  const auto& f = *top;
   EXPECT_EQ(f.cause, "small_kernels");
   EXPECT_NEAR(f.share, 0.95 * (1 - 20.0 / 95), 0.02);
   EXPECT_NE(f.evidence.find("SMs had work 20%"), std::string::npos) << f.evidence;
@@ -340,10 +346,9 @@ TEST(DiagnoseFindings, AHostThatNeverWaitsForTheGpuPacesItWhateverNvmlSays) {
   r.steps(400);
   r.windows();
   r.gpu(98, {{kPid, 98}}, 0, 1980, 0, 73.0);
-  const auto d = diagnosis_of(r);
-  ASSERT_EQ(d.processes.size(), 1u);
-  ASSERT_FALSE(d.processes[0].findings.empty());
-  const auto& f = d.processes[0].findings[0];
+  const auto top = top_finding_of(r);
+  ASSERT_TRUE(top);
+  const auto& f = *top;
   EXPECT_EQ(f.cause, "launch_bound");
   EXPECT_NEAR(f.share, 0.27, 0.02);
   EXPECT_NE(f.evidence.find("SMs active 73% by GPM"), std::string::npos) << f.evidence;

@@ -14,6 +14,7 @@ struct CopyModel {
     double h2d_pageable_us = 0, h2d_pinned_us = 0, d2h_pageable_us = 0, d2h_pinned_us = 0;
     double register_us = 0;  // cudaHostRegister of pages already touched
     double unregister_us = 0;
+    double register_untouched_us = 0;  // of pages never touched (registering makes them)
   };
   std::vector<Row> rows;  // by bytes, ascending
   std::string source;     // where the figures come from
@@ -22,6 +23,7 @@ struct CopyModel {
   // largest at the largest's bandwidth, one below the smallest at the smallest's time.
   double copy_us(double bytes, bool to_device, bool pinned) const;
   double register_us(double bytes) const;
+  double register_untouched_us(double bytes) const;
   double unregister_us(double bytes) const;
   // Pinning a buffer of `bytes` in place for a while: registering it, then unregistering it.
   double pin_cost_us(double bytes) const { return register_us(bytes) + unregister_us(bytes); }

@@ -18,6 +18,7 @@
 #include "discover/proc.h"
 #include "record/recorder.h"
 #include "advise/advise.h"
+#include "pin/launch.h"
 #include "diagnose/output.h"
 #include "report/call_sites.h"
 #include "report/flamegraph.h"
@@ -275,6 +276,23 @@ int main(int argc, char** argv) {
   std::string advise_path, advise_table;
   bool advise_json = false;
   size_t advise_top = 20;
+  pin::PinOptions pin_opts;
+  auto* pin_cmd = app.add_subcommand(
+      "pin", "Run a command with its large host buffers pinned when their copies to and from the GPU pay for it "
+             "(libgpuscope_pin.so preloaded; docs/pin.md)");
+  pin_cmd->add_option("--mode", pin_opts.mode,
+                      "online: pin the buffers whose copies pay for it; all: pin every large buffer (what "
+                      "cudaMallocHost for everything would do); off: serve them, pin nothing")
+      ->capture_default_str();
+  pin_cmd->add_option("--cap", pin_opts.cap, "Pinned bytes at most, e.g. 8G (default: a quarter of the host's memory)");
+  pin_cmd->add_option("--min", pin_opts.min, "Smaller buffers are left to the C library (default 256K)");
+  pin_cmd->add_flag("--relaxed", pin_opts.relaxed,
+                    "Let asynchronous copies of buffers pinned here run asynchronously: faster, but a program that "
+                    "writes a buffer right after cudaMemcpyAsync from it (legal for pageable memory) sends the new bytes");
+  pin_cmd->add_option("--copy-table", pin_opts.copy_table,
+                      "This machine's copy times (build/bench/copy_table > FILE); default: measured on an H200");
+  pin_cmd->add_option("--report", pin_opts.report, "Write the processes' figures here as JSON");
+  pin_cmd->add_option("command", pin_opts.command, "The command to run (after --)")->required();
   auto* adv = app.add_subcommand("advise", "Say which copies pageable memory slows, what pinning would save, and where to pin");
   adv->add_option("file", advise_path, "Record file")->required();
   adv->add_flag("--json", advise_json, "Print JSON instead of text");
@@ -397,6 +415,7 @@ int main(int argc, char** argv) {
     }
     if (*diag) return run_diagnose(diag_path, diag_json, diag_from, diag_to, diag_as_agent, diag_duty);
     if (*adv) return run_advise(advise_path, advise_json, advise_table, advise_top);
+    if (*pin_cmd) return pin::run_pinned(pin_opts);
     if (*flame) return run_flamegraph(flame_path, metric, flame_out, flame_pid, peak, native);
     return run_report(report_path, json, top);
   } catch (const std::exception& e) {

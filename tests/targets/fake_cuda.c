@@ -1,8 +1,12 @@
 /* A stand-in CUDA driver (libcuda.so.1) for machines without one: cuGetProcAddress hands out its
- * launch entry points, which count their calls and succeed. Only for the tests of the launch
- * hooks (src/inject/launch_hooks.cpp): the real libcudart needs far more of a driver than this. */
+ * launch entry points, which count their calls and succeed, and its copy and host-registration
+ * entry points, which copy with memcpy ("device" memory is the program's) and keep the registered
+ * ranges as the real driver does (overlaps refused, unregistration by base address). Only for the
+ * tests of the launch hooks (src/inject/launch_hooks.cpp) and of the pinning library
+ * (src/pin/preload.cpp): the real libcudart needs far more of a driver than this. */
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 static volatile uint64_t launches;
 
@@ -78,6 +82,72 @@ int cuKernelGetName(const char **name, void *kernel) {
   return 0;
 }
 
+
+/* ---- host memory registration, as the pinning library uses it ---- */
+
+#define MAX_REGISTERED 256
+static struct { uintptr_t base, bytes; } registered[MAX_REGISTERED];
+static int registrations_here; /* register and unregister calls by this process (not its parent) */
+static pid_t owner;
+static uint64_t syncs;
+
+static void count_call(void) {
+  if (owner != getpid()) owner = getpid(), registrations_here = 0;
+  ++registrations_here;
+}
+int fake_cuda_register_calls(void) { return owner == getpid() ? registrations_here : 0; }
+uint64_t fake_cuda_syncs(void) { return syncs; }
+/* Registered range i (0 when i is past the table). */
+int fake_cuda_range(int i, uintptr_t *base, size_t *bytes) {
+  if (i < 0 || i >= MAX_REGISTERED) return 0;
+  *base = registered[i].base, *bytes = registered[i].bytes;
+  return 1;
+}
+/* How many registered ranges overlap [p, p + n). */
+int fake_cuda_registered(const void *p, size_t n) {
+  int k = 0;
+  for (int i = 0; i < MAX_REGISTERED; ++i)
+    if (registered[i].bytes && registered[i].base < (uintptr_t)p + n && (uintptr_t)p < registered[i].base + registered[i].bytes)
+      ++k;
+  return k;
+}
+
+int cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
+  (void)flags;
+  count_call();
+  if (!p || !n) return 1;                              /* CUDA_ERROR_INVALID_VALUE */
+  if (fake_cuda_registered(p, n)) return 712;          /* CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED */
+  for (size_t off = 0; off < n; off += 4096) ((volatile char *)p)[off] += 0; /* the driver touches every page */
+  for (int i = 0; i < MAX_REGISTERED; ++i)
+    if (!registered[i].bytes) {
+      registered[i].base = (uintptr_t)p, registered[i].bytes = n;
+      return 0;
+    }
+  return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+}
+int cuMemHostUnregister(void *p) {
+  count_call();
+  for (int i = 0; i < MAX_REGISTERED; ++i)
+    if (registered[i].bytes && registered[i].base == (uintptr_t)p) {
+      registered[i].bytes = 0;
+      return 0;
+    }
+  return 713; /* CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED */
+}
+static char context;
+int cuCtxGetCurrent(void **c) { *c = &context; return 0; }
+int cuCtxPushCurrent_v2(void *c) { (void)c; return 0; }
+int cuCtxPopCurrent_v2(void **c) { if (c) *c = &context; return 0; }
+int cuStreamSynchronize(void *s) { (void)s; ++syncs; return 0; }
+
+typedef unsigned long long CUdeviceptr;
+int cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) { memcpy((void *)dst, src, n); return 0; }
+int cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) { memcpy(dst, (const void *)src, n); return 0; }
+int cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) { (void)s; memcpy((void *)dst, src, n); return 0; }
+int cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) { (void)s; memcpy(dst, (const void *)src, n); return 0; }
+int cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { memcpy((void *)dst, (const void *)src, n); return 0; }
+int cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s) { (void)s; memcpy((void *)dst, (const void *)src, n); return 0; }
+
 int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status);
 
 /* flags & 2: the per-thread default stream's variant (CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM). */
@@ -99,6 +169,14 @@ static int lookup(const char *symbol, void **pfn, uint64_t flags) {
       {"cuKernelGetFunction", (void *)cuKernelGetFunction, (void *)cuKernelGetFunction},
       {"cuFuncGetName", (void *)cuFuncGetName, (void *)cuFuncGetName},
       {"cuKernelGetName", (void *)cuKernelGetName, (void *)cuKernelGetName},
+      {"cuMemHostRegister", (void *)cuMemHostRegister_v2, (void *)cuMemHostRegister_v2},
+      {"cuMemHostUnregister", (void *)cuMemHostUnregister, (void *)cuMemHostUnregister},
+      {"cuMemcpyHtoD", (void *)cuMemcpyHtoD_v2, (void *)cuMemcpyHtoD_v2},
+      {"cuMemcpyDtoH", (void *)cuMemcpyDtoH_v2, (void *)cuMemcpyDtoH_v2},
+      {"cuMemcpyHtoDAsync", (void *)cuMemcpyHtoDAsync_v2, (void *)cuMemcpyHtoDAsync_v2},
+      {"cuMemcpyDtoHAsync", (void *)cuMemcpyDtoHAsync_v2, (void *)cuMemcpyDtoHAsync_v2},
+      {"cuMemcpy", (void *)cuMemcpy, (void *)cuMemcpy},
+      {"cuMemcpyAsync", (void *)cuMemcpyAsync, (void *)cuMemcpyAsync},
   };
   for (unsigned i = 0; i < sizeof table / sizeof table[0]; ++i)
     if (!strcmp(symbol, table[i].name)) {

@@ -7,11 +7,12 @@
   weights      layers' weights kept in host memory and streamed to the GPU every step
   checkpoint   a model's state copied to host memory once (pinning should be declined)
 
-  bench/pin/torch_jobs.py [--build build] [--rounds 3]   (runs each job in its own process)
+  bench/pin/torch_jobs.py [--build build] [--rounds 3]   (each job in its own process; under the
+                                                        library through `gpuscope pin`: online,
+                                                        use (after one --profile run) and all)
   bench/pin/torch_jobs.py --job NAME [--pin-memory]      (one run; prints one JSON line)
 """
 import argparse
-import glob
 import json
 import os
 import statistics
@@ -103,10 +104,16 @@ def run(build, job, variant, report_dir):
     args = [sys.executable, os.path.abspath(__file__), "--job", job]
     if variant == "pin_memory":
         args.append("--pin-memory")
-    if variant in ("online", "all"):
-        env["LD_PRELOAD"] = os.path.join(os.path.abspath(build), "libgpuscope_pin.so")
-        env["GPUSCOPE_PIN_MODE"] = variant
-        env["GPUSCOPE_PIN_REPORT"] = os.path.join(report_dir, f"{job}-{variant}")
+    report = os.path.join(report_dir, f"{job}-{variant}.json")
+    if variant in ("online", "all", "use", "profile"):
+        # As users run it: gpuscope pin -- CMD (the "use" runs start from one online run's profile).
+        pin = [os.path.join(build, "gpuscope"), "pin", "--mode", "all" if variant == "all" else "online",
+               "--report", report]
+        if variant == "use":
+            pin += ["--use", os.path.join(report_dir, f"{job}.profile")]
+        if variant == "profile":
+            pin += ["--profile", os.path.join(report_dir, f"{job}.profile")]
+        args = pin + ["--"] + args
     t0 = time.perf_counter()
     out = subprocess.run(args, env=env, capture_output=True, text=True)
     if out.returncode != 0:
@@ -114,10 +121,10 @@ def run(build, job, variant, report_dir):
     row = json.loads(out.stdout.strip().splitlines()[-1])
     row["process_s"] = time.perf_counter() - t0
     reps = []
-    for path in glob.glob(os.path.join(report_dir, f"{job}-{variant}.*.json")):
-        with open(path) as f:
-            reps.append(json.load(f))
-        os.unlink(path)
+    if os.path.exists(report):
+        with open(report) as f:
+            reps = json.load(f)["processes"]
+        os.unlink(report)
     main = [r for r in reps if not r.get("child") and r.get("buffers")]
     if main:
         r = max(main, key=lambda r: r["buffers"])
@@ -139,10 +146,11 @@ def main():
         print(json.dumps(JOBS[args.job](args.pin_memory)))
         return
     report_dir = tempfile.mkdtemp(prefix="pin-jobs-")
-    variants = {"dataloader": ["pageable", "pin_memory", "online", "all"],
-                "weights": ["pageable", "pin_memory", "online", "all"],
-                "checkpoint": ["pageable", "online", "all"]}
+    variants = {"dataloader": ["pageable", "pin_memory", "online", "use", "all"],
+                "weights": ["pageable", "pin_memory", "online", "use", "all"],
+                "checkpoint": ["pageable", "online", "use", "all"]}
     for job in args.jobs.split(","):
+        run(args.build, job, "profile", report_dir)  # writes the profile the "use" runs start from
         rows = {v: [] for v in variants[job]}
         for r in range(args.rounds):
             vs = variants[job]

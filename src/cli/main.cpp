@@ -292,6 +292,12 @@ int main(int argc, char** argv) {
   pin_cmd->add_option("--copy-table", pin_opts.copy_table,
                       "This machine's copy times (build/bench/copy_table > FILE); default: measured on an H200");
   pin_cmd->add_option("--report", pin_opts.report, "Write the processes' figures here as JSON");
+  pin_cmd->add_option("--profile", pin_opts.profile,
+                      "Write what the run learned of its allocation sites (which lines' buffers are copied, and "
+                      "what pinning them saves) to this file");
+  pin_cmd->add_option("--use", pin_opts.use,
+                      "Start from a profile an earlier run wrote: its copying lines get pinned buffers from their "
+                      "first allocation");
   pin_cmd->add_option("command", pin_opts.command, "The command to run (after --)")->required();
   auto* adv = app.add_subcommand("advise", "Say which copies pageable memory slows, what pinning would save, and where to pin");
   adv->add_option("file", advise_path, "Record file")->required();

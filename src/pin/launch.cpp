@@ -115,6 +115,16 @@ int run_pinned(const PinOptions& opts) {
     if (!fs::exists(opts.copy_table)) throw Error("--copy-table {}: no such file", opts.copy_table);
     set["GPUSCOPE_PIN_COPY_TABLE"] = fs::absolute(opts.copy_table).string();
   }
+  if (!opts.use.empty()) {
+    if (!fs::exists(opts.use)) throw Error("--use {}: no such file (write one with --profile)", opts.use);
+    set["GPUSCOPE_PIN_USE"] = fs::absolute(opts.use).string();
+  }
+  if (!opts.profile.empty()) {
+    // The run's processes append to it: it starts empty.
+    std::ofstream truncate(opts.profile, std::ios::trunc);
+    if (!truncate) throw Error("cannot write --profile {}", opts.profile);
+    set["GPUSCOPE_PIN_PROFILE"] = fs::absolute(opts.profile).string();
+  }
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     const char* eq = std::strchr(*e, '=');

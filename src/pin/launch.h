@@ -17,6 +17,8 @@ struct PinOptions {
   bool relaxed = false;         // asynchronous copies of pinned buffers stay asynchronous
   std::string copy_table;       // bench/pin/copy_table's output for this machine
   std::string report;           // a JSON summary written here
+  std::string profile;          // what the run learned of its allocation sites, written here
+  std::string use;              // a profile an earlier run wrote, to start from
 };
 
 // Bytes from "512K", "8G", "1.5M" or a plain number; throws gpuscope::Error.

@@ -184,7 +184,7 @@ void Pinner::release(void* p) {
   note_live(-int64_t(b.bytes));
   Site& s = site(b.site);
   ++s.finished;
-  if (b.copies) ++s.copied, s.credit_us += b.saving_us;
+  if (b.copies) ++s.copied, s.credit_us += b.saving_us, s.saved_us += b.saving_us;
   b.last_use = ++tick_;
   if (b.pinned && !child_ && site_copies(s)) {
     pool_.emplace(b.bytes, it->first);
@@ -287,6 +287,25 @@ void Pinner::forked_child() {
   for (auto& [bytes, base] : pool_) cache_.emplace(bytes, base), cache_bytes_ += bytes;
   pool_.clear();
   pool_bytes_ = 0;
+}
+
+std::vector<SiteRecord> Pinner::sites() {
+  std::lock_guard<std::mutex> hold(mu_);
+  std::vector<SiteRecord> out;
+  for (const auto& [key, s] : sites_)
+    if (s.finished) out.push_back({key, s.finished, s.copied, s.saved_us});
+  return out;
+}
+
+void Pinner::seed(const std::vector<SiteRecord>& records) {
+  std::lock_guard<std::mutex> hold(mu_);
+  for (const auto& r : records) {
+    Site& s = site(r.key);
+    s.finished += r.finished;
+    s.copied += r.copied;
+    s.saved_us += r.saved_us;
+    s.credit_us += r.saved_us;
+  }
 }
 
 Stats Pinner::stats() {

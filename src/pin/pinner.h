@@ -23,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "advise/copy_model.h"
 #include "pin/arena.h"
@@ -69,6 +70,14 @@ struct Stats {
 
 using SiteKey = uint64_t;
 
+// What a run learned about an allocation site (`gpuscope pin --profile`), for later runs to start
+// from (`--use`).
+struct SiteRecord {
+  SiteKey key = 0;
+  uint64_t finished = 0, copied = 0;  // buffers freed, and of those how many were copied
+  double saved_us = 0;                // what pinning saved (or would have) on those buffers' copies
+};
+
 class Pinner {
  public:
   Pinner(Settings settings, advise::CopyModel model, Driver& driver);
@@ -102,6 +111,10 @@ class Pinner {
   void forked_child();
 
   Stats stats();
+  std::vector<SiteRecord> sites();
+  // Sites as an earlier run left them: a site known to copy gets pinned buffers from its first
+  // allocation, its past savings paying for them.
+  void seed(const std::vector<SiteRecord>& records);
   // fork(): the child must not inherit the lock held.
   void lock() { mu_.lock(); }
   void unlock() { mu_.unlock(); }
@@ -109,7 +122,8 @@ class Pinner {
  private:
   struct Site {
     uint64_t finished = 0, copied = 0;  // buffers freed, and of those how many were copied
-    double credit_us = 0;               // savings of its finished buffers less pins bought for it
+    double saved_us = 0;                // savings of its finished buffers
+    double credit_us = 0;               // those less the pins bought for it
   };
   struct Block {
     size_t bytes = 0;   // the range's (pages)

@@ -198,17 +198,19 @@ size_t env_bytes(const char* name, size_t fallback) {
   return size_t(x * scale);
 }
 
-// An allocation's site: its call stack's return addresses and its size (a quarter of a power of
-// two), hashed. The same line allocating the same tensor every step gives the same key.
+// An allocation's site: its call stack (up to 14 frames) and its size (a quarter of a power of
+// two), hashed. The same line allocating the same tensor every step gives the same key. The key
+// names frames by library and offset, not address, so that it holds from one run to the next
+// (--profile, --use); each distinct stack's key is worked out once (dladdr per frame).
 struct SiteWalk {
-  uint64_t hash = 1469598103934665603ull;
+  uintptr_t ips[14];
   int frames = 0;
 };
 _Unwind_Reason_Code site_frame(_Unwind_Context* ctx, void* arg) {
   auto* w = static_cast<SiteWalk*>(arg);
-  const uint64_t ip = _Unwind_GetIP(ctx);
+  const uintptr_t ip = _Unwind_GetIP(ctx);
   if (!ip) return _URC_END_OF_STACK;
-  w->hash = (w->hash ^ ip) * 1099511628211ull;
+  w->ips[w->frames] = ip;
   return ++w->frames >= 14 ? _URC_END_OF_STACK : _URC_NO_REASON;
 }
 uint64_t size_class(size_t bytes) {
@@ -216,10 +218,49 @@ uint64_t size_class(size_t bytes) {
   const uint64_t quarter = log >= 2 ? (bytes >> (log - 2)) & 3 : 0;
   return uint64_t(log) << 2 | quarter;
 }
+constexpr uint64_t kFnvBasis = 1469598103934665603ull, kFnvPrime = 1099511628211ull;
+uint64_t fnv(uint64_t h, const void* data, size_t n) {
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(data)[i]) * kFnvPrime;
+  return h;
+}
+uint64_t stable_hash(const SiteWalk& w) {
+  uint64_t h = kFnvBasis;
+  for (int i = 0; i < w.frames; ++i) {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(w.ips[i]), &info) && info.dli_fname) {
+      const char* base = std::strrchr(info.dli_fname, '/');
+      base = base ? base + 1 : info.dli_fname;
+      h = fnv(h, base, std::strlen(base));
+      const uint64_t offset = w.ips[i] - reinterpret_cast<uintptr_t>(info.dli_fbase);
+      h = fnv(h, &offset, sizeof offset);
+    } else {
+      h = fnv(h, "?", 1);  // generated code: where it is says nothing across runs
+    }
+  }
+  return h;
+}
 gpuscope::pin::SiteKey site_of(size_t bytes) {
+  if (!g_want_sites) return size_class(bytes);
   SiteWalk w;
-  if (g_want_sites) _Unwind_Backtrace(&site_frame, &w);
-  return (w.hash ^ size_class(bytes)) * 1099511628211ull;
+  _Unwind_Backtrace(&site_frame, &w);
+  const uint64_t raw = fnv(kFnvBasis, w.ips, sizeof(uintptr_t) * w.frames);
+  // Stacks seen before: their key from a small table (a collision only costs a recomputation).
+  struct Entry {
+    uint64_t raw = 0, stable = 0;
+  };
+  static Entry table[4096];
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  Entry& e = table[raw % 4096];
+  pthread_mutex_lock(&mu);
+  uint64_t stable = e.raw == raw ? e.stable : 0;
+  pthread_mutex_unlock(&mu);
+  if (!stable) {
+    stable = stable_hash(w) | 1;
+    pthread_mutex_lock(&mu);
+    e.raw = raw, e.stable = stable;
+    pthread_mutex_unlock(&mu);
+  }
+  return (stable ^ size_class(bytes)) * kFnvPrime;
 }
 
 // libcuda's own code: its buffers stay the C library's, so that the driver, which may hold its
@@ -293,6 +334,52 @@ void write_report() {
                g_cuda.last_error, (unsigned long long)g_other_copies.load(), (unsigned long long)g_waits.load(),
                (unsigned long long)p->settings().min_bytes, (unsigned long long)p->settings().cap_bytes);
   std::fclose(f);
+}
+
+// --profile: what this run learned of its allocation sites, appended to the file (a run may be
+// several processes); --use: read back at start.
+constexpr const char* kProfileHeader = "# gpuscope pin profile 1: site finished copied saved_us";
+void write_profile() {
+  Pinner* p = pinner();
+  const char* path = std::getenv("GPUSCOPE_PIN_PROFILE");
+  if (!p || !path || !*path || g_child.load()) return;
+  const auto sites = p->sites();
+  if (sites.empty()) return;
+  FILE* f = std::fopen(path, "a");
+  if (!f) {
+    say("cannot write the profile %s: %s", path, std::strerror(errno));
+    return;
+  }
+  if (std::ftell(f) == 0) std::fprintf(f, "%s\n", kProfileHeader);
+  for (const auto& s : sites)
+    std::fprintf(f, "%016llx %llu %llu %.1f\n", (unsigned long long)s.key, (unsigned long long)s.finished,
+                 (unsigned long long)s.copied, s.saved_us);
+  std::fclose(f);
+}
+void read_profile(Pinner& p) {
+  const char* path = std::getenv("GPUSCOPE_PIN_USE");
+  if (!path || !*path) return;
+  FILE* f = std::fopen(path, "r");
+  if (!f) {
+    say("cannot read the profile %s: %s; starting without it", path, std::strerror(errno));
+    return;
+  }
+  std::vector<gpuscope::pin::SiteRecord> records;
+  char line[256];
+  bool header = false;
+  while (std::fgets(line, sizeof line, f)) {
+    if (!std::strncmp(line, kProfileHeader, std::strlen(kProfileHeader))) {
+      header = true;
+      continue;
+    }
+    unsigned long long key = 0, finished = 0, copied = 0;
+    double saved = 0;
+    if (header && std::sscanf(line, "%llx %llu %llu %lf", &key, &finished, &copied, &saved) == 4)
+      records.push_back({key, finished, copied, saved});
+  }
+  std::fclose(f);
+  if (!header) say("%s is not a profile of gpuscope pin --profile; starting without it", path);
+  p.seed(records);
 }
 
 void before_fork() {
@@ -747,11 +834,14 @@ __attribute__((constructor)) static void gs_pin_init() {
     }
   }
   g_min_bytes = settings.min_bytes;
-  g_pinner.store(new (g_pinner_space) Pinner(settings, std::move(model), g_driver), std::memory_order_release);
+  Pinner* made = new (g_pinner_space) Pinner(settings, std::move(model), g_driver);
+  read_profile(*made);
+  g_pinner.store(made, std::memory_order_release);
   pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
 __attribute__((destructor)) static void gs_pin_fini() {
   g_exiting.store(true, std::memory_order_relaxed);
   write_report();
+  write_profile();
 }

@@ -52,6 +52,24 @@ def test_bookkeeping_against_the_standin_driver(tmp_path):
     assert "buffers pinned" in out.stderr and "allocations given a pinned buffer from the pool" in out.stderr
 
 
+def test_a_profile_lets_the_next_run_pin_from_the_first_allocation(tmp_path):
+    env = {"LD_LIBRARY_PATH": str(FAKE_CUDA)}
+    profile, first, second = tmp_path / "sites", tmp_path / "first.json", tmp_path / "second.json"
+    out = pin("--profile", profile, "--report", first, "--", TARGETS / "pin_bookkeeping", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = profile.read_text().splitlines()
+    assert lines[0].startswith("# gpuscope pin profile 1")
+    sites = [l.split() for l in lines[1:]]
+    # The batches' line: 41 buffers, all copied.
+    assert any(int(f) >= 40 and int(c) == int(f) for _, f, c, _ in sites), lines
+    out = pin("--use", profile, "--report", second, "--", TARGETS / "pin_bookkeeping", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert all(v == "ok" for v in checks(out.stdout).values())
+    before = json.loads(first.read_text())["processes"][0]
+    after = json.loads(second.read_text())["processes"][0]
+    assert after["pageable_copies"] < before["pageable_copies"], (before, after)
+
+
 def test_the_checks_fail_where_the_library_would_be_wrong():
     # Relaxed: the asynchronous copy of a pinned buffer no longer waits (the check sees it).
     out = pin("--relaxed", "--", TARGETS / "pin_bookkeeping", env={"LD_LIBRARY_PATH": str(FAKE_CUDA)})
@@ -108,6 +126,7 @@ def test_exit_status_and_signals_pass_through():
     (["--cap", "lots", "--", "true"], "--cap 'lots' is not a size"),
     (["--", "/nonexistent/program"], "cannot run /nonexistent/program"),
     (["--copy-table", "/nonexistent/table", "--", "true"], "--copy-table /nonexistent/table: no such file"),
+    (["--use", "/nonexistent/profile", "--", "true"], "--use /nonexistent/profile: no such file"),
 ])
 def test_bad_input_is_one_line_and_fails(args, says):
     out = pin(*args)

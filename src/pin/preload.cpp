@@ -267,10 +267,19 @@ gpuscope::pin::SiteKey site_of(size_t bytes) {
 // locks while it allocates and frees, never waits for the pinner's (held across registrations).
 bool from_driver(void* ret) {
   static std::atomic<uintptr_t> lo{0}, hi{0};
+  static std::atomic<unsigned long long> scanned_adds{0};
   if (!hi.load(std::memory_order_acquire)) {
-    void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (!lib) return false;
-    dlclose(lib);
+    // Looked for again only when a library has been loaded since (dl_iterate_phdr counts loads; the
+    // first object is enough to read the count): no file is opened and no lock held for long.
+    unsigned long long adds = 0;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, size_t, void* out) {
+          *static_cast<unsigned long long*>(out) = info->dlpi_adds;
+          return 1;
+        },
+        &adds);
+    if (adds == scanned_adds.load(std::memory_order_relaxed)) return false;
+    scanned_adds.store(adds, std::memory_order_relaxed);
     dl_iterate_phdr(
         [](dl_phdr_info* info, size_t, void*) {
           if (!info->dlpi_name || !std::strstr(info->dlpi_name, "libcuda.so")) return 0;

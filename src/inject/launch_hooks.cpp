@@ -32,6 +32,7 @@
 #include <cstring>
 #include <utility>
 
+#include "inject/driver_interpose.h"
 #include "inject/launch_ring.h"
 
 // The C library's dlsym (this library defines its own, below).
@@ -59,9 +60,6 @@ using LaunchCooperativeFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigne
                                          unsigned, CUstream, void**);
 using GraphLaunchFn = CUresult (*)(CUgraphExec, CUstream);
 using KernelGetFunctionFn = CUresult (*)(CUfunction*, void*);
-using GetProcAddressV2Fn = CUresult (*)(const char*, void**, int, uint64_t, int*);
-using GetProcAddressFn = CUresult (*)(const char*, void**, int, uint64_t);
-using DlsymFn = void* (*)(void*, const char*);
 
 constexpr CUresult kNotFound = 500;  // CUDA_ERROR_NOT_FOUND
 
@@ -420,19 +418,18 @@ constexpr int kSlots = 4;
 struct Hook {
   const char* symbol;      // as cuGetProcAddress is asked for it
   uint16_t api, api_ptsz;  // gs_launch_api of the legacy-stream and per-thread variants
-  void* wrappers[kSlots];  // filled at load
-  // Slot S serves real[S], a gs_launch_api of apis[S] (written before real[S] is published).
-  std::atomic<void*> real[kSlots];
+  // Slot S serves slots.real[S], a gs_launch_api of apis[S] (written before real[S] is published).
+  gpuscope::inject::Slots<kSlots> slots;
   uint16_t apis[kSlots];
 };
 
 Hook g_hooks[] = {
-    {"cuLaunchKernel", GS_LAUNCH_CU_LAUNCH_KERNEL, GS_LAUNCH_CU_LAUNCH_KERNEL_PTSZ, {}, {}, {}},
-    {"cuLaunchKernelEx", GS_LAUNCH_CU_LAUNCH_KERNEL_EX, GS_LAUNCH_CU_LAUNCH_KERNEL_EX_PTSZ, {}, {}, {}},
+    {"cuLaunchKernel", GS_LAUNCH_CU_LAUNCH_KERNEL, GS_LAUNCH_CU_LAUNCH_KERNEL_PTSZ, {}, {}},
+    {"cuLaunchKernelEx", GS_LAUNCH_CU_LAUNCH_KERNEL_EX, GS_LAUNCH_CU_LAUNCH_KERNEL_EX_PTSZ, {}, {}},
     {"cuLaunchCooperativeKernel", GS_LAUNCH_CU_LAUNCH_COOPERATIVE_KERNEL, GS_LAUNCH_CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ,
-     {}, {}, {}},
-    {"cuGraphLaunch", GS_LAUNCH_CU_GRAPH_LAUNCH, GS_LAUNCH_CU_GRAPH_LAUNCH_PTSZ, {}, {}, {}},
-    {"cuKernelGetFunction", GS_LAUNCH_CU_KERNEL_GET_FUNCTION, GS_LAUNCH_CU_KERNEL_GET_FUNCTION, {}, {}, {}},
+     {}, {}},
+    {"cuGraphLaunch", GS_LAUNCH_CU_GRAPH_LAUNCH, GS_LAUNCH_CU_GRAPH_LAUNCH_PTSZ, {}, {}},
+    {"cuKernelGetFunction", GS_LAUNCH_CU_KERNEL_GET_FUNCTION, GS_LAUNCH_CU_KERNEL_GET_FUNCTION, {}, {}},
 };
 constexpr int kLaunchKernel = 0, kLaunchKernelEx = 1, kLaunchCooperative = 2, kGraphLaunch = 3,
               kKernelGetFunction = 4;
@@ -518,7 +515,7 @@ template <int S>
 struct Wrap<kLaunchKernel, S> {
   static CUresult call(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                        unsigned shmem, CUstream s, void** params, void** extra) {
-    void* real = g_hooks[kLaunchKernel].real[S].load(std::memory_order_acquire);
+    void* real = g_hooks[kLaunchKernel].slots.real[S].load(std::memory_order_acquire);
     const uint16_t api = g_hooks[kLaunchKernel].apis[S];
     return launch_kernel(real, api, GS_LAUNCH_VIA_PROC_ADDRESS, f, gx, gy, gz, bx, by, bz,
                          shmem, s, params, extra);
@@ -527,7 +524,7 @@ struct Wrap<kLaunchKernel, S> {
 template <int S>
 struct Wrap<kLaunchKernelEx, S> {
   static CUresult call(const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
-    void* real = g_hooks[kLaunchKernelEx].real[S].load(std::memory_order_acquire);
+    void* real = g_hooks[kLaunchKernelEx].slots.real[S].load(std::memory_order_acquire);
     const uint16_t api = g_hooks[kLaunchKernelEx].apis[S];
     return launch_kernel_ex(real, api, GS_LAUNCH_VIA_PROC_ADDRESS, c, f, params, extra);
   }
@@ -536,7 +533,7 @@ template <int S>
 struct Wrap<kLaunchCooperative, S> {
   static CUresult call(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                        unsigned shmem, CUstream s, void** params) {
-    void* real = g_hooks[kLaunchCooperative].real[S].load(std::memory_order_acquire);
+    void* real = g_hooks[kLaunchCooperative].slots.real[S].load(std::memory_order_acquire);
     const uint16_t api = g_hooks[kLaunchCooperative].apis[S];
     return launch_cooperative(real, api, GS_LAUNCH_VIA_PROC_ADDRESS, f, gx, gy, gz, bx,
                               by, bz, shmem, s, params);
@@ -545,7 +542,7 @@ struct Wrap<kLaunchCooperative, S> {
 template <int S>
 struct Wrap<kGraphLaunch, S> {
   static CUresult call(CUgraphExec g, CUstream s) {
-    void* real = g_hooks[kGraphLaunch].real[S].load(std::memory_order_acquire);
+    void* real = g_hooks[kGraphLaunch].slots.real[S].load(std::memory_order_acquire);
     const uint16_t api = g_hooks[kGraphLaunch].apis[S];
     return graph_launch(real, api, GS_LAUNCH_VIA_PROC_ADDRESS, g, s);
   }
@@ -554,21 +551,18 @@ struct Wrap<kGraphLaunch, S> {
 template <int S>
 struct Wrap<kKernelGetFunction, S> {
   static CUresult call(CUfunction* out, void* kernel) {
-    return kernel_get_function(g_hooks[kKernelGetFunction].real[S].load(std::memory_order_acquire),
+    return kernel_get_function(g_hooks[kKernelGetFunction].slots.real[S].load(std::memory_order_acquire),
                                GS_LAUNCH_VIA_PROC_ADDRESS, out, kernel);
   }
 };
 
 template <int H, int... S>
 void fill_wrappers(std::integer_sequence<int, S...>) {
-  ((g_hooks[H].wrappers[S] = reinterpret_cast<void*>(&Wrap<H, S>::call)), ...);
+  ((g_hooks[H].slots.wrappers[S] = reinterpret_cast<void*>(&Wrap<H, S>::call)), ...);
 }
 
 bool is_ours(void* address) {
-  Dl_info mine{}, theirs{};
-  static const int found = dladdr(reinterpret_cast<void*>(&is_ours), &mine);
-  static void* const base = found ? mine.dli_fbase : nullptr;
-  return base && dladdr(address, &theirs) && theirs.dli_fbase == base;
+  return gpuscope::inject::in_library_of(reinterpret_cast<const void*>(&launch_kernel), address);
 }
 
 void* open_libcuda() {
@@ -605,27 +599,14 @@ void name_function(gs_launch_ring_header* h, void* f) {
 // The wrapper to hand out for `real`, an address of hook `h` (real itself when all slots serve
 // other addresses).
 void* wrapper_for(int h, void* real) {
-  // Lookups are few (a library's start-up): one at a time.
-  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   Hook& k = g_hooks[h];
-  pthread_mutex_lock(&mu);
-  void* out = real;
-  for (int s = 0; s < kSlots; ++s) {
-    void* had = k.real[s].load(std::memory_order_relaxed);
-    if (had && had != real) continue;
-    if (!had) {
-      // The per-thread variant is libcuda's exported _ptsz function.
-      char name[96];
-      std::snprintf(name, sizeof name, "%s_ptsz", k.symbol);
-      void* ptsz = open_libcuda() && gs_launches_real_dlsym ? gs_launches_real_dlsym(g_libcuda, name) : nullptr;
-      k.apis[s] = ptsz == real ? k.api_ptsz : k.api;
-      k.real[s].store(real, std::memory_order_release);
-    }
-    out = k.wrappers[s];
-    break;
-  }
-  pthread_mutex_unlock(&mu);
-  return out;
+  return k.slots.wrapper_for(real, [&](int s) {
+    // The per-thread variant is libcuda's exported _ptsz function.
+    char name[96];
+    std::snprintf(name, sizeof name, "%s_ptsz", k.symbol);
+    void* ptsz = open_libcuda() && gs_launches_real_dlsym ? gs_launches_real_dlsym(g_libcuda, name) : nullptr;
+    k.apis[s] = ptsz == real ? k.api_ptsz : k.api;
+  });
 }
 
 int hook_index(const char* symbol) {
@@ -643,68 +624,35 @@ int hook_of_export(const char* name) {
   return -1;
 }
 
-GetProcAddressV2Fn g_real_get_proc_v2 = nullptr;
-GetProcAddressFn g_real_get_proc = nullptr;
-CUresult wrapped_get_proc_address_v2(const char* symbol, void** pfn, int version, uint64_t flags, int* status);
-CUresult wrapped_get_proc_address_v1(const char* symbol, void** pfn, int version, uint64_t flags);
+struct LaunchesTag;
+using Lookup = gpuscope::inject::ProcAddress<LaunchesTag>;
 
-// What the driver's cuGetProcAddress hands out, with launch entry points swapped for wrappers
-// (and cuGetProcAddress for this one).
-CUresult after_lookup(CUresult r, const char* symbol, void** pfn) {
-  if (r != 0 || !pfn || !*pfn || !symbol) return r;
+// What the driver's cuGetProcAddress hands out, with launch entry points swapped for wrappers.
+int after_lookup(int r, const char* symbol, void** pfn) {
   ring();  // made before the first launch through what is handed out
-  if (!std::strcmp(symbol, "cuGetProcAddress")) {
-    // Asked through itself: the version handed out depends on the CUDA version asked for.
-    if (!g_real_get_proc_v2 && g_libcuda && *pfn == gs_launches_real_dlsym(g_libcuda, "cuGetProcAddress_v2"))
-      g_real_get_proc_v2 = reinterpret_cast<GetProcAddressV2Fn>(*pfn);
-    if (*pfn == reinterpret_cast<void*>(g_real_get_proc_v2)) *pfn = reinterpret_cast<void*>(&wrapped_get_proc_address_v2);
-    else if (*pfn == reinterpret_cast<void*>(g_real_get_proc)) *pfn = reinterpret_cast<void*>(&wrapped_get_proc_address_v1);
-    return r;
-  }
   // This library's export comes back where the driver's table points at the global symbol: it
   // records its calls itself.
   if (const int h = hook_index(symbol); h >= 0 && !is_ours(*pfn)) *pfn = wrapper_for(h, *pfn);
   return r;
 }
 
-// Each stands for the driver's function of its version it was handed out for.
-CUresult wrapped_get_proc_address_v1(const char* symbol, void** pfn, int version, uint64_t flags) {
-  if (!g_real_get_proc) return kNotFound;
-  return after_lookup(g_real_get_proc(symbol, pfn, version, flags), symbol, pfn);
-}
-CUresult wrapped_get_proc_address_v2(const char* symbol, void** pfn, int version, uint64_t flags, int* status) {
-  if (!g_real_get_proc_v2) return kNotFound;
-  return after_lookup(g_real_get_proc_v2(symbol, pfn, version, flags, status), symbol, pfn);
-}
-
 void init_real_dlsym() {
   if (gs_launches_real_dlsym) return;
-  // Not dlsym itself: that is this library's.
-  for (const char* v : {"GLIBC_2.34", "GLIBC_2.2.5"})
-    if (void* p = dlvsym(RTLD_NEXT, "dlsym", v)) {
-      gs_launches_real_dlsym = reinterpret_cast<DlsymFn>(p);
-      return;
-    }
+  gs_launches_real_dlsym = gpuscope::inject::next_dlsym();
+  Lookup::real_dlsym = gs_launches_real_dlsym;
+  Lookup::after = &after_lookup;
 }
 
 }  // namespace
 
-// Called by dlsym (below) before the C library's: the address to return instead of the C
-// library's answer, or null to let it answer (then it runs as if called by dlsym's caller).
+// Called by dlsym before the C library's: the address to return instead of the C library's
+// answer, or null to let it answer (then it runs as if called by dlsym's caller).
 extern "C" __attribute__((visibility("hidden"))) void* gs_launches_dlsym_filter(void* handle, const char* name) {
   init_real_dlsym();
   if (!gs_launches_real_dlsym || !name || name[0] != 'c' || name[1] != 'u') return nullptr;
-  const bool v2 = !std::strcmp(name, "cuGetProcAddress_v2");
-  if (v2 || !std::strcmp(name, "cuGetProcAddress")) {
-    void* real = gs_launches_real_dlsym(handle, name);
-    if (!real) return nullptr;
-    open_libcuda();
-    if (v2) {
-      g_real_get_proc_v2 = reinterpret_cast<GetProcAddressV2Fn>(real);
-      return reinterpret_cast<void*>(&wrapped_get_proc_address_v2);
-    }
-    g_real_get_proc = reinterpret_cast<GetProcAddressFn>(real);
-    return reinterpret_cast<void*>(&wrapped_get_proc_address_v1);
+  if (void* stand_in = Lookup::for_dlsym(handle, name)) {
+    Lookup::libcuda = open_libcuda();
+    return stand_in;
   }
   const int h = hook_of_export(name);
   if (h < 0) return nullptr;
@@ -714,39 +662,7 @@ extern "C" __attribute__((visibility("hidden"))) void* gs_launches_dlsym_filter(
   open_libcuda();
   return wrapper_for(h, real);
 }
-
-// dlsym, in assembly so that the C library's runs with the caller's return address: dlsym(RTLD_NEXT)
-// finds the symbol after the object that called it, which a C wrapper would make this library.
-__asm__(R"(
-  .text
-  .globl dlsym
-  .type dlsym, @function
-dlsym:
-  .cfi_startproc
-  push %rdi
-  .cfi_adjust_cfa_offset 8
-  push %rsi
-  .cfi_adjust_cfa_offset 8
-  sub $8, %rsp
-  .cfi_adjust_cfa_offset 8
-  call gs_launches_dlsym_filter
-  add $8, %rsp
-  .cfi_adjust_cfa_offset -8
-  pop %rsi
-  .cfi_adjust_cfa_offset -8
-  pop %rdi
-  .cfi_adjust_cfa_offset -8
-  test %rax, %rax
-  jnz 1f
-  mov gs_launches_real_dlsym(%rip), %rax
-  test %rax, %rax
-  jz 1f
-  jmp *%rax
-1:
-  ret
-  .cfi_endproc
-  .size dlsym, .-dlsym
-)");
+GS_DLSYM_TRAMPOLINE(gs_launches_dlsym_filter, gs_launches_real_dlsym);
 
 
 // Calls bound to the symbols (a program or library linked against libcuda): the preload's

@@ -31,9 +31,12 @@
 #include <new>
 #include <utility>
 
+#include "inject/driver_interpose.h"
 #include "pin/pinner.h"
 
 extern "C" {
+// The C library's dlsym (this library defines its own: driver_interpose.h).
+__attribute__((visibility("hidden"))) void* (*gs_pin_real_dlsym)(void*, const char*) = nullptr;
 void* __libc_malloc(size_t);
 void __libc_free(void*);
 void* __libc_calloc(size_t, size_t);
@@ -57,8 +60,7 @@ constexpr CUresult kAlreadyRegistered = 712;   // CUDA_ERROR_HOST_MEMORY_ALREADY
 constexpr unsigned kRegisterPortable = 0x01;   // CU_MEMHOSTREGISTER_PORTABLE: pinned for every context
 const CUstream kPerThreadStream = reinterpret_cast<CUstream>(0x2);  // CU_STREAM_PER_THREAD
 
-using DlsymFn = void* (*)(void*, const char*);
-DlsymFn g_real_dlsym = nullptr;
+using gpuscope::inject::DlsymFn;
 size_t (*g_real_usable_size)(void*) = nullptr;
 
 // In the pinner (or the driver, called by it): the allocations and mappings made there are the
@@ -117,8 +119,8 @@ void saw_cuda() {
   if (!g_cuda.resolved.load(std::memory_order_acquire)) {
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_lock(&mu);
-    if (!g_cuda.resolved.load(std::memory_order_relaxed) && libcuda() && g_real_dlsym) {
-      auto get = [](const char* name) { return g_real_dlsym(g_cuda.lib, name); };
+    if (!g_cuda.resolved.load(std::memory_order_relaxed) && libcuda() && gs_pin_real_dlsym) {
+      auto get = [](const char* name) { return gs_pin_real_dlsym(g_cuda.lib, name); };
       g_cuda.host_register = reinterpret_cast<decltype(g_cuda.host_register)>(get("cuMemHostRegister_v2"));
       g_cuda.host_unregister = reinterpret_cast<decltype(g_cuda.host_unregister)>(get("cuMemHostUnregister"));
       g_cuda.stream_sync = reinterpret_cast<decltype(g_cuda.stream_sync)>(get("cuStreamSynchronize"));
@@ -546,17 +548,11 @@ GS_EXPORT int madvise(void* addr, size_t len, int advice) {
 
 // ---- the driver's copy functions ----
 
-extern "C" {
-__attribute__((visibility("hidden"))) void* (*gs_pin_real_dlsym)(void*, const char*) = nullptr;
-}
-
 namespace {
 
 enum class Side { to_device, to_host, either };
 using SyncCopyFn = CUresult (*)(CUdeviceptr, CUdeviceptr, size_t);
 using AsyncCopyFn = CUresult (*)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-using GetProcAddressV2Fn = CUresult (*)(const char*, void**, int, uint64_t, int*);
-using GetProcAddressFn = CUresult (*)(const char*, void**, int, uint64_t);
 
 // A wrapper serves one real address; up to kSlots an entry point (cuGetProcAddress hands out a
 // version per CUDA version and per default-stream flavour asked for).
@@ -566,17 +562,16 @@ struct Hook {
   const char* exported, *exported_per_thread;  // libcuda's names
   Side side;
   bool async;
-  void* wrappers[kSlots];
-  std::atomic<void*> real[kSlots];
+  gpuscope::inject::Slots<kSlots> slots;
   bool per_thread[kSlots];  // the slot's real function is the per-thread default stream's
 };
 Hook g_hooks[] = {
-    {"cuMemcpyHtoD", "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds", Side::to_device, false, {}, {}, {}},
-    {"cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cuMemcpyDtoH_v2_ptds", Side::to_host, false, {}, {}, {}},
-    {"cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz", Side::to_device, true, {}, {}, {}},
-    {"cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz", Side::to_host, true, {}, {}, {}},
-    {"cuMemcpy", "cuMemcpy", "cuMemcpy_ptds", Side::either, false, {}, {}, {}},
-    {"cuMemcpyAsync", "cuMemcpyAsync", "cuMemcpyAsync_ptsz", Side::either, true, {}, {}, {}},
+    {"cuMemcpyHtoD", "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds", Side::to_device, false, {}, {}},
+    {"cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cuMemcpyDtoH_v2_ptds", Side::to_host, false, {}, {}},
+    {"cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz", Side::to_device, true, {}, {}},
+    {"cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz", Side::to_host, true, {}, {}},
+    {"cuMemcpy", "cuMemcpy", "cuMemcpy_ptds", Side::either, false, {}, {}},
+    {"cuMemcpyAsync", "cuMemcpyAsync", "cuMemcpyAsync_ptsz", Side::either, true, {}, {}},
 };
 constexpr int kHooks = sizeof(g_hooks) / sizeof(g_hooks[0]);
 
@@ -584,7 +579,7 @@ constexpr int kHooks = sizeof(g_hooks) / sizeof(g_hooks[0]);
 // (strict) waited for when pinning made an asynchronous copy truly asynchronous.
 CUresult copy(int h, int slot, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
   const Hook& k = g_hooks[h];
-  void* real = k.real[slot].load(std::memory_order_acquire);
+  void* real = k.slots.real[slot].load(std::memory_order_acquire);
   if (!real) return kNotFound;
   bool pinned = false;
   Pinner* pin = pinner();
@@ -625,36 +620,23 @@ struct Wrap<H, S, true> {
 template <int H, int... S>
 void fill_wrappers(std::integer_sequence<int, S...>) {
   constexpr bool async = H == 2 || H == 3 || H == 5;
-  ((g_hooks[H].wrappers[S] = reinterpret_cast<void*>(&Wrap<H, S, async>::call)), ...);
+  ((g_hooks[H].slots.wrappers[S] = reinterpret_cast<void*>(&Wrap<H, S, async>::call)), ...);
 }
 static_assert(kHooks == 6, "fill_wrappers' async hooks are 2, 3 and 5");
 
+struct PinTag;
+using Lookup = gpuscope::inject::ProcAddress<PinTag>;
+extern "C" void* gs_pin_dlsym_filter(void* handle, const char* name);
 bool is_ours(void* address) {
-  Dl_info mine{}, theirs{};
-  static const int found = dladdr(reinterpret_cast<void*>(&is_ours), &mine);
-  static void* const base = found ? mine.dli_fbase : nullptr;
-  return base && dladdr(address, &theirs) && theirs.dli_fbase == base;
+  return gpuscope::inject::in_library_of(reinterpret_cast<const void*>(&gs_pin_dlsym_filter), address);
 }
 
-// The wrapper to hand out for `real`, an address of hook h (real itself when all slots serve
-// other addresses).
+// The wrapper to hand out for `real`, an address of hook h.
 void* wrapper_for(int h, void* real) {
-  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   Hook& k = g_hooks[h];
-  pthread_mutex_lock(&mu);
-  void* out = real;
-  for (int s = 0; s < kSlots; ++s) {
-    void* had = k.real[s].load(std::memory_order_relaxed);
-    if (had && had != real) continue;
-    if (!had) {
-      k.per_thread[s] = libcuda() && gs_pin_real_dlsym && gs_pin_real_dlsym(g_cuda.lib, k.exported_per_thread) == real;
-      k.real[s].store(real, std::memory_order_release);
-    }
-    out = k.wrappers[s];
-    break;
-  }
-  pthread_mutex_unlock(&mu);
-  return out;
+  return k.slots.wrapper_for(real, [&](int s) {
+    k.per_thread[s] = libcuda() && gs_pin_real_dlsym && gs_pin_real_dlsym(g_cuda.lib, k.exported_per_thread) == real;
+  });
 }
 
 int hook_index(const char* symbol) {
@@ -668,49 +650,21 @@ int hook_of_export(const char* name) {
   return -1;
 }
 
-GetProcAddressV2Fn g_real_get_proc_v2 = nullptr;
-GetProcAddressFn g_real_get_proc = nullptr;
-CUresult wrapped_get_proc_address_v2(const char* symbol, void** pfn, int version, uint64_t flags, int* status);
-CUresult wrapped_get_proc_address_v1(const char* symbol, void** pfn, int version, uint64_t flags);
-
-CUresult after_lookup(CUresult r, const char* symbol, void** pfn) {
-  if (r != 0 || !pfn || !*pfn || !symbol) return r;
-  if (!std::strcmp(symbol, "cuGetProcAddress")) {
-    if (!g_real_get_proc_v2 && libcuda() && *pfn == gs_pin_real_dlsym(g_cuda.lib, "cuGetProcAddress_v2"))
-      g_real_get_proc_v2 = reinterpret_cast<GetProcAddressV2Fn>(*pfn);
-    if (*pfn == reinterpret_cast<void*>(g_real_get_proc_v2)) *pfn = reinterpret_cast<void*>(&wrapped_get_proc_address_v2);
-    else if (*pfn == reinterpret_cast<void*>(g_real_get_proc)) *pfn = reinterpret_cast<void*>(&wrapped_get_proc_address_v1);
-    return r;
-  }
+// What the driver's cuGetProcAddress hands out, the copy functions swapped for wrappers.
+int after_lookup(int r, const char* symbol, void** pfn) {
   if (const int h = hook_index(symbol); h >= 0 && !is_ours(*pfn)) *pfn = wrapper_for(h, *pfn);
   return r;
-}
-CUresult wrapped_get_proc_address_v1(const char* symbol, void** pfn, int version, uint64_t flags) {
-  if (!g_real_get_proc) return kNotFound;
-  return after_lookup(g_real_get_proc(symbol, pfn, version, flags), symbol, pfn);
-}
-CUresult wrapped_get_proc_address_v2(const char* symbol, void** pfn, int version, uint64_t flags, int* status) {
-  if (!g_real_get_proc_v2) return kNotFound;
-  return after_lookup(g_real_get_proc_v2(symbol, pfn, version, flags, status), symbol, pfn);
 }
 
 }  // namespace
 
-// Called by dlsym (below) before the C library's: the address to return instead, or null.
+// Called by dlsym before the C library's: the address to return instead, or null.
 extern "C" __attribute__((visibility("hidden"))) void* gs_pin_dlsym_filter(void* handle, const char* name) {
   if (!gs_pin_real_dlsym || !name || name[0] != 'c' || name[1] != 'u') return nullptr;
-  const bool v2 = !std::strcmp(name, "cuGetProcAddress_v2");
-  if (v2 || !std::strcmp(name, "cuGetProcAddress")) {
-    void* real = gs_pin_real_dlsym(handle, name);
-    if (!real) return nullptr;
-    libcuda();
+  if (void* stand_in = Lookup::for_dlsym(handle, name)) {
+    Lookup::libcuda = libcuda();
     g_cuda_initialised.store(true, std::memory_order_relaxed);
-    if (v2) {
-      g_real_get_proc_v2 = reinterpret_cast<GetProcAddressV2Fn>(real);
-      return reinterpret_cast<void*>(&wrapped_get_proc_address_v2);
-    }
-    g_real_get_proc = reinterpret_cast<GetProcAddressFn>(real);
-    return reinterpret_cast<void*>(&wrapped_get_proc_address_v1);
+    return stand_in;
   }
   const int h = hook_of_export(name);
   if (h < 0) return nullptr;
@@ -719,39 +673,7 @@ extern "C" __attribute__((visibility("hidden"))) void* gs_pin_dlsym_filter(void*
   libcuda();
   return wrapper_for(h, real);
 }
-
-// dlsym in assembly, so that the C library's runs with the caller's return address (dlsym(RTLD_NEXT)
-// is relative to the object that called it), as in launch_hooks.cpp.
-__asm__(R"(
-  .text
-  .globl dlsym
-  .type dlsym, @function
-dlsym:
-  .cfi_startproc
-  push %rdi
-  .cfi_adjust_cfa_offset 8
-  push %rsi
-  .cfi_adjust_cfa_offset 8
-  sub $8, %rsp
-  .cfi_adjust_cfa_offset 8
-  call gs_pin_dlsym_filter
-  add $8, %rsp
-  .cfi_adjust_cfa_offset -8
-  pop %rsi
-  .cfi_adjust_cfa_offset -8
-  pop %rdi
-  .cfi_adjust_cfa_offset -8
-  test %rax, %rax
-  jnz 1f
-  mov gs_pin_real_dlsym(%rip), %rax
-  test %rax, %rax
-  jz 1f
-  jmp *%rax
-1:
-  ret
-  .cfi_endproc
-  .size dlsym, .-dlsym
-)");
+GS_DLSYM_TRAMPOLINE(gs_pin_dlsym_filter, gs_pin_real_dlsym);
 
 // Programs linked to libcuda call these by name: the next definition (libcuda's) behind a wrapper.
 namespace {
@@ -809,12 +731,9 @@ Mode mode_from_env() {
 }  // namespace
 
 __attribute__((constructor)) static void gs_pin_init() {
-  for (const char* v : {"GLIBC_2.34", "GLIBC_2.2.5"})
-    if (void* p = dlvsym(RTLD_NEXT, "dlsym", v)) {
-      gs_pin_real_dlsym = reinterpret_cast<DlsymFn>(p);
-      break;
-    }
-  g_real_dlsym = gs_pin_real_dlsym;
+  gs_pin_real_dlsym = gpuscope::inject::next_dlsym();
+  Lookup::real_dlsym = gs_pin_real_dlsym;
+  Lookup::after = &after_lookup;
   g_real_usable_size = reinterpret_cast<size_t (*)(void*)>(dlvsym(RTLD_NEXT, "malloc_usable_size", "GLIBC_2.2.5"));
   fill_wrappers<0>(std::make_integer_sequence<int, kSlots>{});
   fill_wrappers<1>(std::make_integer_sequence<int, kSlots>{});

@@ -202,6 +202,14 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
                       {"pinned_ms", s.pinned_us / 1e3},
                       {"register_ms", s.paying_cost_us / 1e3}});
   }
+  // Where pinning pays, the same program can be pinned without a change (docs/pin.md).
+  const bool pays = std::any_of(list.begin(), list.end(), [](const json& site) {
+    return site["action"] != "leave";
+  });
+  if (pays) {
+    const std::string command = rec.meta("command");
+    out["pin_command"] = "gpuscope pin -- " + (command.empty() ? std::string("COMMAND") : command);
+  }
   out["sites"] = std::move(list);
   out["sites_total"] = ranked.size();
   out["time_ms"] = total_now / 1e3;
@@ -234,6 +242,9 @@ std::string render_text(const json& doc) {
   }
   if (doc["sites_total"].get<size_t>() > doc["sites"].size())
     out += fmt::format("({} more call sites; --top shows more)\n", doc["sites_total"].get<size_t>() - doc["sites"].size());
+  if (doc.contains("pin_command"))
+    out += fmt::format("\nWithout changing the program, {} pins the buffers whose copies pay for it (docs/pin.md).\n",
+                       doc["pin_command"].get<std::string>());
   return out;
 }
 

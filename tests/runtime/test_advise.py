@@ -39,6 +39,9 @@ def test_advice_follows_each_buffers_reuse(record, gpuscope):
     text = gpuscope("advise", rec.path)
     assert text.returncode == 0, text.stderr
     assert "[pin] " in text.stdout and "[pin at the source] " in text.stdout and "[leave] " in text.stdout
+    # And how to act on it without changing the program: the recorded command under gpuscope pin.
+    assert doc["pin_command"].startswith("gpuscope pin -- ") and "pageable_copies" in doc["pin_command"]
+    assert doc["pin_command"] in text.stdout
 
 
 def test_a_record_without_pageable_copies_has_nothing_to_pin(record, gpuscope):
@@ -46,7 +49,7 @@ def test_a_record_without_pageable_copies_has_nothing_to_pin(record, gpuscope):
     assert rec.returncode == 0, rec.stderr
     out = gpuscope("advise", rec.path)
     assert out.returncode == 0, out.stderr
-    assert "Nothing to pin" in out.stdout
+    assert "Nothing to pin" in out.stdout and "gpuscope pin" not in out.stdout
 
 
 def test_bad_input_gets_one_line_and_a_failing_exit(record, gpuscope, tmp_path):

@@ -252,15 +252,19 @@ gpuscope::pin::SiteKey site_of(size_t bytes) {
   };
   static Entry table[4096];
   static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  // Never waited for: a child forked while another thread held it would wait forever.
   Entry& e = table[raw % 4096];
-  pthread_mutex_lock(&mu);
-  uint64_t stable = e.raw == raw ? e.stable : 0;
-  pthread_mutex_unlock(&mu);
+  uint64_t stable = 0;
+  if (pthread_mutex_trylock(&mu) == 0) {
+    stable = e.raw == raw ? e.stable : 0;
+    pthread_mutex_unlock(&mu);
+  }
   if (!stable) {
     stable = stable_hash(w) | 1;
-    pthread_mutex_lock(&mu);
-    e.raw = raw, e.stable = stable;
-    pthread_mutex_unlock(&mu);
+    if (pthread_mutex_trylock(&mu) == 0) {
+      e.raw = raw, e.stable = stable;
+      pthread_mutex_unlock(&mu);
+    }
   }
   return (stable ^ size_class(bytes)) * kFnvPrime;
 }

@@ -62,9 +62,7 @@ bool Pinner::room_for(size_t bytes) {
     }
     const uintptr_t base = victim->second;
     pool_.erase(victim);
-    Block& b = blocks_[base];
-    pool_bytes_ -= b.bytes;
-    drop_block_memory(base, b);
+    drop_block_memory(base, blocks_[base]);
   }
   return true;
 }
@@ -121,11 +119,10 @@ void Pinner::trim_cache() {
   }
 }
 
-void* Pinner::from_list(std::multimap<size_t, uintptr_t>& list, size_t bytes, uint64_t* list_bytes) {
+void* Pinner::from_list(std::multimap<size_t, uintptr_t>& list, size_t bytes) {
   auto it = list.lower_bound(bytes);
   if (it == list.end() || !fits(it->first, bytes)) return nullptr;
   const uintptr_t base = it->second;
-  *list_bytes -= it->first;
   list.erase(it);
   return reinterpret_cast<void*>(base);
 }
@@ -140,11 +137,12 @@ void* Pinner::allocate(size_t asked, bool zero, SiteKey key) {
   const bool want_pinned = settings_.mode == Mode::all || (settings_.mode == Mode::online && site_copies(s));
   void* p = nullptr;
   bool reused = false;
-  if (want_pinned && (p = from_list(pool_, bytes, &pool_bytes_))) {
+  if (want_pinned && (p = from_list(pool_, bytes))) {
     reused = true;
     ++stats_.pool_hits;
-  } else if ((p = from_list(cache_, bytes, &cache_bytes_))) {
+  } else if ((p = from_list(cache_, bytes))) {
     reused = true;
+    cache_bytes_ -= blocks_[reinterpret_cast<uintptr_t>(p)].bytes;
   } else if (!(p = arena_.take(bytes))) {
     return nullptr;
   }
@@ -188,7 +186,6 @@ void Pinner::release(void* p) {
   b.last_use = ++tick_;
   if (b.pinned && !child_ && site_copies(s)) {
     pool_.emplace(b.bytes, it->first);
-    pool_bytes_ += b.bytes;
     return;
   }
   unpin(it->first, b);
@@ -286,7 +283,6 @@ void Pinner::forked_child() {
   // The pool's buffers are plain memory here.
   for (auto& [bytes, base] : pool_) cache_.emplace(bytes, base), cache_bytes_ += bytes;
   pool_.clear();
-  pool_bytes_ = 0;
 }
 
 std::vector<SiteRecord> Pinner::sites() {

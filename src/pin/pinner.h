@@ -146,7 +146,7 @@ class Pinner {
   bool room_for(size_t bytes);
   bool pin(uintptr_t base, Block& b);
   void unpin(uintptr_t base, Block& b);
-  void* from_list(std::multimap<size_t, uintptr_t>& list, size_t bytes, uint64_t* list_bytes);
+  void* from_list(std::multimap<size_t, uintptr_t>& list, size_t bytes);
   void drop_block_memory(uintptr_t base, Block& b);
   void trim_cache();
   void note_live(int64_t delta);
@@ -162,7 +162,7 @@ class Pinner {
   std::unordered_map<SiteKey, Site> sites_;
   // Freed buffers kept for reuse, by length: pinned ones (the pool) and unpinned ones (the cache).
   std::multimap<size_t, uintptr_t> pool_, cache_;
-  uint64_t pool_bytes_ = 0, cache_bytes_ = 0;
+  uint64_t cache_bytes_ = 0;  // the cache's, held to settings_.cache_bytes
   Stats stats_;
 };
 

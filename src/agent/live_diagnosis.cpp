@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -189,19 +190,48 @@ void LiveDiagnosis::trim(Process& p, uint64_t before_ns) {
   }
 }
 
+std::optional<uint64_t> LiveDiagnosis::settled_from(const std::vector<double>& step_ms,
+                                                    const std::vector<uint64_t>& start_ns) {
+  if (step_ms.empty() || step_ms.size() != start_ns.size()) return std::nullopt;
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  size_t first = 0;
+  const double typical = median(step_ms);
+  while (first < step_ms.size() && step_ms[first] > kStartUpStepFactor * typical) ++first;
+  const size_t rest = step_ms.size() - first;
+  double rest_ms = 0;
+  for (size_t i = first; i < step_ms.size(); ++i) rest_ms += step_ms[i];
+  if (rest < kSettledSteps && rest_ms < kSettledMs) return std::nullopt;
+  if (rest >= 4) {
+    const auto mid = step_ms.begin() + long(first + rest / 2);
+    const double earlier = median({step_ms.begin() + long(first), mid}), later = median({mid, step_ms.end()});
+    if (later < kStillFaster * earlier) return std::nullopt;  // still getting faster: warming up
+  }
+  return start_ns[first];
+}
+
+void LiveDiagnosis::drop_start_up_readings(diagnose::ProcessEvidence& e, uint64_t steady_from_ns) {
+  const uint64_t from = steady_from_ns + kNvmlReadingSpanNs;
+  std::erase_if(e.gpu, [&](const diagnose::GpuReading& r) { return r.ts_ns < from; });
+  std::erase_if(e.gpu_processes, [&](const diagnose::GpuProcessReading& r) { return r.ts_ns < from; });
+}
+
 void LiveDiagnosis::tick(uint64_t now_ns) {
   const uint64_t from = now_ns > limits_.window_ns ? now_ns - limits_.window_ns : 0;
   // The evidence is copied under the lock and analysed without it: the pipeline thread keeps adding.
   std::vector<diagnose::ProcessEvidence> evidence;
   diagnose::ProcessNames names;
   std::vector<uint32_t> unseen;  // no whole step in the window
-  std::set<uint32_t> starting;    // no step found yet: analysed for where its start-up ends only
+  std::map<uint32_t, int> starting;  // pid -> its warming_ticks: where its start-up ends is not known yet
+  std::vector<uint32_t> warming;      // analysed now and still getting faster
   std::map<uint32_t, uint64_t> first_steps;
   {
     std::lock_guard lock(mu_);
     for (auto it = processes_.begin(); it != processes_.end();) {
       trim(it->second, std::max(from, it->second.steady_from_ns));
-      if (!it->second.steady_from_ns && limits_.skip_start_up) starting.insert(it->first);
+      if (!it->second.steady_from_ns && limits_.skip_start_up) starting[it->first] = it->second.warming_ticks;
       if (it->second.calls.empty() && it->second.off_since) {
         // No call seen while its probes are off: the last analysis stands (hold_ns).
         unseen.push_back(it->first);
@@ -239,6 +269,15 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
         e.host_pressure.assign(h->second.begin(), h->second.end());
       if (const auto c = pressure_.find(it->first); c != pressure_.end())
         e.cgroup_pressure.assign(c->second.begin(), c->second.end());
+      if (it->second.steady_from_ns) {
+        const bool gpu_read = !e.gpu.empty();
+        drop_start_up_readings(e, it->second.steady_from_ns);
+        if (gpu_read && e.gpu.empty()) {  // not yet a reading of its settled steps
+          unseen.push_back(it->first);
+          ++it;
+          continue;
+        }
+      }
       evidence.push_back(std::move(e));
       names.comm[it->first] = it->second.comm;
       ++it;
@@ -251,8 +290,8 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
     }
   }
   std::vector<Current> found;
-  for (const auto& e : evidence) {
-    const auto d = diagnose::analyze(e, names, true, 0, diagnose::SlowSteps::RankedAmongThemselves);
+  for (auto& e : evidence) {
+    auto d = diagnose::analyze(e, names, true, 0, diagnose::SlowSteps::RankedAmongThemselves);
     if (d.step_ms.empty() || !d.steps.count()) {
       if (g_verbose) {
         size_t work = 0;
@@ -265,11 +304,21 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
       continue;
     }
     if (starting.contains(e.pid)) {
-      uint64_t end = 0;
-      for (size_t i = 0; i < d.step_start_ns.size(); ++i)
-        end = std::max(end, d.step_start_ns[i] + uint64_t(d.step_ms[i] * 1e6));
-      first_steps[e.pid] = end;
-      continue;
+      auto steady = settled_from(d.step_ms, d.step_start_ns);
+      if (!steady && starting[e.pid] + 1 < kMaxStartUpTicks) {
+        warming.push_back(e.pid);
+        continue;
+      }
+      if (!steady) steady = d.step_start_ns.back() + uint64_t(d.step_ms.back() * 1e6);
+      first_steps[e.pid] = *steady;
+      // Its slow first steps and the GPU's readings of its start-up left out, the rest is analysed
+      // now: a cause there from the start is told at once, not a tick later.
+      std::erase_if(e.calls, [&](const diagnose::CudaCall& c) { return c.ts_ns < *steady; });
+      const bool gpu_read = !e.gpu.empty();
+      drop_start_up_readings(e, *steady);
+      if (gpu_read && e.gpu.empty()) continue;  // not yet a reading of its settled steps
+      d = diagnose::analyze(e, names, true, 0, diagnose::SlowSteps::RankedAmongThemselves);
+      if (d.step_ms.empty() || !d.steps.count()) continue;
     }
     Current c;
     c.analysed_ns = now_ns;
@@ -286,6 +335,8 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
   std::lock_guard lock(mu_);
   for (const auto& [pid, ts] : first_steps)
     if (auto p = processes_.find(pid); p != processes_.end()) p->second.steady_from_ns = ts;
+  for (uint32_t pid : warming)
+    if (auto p = processes_.find(pid); p != processes_.end()) ++p->second.warming_ticks;
   for (const auto& c : current_)
     if (std::find(unseen.begin(), unseen.end(), c.pid) != unseen.end() && now_ns - c.analysed_ns < limits_.hold_ns)
       found.push_back(c);

@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,10 +32,11 @@ class LiveDiagnosis {
     // the last analysis this long.
     uint64_t hold_ns = 10'000'000'000;
     // A process's first steps are its start-up, not its steady state (libraries' handles and
-    // autotuning, the allocator's growth, pages touched for the first time): the first analysis
-    // that finds its steps only notes where they end, and no later one looks at the time before.
-    // In a clean training step's first second the agent had found host_kernel 31% and
-    // launch_bound 16% (warm-up steps of 21 ms with page faults, not the 4.9 ms that followed).
+    // autotuning, the allocator's growth, pages touched for the first time): the steps at the
+    // start of the first analysis that finds some, while they are slower than the settled steps
+    // after them, are left out, of it and of every later one (settled_from). In a clean training
+    // step's first second the agent had found host_kernel 31% and launch_bound 16% (warm-up steps
+    // of 21 ms with page faults, not the 4.9 ms that followed).
     bool skip_start_up = true;
   };
   explicit LiveDiagnosis(Limits limits) : limits_(limits) {}
@@ -83,6 +85,14 @@ class LiveDiagnosis {
   // gpuscope_step_seconds and gpuscope_finding_share, labelled with each process's labels.
   std::vector<MetricFamily> families(const std::function<Labels(uint32_t)>& labels_of) const;
 
+  // Where a process's start-up ends among the first steps it was seen to take (in time order):
+  // at the first step not over kStartUpStepFactor times their median, where kSettledSteps or
+  // kSettledMs of steps follow and the later half of them is not kStillFaster than the earlier;
+  // none yet otherwise (still warming up). (Leaving out all the steps of the first analysis that
+  // found some, as before, delayed faults there from the start by up to 6.5 s: the next analysis
+  // held too few steps to show a starved DataLoader.)
+  static std::optional<uint64_t> settled_from(const std::vector<double>& step_ms, const std::vector<uint64_t>& start_ns);
+
  private:
   struct Process {
     std::string comm;
@@ -96,9 +106,25 @@ class LiveDiagnosis {
     // each of the latter. Halved at each analysis: the last seconds count, not a start-up's kernel
     // registrations (thousands of hits before the first launch).
     double entry_hits = 0, pair_hits = 0, top_calls = 0;
-    uint64_t steady_from_ns = 0;  // the end of the steps its first analysis found (its start-up)
+    uint64_t steady_from_ns = 0;  // where its start-up ended (settled_from); 0: not yet
+    int warming_ticks = 0;        // analyses that found its steps still getting faster
   };
   void trim(Process& p, uint64_t before_ns);
+  static constexpr double kStartUpStepFactor = 1.5;
+  static constexpr size_t kSettledSteps = 5;
+  static constexpr double kStillFaster = 0.8;
+  // NVML's utilisation covers a sample period before its reading, between 1/6 s and 1 s by
+  // product: those taken within a second after a process's start-up may describe the start-up.
+  // (After a clean training job's warm-up, readings 0.2 s into its settled steps showed the GPU
+  // idle 21-81%, an inference loop's 98%, where the steps that followed kept it 91-98% busy:
+  // launch_bound, io_wait or host_kernel in 18-25 of 70 polls.) Where its GPU is read, the host's
+  // causes are told only once a reading of the settled steps bounds them (unbounded, its threads'
+  // first waits after their start-up were cpu_contention 5-25% in clean runs).
+  static constexpr uint64_t kNvmlReadingSpanNs = 1'000'000'000;
+  static void drop_start_up_readings(diagnose::ProcessEvidence& e, uint64_t steady_from_ns);
+  static constexpr double kSettledMs = 1000;
+  // Analyses that found steps still warming up before the start-up is taken to end anyway.
+  static constexpr int kMaxStartUpTicks = 5;
   static constexpr uint64_t kLongCallNs = 10'000;  // other calls are kept from this long
 
   struct Gpu {

@@ -441,19 +441,107 @@ TEST(LiveDiagnosis, KernelTimeIsSaidWithWhatTheSamplesFoundThere) {
       << c[0].findings[0].evidence;
 }
 
+// `n` steps of `step_ns` from `from_ns`, its main thread asleep `sleep_ns` of each.
+uint64_t feed_steps(agent::LiveDiagnosis& live, uint64_t from_ns, int n, uint64_t step_ns, uint64_t sleep_ns) {
+  uint64_t t = from_ns;
+  for (int s = 0; s < n; ++s, t += step_ns) {
+    add_step_calls(live, t);
+    store::ThreadTimeRow r;
+    r.pid = r.tid = kPid;
+    r.start_ns = t;
+    r.end_ns = t + step_ns;
+    r.on_cpu_ns = step_ns - sleep_ns;
+    r.sleep_ns = sleep_ns;
+    r.state = "on_cpu";
+    live.add_thread_time(r);
+  }
+  return t;
+}
+
 TEST(LiveDiagnosis, AProcesssStartUpIsNotDiagnosed) {
-  // Its first second sleeps half of each step (a start-up's slow steps), then it runs clean: the
-  // first analysis only notes where those steps end; the next leaves them out (without that, the
-  // sleep would be a sixth of the window).
+  // Its first steps are slow and sleep most of their time (a start-up's), then it runs clean: the
+  // first analysis leaves them out and finds nothing in the rest, at once.
   agent::LiveDiagnosis live({});
-  const uint64_t t0 = 1'000'000'000, s = 1'000'000'000;
-  feed_loop(live, t0, 1, 5'000'000);
-  live.tick(t0 + s);
-  EXPECT_TRUE(live.current().empty());
-  feed_loop(live, t0 + s, 2, 0);
-  live.tick(t0 + 3 * s);
+  const uint64_t t0 = 1'000'000'000;
+  uint64_t t = feed_steps(live, t0, 10, 4 * kStepNs, 3 * kStepNs);
+  t = feed_steps(live, t, 100, kStepNs, 0);
+  live.tick(t);
+  auto cur = live.current();
+  ASSERT_EQ(cur.size(), 1u);
+  EXPECT_TRUE(cur[0].findings.empty()) << cur[0].findings[0].cause;
+  EXPECT_LE(cur[0].steps, 100u);
+  // Nor later, while those steps are still in the window.
+  t = feed_steps(live, t, 50, kStepNs, 0);
+  live.tick(t);
+  cur = live.current();
+  ASSERT_EQ(cur.size(), 1u);
+  EXPECT_TRUE(cur[0].findings.empty()) << cur[0].findings[0].cause;
+}
+
+TEST(LiveDiagnosis, ACauseThereFromTheFirstStepsIsToldAtTheFirstAnalysis) {
+  // A loop that sleeps a third of every step from its first: nothing to leave out, named at once.
+  agent::LiveDiagnosis live({});
+  const uint64_t t = feed_steps(live, 1'000'000'000, 60, 3 * kStepNs, kStepNs);
+  live.tick(t);
+  EXPECT_EQ(causes(live), std::vector<std::string>{"sleep"});
+}
+
+TEST(LiveDiagnosis, TheGpusReadingsOfAStartUpAreLeftOutWithIt) {
+  // A GPU 99% busy in the steady steps, read 20% busy just after the slow first steps (NVML's
+  // reading covers the time before it): the host's sleep is bounded by the steady readings alone.
+  agent::LiveDiagnosis live({});
+  const uint64_t t0 = 1'000'000'000;
+  uint64_t t = feed_steps(live, t0, 10, 4 * kStepNs, 3 * kStepNs);
+  const uint64_t steady = t;
+  feed_gpu(live, steady, 0.95, 20);
+  t = feed_steps(live, t, 200, kStepNs, kStepNs / 5);
+  feed_gpu(live, steady + 1'000'000'000, 1.0, 99);
+  live.tick(t);
   const auto cur = live.current();
   ASSERT_EQ(cur.size(), 1u);
   EXPECT_TRUE(cur[0].findings.empty()) << cur[0].findings[0].cause;
-  EXPECT_GE(cur[0].steps, 190u);
+}
+
+TEST(LiveDiagnosis, AHostCauseWaitsForAReadingOfTheSettledSteps) {
+  // The GPU read during the start-up only: the sleep is not told until a reading bounds it.
+  agent::LiveDiagnosis live({});
+  uint64_t t = feed_steps(live, 1'000'000'000, 10, 4 * kStepNs, 3 * kStepNs);
+  feed_gpu(live, t - 300'000'000, 0.3, 10);
+  t = feed_steps(live, t, 50, kStepNs, kStepNs / 2);
+  live.tick(t);
+  EXPECT_TRUE(causes(live).empty());
+  t = feed_steps(live, t, 100, kStepNs, kStepNs / 2);
+  feed_gpu(live, t - 300'000'000, 0.3, 10);
+  live.tick(t);
+  EXPECT_EQ(causes(live), std::vector<std::string>{"sleep"});
+}
+
+TEST(LiveDiagnosis, StepsStillGettingFasterAreAStartUpUntilTheySettle) {
+  using agent::LiveDiagnosis;
+  std::vector<double> ms;
+  std::vector<uint64_t> at;
+  auto steps = [&](std::vector<double> v) {
+    for (double m : v) {
+      at.push_back(ms.empty() ? 0 : at.back() + uint64_t(ms.back() * 1e6));
+      ms.push_back(m);
+    }
+  };
+  // 400, 360, ... 40 ms: each a little faster than the one before.
+  steps({400, 360, 320, 280, 240, 200, 160, 120, 80, 40});
+  EXPECT_FALSE(LiveDiagnosis::settled_from(ms, at));
+  // Then 20 steps of 40 ms: the start-up ends at the first of the fast ones.
+  steps(std::vector<double>(20, 40));
+  EXPECT_EQ(LiveDiagnosis::settled_from(ms, at), std::optional<uint64_t>(at[9]));
+  // Slow steps after fast ones are a fault, not a start-up: nothing is left out.
+  ms.clear();
+  at.clear();
+  steps({500, 500, 500, 500, 500, 1500, 1500, 1500, 1500, 1500, 1500});
+  EXPECT_EQ(LiveDiagnosis::settled_from(ms, at), std::optional<uint64_t>(at[0]));
+  // Steps of 800 ms: a second of them is enough; one is not.
+  ms.clear();
+  at.clear();
+  steps({800});
+  EXPECT_FALSE(LiveDiagnosis::settled_from(ms, at));
+  steps({800});
+  EXPECT_EQ(LiveDiagnosis::settled_from(ms, at), std::optional<uint64_t>(at[0]));
 }

@@ -310,12 +310,25 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
       others.erase(0);
       others.erase(pid);  // its own threads: too many threads for the cores it has
       others.erase(names.observer);
-      const auto [culprit, of] = top(others);
-      const std::string who = culprit ? names.of(culprit) : "its own threads";
+      auto [culprit, of] = top(others);
+      std::string who;
+      if (culprit) {
+        who = fmt::format("the CPU was held mostly by {} ({} of that wait)", names.of(culprit), pct(of));
+      } else {
+        // Nobody else: its own threads, or (pid 0) the task before it was the idle one or not seen.
+        const auto share_of = [&](uint32_t holder) {
+          const auto it = b.waited_for.find(holder);
+          double all = 0;
+          for (const auto& [who_pid, ns] : b.waited_for) all += ns;
+          return it != b.waited_for.end() && all > 0 ? it->second / all : 0.0;
+        };
+        of = share_of(pid);
+        who = of >= share_of(0) ? fmt::format("the CPU was held by its own threads ({} of that wait)", pct(of))
+                                : "no other process was seen holding its CPU";
+      }
       add("cpu_contention", "The thread that feeds the GPU waits for a CPU", contended,
-          fmt::format("runnable but not running {} a step ({} of the step); the CPU was held mostly by {} ({} of "
-                      "that wait){}{}",
-                      ms(contended / b.steps), pct(contended / b.window_ns), who, pct(of),
+          fmt::format("runnable but not running {} a step ({} of the step); {}{}{}",
+                      ms(contended / b.steps), pct(contended / b.window_ns), who,
                       b.host_pressure.cpu_some >= 0
                           ? fmt::format("; PSI: the host's tasks waited for a CPU {} of the time",
                                         pct(b.host_pressure.cpu_some))

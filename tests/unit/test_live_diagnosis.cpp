@@ -289,8 +289,9 @@ TEST(LiveDiagnosis, SyncsSeenWhileTheLaunchProbesAreOffDoNotHideTheSteps) {
 
 namespace {
 
-// 3 s of the loop, its main thread runnable 3 ms of each step behind `holder` (a process).
-std::vector<std::string> causes_when_held_by(uint32_t holder) {
+// 3 s of the loop, its main thread runnable 3 ms of each step behind `holder` (a process; 0:
+// none seen, its waits not ended within their windows).
+std::vector<diagnose::Finding> findings_when_held_by(uint32_t holder) {
   const uint64_t t0 = 1'000'000'000;
   agent::LiveDiagnosis held(kNoWarmup);
   for (uint64_t s = 0; s < 300; ++s) {
@@ -301,17 +302,36 @@ std::vector<std::string> causes_when_held_by(uint32_t holder) {
     r.start_ns = t;
     r.end_ns = t + kStepNs;
     r.on_cpu_ns = kStepNs - 3'000'000;
-    r.runnable_ns = r.waited_ns = 3'000'000;
+    r.runnable_ns = 3'000'000;
+    r.waited_ns = holder ? 3'000'000 : 0;
     r.waited_for_pid = r.waited_for_tid = holder;
     r.waited_for_comm = "holder";
     r.state = "on_cpu";
     held.add_thread_time(r);
   }
   held.tick(t0 + 3'000'000'000);
-  return causes(held);
+  return held.current().empty() ? std::vector<diagnose::Finding>{} : held.current()[0].findings;
+}
+
+std::vector<std::string> causes_when_held_by(uint32_t holder) {
+  std::vector<std::string> out;
+  for (const auto& f : findings_when_held_by(holder)) out.push_back(f.cause);
+  return out;
 }
 
 }  // namespace
+
+TEST(LiveDiagnosis, AWaitForACpuSaysWhoHeldIt) {
+  auto evidence = [](uint32_t holder) {
+    const auto f = findings_when_held_by(holder);
+    return f.size() == 1 && f[0].cause == "cpu_contention" ? f[0].evidence : std::string("(no cpu_contention)");
+  };
+  EXPECT_NE(evidence(4242).find("held mostly by holder (pid 4242) (100% of that wait)"), std::string::npos)
+      << evidence(4242);
+  EXPECT_NE(evidence(kPid).find("held by its own threads (100% of that wait)"), std::string::npos) << evidence(kPid);
+  // Its waits did not end within the windows that saw them: nobody is named.
+  EXPECT_NE(evidence(0).find("no other process was seen holding its CPU"), std::string::npos) << evidence(0);
+}
 
 TEST(LiveDiagnosis, TheCpuGpuscopeItselfHeldIsNotContention) {
   // The agent (this process) preempting the loop costs it time, but that is gpuscope's overhead,

@@ -48,6 +48,7 @@ enum gs_record_kind {
 	GS_REC_FUNCTION_NAME = 13, /* a kernel function's name, as a process's launch hooks told it:
 	                            * made by gpuscope from the launch rings, never by BPF */
 	GS_REC_VERBS = 14,   /* an RDMA verbs call: control path or data path (verbs_events.h) */
+	GS_REC_HOST_ALLOC = 15, /* a large host mapping made, moved or unmade (host_alloc_events.h) */
 };
 
 /* The BPF cookie of each uprobe, set by user space at attach time:
@@ -523,7 +524,10 @@ enum gs_unwind_stat {
 	 * counted, up to GS_VERBS_COUNT_LIMIT a post), and contexts past the map of contexts \
 	 * to resolve (their QPs' posts and completions are not probed) */ \
 	X(GS_LOST_VERBS_ITEMS, "verbs_items") \
-	X(GS_LOST_VERBS_CONTEXTS, "verbs_contexts_full")
+	X(GS_LOST_VERBS_CONTEXTS, "verbs_contexts_full") \
+	/* a host mapping sent without its native stack: past GS_HOST_ALLOC_COPIES_PER_S, or the ring \
+	 * half full */ \
+	X(GS_LOST_HOST_ALLOC_STACK, "host_alloc_stack")
 
 #define GS_LOST_ENUM_ENTRY(cause, name) cause,
 enum gs_lost_cause {
@@ -589,7 +593,9 @@ struct gs_function_name_record {
 	char name[];
 };
 
-/* Each feature's records beside its part: host telemetry (host.bpf.c). */
+/* Each feature's records beside its part: host telemetry (host.bpf.c), host allocations
+ * (host_allocs.bpf.c). */
 #include "host_events.h"
+#include "host_alloc_events.h"
 
 #endif

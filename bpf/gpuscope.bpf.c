@@ -20,6 +20,7 @@
 #include "procs.bpf.c"
 #include "host.bpf.c"
 #include "samples.bpf.c"
+#include "host_allocs.bpf.c"
 #include "libload.bpf.c"
 #include "verbs.bpf.c"
 

@@ -26,10 +26,11 @@ struct Buffer {
   int64_t measured = 0;             // copies with a time of their own
   double pageable_us = 0, pinned_us = 0;  // the model's, for each copy
   std::map<int64_t, int64_t> stacks;      // stack id -> its copies with it
+  std::map<int64_t, int64_t> allocated;   // the stack that mapped the memory it lies in -> its copies
 };
 
 struct Site {
-  std::string where;
+  std::string where, allocated_at, copied_at;
   bool data_loader = false, has_python = false;
   int64_t copies = 0, to_device = 0, buffers = 0, measured = 0;
   double bytes = 0, measured_us = 0, pageable_us = 0, pinned_us = 0;
@@ -46,6 +47,79 @@ bool in_data_loader(const std::vector<report::StackFrame>& frames) {
                      f.text.find("_utils/pin_memory") != std::string::npos))
       return true;
   return false;
+}
+
+// The large host mappings of each process over time (bpf/host_allocs.bpf.c): which one, made by
+// which stack, holds an address at an instant. Fed in time order, asked in time order.
+class Mappings {
+ public:
+  struct Event {
+    uint64_t ts_ns;
+    std::string op;
+    uint64_t addr, length, old_addr;
+    int64_t stack;
+  };
+  explicit Mappings(std::vector<Event> events) : events_(std::move(events)) {}
+  // The stack that made the mapping holding `addr` at `ts_ns` (0: none seen).
+  int64_t stack_at(uint64_t ts_ns, uint64_t addr) {
+    for (; next_ < events_.size() && events_[next_].ts_ns <= ts_ns; ++next_) apply(events_[next_]);
+    auto it = live_.upper_bound(addr);
+    if (it == live_.begin()) return 0;
+    --it;
+    return addr < it->second.first ? it->second.second : 0;
+  }
+
+ private:
+  void unmap(uint64_t from, uint64_t to) {
+    auto it = live_.upper_bound(from);
+    if (it != live_.begin() && std::prev(it)->second.first > from) --it;
+    while (it != live_.end() && it->first < to) it = live_.erase(it);
+  }
+  void apply(const Event& e) {
+    if (e.op == "mmap") {
+      unmap(e.addr, e.addr + e.length);
+      live_[e.addr] = {e.addr + e.length, e.stack};
+    } else if (e.op == "munmap") {
+      unmap(e.addr, e.addr + e.length);
+    } else if (e.op == "mremap") {
+      const int64_t stack = stack_at_now(e.old_addr);
+      unmap(e.old_addr, e.old_addr + 1);
+      unmap(e.addr, e.addr + e.length);
+      live_[e.addr] = {e.addr + e.length, stack};
+    }
+  }
+  int64_t stack_at_now(uint64_t addr) const {
+    auto it = live_.upper_bound(addr);
+    if (it == live_.begin()) return 0;
+    --it;
+    return addr < it->second.first ? it->second.second : 0;
+  }
+  std::vector<Event> events_;
+  size_t next_ = 0;
+  std::map<uint64_t, std::pair<uint64_t, int64_t>> live_;  // start -> (end, stack)
+};
+
+// Where a mapping's stack says the program allocated: its Python line, else its first frame past
+// the C library, the C++ runtime and the allocators (mmap, malloc, operator new, std::vector's
+// constructor, PyTorch's CPU allocator).
+std::string allocation_site(report::CallSites& sites, int64_t stack) {
+  if (auto py = sites.python_site(stack); !py.empty()) return py;
+  static constexpr std::string_view kAllocatorModules[] = {"libc.so", "libstdc++.so", "ld-linux", "libc10.so",
+                                                           "libjemalloc", "libtcmalloc", "libgpuscope_pin"};
+  static constexpr std::string_view kAllocatorSymbols[] = {"std::", "__gnu_cxx::", "operator new", "c10::alloc_cpu",
+                                                           "malloc", "posix_memalign", "aligned_alloc", "mmap"};
+  for (const auto& f : sites.frames(stack)) {
+    const bool allocator =
+        std::any_of(std::begin(kAllocatorModules), std::end(kAllocatorModules),
+                    [&](std::string_view m) {
+                      // "function+0xoff (module)", or the module alone where the frame is unnamed
+                      return f.site.starts_with(m) || f.text.find(fmt::format("({}", m)) != std::string::npos;
+                    }) ||
+        std::any_of(std::begin(kAllocatorSymbols), std::end(kAllocatorSymbols),
+                    [&](std::string_view s) { return f.symbol.starts_with(s); });
+    if (!allocator) return f.site;
+  }
+  return sites.python_or_caller(stack);
 }
 
 std::string ms(double us) { return fmt::format("{:.2f} ms", us / 1e3); }
@@ -73,10 +147,23 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
   const std::string h2d(cuda::to_string(cuda::CopyDir::HostToDevice)), d2h(cuda::to_string(cuda::CopyDir::DeviceToHost));
   auto q = r.db.prepare(
       "SELECT pid, dir, bytes, duration_ns, coalesce(ret, 0), coalesce(stack_id, 0), "
-      "CASE WHEN dir = ?1 THEN src ELSE ptr END FROM calls WHERE parent_id IS NULL AND host_mem = 'pageable' "
-      "AND dir IN (?1, ?2) AND bytes > 0 AND func IN (" + report::ids_of(r.functions, {"memcpy"}) + ")");
+      "CASE WHEN dir = ?1 THEN src ELSE ptr END, ts_ns FROM calls WHERE parent_id IS NULL AND host_mem = 'pageable' "
+      "AND dir IN (?1, ?2) AND bytes > 0 AND func IN (" + report::ids_of(r.functions, {"memcpy"}) + ") ORDER BY ts_ns");
   q.bind(1, h2d).bind(2, d2h);
   std::map<std::pair<int64_t, int64_t>, Buffer> buffers;  // (pid, host address) -> its copies
+  // Where the host memory came from: large mappings with their stacks (records before them, or
+  // made with --host-allocs 0, have none).
+  std::map<int64_t, Mappings> mappings;
+  bool allocations = false;
+  if (r.db.has_table("host_allocs")) {
+    std::map<int64_t, std::vector<Mappings::Event>> events;
+    auto a = r.db.prepare(
+        "SELECT pid, ts_ns, op, addr, length, coalesce(old_addr, 0), coalesce(stack_id, 0) FROM host_allocs ORDER BY ts_ns");
+    while (a.step() && (allocations = true))
+      events[a.i64(0)].push_back({uint64_t(a.i64(1)), a.str(2), uint64_t(a.i64(3)), uint64_t(a.i64(4)),
+                                  uint64_t(a.i64(5)), a.i64(6)});
+    for (auto& [pid, e] : events) mappings.emplace(pid, Mappings(std::move(e)));
+  }
   int64_t pageable = 0;
   while (q.step()) {
     const double bytes = double(q.i64(2));
@@ -97,19 +184,30 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
     b.pageable_us += pageable_us;
     b.pinned_us += model.copy_us(bytes, to_device, true);
     if (q.i64(5)) ++b.stacks[q.i64(5)];
+    if (auto m = mappings.find(q.i64(0)); m != mappings.end())
+      if (const int64_t made = m->second.stack_at(uint64_t(q.i64(7)), uint64_t(q.i64(6)))) ++b.allocated[made];
     ++pageable;
   }
 
-  // Each buffer goes to the call site of most of its copies with a stack.
+  // Each buffer goes to the place that allocated it where its mapping was seen, else to the call
+  // site of most of its copies with a stack.
+  auto most_of = [](const std::map<int64_t, int64_t>& counts) {
+    int64_t id = 0, most = 0;
+    for (const auto& [k, n] : counts)
+      if (n > most) id = k, most = n;
+    return id;
+  };
   std::map<std::string, Site> by_site;
   for (const auto& [key, b] : buffers) {
-    int64_t stack = 0, most = 0;
-    for (const auto& [id, n] : b.stacks)
-      if (n > most) stack = id, most = n;
-    const std::string where = stack ? sites.python_or_caller(stack) : "[no stack]";
+    const int64_t stack = most_of(b.stacks), made = most_of(b.allocated);
+    const std::string copied_at = stack ? sites.python_or_caller(stack) : "[no stack]";
+    const std::string allocated_at = made ? allocation_site(sites, made) : "";
+    const std::string where = allocated_at.empty() ? copied_at : allocated_at;
     auto& s = by_site[where];
     if (s.where.empty()) {
       s.where = where;
+      s.allocated_at = allocated_at;
+      s.copied_at = copied_at;
       if (stack) {
         s.has_python = !sites.python_site(stack).empty();
         s.data_loader = in_data_loader(sites.frames(stack));
@@ -141,6 +239,7 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
   json out;
   out["model"] = model.source;
   out["pageable_copies"] = pageable;
+  out["allocations_recorded"] = allocations;
   out["buffers"] = buffers.size();
   json list = json::array();
   double total_now = 0, total_pinned = 0, total_saving = 0;
@@ -191,6 +290,8 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
     }
     if (list.size() < opts.top)
       list.push_back({{"site", s.where},
+                      {"allocated_at", s.allocated_at.empty() ? json() : json(s.allocated_at)},
+                      {"copied_at", s.copied_at},
                       {"action", action},
                       {"advice", advice},
                       {"copies", s.copies},
@@ -232,6 +333,8 @@ std::string render_text(const json& doc) {
   int i = 0;
   for (const auto& s : doc["sites"]) {
     out += fmt::format("{}. [{}] {}\n", ++i, s["action"].get<std::string>(), s["site"].get<std::string>());
+    if (!s["allocated_at"].is_null() && s["copied_at"] != s["site"])
+      out += fmt::format("   allocated there; copied at {}\n", s["copied_at"].get<std::string>());
     out += fmt::format("   {} cop{} ({} to the GPU) of {} in {} buffer{}: {:.2f} ms ({}), pinned {:.2f} ms\n",
                        s["copies"].get<int64_t>(), s["copies"].get<int64_t>() == 1 ? "y" : "ies",
                        s["to_device"].get<int64_t>(),

@@ -85,6 +85,8 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   skel_->rodata->host_telemetry = cfg.host_telemetry;
   // Off: not even loaded (nothing runs at each context switch).
   for (bpf_program* p : host_programs()) bpf_program__set_autoload(p, cfg.host_telemetry);
+  for (bpf_program* p : host_alloc_programs()) bpf_program__set_autoload(p, cfg.host_alloc_min_bytes > 0);
+  skel_->rodata->host_alloc_min_bytes = cfg.host_alloc_min_bytes;
   skel_->rodata->self_tgid = static_cast<uint32_t>(getpid());
   bpf_map__set_max_entries(skel_->maps.events, round_up_pow2(cfg.ringbuf_bytes));
   stack_map_entries_ = std::max<uint32_t>(cfg.stack_map_entries, 1);
@@ -172,6 +174,20 @@ BpfSession::BpfSession(const SessionConfig& cfg)
                  strerror(errno));
         links_.resize(first);
         host_telemetry_ = false;
+        break;
+      }
+      links_.emplace_back().reset(link);
+    }
+  }
+
+  if (cfg.host_alloc_min_bytes > 0) {
+    const size_t first = links_.size();
+    for (bpf_program* prog : host_alloc_programs()) {
+      bpf_link* link = bpf_program__attach(prog);
+      if (!link) {
+        log_warn("host allocations are not recorded: '{}' could not be attached ({}); `advise` names copy sites only",
+                 bpf_program__name(prog), strerror(errno));
+        links_.resize(first);
         break;
       }
       links_.emplace_back().reset(link);
@@ -384,6 +400,11 @@ std::vector<bpf_program*> BpfSession::host_programs() const {
           skel_->progs.host_fork,           skel_->progs.host_exit,          skel_->progs.host_reclaim_begin,
           skel_->progs.host_reclaim_end,    skel_->progs.host_memcg_reclaim_begin,
           skel_->progs.host_memcg_reclaim_end, skel_->progs.host_softirq_entry, skel_->progs.host_softirq_exit};
+}
+
+std::vector<bpf_program*> BpfSession::host_alloc_programs() const {
+  return {skel_->progs.host_mmap_enter, skel_->progs.host_mmap_exit, skel_->progs.host_mremap_enter,
+          skel_->progs.host_mremap_exit, skel_->progs.host_munmap_enter};
 }
 
 void BpfSession::remove_target(pid_t pid) {

@@ -85,6 +85,9 @@ struct SessionConfig {
   // tracepoints. With filter_targets off, only the processes given to add_host_process (and
   // their children) are followed.
   bool host_telemetry = false;
+  // Host allocations (bpf/host_allocs.bpf.c): the targets' anonymous mappings of this size and
+  // more, with their stacks, and their unmapping; 0: off (not even loaded).
+  uint64_t host_alloc_min_bytes = 0;
 };
 
 struct AttachResult {
@@ -282,6 +285,7 @@ class BpfSession {
   std::unique_ptr<gpuscope_bpf, SkelDeleter> skel_;
   std::unique_ptr<ring_buffer, RingDeleter> ring_;
   std::vector<bpf_program*> host_programs() const;
+  std::vector<bpf_program*> host_alloc_programs() const;
   void set_host_pid(pid_t pid, bool on);
   bool host_telemetry_ = false;
   std::vector<std::unique_ptr<bpf_link, LinkDeleter>> links_;

@@ -228,6 +228,13 @@ int main(int argc, char** argv) {
                 "Do not record where the targets' threads spend their time (on a CPU, waiting for one, blocked "
                 "on I/O, locks, pipes or sockets): the evidence `diagnose` works from; costs every context switch "
                 "on the host a lookup");
+  rec->add_option_function<uint64_t>(
+         "--host-allocs",
+         [&](uint64_t kib) { ropts.tracer.host_alloc_min_bytes = kib << 10; },
+         "Record the targets' anonymous host mappings of at least this many KiB with the stack that made each "
+         "(`advise` names where a pageable buffer was allocated; the C library maps allocations of 128 KiB and "
+         "more until it raises its threshold); 0: off")
+      ->default_str("256");
   rec->add_flag("--bpf-stats", ropts.tracer.bpf_stats,
                  "Record each BPF program's run count and run time (costs two clock reads per probe hit)");
   rec->add_option("--ringbuf-mb", ropts.tracer.ringbuf_mb, "Kernel ring buffer size in MiB")->capture_default_str();

@@ -41,6 +41,7 @@ struct Pipeline::Route {
 
 namespace {
 constexpr uint32_t kNativeStackHeader = offsetof(gs_native_stack_record, ips);
+constexpr uint32_t kHostAllocHeader = offsetof(gs_host_alloc_record, stack);
 }  // namespace
 
 const Pipeline::Route* Pipeline::route_of(uint16_t kind) {
@@ -61,6 +62,7 @@ const Pipeline::Route* Pipeline::route_of(uint16_t kind) {
       {GS_REC_THREAD_TIME, sizeof(gs_thread_time_record), false, &Pipeline::on_thread_time},
       {GS_REC_FUNCTION_NAME, sizeof(gs_function_name_record), false, &Pipeline::on_function_name},
       {GS_REC_VERBS, sizeof(gs_verbs_record), false, &Pipeline::on_verbs},
+      {GS_REC_HOST_ALLOC, kHostAllocHeader + sizeof(gs_sample_record), false, &Pipeline::on_host_alloc},
   };
   for (const auto& r : kRoutes)
     if (r.kind == kind) return &r;
@@ -379,6 +381,38 @@ void Pipeline::on_sample(const uint8_t* data, size_t size) {
   const auto st = stacks_.sample_stacks(rec, data, size);
   sink_.add_sample(rec.ts_ns, rec.pid, rec.tid, rec.cpu, st.user, st.kernel);
   ++samples_;
+  ++calls_since_commit_;
+}
+
+void Pipeline::on_host_alloc(const uint8_t* data, size_t size) {
+  gs_host_alloc_record rec;
+  std::memcpy(&rec, data, kHostAllocHeader + sizeof(gs_sample_record));
+  const auto& s = rec.stack.s;
+  stacks_.note_time(s.ts_ns);
+  note_process(s.pid, s.ts_ns);
+  store::HostAllocRow row;
+  row.ts_ns = s.ts_ns;
+  row.pid = s.pid;
+  row.tid = s.tid;
+  row.addr = rec.addr;
+  row.length = rec.length;
+  switch (rec.op) {
+    case GS_HOST_MMAP:
+      row.op = "mmap";
+      // The stack copy (when it came) is read in place, as a sample's.
+      row.stack_id = stacks_.sample_stacks(s, data + kHostAllocHeader, size - kHostAllocHeader).user;
+      break;
+    case GS_HOST_MUNMAP:
+      row.op = "munmap";
+      break;
+    case GS_HOST_MREMAP:
+      row.op = "mremap";
+      row.old_addr = rec.old_addr;
+      break;
+    default:
+      return;
+  }
+  sink_.add_host_alloc(row);
   ++calls_since_commit_;
 }
 

@@ -118,6 +118,7 @@ class Pipeline {
   void on_native_stack(const uint8_t* data, size_t size);
   void on_fork(const uint8_t* data, size_t size);
   void on_sample(const uint8_t* data, size_t size);
+  void on_host_alloc(const uint8_t* data, size_t size);
   void on_thread_time(const uint8_t* data, size_t size);
   void on_verbs(const uint8_t* data, size_t size);  // RDMA verbs (decode/verbs, decode/verbs_tracker)
   void on_function_name(const uint8_t* data, size_t size);

@@ -23,6 +23,7 @@ inline TracerOptions record_tracer_defaults() {
   t.stack_map_entries = 32768;
   t.gpu_sample_hz = kDefaultGpuSampleHz;
   t.host_telemetry = true;
+  t.host_alloc_min_bytes = 256 << 10;
   return t;
 }
 

@@ -163,6 +163,7 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
   cfg.stack_generations = opts_.cpu_profile_hz > 0 && opts_.pipeline.recycle_stacks_at > 0;
   cfg.wakeup_bytes = cfg.ringbuf_bytes / 4;
   cfg.host_telemetry = opts_.host_telemetry;
+  cfg.host_alloc_min_bytes = opts_.host_alloc_min_bytes;
   bpf_ = std::make_unique<attach::BpfSession>(cfg);
   verbs_ = std::make_unique<attach::VerbsProbes>(*bpf_);
   sink_.set_meta("host_telemetry", bpf_->host_telemetry() ? "1" : "0");

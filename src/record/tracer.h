@@ -79,6 +79,9 @@ struct TracerOptions {
   int cpu_profile_hz = 0;  // 0: no CPU sampling
   // Where each target thread's time goes (bpf/host.bpf.c): the evidence `diagnose` works from.
   bool host_telemetry = false;
+  // The targets' anonymous mappings of this size and more with their stacks (`advise` names where
+  // a pageable buffer was allocated); 0: not recorded.
+  uint64_t host_alloc_min_bytes = 0;
   uint32_t ringbuf_mb = 64;
   // How long the ring buffer's reader sleeps when no one wakes it: the BPF side wakes it once
   // the buffer holds a share of its size (submit_flags), so this bounds only how late a

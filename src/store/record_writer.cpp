@@ -183,6 +183,8 @@ void RecordWriter::prepare_statements() {
       "other_ns, waited_ns, waited_for_tid, waited_for_pid, waited_for_comm, blocked_ns, waker_tid, waker_pid, "
       "waker_comm, switches, preempted, faults, state, reclaim_ns, net_softirq_ns, blocked_syscall, blocked_on, sys_ns) "
       "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,?28)");
+  insert_host_alloc_ = db_.prepare(
+      "INSERT INTO host_allocs(ts_ns, pid, tid, op, addr, length, old_addr, stack_id) VALUES(?1,?2,?3,?4,?5,?6,?7,?8)");
   insert_symbol_ = db_.prepare("INSERT OR IGNORE INTO symbols(module_id, offset, name) VALUES(?1,?2,?3)");
   insert_python_frame_ = db_.prepare("INSERT INTO python_frames(id, function, file, line) VALUES(?1,?2,?3,?4)");
   insert_gpu_ = db_.prepare("INSERT OR REPLACE INTO gpus(idx, uuid, name, memory_total, power_limit_mw) "
@@ -314,7 +316,7 @@ void RecordWriter::close_statements() {
   for (Stmt* st : {&insert_call_, &insert_nccl_call_, &insert_kernel_, &insert_module_, &insert_stack_, &insert_frame_, &upsert_process_,
                    &process_exit_, &upsert_thread_, &insert_library_, &set_lost_, &set_meta_, &insert_sample_,
                    &insert_thread_time_, &insert_symbol_, &insert_python_frame_, &insert_gpu_, &insert_gpu_sample_, &insert_gpu_process_,
-                   &insert_gpu_event_, &insert_pressure_})
+                   &insert_gpu_event_, &insert_pressure_, &insert_host_alloc_})
     *st = Stmt();
   rdma_.close();
 }
@@ -377,6 +379,17 @@ void RecordWriter::add_thread_time(const ThreadTimeRow& r) {
     if (!r.blocked_syscall.empty()) q.bind(26, r.blocked_syscall);
     if (!r.blocked_on.empty()) q.bind(27, r.blocked_on);
     q.bind(28, int64_t(r.sys_ns));
+    q.run();
+  });
+}
+
+void RecordWriter::add_host_alloc(const HostAllocRow& r) {
+  filling_.ops.push_back([r, this] {
+    auto& q = insert_host_alloc_;
+    q.bind(1, int64_t(r.ts_ns)).bind(2, int64_t(r.pid)).bind(3, int64_t(r.tid)).bind(4, r.op);
+    q.bind(5, int64_t(r.addr)).bind(6, int64_t(r.length));
+    if (r.op == "mremap") q.bind(7, int64_t(r.old_addr));
+    if (r.stack_id) q.bind(8, r.stack_id);
     q.run();
   });
 }

@@ -54,6 +54,7 @@ class RecordWriter final : public EventSink {
   // A CPU profile sample; stack ids from intern_stack (0: none).
   void add_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, uint32_t cpu, int64_t stack_id, int64_t kernel_stack_id) override;
   void add_thread_time(const ThreadTimeRow& r) override;
+  void add_host_alloc(const HostAllocRow& r) override;
   void add_rdma(const RdmaEvent& e) override;
   // A frame's name known only while recording (kernel frames, from /proc/kallsyms).
   void add_symbol(int64_t module_id, uint64_t offset, const std::string& name) override;
@@ -141,7 +142,7 @@ class RecordWriter final : public EventSink {
   Db db_;
   Stmt insert_call_, insert_nccl_call_, insert_kernel_, insert_module_, insert_stack_, insert_frame_, upsert_process_, process_exit_,
       upsert_thread_, insert_library_, set_lost_, set_meta_, insert_sample_, insert_thread_time_, insert_symbol_, insert_python_frame_, insert_gpu_, insert_gpu_sample_,
-      insert_gpu_process_, insert_gpu_event_, insert_pressure_;
+      insert_gpu_process_, insert_gpu_event_, insert_pressure_, insert_host_alloc_;
   RdmaRows rdma_;
   std::unordered_map<std::string, int64_t> kernels_;
   std::unordered_map<std::string, int64_t> modules_;

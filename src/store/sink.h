@@ -23,6 +23,16 @@ struct StoredFrame {
 // How a thread spent a window of time (host telemetry, bpf/host_events.h): nanoseconds on a CPU,
 // runnable, and blocked by kind; the longest wait for a CPU and whom it waited behind; the longest
 // blocked stretch and who woke it.
+// A large anonymous host mapping of a traced process made, moved or unmade (bpf/host_allocs.bpf.c).
+struct HostAllocRow {
+  uint64_t ts_ns = 0;
+  uint32_t pid = 0, tid = 0;
+  std::string op;  // "mmap", "munmap", "mremap"
+  uint64_t addr = 0, length = 0;
+  uint64_t old_addr = 0;  // mremap: where it was
+  int64_t stack_id = 0;   // mmap: the stack that made it (intern_stack; 0: none)
+};
+
 struct ThreadTimeRow {
   uint32_t pid = 0, tid = 0;
   uint64_t start_ns = 0, end_ns = 0;
@@ -78,6 +88,7 @@ class EventSink {
   virtual void add_sample(uint64_t ts_ns, uint32_t pid, uint32_t tid, uint32_t cpu, int64_t stack_id,
                           int64_t kernel_stack_id) = 0;
   virtual void add_thread_time(const ThreadTimeRow&) {}
+  virtual void add_host_alloc(const HostAllocRow&) {}
   // An RDMA verbs call (common/rdma.h): kept by records, not by the agent.
   virtual void add_rdma(const RdmaEvent&) {}
   // A frame's name known only while tracing (kernel frames, from /proc/kallsyms).

@@ -32,6 +32,13 @@ def test_advice_follows_each_buffers_reuse(record, gpuscope):
     assert (fresh["action"], fresh["copies"], fresh["buffers"]) == ("pin at the source", 12, 12)
     assert (ckpt["action"], ckpt["copies"], ckpt["to_device"]) == ("leave", 1, 0)
     assert (small["action"], small["copies"], small["buffers"]) == ("leave", 200, 1)
+    # Where the buffers were allocated: the record's host mappings (16 and 64 MB: mmap'ed by the C
+    # library) with their stacks, past libc, libstdc++ and std::vector to the program's function.
+    assert doc["allocations_recorded"] is True
+    assert "reused_input(" in reused["allocated_at"] and "pageable_copies.cu:19" in reused["copied_at"], reused
+    assert "checkpoint(" in ckpt["allocated_at"] and "pageable_copies.cu:32" in ckpt["copied_at"], ckpt
+    # The 4 KB flag is static: no mapping holds it.
+    assert small["allocated_at"] is None and small["site"] == small["copied_at"]
     # The copies failed (no GPU): their times are the model's, and said to be.
     assert all(s["time_from"] == "model" for s in doc["sites"])
     # Ranked by what pinning saves: the reused buffer first.
@@ -42,6 +49,15 @@ def test_advice_follows_each_buffers_reuse(record, gpuscope):
     # And how to act on it without changing the program: the recorded command under gpuscope pin.
     assert doc["pin_command"].startswith("gpuscope pin -- ") and "pageable_copies" in doc["pin_command"]
     assert doc["pin_command"] in text.stdout
+    assert "allocated there; copied at " in text.stdout
+
+
+def test_without_host_allocations_the_sites_are_the_copies(record, gpuscope):
+    rec = record("--host-allocs", "0", "--", TARGETS / "pageable_copies")
+    assert rec.returncode == 0, rec.stderr
+    doc = json.loads(gpuscope("advise", "--json", rec.path).stdout)
+    assert doc["allocations_recorded"] is False
+    assert all(s["allocated_at"] is None and s["site"] == s["copied_at"] for s in doc["sites"]), doc["sites"]
 
 
 def test_a_record_without_pageable_copies_has_nothing_to_pin(record, gpuscope):

@@ -20,11 +20,21 @@ using GetProcAddressV2Fn = int (*)(const char*, void**, int, uint64_t, int*);
 using GetProcAddressFn = int (*)(const char*, void**, int, uint64_t);
 constexpr int kDriverNotFound = 500;  // CUDA_ERROR_NOT_FOUND
 
-// The C library's dlsym (the library's own is the one the program calls).
+// The dlsym after this library's (its own is the one the program calls): another preloaded
+// library's stand-in where there is one (record's launch hooks and the pin library both stand in,
+// each handing on to the next), else the C library's. dlvsym finds the C library's by its version;
+// a stand-in has none (dlvsym skips it), so the C library's is then asked for the next one.
 inline DlsymFn next_dlsym() {
+  DlsymFn libc = nullptr;
   for (const char* v : {"GLIBC_2.34", "GLIBC_2.2.5"})
-    if (void* p = dlvsym(RTLD_NEXT, "dlsym", v)) return reinterpret_cast<DlsymFn>(p);
-  return nullptr;
+    if (void* p = dlvsym(RTLD_NEXT, "dlsym", v)) {
+      libc = reinterpret_cast<DlsymFn>(p);
+      break;
+    }
+  if (!libc) return nullptr;
+  // Called from here, RTLD_NEXT means after this library.
+  if (void* p = libc(RTLD_NEXT, "dlsym")) return reinterpret_cast<DlsymFn>(p);
+  return libc;
 }
 
 // Whether `address` is in the library that holds `anchor` (one of its own functions).

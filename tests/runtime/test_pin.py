@@ -82,6 +82,36 @@ def test_the_checks_fail_where_the_library_would_be_wrong():
     assert got["pinned"].startswith("WRONG") and got["free_reuse"].startswith("WRONG"), got
 
 
+DRAIN = BUILD / "bench" / "launch_ring_drain"
+HOOKS = BUILD / "libgpuscope_launches.so"
+
+
+@pytest.mark.parametrize("hooks_first", [True, False])
+def test_with_records_launch_hooks_both_see_their_calls(hooks_first):
+    """`record --launch-probes in-process` preloads its launch hooks; both libraries stand in for
+    dlsym and cuGetProcAddress and each hands the other's on, in either order: every launch is in
+    the hooks' rings, and the pin library's bookkeeping is as without the hooks."""
+    env = dict(os.environ, LD_LIBRARY_PATH=str(FAKE_CUDA))
+    drain = [str(DRAIN), "--lib", str(HOOKS), "--every-us", "500", "--"]
+    pinned = [str(GPUSCOPE), "pin", "--"]
+
+    def run(program):
+        # LD_PRELOAD gets the outer one's library first.
+        cmd = (pinned + drain if hooks_first else drain + pinned) + [str(p) for p in program]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
+    n = 500
+    lines = [line for line in run([TARGETS / "driver_lookups", "--launches", n]).splitlines() if line.startswith("{")]
+    program, rings = json.loads(lines[0]), json.loads(lines[-1])
+    assert program["failed"] == 0 and rings["lost"] == 0, (program, rings)
+    ring = rings["processes"][str(program["pid"])]
+    assert ring["by_api"] == {"1": n, "2": n, "3": n, "7": n}, ring
+    got = checks(run([TARGETS / "pin_bookkeeping"]))
+    assert got and all(v == "ok" for v in got.values()), got
+
+
 @pytest.mark.parametrize("program", ["cuda_ops", "cuda_ops_static", "pageable_copies"])
 def test_real_cuda_programs_run_as_without_it(program):
     # Their CUDA calls fail here (no GPU): the library never gets to register, and must change nothing.

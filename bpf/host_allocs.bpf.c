@@ -15,6 +15,7 @@ const volatile __u64 host_alloc_min_bytes = 256 << 10;
 #define GS_PROT_WRITE 0x2
 #define GS_MAP_SHARED 0x01
 #define GS_MAP_ANONYMOUS 0x20
+#define GS_MAP_STACK 0x20000  /* a thread's stack: its buffers were not allocated where it was made */
 
 struct host_alloc_args {
 	__u64 old_addr;
@@ -89,7 +90,7 @@ SEC("tracepoint/syscalls/sys_enter_mmap")
 int host_mmap_enter(struct trace_event_raw_sys_enter *ctx)
 {
 	__u64 length = ctx->args[1], prot = ctx->args[2], flags = ctx->args[3];
-	if (length < host_alloc_min_bytes || !(flags & GS_MAP_ANONYMOUS) || (flags & GS_MAP_SHARED) ||
+	if (length < host_alloc_min_bytes || !(flags & GS_MAP_ANONYMOUS) || (flags & (GS_MAP_SHARED | GS_MAP_STACK)) ||
 	    !(prot & GS_PROT_WRITE))
 		return 0;
 	__u64 id = bpf_get_current_pid_tgid();

@@ -3,8 +3,9 @@ follow four patterns (tests/targets/pageable_copies.cu; without a GPU they fail,
 built-in copy model): a buffer copied 20 times is worth pinning once, new buffers copied once each
 are worth pinning where they are made, a one-shot checkpoint and a 4 KB flag are not."""
 import json
+import re
 
-from conftest import TARGETS
+from conftest import CUDART, ROOT, TARGETS
 
 
 def by_function(doc):
@@ -76,3 +77,24 @@ def test_bad_input_gets_one_line_and_a_failing_exit(record, gpuscope, tmp_path):
     table.write_text("not a table\n")
     bad = gpuscope("advise", "--copy-table", table, rec.path)
     assert bad.returncode != 0 and "copy_table" in bad.stderr, bad.stderr
+
+
+def test_python_buffers_are_named_by_the_lines_that_allocated_them(record, gpuscope):
+    # Buffers over 32 MiB: the C library always maps them (under that, it may serve them from its
+    # heap once it has freed a mapped block of the size).
+    script = ROOT / "tests" / "targets" / "py_pageable.py"
+    lines = {m.group(1): n for n, text in enumerate(script.read_text().splitlines(), 1)
+             if (m := re.search(r"# line: (\w+)", text))}
+    rec = record("--", "/usr/bin/python3", script, CUDART)
+    assert rec.returncode == 0, rec.stderr
+    doc = json.loads(gpuscope("advise", "--json", rec.path).stdout)
+    by_line = {}
+    for s in doc["sites"]:
+        for name in ("input", "checkpoint"):
+            if s["allocated_at"] and f"py_pageable.py:{lines[name]})" in s["allocated_at"]:
+                by_line[name] = s
+    assert set(by_line) == {"input", "checkpoint"}, doc["sites"]
+    assert by_line["input"]["copies"] == 20 and by_line["input"]["action"] == "pin", by_line["input"]
+    assert by_line["checkpoint"]["copies"] == 1, by_line["checkpoint"]
+    for s in by_line.values():
+        assert f"py_pageable.py:{lines['copy']})" in s["copied_at"], s

@@ -21,6 +21,9 @@ using nlohmann::json;
 struct Buffer {
   double bytes = 0;                 // its size (the largest copy of it)
   int64_t copies = 0, to_device = 0;
+  // Its first copy wrote it (from the GPU): its pages were untouched before, and pinning them
+  // then (cudaMallocHost, or registering at allocation) makes them: the dearer registration.
+  bool written_first = false;
   double copied_bytes = 0;
   double measured_us = 0;           // the calls' own times, where they succeeded
   int64_t measured = 0;             // copies with a time of their own
@@ -39,6 +42,7 @@ struct Site {
   int64_t paying_buffers = 0;
   double paying_saving_us = 0, paying_cost_us = 0;
   double largest = 0;
+  double largest_cost_us = 0;  // pinning its largest buffer: registering and unregistering it
 };
 
 bool in_data_loader(const std::vector<report::StackFrame>& frames) {
@@ -169,6 +173,7 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
     const double bytes = double(q.i64(2));
     const bool to_device = q.str(1) == h2d;
     auto& b = buffers[{q.i64(0), q.i64(6)}];
+    if (!b.copies) b.written_first = !to_device;
     b.bytes = std::max(b.bytes, bytes);
     ++b.copies;
     b.to_device += to_device;
@@ -223,7 +228,11 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
     s.pageable_us += b.pageable_us;
     s.pinned_us += b.pinned_us;
     const double now = taken_us(b);
-    const double cost = model.pin_cost_us(b.bytes);
+    // (Never below the touched pages' price: at 4 KB the table's two differ by its own noise.)
+    const double cost = b.written_first ? std::max(model.pin_cost_us(b.bytes), model.register_untouched_us(b.bytes) +
+                                                                                  model.unregister_us(b.bytes))
+                                        : model.pin_cost_us(b.bytes);
+    if (b.bytes >= s.largest) s.largest_cost_us = cost;
     if (now - b.pinned_us > cost) {
       ++s.paying_buffers;
       s.paying_saving_us += now - b.pinned_us;
@@ -282,7 +291,7 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
       advice += fmt::format(" ({} buffers, {:.1f} copies each)", s.buffers, reuse);
     } else {
       action = "leave";
-      const double cost = s.paying_buffers ? s.paying_cost_us : model.pin_cost_us(s.largest);
+      const double cost = s.paying_buffers ? s.paying_cost_us : s.largest_cost_us;
       advice = fmt::format(
           "{} cop{} of {} buffer{}: registering ({}) {} pinned copies save ({}); not worth it",
           s.copies, s.copies == 1 ? "y" : "ies", s.buffers, s.buffers == 1 ? "" : "s", ms(cost),

@@ -67,10 +67,7 @@ class Mappings {
   // The stack that made the mapping holding `addr` at `ts_ns` (0: none seen).
   int64_t stack_at(uint64_t ts_ns, uint64_t addr) {
     for (; next_ < events_.size() && events_[next_].ts_ns <= ts_ns; ++next_) apply(events_[next_]);
-    auto it = live_.upper_bound(addr);
-    if (it == live_.begin()) return 0;
-    --it;
-    return addr < it->second.first ? it->second.second : 0;
+    return stack_at_now(addr);
   }
 
  private:
@@ -158,12 +155,11 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
   // Where the host memory came from: large mappings with their stacks (records before them, or
   // made with --host-allocs 0, have none).
   std::map<int64_t, Mappings> mappings;
-  bool allocations = false;
   if (r.db.has_table("host_allocs")) {
     std::map<int64_t, std::vector<Mappings::Event>> events;
     auto a = r.db.prepare(
         "SELECT pid, ts_ns, op, addr, length, coalesce(old_addr, 0), coalesce(stack_id, 0) FROM host_allocs ORDER BY ts_ns");
-    while (a.step() && (allocations = true))
+    while (a.step())
       events[a.i64(0)].push_back({uint64_t(a.i64(1)), a.str(2), uint64_t(a.i64(3)), uint64_t(a.i64(4)),
                                   uint64_t(a.i64(5)), a.i64(6)});
     for (auto& [pid, e] : events) mappings.emplace(pid, Mappings(std::move(e)));
@@ -248,7 +244,7 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
   json out;
   out["model"] = model.source;
   out["pageable_copies"] = pageable;
-  out["allocations_recorded"] = allocations;
+  out["allocations_recorded"] = !mappings.empty();
   out["buffers"] = buffers.size();
   json list = json::array();
   double total_now = 0, total_pinned = 0, total_saving = 0;

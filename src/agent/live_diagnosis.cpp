@@ -212,10 +212,12 @@ std::optional<uint64_t> LiveDiagnosis::settled_from(const std::vector<double>& s
   return start_ns[first];
 }
 
-void LiveDiagnosis::drop_start_up_readings(diagnose::ProcessEvidence& e, uint64_t steady_from_ns) {
+bool LiveDiagnosis::drop_start_up_readings(diagnose::ProcessEvidence& e, uint64_t steady_from_ns) {
+  const bool read = !e.gpu.empty();
   const uint64_t from = steady_from_ns + kNvmlReadingSpanNs;
   std::erase_if(e.gpu, [&](const diagnose::GpuReading& r) { return r.ts_ns < from; });
   std::erase_if(e.gpu_processes, [&](const diagnose::GpuProcessReading& r) { return r.ts_ns < from; });
+  return !read || !e.gpu.empty();
 }
 
 void LiveDiagnosis::tick(uint64_t now_ns) {
@@ -269,14 +271,10 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
         e.host_pressure.assign(h->second.begin(), h->second.end());
       if (const auto c = pressure_.find(it->first); c != pressure_.end())
         e.cgroup_pressure.assign(c->second.begin(), c->second.end());
-      if (it->second.steady_from_ns) {
-        const bool gpu_read = !e.gpu.empty();
-        drop_start_up_readings(e, it->second.steady_from_ns);
-        if (gpu_read && e.gpu.empty()) {  // not yet a reading of its settled steps
-          unseen.push_back(it->first);
-          ++it;
-          continue;
-        }
+      if (it->second.steady_from_ns && !drop_start_up_readings(e, it->second.steady_from_ns)) {
+        unseen.push_back(it->first);  // not yet a reading of its settled steps
+        ++it;
+        continue;
       }
       evidence.push_back(std::move(e));
       names.comm[it->first] = it->second.comm;
@@ -314,9 +312,7 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
       // Its slow first steps and the GPU's readings of its start-up left out, the rest is analysed
       // now: a cause there from the start is told at once, not a tick later.
       std::erase_if(e.calls, [&](const diagnose::CudaCall& c) { return c.ts_ns < *steady; });
-      const bool gpu_read = !e.gpu.empty();
-      drop_start_up_readings(e, *steady);
-      if (gpu_read && e.gpu.empty()) continue;  // not yet a reading of its settled steps
+      if (!drop_start_up_readings(e, *steady)) continue;  // not yet a reading of its settled steps
       d = diagnose::analyze(e, names, true, 0, diagnose::SlowSteps::RankedAmongThemselves);
       if (d.step_ms.empty() || !d.steps.count()) continue;
     }

@@ -113,6 +113,7 @@ class LiveDiagnosis {
   static constexpr double kStartUpStepFactor = 1.5;
   static constexpr size_t kSettledSteps = 5;
   static constexpr double kStillFaster = 0.8;
+  static constexpr double kSettledMs = 1000;
   // NVML's utilisation covers a sample period before its reading, between 1/6 s and 1 s by
   // product: those taken within a second after a process's start-up may describe the start-up.
   // (After a clean training job's warm-up, readings 0.2 s into its settled steps showed the GPU
@@ -121,8 +122,8 @@ class LiveDiagnosis {
   // causes are told only once a reading of the settled steps bounds them (unbounded, its threads'
   // first waits after their start-up were cpu_contention 5-25% in clean runs).
   static constexpr uint64_t kNvmlReadingSpanNs = 1'000'000'000;
-  static void drop_start_up_readings(diagnose::ProcessEvidence& e, uint64_t steady_from_ns);
-  static constexpr double kSettledMs = 1000;
+  // Leaves out those readings; false where the GPU was read but none of the settled steps is yet.
+  static bool drop_start_up_readings(diagnose::ProcessEvidence& e, uint64_t steady_from_ns);
   // Analyses that found steps still warming up before the start-up is taken to end anyway.
   static constexpr int kMaxStartUpTicks = 5;
   static constexpr uint64_t kLongCallNs = 10'000;  // other calls are kept from this long

@@ -46,8 +46,8 @@ double BudgetController::ProcessState::observed_ratio() const {
   return span ? std::min(1.0, double(on_ns) / double(span)) : 1.0;
 }
 
-BudgetController::BudgetController(const BudgetConfig& cfg, Aggregator& agg, SwitchFn switch_probes)
-    : cfg_(cfg), agg_(agg), switch_(std::move(switch_probes)) {}
+BudgetController::BudgetController(const BudgetConfig& cfg, Aggregator& agg, SwitchFn switch_probes, CpuClock cpu_ns)
+    : cfg_(cfg), agg_(agg), switch_(std::move(switch_probes)), cpu_ns_(cpu_ns ? std::move(cpu_ns) : process_cpu_ns) {}
 
 double BudgetController::hits_cost_ns(uint64_t entries, uint64_t returns) const {
   const double with_return = double(std::min(returns, entries));
@@ -72,7 +72,7 @@ void BudgetController::add_process(pid_t pid, uint64_t now_ns, bool at_start) {
   agg_.high_rate_found(uint32_t(pid), live_ns, at_start);
   if (st.on) agg_.high_rate_switched_on(uint32_t(pid), live_ns);
   st.phase_start_ns = st.first_ns = st.last_tick_ns = now_ns;
-  st.last_cpu_ns = process_cpu_ns(pid);
+  st.last_cpu_ns = cpu_ns_(pid);
   auto hits = agg_.probe_hits();
   if (auto it = hits.find(uint32_t(pid)); it != hits.end()) st.last_hits = it->second;
   state_.emplace(pid, st);
@@ -99,7 +99,7 @@ void BudgetController::tick(uint64_t now_ns) {
   for (auto& [pid, st] : state_) {
     const uint64_t dt = now_ns - st.last_tick_ns;
     if (dt == 0) continue;
-    const uint64_t cpu = process_cpu_ns(pid);
+    const uint64_t cpu = cpu_ns_(pid);
     const double cpu_delta = cpu > st.last_cpu_ns ? double(cpu - st.last_cpu_ns) : 0;
     const auto h = hits.find(uint32_t(pid));
     const ProbeHits now_hits = h != hits.end() ? h->second : st.last_hits;

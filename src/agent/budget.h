@@ -36,7 +36,9 @@ class BudgetController {
   // false if that failed. Switching on with `all_functions` false, only the functions the
   // process was seen calling need probes (see kAllFunctionsEvery).
   using SwitchFn = std::function<bool(pid_t, bool on, bool all_functions)>;
-  BudgetController(const BudgetConfig& cfg, Aggregator& agg, SwitchFn switch_probes);
+  // A process's CPU time so far (process_cpu_ns; tests give a clock of their own).
+  using CpuClock = std::function<uint64_t(pid_t)>;
+  BudgetController(const BudgetConfig& cfg, Aggregator& agg, SwitchFn switch_probes, CpuClock cpu_ns = {});
 
   void set_budget(double budget) { cfg_.budget = budget; }
   // What a hit costs, as measured since start: the trap (calibrated) and the probe programs.
@@ -110,6 +112,7 @@ class BudgetController {
   double agent_factor_ = 1;  // applied to every process's duty (see note_agent_cpu)
   Aggregator& agg_;
   SwitchFn switch_;
+  CpuClock cpu_ns_;
   std::map<pid_t, ProcessState> state_;
   uint64_t changes_ = 0;
   // Processes gone, with their final estimate: exported while their other series still are.

@@ -424,10 +424,14 @@ static uint64_t burn_cpu(uint64_t ns) {
 }
 
 TEST(Budget, AlwaysOnProbesTakeTheirShareAndLateHitsStillCount) {
+  // The process's CPU time is the test's to set: what it reads is what the duty follows,
+  // whatever else this process or the machine does meanwhile.
   agent::Aggregator agg({}, 0);
   const pid_t pid = getpid();
   const agent::BudgetConfig cfg = one_percent_budget(1000, 1000);
-  agent::BudgetController budget(cfg, agg, [](pid_t, bool on, bool) { return on; });
+  uint64_t cpu_ns = 5'000'000'000;
+  agent::BudgetController budget(cfg, agg, [](pid_t, bool on, bool) { return on; },
+                                 [&](pid_t) { return cpu_ns; });
   agg.add_call(call(uint32_t(pid), "cudaDeviceSynchronize"));
   uint64_t now = 1'000'000'000;
   budget.add_process(pid, now);
@@ -436,12 +440,13 @@ TEST(Budget, AlwaysOnProbesTakeTheirShareAndLateHitsStillCount) {
   };
   // Launches cost 5% of the CPU time while on, the always-on probes 0.5%: the launches get
   // what is left of the 1%, on (1% - 0.5%) / 5% = 10% of the time.
-  uint64_t burnt = burn_cpu(1'000'000'000);
+  const uint64_t burnt = 1'000'000'000;
+  cpu_ns += burnt;
   hits("cudaLaunchKernel", burnt / 20 / 1000);
   hits("cudaDeviceSynchronize", burnt / 200 / 1000);
   now += 1'050'000'000;
   budget.tick(now);
-  EXPECT_NEAR(budget.processes().at(pid).duty, 0.1, 0.02);
+  EXPECT_NEAR(budget.processes().at(pid).duty, 0.1, 1e-9);
   EXPECT_FALSE(budget.processes().at(pid).on);
   // Launch records that arrive after the switch-off belong to the on-time before it: here,
   // the next on-period's launches all arrive late, costing 10% of its CPU time.
@@ -451,7 +456,7 @@ TEST(Budget, AlwaysOnProbesTakeTheirShareAndLateHitsStillCount) {
   now += 9'000'000'000;
   budget.tick(now);  // the next cycle: on
   ASSERT_TRUE(budget.processes().at(pid).on);
-  burnt = burn_cpu(1'000'000'000);
+  cpu_ns += burnt;
   now += 1'050'000'000;
   budget.tick(now);
   // 1% / 10%; had the late hits been dropped, the period would look free and the duty double.

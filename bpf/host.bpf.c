@@ -27,6 +27,8 @@ static __always_inline bool host_followed(__u32 tgid)
 	return tgid < GS_HOST_PIDS && (*host_word(tgid) & (1ULL << (tgid % 64)));
 }
 
+#define GS_PF_KTHREAD 0x00200000  /* task_struct.flags: a kernel thread (linux/sched.h) */
+
 struct thread_time {
 	__u64 start_ns;   /* the window's start */
 	__u64 since_ns;   /* when `state` began */
@@ -235,6 +237,10 @@ int BPF_PROG(host_switch, bool preempt, struct task_struct *prev, struct task_st
 			t->waited_for_tid = BPF_CORE_READ(prev, pid);
 			t->waited_for_pid = BPF_CORE_READ(prev, tgid);
 			BPF_CORE_READ_STR_INTO(&t->waited_for_comm, prev, comm);
+			if (BPF_CORE_READ(prev, flags) & GS_PF_KTHREAD)
+				t->flags |= GS_TT_WAITED_FOR_KTHREAD;
+			else
+				t->flags &= ~GS_TT_WAITED_FOR_KTHREAD;
 		}
 		t->state = GS_TS_ON_CPU;
 		send_window(t, next, now, false);

@@ -72,6 +72,7 @@ struct gs_thread_time_record {
 enum gs_thread_time_flags {
 	GS_TT_EXITED = 1 << 0,   /* the thread's last window: it exited at end_ns */
 	GS_TT_JOINED = 1 << 1,   /* its first window: its time before start_ns was not seen */
+	GS_TT_WAITED_FOR_KTHREAD = 1 << 2,  /* waited_for_tid is a kernel thread (kworker, kswapd...) */
 };
 
 GS_ASSERT_SIZE(struct gs_thread_time_record, 208);

@@ -97,8 +97,10 @@ void LiveDiagnosis::add_thread_time(const store::ThreadTimeRow& r) {
   std::lock_guard lock(mu_);
   // Only for processes whose calls are kept: a worker's windows matter as a waker's name.
   if (r.waited_ns && !r.waited_for_comm.empty()) names_.comm[r.waited_for_pid] = r.waited_for_comm;
+  if (r.waited_ns && r.waited_for_kthread) names_.kernel_threads.insert(r.waited_for_pid);
   if (r.blocked_ns && !r.waker_comm.empty()) names_.comm[r.waker_pid] = r.waker_comm;
   if (names_.comm.size() > 4 * limits_.max_processes) names_.comm.clear();
+  if (names_.kernel_threads.size() > 4 * limits_.max_processes) names_.kernel_threads.clear();
   auto it = processes_.find(r.pid);
   if (it == processes_.end()) return;
   auto& p = it->second;
@@ -281,6 +283,7 @@ void LiveDiagnosis::tick(uint64_t now_ns) {
       ++it;
     }
     for (const auto& [pid, comm] : names_.comm) names.comm.try_emplace(pid, comm);
+    names.kernel_threads = names_.kernel_threads;
     names.observer = uint32_t(getpid());
     for (auto& [device, gpu] : gpus_) {
       while (!gpu.readings.empty() && gpu.readings.front().ts_ns < from) gpu.readings.pop_front();

@@ -198,6 +198,9 @@ struct ProcessEvidence {
 struct ProcessNames {
   std::map<uint32_t, std::string> comm;
   std::map<uint32_t, uint32_t> ppid;
+  // Kernel threads seen holding a CPU (kworker, kswapd...): the kernel's own work, which no
+  // renice or taskset of theirs moves.
+  std::set<uint32_t> kernel_threads;
   std::string of(uint32_t pid) const;
   // gpuscope's own process (the agent, the recorder): a CPU it held is its overhead, not another
   // tenant's contention.

@@ -312,8 +312,10 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
       others.erase(names.observer);
       auto [culprit, of] = top(others);
       std::string who;
+      const bool kernel_thread = culprit && names.kernel_threads.contains(culprit);
       if (culprit) {
-        who = fmt::format("the CPU was held mostly by {} ({} of that wait)", names.of(culprit), pct(of));
+        who = fmt::format("the CPU was held mostly by {}{} ({} of that wait)", names.of(culprit),
+                          kernel_thread ? ", a kernel thread" : "", pct(of));
       } else {
         // Nobody else: its own threads, or (pid 0) the task before it was the idle one or not seen.
         const auto share_of = [&](uint32_t holder) {
@@ -334,9 +336,15 @@ void findings_from(Breakdown b, const ProcessNames& names, const ProcessEvidence
                                         pct(b.host_pressure.cpu_some))
                           : "",
                       gpu_idle_note),
-          culprit ? fmt::format("Give the job CPUs of its own (taskset or a cpuset; Kubernetes' static CPU manager "
-                                "policy), or move or renice {}", who)
-                  : "Use fewer threads than the cores the job has (torch.set_num_threads, OMP_NUM_THREADS)",
+          kernel_thread
+              ? fmt::format("{} is the kernel's own work (deferred work, writeback, reclaim), which no renice or "
+                            "taskset moves: give the job CPUs apart from the host's housekeeping (a cpuset that "
+                            "leaves some CPUs to the system; isolcpus or nohz_full at boot), and see what it does "
+                            "with perf record -g -p {}",
+                            names.of(culprit), culprit)
+          : culprit ? fmt::format("Give the job CPUs of its own (taskset or a cpuset; Kubernetes' static CPU manager "
+                                  "policy), or move or renice {}", names.of(culprit))
+                    : "Use fewer threads than the cores the job has (torch.set_num_threads, OMP_NUM_THREADS)",
           of >= 0.5 ? "high" : "medium");
     }
     const std::string throttled =

@@ -142,6 +142,10 @@ Diagnosis diagnose(store::RecordReader& rec, report::CallSites* sites, const Dia
                           "UNION SELECT DISTINCT waker_pid, waker_comm FROM thread_times WHERE blocked_ns > 0");
       while (t.step())
         if (!t.is_null(0) && !names.comm.contains(uint32_t(t.i64(0)))) names.comm[uint32_t(t.i64(0))] = t.str(1);
+      if (db.has_column("thread_times", "waited_for_kthread")) {
+        auto k = db.prepare("SELECT DISTINCT waited_for_pid FROM thread_times WHERE waited_for_kthread = 1");
+        while (k.step()) names.kernel_threads.insert(uint32_t(k.i64(0)));
+      }
     }
   }
 

@@ -456,6 +456,7 @@ void Pipeline::on_thread_time(const uint8_t* data, size_t) {
   row.waited_for_tid = r.waited_for_tid;
   row.waited_for_pid = r.waited_for_pid;
   row.waited_for_comm = text(r.waited_for_comm);
+  row.waited_for_kthread = r.flags & GS_TT_WAITED_FOR_KTHREAD;
   row.blocked_ns = r.blocked_ns;
   row.waker_tid = r.waker_tid;
   row.waker_pid = r.waker_pid;

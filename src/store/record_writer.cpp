@@ -181,8 +181,9 @@ void RecordWriter::prepare_statements() {
   insert_thread_time_ = db_.prepare(
       "INSERT INTO thread_times(pid, tid, start_ns, end_ns, on_cpu_ns, runnable_ns, io_ns, lock_ns, fd_ns, sleep_ns, "
       "other_ns, waited_ns, waited_for_tid, waited_for_pid, waited_for_comm, blocked_ns, waker_tid, waker_pid, "
-      "waker_comm, switches, preempted, faults, state, reclaim_ns, net_softirq_ns, blocked_syscall, blocked_on, sys_ns) "
-      "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,?28)");
+      "waker_comm, switches, preempted, faults, state, reclaim_ns, net_softirq_ns, blocked_syscall, blocked_on, sys_ns, "
+      "waited_for_kthread) "
+      "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,?28,?29)");
   insert_host_alloc_ = db_.prepare(
       "INSERT INTO host_allocs(ts_ns, pid, tid, op, addr, length, old_addr, stack_id) VALUES(?1,?2,?3,?4,?5,?6,?7,?8)");
   insert_symbol_ = db_.prepare("INSERT OR IGNORE INTO symbols(module_id, offset, name) VALUES(?1,?2,?3)");
@@ -370,6 +371,7 @@ void RecordWriter::add_thread_time(const ThreadTimeRow& r) {
     q.bind(12, int64_t(r.waited_ns));
     if (r.waited_ns) {
       q.bind(13, int64_t(r.waited_for_tid)).bind(14, int64_t(r.waited_for_pid)).bind(15, r.waited_for_comm);
+      q.bind(29, int64_t(r.waited_for_kthread));
     }
     q.bind(16, int64_t(r.blocked_ns));
     if (r.blocked_ns) q.bind(17, int64_t(r.waker_tid)).bind(18, int64_t(r.waker_pid)).bind(19, r.waker_comm);

@@ -53,7 +53,8 @@ CREATE TABLE thread_times(pid INTEGER NOT NULL, tid INTEGER NOT NULL, start_ns I
                           waited_for_pid INTEGER, waited_for_comm TEXT, blocked_ns INTEGER, waker_tid INTEGER,
                           waker_pid INTEGER, waker_comm TEXT, switches INTEGER, preempted INTEGER, faults INTEGER,
                           state TEXT, reclaim_ns INTEGER, net_softirq_ns INTEGER,
-                          blocked_syscall TEXT, blocked_on TEXT, sys_ns INTEGER);
+                          blocked_syscall TEXT, blocked_on TEXT, sys_ns INTEGER,
+                          waited_for_kthread INTEGER);
 CREATE TABLE host_allocs(ts_ns INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER, op TEXT NOT NULL,
                          addr INTEGER NOT NULL, length INTEGER NOT NULL, old_addr INTEGER, stack_id INTEGER);
 CREATE TABLE gpu_activities(id INTEGER PRIMARY KEY, pid INTEGER NOT NULL, kind TEXT NOT NULL, gpu INTEGER, stream INTEGER,

@@ -40,6 +40,7 @@ struct ThreadTimeRow {
   uint64_t waited_ns = 0;
   uint32_t waited_for_tid = 0, waited_for_pid = 0;
   std::string waited_for_comm;
+  bool waited_for_kthread = false;  // the task that held its CPU is a kernel thread
   uint64_t blocked_ns = 0;
   uint32_t waker_tid = 0, waker_pid = 0;
   std::string waker_comm;

@@ -30,10 +30,22 @@ def causes(proc):
     return [f["cause"] for f in proc["findings"]]
 
 
+def kernel_threads_only(proc):
+    """Its findings are all a kernel thread holding the loop's CPU: true (on CI once, kworker/0:0
+    for 6% of the steps just after the test before ended), and nothing the test controls."""
+    return proc["findings"] and all(f["cause"] == "cpu_contention" and ", a kernel thread (" in f["evidence"]
+                                    and "perf record -g -p" in f["fix"] for f in proc["findings"])
+
+
 def test_clean_run_has_no_finding(record, gpuscope):
-    rec = record("--", TARGETS / "diag_steps", "clean", STEPS)
-    assert rec.returncode == 0, rec.stderr
-    doc, proc = diagnosis(gpuscope, rec)
+    # Recorded again, twice at most, while the host's kernel threads take the loop's CPU.
+    for attempt in range(3):
+        rec = record("--", TARGETS / "diag_steps", "clean", STEPS)
+        assert rec.returncode == 0, rec.stderr
+        doc, proc = diagnosis(gpuscope, rec)
+        if not kernel_threads_only(proc):
+            break
+        time.sleep(1)
     assert doc["host_telemetry"] is True
     assert causes(proc) == ["none"], proc["findings"]
     # Its 10 ms of computation a step, on a CPU.
@@ -238,8 +250,7 @@ def test_agent_finds_a_cpu_hog_live(agent):
         for 5 s while the machine built beside it): true, and nothing this test controls."""
         fs = said.get(analysis)
         return bool(fs) and all(f["cause"] == "cpu_contention" and
-                                re.search(r"held mostly by (kworker/|kdamond|kswapd|kcompactd|ksoftirqd/|migration/|rcu)",
-                                          f["evidence"]) for f in fs)
+                                ", a kernel thread (" in f["evidence"] for f in fs)
     # The test's own polling (parsing each export) stays off the loop's CPU: on two cores it was
     # once a tenth of the loop's first analysis, a true finding of contention.
     affinity = os.sched_getaffinity(0)

@@ -289,9 +289,9 @@ TEST(LiveDiagnosis, SyncsSeenWhileTheLaunchProbesAreOffDoNotHideTheSteps) {
 
 namespace {
 
-// 3 s of the loop, its main thread runnable 3 ms of each step behind `holder` (a process; 0:
-// none seen, its waits not ended within their windows).
-std::vector<diagnose::Finding> findings_when_held_by(uint32_t holder) {
+// 3 s of the loop, its main thread runnable 3 ms of each step behind `holder` (a process, or a
+// kernel thread; 0: none seen, its waits not ended within their windows).
+std::vector<diagnose::Finding> findings_when_held_by(uint32_t holder, bool kernel_thread = false) {
   const uint64_t t0 = 1'000'000'000;
   agent::LiveDiagnosis held(kNoWarmup);
   for (uint64_t s = 0; s < 300; ++s) {
@@ -305,7 +305,8 @@ std::vector<diagnose::Finding> findings_when_held_by(uint32_t holder) {
     r.runnable_ns = 3'000'000;
     r.waited_ns = holder ? 3'000'000 : 0;
     r.waited_for_pid = r.waited_for_tid = holder;
-    r.waited_for_comm = "holder";
+    r.waited_for_comm = kernel_thread ? "kworker/0:1" : "holder";
+    r.waited_for_kthread = kernel_thread;
     r.state = "on_cpu";
     held.add_thread_time(r);
   }
@@ -331,6 +332,20 @@ TEST(LiveDiagnosis, AWaitForACpuSaysWhoHeldIt) {
   EXPECT_NE(evidence(kPid).find("held by its own threads (100% of that wait)"), std::string::npos) << evidence(kPid);
   // Its waits did not end within the windows that saw them: nobody is named.
   EXPECT_NE(evidence(0).find("no other process was seen holding its CPU"), std::string::npos) << evidence(0);
+  // The fix names the process to move, not the sentence that found it.
+  EXPECT_NE(findings_when_held_by(4242)[0].fix.find("or move or renice holder (pid 4242)"), std::string::npos);
+}
+
+TEST(LiveDiagnosis, AKernelThreadHoldingTheCpuIsNamedAsOneWithAFixThatCanWork) {
+  // A kworker cannot be reniced or moved off a CPU it is bound to.
+  const auto f = findings_when_held_by(4243, true);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].cause, "cpu_contention");
+  EXPECT_NE(f[0].evidence.find("held mostly by kworker/0:1 (pid 4243), a kernel thread (100% of that wait)"),
+            std::string::npos)
+      << f[0].evidence;
+  EXPECT_EQ(f[0].fix.find("move or renice"), std::string::npos) << f[0].fix;
+  EXPECT_NE(f[0].fix.find("perf record -g -p 4243"), std::string::npos) << f[0].fix;
 }
 
 TEST(LiveDiagnosis, TheCpuGpuscopeItselfHeldIsNotContention) {

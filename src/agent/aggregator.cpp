@@ -506,7 +506,7 @@ MetricSnapshot Aggregator::snapshot(std::vector<MetricFamily> extra, uint64_t st
                                             : 0;
     error.samples.push_back({base, bound});
     hits.samples.push_back({base, double(p.hits.entries + p.hits.returns)});
-    p.nccl.append(base, {&nccl[0], &nccl[1], &nccl[2], &nccl[3]});
+    p.nccl.append(base, {&nccl[0], &nccl[1]});
   }
   for (auto* f : {&launches, &copies, &copy_bytes, &copy_seconds, &allocs, &alloc_bytes, &freed, &in_use, &failures,
                   &pinned, &syncs, &sync_seconds, &errors, &observed, &exact, &error, &hits})

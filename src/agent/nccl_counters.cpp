@@ -7,10 +7,10 @@ namespace gpuscope::agent {
 void NcclCounters::add(const CallEvent& e, const cuda::FunctionSpec& f) {
   if (!e.nccl) return;
   const NcclArgs& n = *e.nccl;
-  const bool ok = !e.has_return || e.ret == 0;
   if (f.kind == cuda::CallKind::CommInit) {
     // The handle read at the return of a communicator's making (ncclCommInitRank, ...Split).
-    if (ok && n.comm && (comms_.size() < kMaxCommunicators || comms_.contains(n.comm)))
+    const bool made = !e.has_return || e.ret == 0;
+    if (made && n.comm && (comms_.size() < kMaxCommunicators || comms_.contains(n.comm)))
       comms_[n.comm] = {n.id_hash ? fmt::format("{:016x}", n.id_hash) : "", n.rank, n.nranks};
     return;
   }
@@ -19,21 +19,14 @@ void NcclCounters::add(const CallEvent& e, const cuda::FunctionSpec& f) {
   std::pair key{n.comm, f.id};
   if (!totals_.contains(key) && totals_.size() >= kMaxKeys) key.first = 0;
   Totals& t = totals_[key];
-  if (!ok) {
-    t.failures += 1;
-    return;
-  }
   t.calls += 1;
   t.bytes += double(e.bytes);
-  t.seconds += double(e.duration_ns) * 1e-9;
 }
 
 std::vector<MetricFamily> NcclCounters::make_families() {
   return {
-      {"gpuscope_nccl_calls_total", "NCCL collectives and sends/receives enqueued, by communicator, rank and collective", "", MetricType::Counter, {}},
+      {"gpuscope_nccl_calls_total", "NCCL collectives and sends/receives called, by communicator, rank and collective", "", MetricType::Counter, {}},
       {"gpuscope_nccl_bytes_total", "Bytes this rank passed to NCCL's collectives and sends/receives (count x the type's size)", "bytes", MetricType::Counter, {}},
-      {"gpuscope_nccl_enqueue_seconds_total", "Time spent in NCCL's calls (enqueueing; the transfer runs later on the GPU)", "seconds", MetricType::Counter, {}},
-      {"gpuscope_nccl_failures_total", "NCCL calls that returned an error", "", MetricType::Counter, {}},
   };
 }
 
@@ -49,9 +42,8 @@ void NcclCounters::append(const Labels& base, std::vector<MetricFamily*> familie
     l.emplace_back("rank", comm.rank >= 0 ? std::to_string(comm.rank) : "");
     l.emplace_back("ranks", comm.nranks >= 0 ? std::to_string(comm.nranks) : "");
     l.emplace_back("collective", collective);
-    const double values[] = {t.calls, t.bytes, t.seconds, t.failures};
-    for (size_t i = 0; i < families.size() && i < 4; ++i)
-      if (i < 3 ? t.calls > 0 : t.failures > 0) families[i]->samples.push_back({l, values[i]});
+    const double values[] = {t.calls, t.bytes};
+    for (size_t i = 0; i < families.size() && i < 2; ++i) families[i]->samples.push_back({l, values[i]});
   }
 }
 

@@ -1,7 +1,8 @@
 // A process's NCCL calls as the agent exports them, shaped like the NCCL Inspector's series: per
 // communicator (the identity its ranks' records share, so that a job's ranks line up), the
 // process's rank in it, and the collective or send/receive. NCCL's probes are low-rate ones, never
-// switched off by the budget: these are exact counts.
+// switched off by the budget: these are exact counts. Collectives are probed at entry only (one
+// trap a call): a call NCCL refused counts as made, and the time it took is not seen.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +20,8 @@ namespace gpuscope::agent {
 class NcclCounters {
  public:
   void add(const CallEvent& e, const cuda::FunctionSpec& f);
-  // gpuscope_nccl_calls_total, _bytes_total, _enqueue_seconds_total, _failures_total: samples
-  // labelled `base` and the communicator's, appended to the four families in that order.
+  // gpuscope_nccl_calls_total, _bytes_total: samples labelled `base` and the communicator's,
+  // appended to the two families in that order.
   void append(const Labels& base, std::vector<MetricFamily*> families) const;
   // The families, empty, in the order append() fills them.
   static std::vector<MetricFamily> make_families();
@@ -31,7 +32,7 @@ class NcclCounters {
     int64_t rank = -1, nranks = -1;
   };
   struct Totals {
-    double calls = 0, bytes = 0, seconds = 0, failures = 0;
+    double calls = 0, bytes = 0;
   };
   // Bounded per process: communicators made, and (communicator, function) pairs counted; past
   // them, calls count under an unknown communicator.

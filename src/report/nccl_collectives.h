@@ -23,10 +23,14 @@ struct NcclCollective {
   int64_t call_id = 0, pid = 0, tid = 0, comm = 0;
   std::string function;  // ncclAllReduce, ...
   int64_t ts_ns = 0, enqueue_ns = 0, bytes = 0, ret = 0;
+  // Its return was probed (records before collectives were probed at entry only): its result
+  // (`ret`) and the time it took to enqueue are known.
+  bool returned = false;
   std::optional<int64_t> group;  // its ncclGroupStart's call id
   // Its kernels on the GPU, from the first one's start to the last one's end (0, 0: none seen):
-  // those launched from its thread while it ran or, inside a group, while the group's
-  // ncclGroupEnd ran (NCCL launches a group's kernels there).
+  // NCCL's kernels launched from its thread after its entry and before the thread's next NCCL call
+  // (before its return where that was probed) or, inside a group, after the group's ncclGroupEnd
+  // (NCCL launches a group's kernels there).
   int64_t gpu_start_ns = 0, gpu_end_ns = 0;
 };
 

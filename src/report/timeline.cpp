@@ -301,8 +301,10 @@ TimelineStats write_timeline(store::RecordReader& rec, symbolize::Symbolizer& sy
                             track->second, quoted(name)));
       }
       const bool on_gpu = c.gpu_end_ns > c.gpu_start_ns;
+      // A call seen at entry only is an instant where its kernels were not tied.
       const int64_t end = std::max(c.ts_ns + c.enqueue_ns, on_gpu ? c.gpu_end_ns : 0);
-      std::string args = fmt::format("\"bytes\":{},\"enqueue_us\":{:.3f}", c.bytes, c.enqueue_ns / 1e3);
+      std::string args = fmt::format("\"bytes\":{}", c.bytes);
+      if (c.returned) args += fmt::format(",\"enqueue_us\":{:.3f}", c.enqueue_ns / 1e3);
       if (on_gpu)
         args += fmt::format(",\"gpu_start\":{},\"gpu_us\":{:.3f}", us(c.gpu_start_ns), (c.gpu_end_ns - c.gpu_start_ns) / 1e3);
       if (c.group) args += fmt::format(",\"group\":{}", *c.group);

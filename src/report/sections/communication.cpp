@@ -37,17 +37,22 @@ json communication(const Record& r) {
   if (!r.db.has_table("nccl_calls")) return out;
   const NcclCollectives nccl = read_nccl_collectives(r.db);
   struct Row {
-    int64_t calls = 0, failed = 0, bytes = 0, enqueue_ns = 0, max_enqueue_ns = 0, gpu_calls = 0, gpu_ns = 0;
+    int64_t calls = 0, bytes = 0, gpu_calls = 0, gpu_ns = 0;
+    // Of those whose return was probed (records before collectives were probed at entry only).
+    int64_t returned = 0, failed = 0, enqueue_ns = 0, max_enqueue_ns = 0;
   };
   // (pid, comm, function, bytes a call)
   std::map<std::tuple<int64_t, int64_t, std::string, int64_t>, Row> rows;
   for (const auto& c : nccl.calls) {
     Row& row = rows[{c.pid, c.comm, c.function, c.bytes}];
     ++row.calls;
-    row.failed += c.ret != 0;
     row.bytes += c.bytes;
-    row.enqueue_ns += c.enqueue_ns;
-    row.max_enqueue_ns = std::max(row.max_enqueue_ns, c.enqueue_ns);
+    if (c.returned) {
+      ++row.returned;
+      row.failed += c.ret != 0;
+      row.enqueue_ns += c.enqueue_ns;
+      row.max_enqueue_ns = std::max(row.max_enqueue_ns, c.enqueue_ns);
+    }
     if (c.gpu_end_ns > c.gpu_start_ns) {
       ++row.gpu_calls;
       row.gpu_ns += c.gpu_end_ns - c.gpu_start_ns;
@@ -60,10 +65,12 @@ json communication(const Record& r) {
               {"function", function},
               {"size", size},
               {"calls", row.calls},
-              {"failed", row.failed},
-              {"bytes", row.bytes},
-              {"enqueue_ns", row.enqueue_ns},
-              {"max_enqueue_ns", row.max_enqueue_ns}};
+              {"bytes", row.bytes}};
+    if (row.returned) {
+      j["failed"] = row.failed;
+      j["enqueue_ns"] = row.enqueue_ns;
+      j["max_enqueue_ns"] = row.max_enqueue_ns;
+    }
     int64_t nranks = -1;
     if (auto it = nccl.comms.find({pid, comm}); it != nccl.comms.end()) {
       j["rank"] = it->second.rank;
@@ -93,7 +100,9 @@ void communication_text(std::string& out, const json& comm) {
   if (comm.empty()) return;  // no NCCL: no section
   heading(out, "Communication (NCCL)");
   const bool gpu = std::any_of(comm.begin(), comm.end(), [](const json& c) { return c.contains("gpu_ns"); });
-  std::vector<std::string> head{"PID", "COMMUNICATOR", "RANK", "FUNCTION", ">SIZE", ">CALLS", ">FAILED", ">ENQUEUE"};
+  const bool returned = std::any_of(comm.begin(), comm.end(), [](const json& c) { return c.contains("enqueue_ns"); });
+  std::vector<std::string> head{"PID", "COMMUNICATOR", "RANK", "FUNCTION", ">SIZE", ">CALLS"};
+  if (returned) head.insert(head.end(), {">FAILED", ">ENQUEUE"});
   if (gpu) head.insert(head.end(), {">GPU MEAN", ">ALGBW", ">BUSBW"});
   Table t(head);
   for (const auto& c : comm) {
@@ -101,7 +110,11 @@ void communication_text(std::string& out, const json& comm) {
         c.contains("rank") && i64(c, "rank") >= 0 ? fmt::format("{}/{}", i64(c, "rank"), i64(c, "nranks")) : "";
     const std::string id = c.contains("comm_id") ? fmt::format("{} ({})", str(c, "comm"), str(c, "comm_id")) : str(c, "comm");
     std::vector<std::string> row{num(i64(c, "pid")), id, rank, str(c, "function"), bytes_text(i64(c, "size")),
-                                 num(i64(c, "calls")), num(i64(c, "failed")), time_text(i64(c, "enqueue_ns"))};
+                                 num(i64(c, "calls"))};
+    if (returned) {
+      row.push_back(c.contains("failed") ? num(i64(c, "failed")) : "");
+      row.push_back(c.contains("enqueue_ns") ? time_text(i64(c, "enqueue_ns")) : "");
+    }
     if (gpu) {
       const bool timed = c.contains("gpu_ns");
       row.push_back(timed ? time_text(i64(c, "gpu_ns") / i64(c, "gpu_calls")) : "");
@@ -111,11 +124,13 @@ void communication_text(std::string& out, const json& comm) {
     t.add(row);
   }
   out += t.render();
-  out += "  (ENQUEUE: time in the calls, which return once the work is queued";
-  out += gpu ? "; GPU MEAN: the collective's kernels, first start to last end (record --gpu-times), and the\n"
+  // Collectives are probed at entry only (one trap a call): their results and enqueue times are
+  // in records made before that.
+  if (returned) out += "  (ENQUEUE: time in the calls, which return once the work is queued)\n";
+  out += gpu ? "  (GPU MEAN: the collective's kernels, first start to last end (record --gpu-times), and the\n"
                "  bandwidths of that mean as nccl-tests defines them; a rank's kernel also waits for the ranks that\n"
                "  reach the collective after it)\n"
-             : ": the collectives' own times need record --gpu-times)\n";
+             : "  (the collectives' own times need record --gpu-times)\n";
 }
 
 }  // namespace gpuscope::report

@@ -50,14 +50,16 @@ static __always_inline bool host_alloc_copy_allowed(void)
 	return true;
 }
 
-static __always_inline void send_host_alloc(__u64 id, __u32 op, __u64 addr, __u64 length, __u64 old_addr)
+static __always_inline void send_host_alloc(__u64 id, __u32 op, __u64 addr, __u64 length, __u64 old_addr,
+					    __u32 unrecorded)
 {
-	const bool stack = op == GS_HOST_MMAP && host_alloc_copy_allowed();
+	const bool made = (op == GS_HOST_MMAP || op == GS_HOST_MALLOC) && addr;  /* addr 0: a count alone */
+	const bool stack = made && host_alloc_copy_allowed();
 	const __u32 size = stack ? sizeof(struct gs_host_alloc_record)
 				 : offsetof(struct gs_host_alloc_record, stack) + sizeof(struct gs_sample_record);
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 	/* A new Python stack is sent ahead of the record naming it. */
-	__u64 py_stack = op == GS_HOST_MMAP ? python_stack(id, regs, UNWIND_SLOT_CALL) : 0;
+	__u64 py_stack = made ? python_stack(id, regs, UNWIND_SLOT_CALL) : 0;
 	struct gs_host_alloc_record *r = bpf_ringbuf_reserve(&events, size, 0);
 	if (!r) {
 		count_lost(GS_LOST_RINGBUF_FULL);
@@ -65,7 +67,7 @@ static __always_inline void send_host_alloc(__u64 id, __u32 op, __u64 addr, __u6
 	}
 	r->kind = GS_REC_HOST_ALLOC;
 	r->op = op;
-	r->pad = 0;
+	r->unrecorded = unrecorded;
 	r->addr = addr;
 	r->length = length;
 	r->old_addr = old_addr;
@@ -128,7 +130,7 @@ static __always_inline int host_alloc_exit(long ret)
 	bpf_map_delete_elem(&host_alloc_pending, &tid);
 	if (ret < 0 && ret > -4096)  /* failed: MAP_FAILED is -errno */
 		return 0;
-	send_host_alloc(id, a.op, (__u64)ret, a.length, a.old_addr);
+	send_host_alloc(id, a.op, (__u64)ret, a.length, a.old_addr, 0);
 	return 0;
 }
 
@@ -153,6 +155,31 @@ int host_munmap_enter(struct trace_event_raw_sys_enter *ctx)
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!is_target(id >> 32))
 		return 0;
-	send_host_alloc(id, GS_HOST_MUNMAP, ctx->args[0], length, 0);
+	send_host_alloc(id, GS_HOST_MUNMAP, ctx->args[0], length, 0, 0);
+	return 0;
+}
+
+/* Heap blocks: the C library serves large allocations from its heap, with no mmap, once it has
+ * raised its mmap threshold (up to 32 MiB, as it does when such blocks are freed). The heap hooks
+ * of libgpuscope_launches.so (preloaded into a command gpuscope starts) hand each large block to
+ * gpuscope_heap_alloc(ptr, bytes, unrecorded) and its freeing to gpuscope_heap_free(ptr), both
+ * probed here; the hooks filter by size and limit their rate themselves. */
+SEC("uprobe")
+int host_heap_alloc(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!is_target(id >> 32))
+		return 0;
+	send_host_alloc(id, GS_HOST_MALLOC, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0, (__u32)PT_REGS_PARM3(ctx));
+	return 0;
+}
+
+SEC("uprobe")
+int host_heap_free(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!is_target(id >> 32))
+		return 0;
+	send_host_alloc(id, GS_HOST_FREE, PT_REGS_PARM1(ctx), 0, 0, 0);
 	return 0;
 }

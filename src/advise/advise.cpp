@@ -53,7 +53,8 @@ bool in_data_loader(const std::vector<report::StackFrame>& frames) {
   return false;
 }
 
-// The large host mappings of each process over time (bpf/host_allocs.bpf.c): which one, made by
+// The large host mappings and heap blocks of each process over time (bpf/host_allocs.bpf.c, and
+// the heap hooks of a command gpuscope started: src/inject/heap_hooks.cpp): which one, made by
 // which stack, holds an address at an instant. Fed in time order, asked in time order.
 class Mappings {
  public:
@@ -63,53 +64,91 @@ class Mappings {
     uint64_t addr, length, old_addr;
     int64_t stack;
   };
+  // The allocation holding an address: the stack that made it (0: none seen) and which one it
+  // is (0: none; a block freed and allocated again at the same address is another).
+  struct Made {
+    int64_t stack = 0;
+    uint64_t instance = 0;
+  };
   explicit Mappings(std::vector<Event> events) : events_(std::move(events)) {}
-  // The stack that made the mapping holding `addr` at `ts_ns` (0: none seen).
-  int64_t stack_at(uint64_t ts_ns, uint64_t addr) {
-    for (; next_ < events_.size() && events_[next_].ts_ns <= ts_ns; ++next_) apply(events_[next_]);
-    return stack_at_now(addr);
+  Made made_at(uint64_t ts_ns, uint64_t addr) {
+    for (; next_ < events_.size() && events_[next_].ts_ns <= ts_ns; ++next_) apply(events_[next_], next_ + 1);
+    return made_now(addr);
   }
 
  private:
-  void unmap(uint64_t from, uint64_t to) {
-    auto it = live_.upper_bound(from);
-    if (it != live_.begin() && std::prev(it)->second.first > from) --it;
-    while (it != live_.end() && it->first < to) it = live_.erase(it);
+  using Ranges = std::map<uint64_t, std::pair<uint64_t, Made>>;  // start -> (end, made)
+  static void unmap(Ranges& r, uint64_t from, uint64_t to) {
+    auto it = r.upper_bound(from);
+    if (it != r.begin() && std::prev(it)->second.first > from) --it;
+    while (it != r.end() && it->first < to) it = r.erase(it);
   }
-  void apply(const Event& e) {
+  static Made find(const Ranges& r, uint64_t addr) {
+    auto it = r.upper_bound(addr);
+    if (it == r.begin()) return {};
+    --it;
+    return addr < it->second.first ? it->second.second : Made{};
+  }
+  void apply(const Event& e, uint64_t instance) {
     if (e.op == "mmap") {
-      unmap(e.addr, e.addr + e.length);
-      live_[e.addr] = {e.addr + e.length, e.stack};
+      unmap(mapped_, e.addr, e.addr + e.length);
+      unmap(blocks_, e.addr, e.addr + e.length);
+      mapped_[e.addr] = {e.addr + e.length, {e.stack, instance}};
     } else if (e.op == "munmap") {
-      unmap(e.addr, e.addr + e.length);
+      unmap(mapped_, e.addr, e.addr + e.length);
+      unmap(blocks_, e.addr, e.addr + e.length);
     } else if (e.op == "mremap") {
-      const int64_t stack = stack_at_now(e.old_addr);
-      unmap(e.old_addr, e.old_addr + 1);
-      unmap(e.addr, e.addr + e.length);
-      live_[e.addr] = {e.addr + e.length, stack};
+      const Made was = find(mapped_, e.old_addr);
+      unmap(mapped_, e.old_addr, e.old_addr + 1);
+      unmap(mapped_, e.addr, e.addr + e.length);
+      mapped_[e.addr] = {e.addr + e.length, was};
+    } else if (e.op == "malloc") {
+      unmap(blocks_, e.addr, e.addr + e.length);
+      blocks_[e.addr] = {e.addr + e.length, {e.stack, instance}};
+    } else if (e.op == "free") {
+      blocks_.erase(e.addr);
     }
   }
-  int64_t stack_at_now(uint64_t addr) const {
-    auto it = live_.upper_bound(addr);
-    if (it == live_.begin()) return 0;
-    --it;
-    return addr < it->second.first ? it->second.second : 0;
+  // A heap block lies in a mapping of its allocator's (an arena, or the block's own mmap): the
+  // block says more.
+  Made made_now(uint64_t addr) const {
+    const Made block = find(blocks_, addr);
+    return block.instance ? block : find(mapped_, addr);
   }
   std::vector<Event> events_;
   size_t next_ = 0;
-  std::map<uint64_t, std::pair<uint64_t, int64_t>> live_;  // start -> (end, stack)
+  Ranges mapped_, blocks_;
 };
 
-// Where a mapping's stack says the program allocated: its Python line, else its first frame past
-// the C library, the C++ runtime and the allocators (mmap, malloc, operator new, std::vector's
-// constructor, PyTorch's CPU allocator).
+// A native frame's function and module, without the offset and line ("f(int)+0x51 (prog) at
+// vector.tcc:464" -> "f(int) (prog)"); a Python site as it is.
+std::string function_of(const std::string& site) {
+  const size_t plus = site.rfind("+0x", site.rfind(" ("));
+  if (plus == std::string::npos) return site;
+  const size_t module = site.find(" (", plus), at = site.find(" at ", plus);
+  return site.substr(0, plus) + (module == std::string::npos ? "" : site.substr(module, at - module));
+}
+
+// Where a mapping's stack says the program allocated: its Python line, else the function of its
+// first frame past the C library, the C++ runtime and the allocators (mmap, malloc, operator new,
+// std::vector's constructor, PyTorch's CPU allocator).
 std::string allocation_site(report::CallSites& sites, int64_t stack) {
   if (auto py = sites.python_site(stack); !py.empty()) return py;
   static constexpr std::string_view kAllocatorModules[] = {"libc.so", "libstdc++.so", "ld-linux", "libc10.so",
-                                                           "libjemalloc", "libtcmalloc", "libgpuscope_pin"};
+                                                           "libjemalloc", "libtcmalloc", "libgpuscope_pin",
+                                                           "libgpuscope_launches"};
   static constexpr std::string_view kAllocatorSymbols[] = {"std::", "__gnu_cxx::", "operator new", "c10::alloc_cpu",
-                                                           "malloc", "posix_memalign", "aligned_alloc", "mmap"};
+                                                           "malloc", "calloc", "realloc", "posix_memalign",
+                                                           "aligned_alloc", "memalign", "mmap", "gpuscope_heap_alloc"};
   for (const auto& f : sites.frames(stack)) {
+    // The demangled name ("function+0xoff (module) at file:line"); a template function's starts
+    // with its return type ("void std::vector<...>::_M_realloc_insert<...>(...)"): the qualified
+    // name is after it.
+    std::string_view name = f.text;
+    name = name.substr(0, name.rfind(" at "));
+    name = name.substr(0, name.rfind("+0x"));
+    if (const size_t space = name.find(' '); space != std::string_view::npos && name.find_first_of("<(:") > space)
+      name.remove_prefix(space + 1);
     const bool allocator =
         std::any_of(std::begin(kAllocatorModules), std::end(kAllocatorModules),
                     [&](std::string_view m) {
@@ -117,8 +156,8 @@ std::string allocation_site(report::CallSites& sites, int64_t stack) {
                       return f.site.starts_with(m) || f.text.find(fmt::format("({}", m)) != std::string::npos;
                     }) ||
         std::any_of(std::begin(kAllocatorSymbols), std::end(kAllocatorSymbols),
-                    [&](std::string_view s) { return f.symbol.starts_with(s); });
-    if (!allocator) return f.site;
+                    [&](std::string_view s) { return name.starts_with(s) || f.symbol.starts_with(s); });
+    if (!allocator) return function_of(f.site);
   }
   return sites.python_or_caller(stack);
 }
@@ -151,7 +190,8 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
       "CASE WHEN dir = ?1 THEN src ELSE ptr END, ts_ns FROM calls WHERE parent_id IS NULL AND host_mem = 'pageable' "
       "AND dir IN (?1, ?2) AND bytes > 0 AND func IN (" + report::ids_of(r.functions, {"memcpy"}) + ") ORDER BY ts_ns");
   q.bind(1, h2d).bind(2, d2h);
-  std::map<std::pair<int64_t, int64_t>, Buffer> buffers;  // (pid, host address) -> its copies
+  // (pid, host address, which allocation holds it: 0 where none was seen) -> its copies
+  std::map<std::tuple<int64_t, int64_t, uint64_t>, Buffer> buffers;
   // Where the host memory came from: large mappings with their stacks (records before them, or
   // made with --host-allocs 0, have none).
   std::map<int64_t, Mappings> mappings;
@@ -168,7 +208,10 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
   while (q.step()) {
     const double bytes = double(q.i64(2));
     const bool to_device = q.str(1) == h2d;
-    auto& b = buffers[{q.i64(0), q.i64(6)}];
+    Mappings::Made made;
+    if (auto m = mappings.find(q.i64(0)); m != mappings.end())
+      made = m->second.made_at(uint64_t(q.i64(7)), uint64_t(q.i64(6)));
+    auto& b = buffers[{q.i64(0), q.i64(6), made.instance}];
     if (!b.copies) b.written_first = !to_device;
     b.bytes = std::max(b.bytes, bytes);
     ++b.copies;
@@ -185,8 +228,7 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
     b.pageable_us += pageable_us;
     b.pinned_us += model.copy_us(bytes, to_device, true);
     if (q.i64(5)) ++b.stacks[q.i64(5)];
-    if (auto m = mappings.find(q.i64(0)); m != mappings.end())
-      if (const int64_t made = m->second.stack_at(uint64_t(q.i64(7)), uint64_t(q.i64(6)))) ++b.allocated[made];
+    if (made.stack) ++b.allocated[made.stack];
     ++pageable;
   }
 
@@ -204,7 +246,10 @@ json advise(store::RecordReader& rec, report::CallSites& sites, const CopyModel&
     const std::string copied_at = stack ? sites.python_or_caller(stack) : "[no stack]";
     const std::string allocated_at = made ? allocation_site(sites, made) : "";
     const std::string where = allocated_at.empty() ? copied_at : allocated_at;
-    auto& s = by_site[where];
+    // Buffers allocated in one function and copied at one place are one site, whichever of its
+    // lines allocated each (a vector's element made in place, or when the vector grows, has a
+    // line of its own, often a library header's).
+    auto& s = by_site[allocated_at.empty() ? copied_at : allocated_at + "\n" + copied_at];
     if (s.where.empty()) {
       s.where = where;
       s.allocated_at = allocated_at;

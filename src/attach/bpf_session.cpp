@@ -86,6 +86,8 @@ void BpfSession::open_and_load(const SessionConfig& cfg, bool multi) {
   // Off: not even loaded (nothing runs at each context switch).
   for (bpf_program* p : host_programs()) bpf_program__set_autoload(p, cfg.host_telemetry);
   for (bpf_program* p : host_alloc_programs()) bpf_program__set_autoload(p, cfg.host_alloc_min_bytes > 0);
+  for (bpf_program* p : {skel_->progs.host_heap_alloc, skel_->progs.host_heap_free})
+    bpf_program__set_autoload(p, cfg.host_alloc_min_bytes > 0);
   skel_->rodata->host_alloc_min_bytes = cfg.host_alloc_min_bytes;
   skel_->rodata->self_tgid = static_cast<uint32_t>(getpid());
   bpf_map__set_max_entries(skel_->maps.events, round_up_pow2(cfg.ringbuf_bytes));
@@ -553,6 +555,17 @@ void BpfSession::attach_program(const char* program, const std::string& path, ui
   bpf_link* link = bpf_program__attach_uprobe_opts(prog, -1, path.c_str(), offset, &opts);
   if (!link) throw Error("{} at {}+{:#x}: {}", retprobe ? "uretprobe" : "uprobe", path, offset, strerror(errno));
   links_.emplace_back(link);
+}
+
+void BpfSession::attach_heap_hooks(const std::string& path) {
+  if (skel_->rodata->host_alloc_min_bytes == 0) return;
+  for (auto [prog, symbol] : {std::pair{skel_->progs.host_heap_alloc, "gpuscope_heap_alloc"},
+                              std::pair{skel_->progs.host_heap_free, "gpuscope_heap_free"}}) {
+    LIBBPF_OPTS(bpf_uprobe_opts, opts, .func_name = symbol);
+    bpf_link* link = bpf_program__attach_uprobe_opts(prog, -1, path.c_str(), 0, &opts);
+    if (!link) throw Error("uprobe at {} in {}: {}", symbol, path, strerror(errno));
+    links_.emplace_back(link);
+  }
 }
 
 int BpfSession::map_fd(const char* name) const {

@@ -129,6 +129,10 @@ class BpfSession {
                       bool retprobe);
   // A map's fd by its name in the object (-1 if none).
   int map_fd(const char* name) const;
+  // The probes on the heap hooks of libgpuscope_launches.so at `path` (gpuscope_heap_alloc and
+  // gpuscope_heap_free), for every process that maps it; where host allocations are recorded.
+  // Throws Error where they cannot be placed.
+  void attach_heap_hooks(const std::string& path);
 
   void add_target(pid_t pid);
   void remove_target(pid_t pid);

@@ -34,6 +34,7 @@
 
 #include "inject/driver_interpose.h"
 #include "inject/launch_ring.h"
+#include "inject/probe_marker.h"
 
 // The C library's dlsym (this library defines its own, below).
 extern "C" {
@@ -332,28 +333,10 @@ bool chosen(uint32_t every) {
 
 // A launch whose stack is wanted: gpuscope probes gpuscope_launch_stack(const gs_launch_record*
 // r, uint32_t every), walks the stack from there and records the launch `r` with it, standing for
-// `every` launches. It does nothing itself. It begins with push %rbp, as CUDA's entry points do
-// (an emulated instruction for uprobes), not with the 5-byte nop that kernel 6.18 turns into a
-// call to a trampoline page: a forked child inherits that call but not the page, and died of
-// SIGSEGV at its first launch with a stack (dev VM, 2026-11-27).
+// `every` launches. It does nothing itself (probe_marker.h).
 extern "C" void gpuscope_launch_stack(const gs_launch_record* r, uint32_t every);
-__asm__(R"(
-  .text
-  .globl gpuscope_launch_stack
-  .type gpuscope_launch_stack, @function
-gpuscope_launch_stack:
-  .cfi_startproc
-  push %rbp
-  .cfi_adjust_cfa_offset 8
-  .cfi_offset %rbp, -16
-  mov %rsp, %rbp
-  pop %rbp
-  .cfi_adjust_cfa_offset -8
-  .cfi_restore %rbp
-  ret
-  .cfi_endproc
-  .size gpuscope_launch_stack, .-gpuscope_launch_stack
-)");
+GS_PROBE_MARKER(gpuscope_launch_stack, "");
+
 
 namespace {
 

@@ -200,7 +200,7 @@ void Pipeline::stop() {
 
 PipelineStats Pipeline::stats() const {
   return PipelineStats{records_.load(), calls_.load(),   launches_.load(),      samples_.load(),
-                       dropped_.load(), stacks_.stats(), thread_times_.load()};
+                       dropped_.load(), stacks_.stats(), thread_times_.load(), heap_allocs_unrecorded_.load()};
 }
 
 void Pipeline::capture(uint32_t type, const void* data, size_t size) {
@@ -408,6 +408,15 @@ void Pipeline::on_host_alloc(const uint8_t* data, size_t size) {
     case GS_HOST_MREMAP:
       row.op = "mremap";
       row.old_addr = rec.old_addr;
+      break;
+    case GS_HOST_MALLOC:
+      heap_allocs_unrecorded_ += rec.unrecorded;
+      if (!rec.addr) return;  // the count alone, at the process's exit
+      row.op = "malloc";
+      row.stack_id = stacks_.sample_stacks(s, data + kHostAllocHeader, size - kHostAllocHeader).user;
+      break;
+    case GS_HOST_FREE:
+      row.op = "free";
       break;
     default:
       return;

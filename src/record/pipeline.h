@@ -67,6 +67,8 @@ struct PipelineStats {
   uint64_t queue_dropped_records = 0;
   StackStats stacks;
   uint64_t thread_times = 0;  // host telemetry's windows
+  // Large heap blocks the heap hooks did not hand over (their rate limit, their table full).
+  uint64_t heap_allocs_unrecorded = 0;
 };
 
 class Pipeline {
@@ -181,6 +183,7 @@ class Pipeline {
   uint64_t last_commit_ns_ = 0;
 
   std::atomic<uint64_t> records_{0}, calls_{0}, launches_{0}, samples_{0}, dropped_{0}, thread_times_{0};
+  std::atomic<uint64_t> heap_allocs_unrecorded_{0};
 };
 
 // Replays a file written with PipelineConfig::capture_path into a pipeline not started: every

@@ -27,6 +27,7 @@
 #include "discover/proc.h"
 #include "gpu/gpu_times.h"
 #include "inject/gpu_trace.h"
+#include "inject/heap_hooks.h"
 #include "inject/launch_ring.h"
 #include "store/record_writer.h"
 #include "elf/elf_file.h"
@@ -265,7 +266,7 @@ pid_t Recorder::spawn_command() {
     if (!gpu_trace_dir_.empty() && (v.starts_with("CUDA_INJECTION64_PATH=") || v.starts_with(GS_GPU_TRACE_ENV "=")))
       continue;
     if (!launch_ring_dir_.empty() && (v.starts_with("LD_PRELOAD=") || v.starts_with(GS_LAUNCH_RING_ENV "=") ||
-                                      v.starts_with(GS_LAUNCH_STACK_EVERY_ENV "=")))
+                                      v.starts_with(GS_LAUNCH_STACK_EVERY_ENV "=") || v.starts_with(GS_HEAP_ALLOC_ENV "=")))
       continue;
     env_strings.emplace_back(*e);
   }
@@ -276,6 +277,8 @@ pid_t Recorder::spawn_command() {
     env_strings.push_back(std::string(GS_LAUNCH_RING_ENV "=") + launch_ring_dir_);
     env_strings.push_back(std::string(GS_LAUNCH_STACK_EVERY_ENV "=") +
                           std::to_string(tracer_->initial_launch_stack_every()));
+    if (const uint64_t min = tracer_->heap_alloc_min_bytes())
+      env_strings.push_back(std::string(GS_HEAP_ALLOC_ENV "=") + std::to_string(min));
   }
   if (!gpu_trace_dir_.empty()) {
     env_strings.push_back("CUDA_INJECTION64_PATH=" + inject_library_);
@@ -484,6 +487,11 @@ int Recorder::run() {
                       fmt::format("{} pieces of stack copies not mapped at the probe: {} read from the live stack, {} "
                                   "taken as zeros (the process was gone)",
                                   st.copy_holes_read + st.copy_holes_zeroed, st.copy_holes_read, st.copy_holes_zeroed));
+  if (const auto n = tracer_->stats().heap_allocs_unrecorded)
+    writer_->set_meta("heap_allocs_unrecorded",
+                      fmt::format("{} large heap blocks were not recorded (the hooks' limit of {} a second, or "
+                                  "their table of live blocks full)",
+                                  n, GS_HEAP_ALLOCS_PER_S));
   record_own_cost();
   writer_->finish(/*seal_later=*/true);
   close(sfd);

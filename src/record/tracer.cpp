@@ -174,6 +174,15 @@ Tracer::Tracer(const TracerOptions& opts, store::EventSink& sink)
       log_warn("could not probe {}: in-process launches are recorded without stacks ({})", opts_.launches_library,
                res.error);
   }
+  if (launch_rings_ && opts_.host_alloc_min_bytes > 0 && !opts_.launches_library.empty()) {
+    // Large heap blocks, handed over by the library's heap hooks (src/inject/heap_hooks.cpp).
+    try {
+      bpf_->attach_heap_hooks(opts_.launches_library);
+      heap_hooks_ = true;
+    } catch (const Error& e) {
+      log_warn("large heap blocks are not recorded ({}); `advise` sees the mmap'ed ones only", e.what());
+    }
+  }
   // Processes are stopped at their CUDA library's load only with a guardian to continue them if
   // gpuscope dies holding one.
   try {

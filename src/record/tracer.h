@@ -148,6 +148,9 @@ class Tracer {
   uint32_t initial_launch_stack_every() const {
     return !opts_.stacks ? 0 : opts_.stack_budget > 0 ? 1 : std::max(opts_.stack_every, 1u);
   }
+  // The size from which the heap hooks of a command's launches library hand a block over
+  // (GPUSCOPE_HEAP_ALLOC_MIN; 0: their probes are not in place, nothing to hand).
+  uint64_t heap_alloc_min_bytes() const { return heap_hooks_ ? opts_.host_alloc_min_bytes : 0; }
   PipelineStats stats() const { return pipeline_->stats(); }
   // Writes what the unwind tables hold and cost into the sink's meta (and says it unless quiet).
   void report_unwind_tables();
@@ -249,6 +252,7 @@ class Tracer {
   int libraries_attached_ = 0;
   bool detach_runtime_launches_with_driver_ = false;
   bool drop_redundant_runtime_ = false;
+  bool heap_hooks_ = false;  // the launches library's heap hooks are probed
   std::vector<std::string> runtime_probes_removed_;
   std::unique_ptr<LaunchRings> launch_rings_;
   std::vector<pid_t> claimed_rings_;   // rings in standby claimed (record --pid)

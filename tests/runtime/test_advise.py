@@ -1,7 +1,8 @@
 """`gpuscope advise` (issue 35) on records of a real CUDA program whose copies from pageable memory
-follow four patterns (tests/targets/pageable_copies.cu; without a GPU they fail, priced by the
+follow five patterns (tests/targets/pageable_copies.cu; without a GPU they fail, priced by the
 built-in copy model): a buffer copied 20 times is worth pinning once, new buffers copied once each
-are worth pinning where they are made, a one-shot checkpoint and a 4 KB flag are not."""
+are worth pinning where they are made (also where the C library serves each from its heap at the
+address of the one before), a one-shot checkpoint and a 4 KB flag are not."""
 import json
 import re
 
@@ -12,7 +13,7 @@ def by_function(doc):
     """Each site's advice by the program's function it is in."""
     out = {}
     for s in doc["sites"]:
-        for fn in ("reused_input", "fresh_batches", "checkpoint", "small_reads"):
+        for fn in ("reused_input", "fresh_batches", "checkpoint", "small_reads", "heap_batches"):
             if fn + "(" in s["site"]:
                 out[fn] = s
     return out
@@ -24,9 +25,9 @@ def test_advice_follows_each_buffers_reuse(record, gpuscope):
     out = gpuscope("advise", "--json", rec.path)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert doc["pageable_copies"] == 20 + 12 + 1 + 200
+    assert doc["pageable_copies"] == 20 + 12 + 1 + 200 + 12
     sites = by_function(doc)
-    assert set(sites) == {"reused_input", "fresh_batches", "checkpoint", "small_reads"}, doc["sites"]
+    assert set(sites) == {"reused_input", "fresh_batches", "checkpoint", "small_reads", "heap_batches"}, doc["sites"]
     reused, fresh, ckpt, small = (sites[k] for k in ("reused_input", "fresh_batches", "checkpoint", "small_reads"))
     assert (reused["action"], reused["copies"], reused["buffers"], reused["to_device"]) == ("pin", 20, 1, 20)
     assert "cudaMallocHost" in reused["advice"]
@@ -40,8 +41,18 @@ def test_advice_follows_each_buffers_reuse(record, gpuscope):
     # Where the buffers were allocated: the record's host mappings (16 and 64 MB: mmap'ed by the C
     # library) with their stacks, past libc, libstdc++ and std::vector to the program's function.
     assert doc["allocations_recorded"] is True
-    assert "reused_input(" in reused["allocated_at"] and "pageable_copies.cu:19" in reused["copied_at"], reused
-    assert "checkpoint(" in ckpt["allocated_at"] and "pageable_copies.cu:32" in ckpt["copied_at"], ckpt
+    assert "reused_input(" in reused["allocated_at"] and "pageable_copies.cu:20" in reused["copied_at"], reused
+    assert "checkpoint(" in ckpt["allocated_at"] and "pageable_copies.cu:33" in ckpt["copied_at"], ckpt
+    # Served from the C library's heap, where no mmap shows them: the heap hooks of the launches
+    # library hand each block over with its stack, and its freeing; each batch at the address of
+    # the one before is a buffer of its own, copied once.
+    heap = sites["heap_batches"]
+    assert (heap["action"], heap["copies"], heap["buffers"]) == ("pin at the source", 12, 12), heap
+    assert "heap_batches(" in heap["allocated_at"] and "pageable_copies.cu:49" in heap["copied_at"], heap
+    assert "fresh_batches(" in fresh["allocated_at"], fresh
+    blocks = dict(rec.query("SELECT op, count(*) FROM host_allocs WHERE op IN ('malloc', 'free') AND length >= 0 "
+                            "GROUP BY op"))
+    assert blocks.get("malloc", 0) >= 12 + 12 and blocks.get("free", 0) >= 12, blocks
     # The 4 KB flag is static: no mapping holds it.
     assert small["allocated_at"] is None and small["site"] == small["copied_at"]
     # The copies failed (no GPU): their times are the model's, and said to be.

@@ -1,8 +1,9 @@
-// Copies from and to pageable memory in four patterns, for `gpuscope advise` (issue 35): one
+// Copies from and to pageable memory in five patterns, for `gpuscope advise` (issue 35): one
 // 16 MB buffer copied to the GPU 20 times (worth pinning once), 12 new 8 MB buffers copied once
 // each (worth pinning where they are made), one 64 MB checkpoint copied back once (not worth
-// registering), and a 4 KB buffer copied 200 times (pinned is no faster). Without a GPU the
-// copies fail, but each call is made with its real arguments.
+// registering), a 4 KB buffer copied 200 times (pinned is no faster), and 12 more new 8 MB
+// buffers, each freed after its copy, which the C library serves from its heap at one address.
+// Without a GPU the copies fail, but each call is made with its real arguments.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -37,6 +38,19 @@ __attribute__((noinline)) void small_reads(void* dev) {
   for (int i = 0; i < 200; ++i) cudaMemcpy(flag, dev, sizeof flag, cudaMemcpyDeviceToHost);
 }
 
+// Once the C library has freed a mapped block of 16 MB, it serves blocks up to that size from
+// its heap (no mmap): each batch freed, the next one gets the same address.
+__attribute__((noinline)) void heap_batches(void* dev) {
+  void* volatile raise = malloc(16 * kMiB);
+  free(raise);
+  for (int i = 0; i < 12; ++i) {
+    char* batch = static_cast<char*>(malloc(8 * kMiB));
+    memset(batch, i, 8 * kMiB);
+    cudaMemcpy(dev, batch, 8 * kMiB, cudaMemcpyHostToDevice);
+    free(batch);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -47,5 +61,6 @@ int main() {
   fresh_batches(dev);
   checkpoint(dev);
   small_reads(dev);
+  heap_batches(dev);
   return 0;
 }

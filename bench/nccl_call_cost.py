@@ -5,9 +5,10 @@
 
 Runs build/bench/nccl_loop, without a GPU: ncclAllReduce on a null communicator (NCCL refuses it at
 once; a collective, probed at entry only) and ncclCommDestroy(NULL) (returns at once; probed at
-entry and return), each alone and under `gpuscope record`, interleaved REPEATS times. Prints the
-median ns a call of each and what recording adds: a collective should add one trap, the
-destroy two."""
+entry and return), each alone, under `gpuscope record --no-stacks` (the probes alone) and under
+`gpuscope record` (each call's stack too: NCCL's calls are not sampled), interleaved REPEATS
+times. Prints the median ns a call of each and what recording adds: without stacks a collective
+should add one trap, the destroy two."""
 import argparse
 import re
 import statistics
@@ -17,7 +18,8 @@ import subprocess
 def loop(build, calls, which, record):
     cmd = [f"{build}/bench/nccl_loop", str(calls), which]
     if record:
-        cmd = [f"{build}/gpuscope", "record", "-q", "-o", "/tmp/nccl_call_cost.gpuscope", "--"] + cmd
+        stacks = [] if record == "recorded" else ["--no-stacks"]
+        cmd = [f"{build}/gpuscope", "record", "-q", "-o", "/tmp/nccl_call_cost.gpuscope", *stacks, "--"] + cmd
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return float(re.search(r"([0-9.]+) ns a call", out).group(1))
 
@@ -28,7 +30,8 @@ def main():
     ap.add_argument("--calls", type=int, default=100000)
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
-    runs = [(which, record) for which in ("allreduce", "destroy") for record in (False, True)]
+    modes = (None, "recorded, no stacks", "recorded")
+    runs = [(which, record) for which in ("allreduce", "destroy") for record in modes]
     results = {r: [] for r in runs}
     for _ in range(a.repeats):
         for which, record in runs:
@@ -36,11 +39,11 @@ def main():
     print(f"nccl_loop, {a.calls} calls, {a.repeats} repeats interleaved; ns a call (median, range)")
     labels = {"allreduce": "ncclAllReduce (entry probe)", "destroy": "ncclCommDestroy(NULL) (entry + return)"}
     for which in ("allreduce", "destroy"):
-        base = statistics.median(results[(which, False)])
-        for record in (False, True):
+        base = statistics.median(results[(which, None)])
+        for record in modes:
             v = results[(which, record)]
             m = statistics.median(v)
-            name = f"{labels[which]}, {'recorded' if record else 'alone'}"
+            name = f"{labels[which]}, {record or 'alone'}"
             print(f"  {name:50} {m:8.0f}  ({min(v):.0f}..{max(v):.0f})  added {m - base:+6.0f}")
 
 

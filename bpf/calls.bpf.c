@@ -161,7 +161,12 @@ volatile __u64 copies_tat;
  * at once, before the walker is loaded) must not flood user space, which unwinds each copy. */
 static __always_inline bool copy_instead_of_table(void)
 {
-	if (!stack_copy_allowed(&copies_tat, COPY_INTERVAL_NS, GS_STACK_COPIES_BURST)) {
+	__u64 now = bpf_ktime_get_ns(), tat = copies_tat;
+	bool over = tat > now + GS_STACK_COPIES_BURST * COPY_INTERVAL_NS;
+	if (!over)  /* racy across CPUs: a few more may pass than the limit says */
+		copies_tat = (tat > now ? tat : now) + COPY_INTERVAL_NS;
+	if (over ||
+	    bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > bpf_ringbuf_query(&events, BPF_RB_RING_SIZE) / 2) {
 		count_lost(GS_LOST_UNWIND_COPY_LIMIT);
 		return false;
 	}

@@ -69,20 +69,6 @@ struct {
 	__uint(max_entries, 16 << 20);  /* resized by user space */
 } events SEC(".maps");
 
-/* A limit on stack copies (16 KiB records that user space unwinds): a generic cell rate algorithm
- * on `tat` (the limiter's own global: its theoretical arrival time), at most one copy each
- * `interval_ns` after a burst of `burst`, and none while the ring holds more than half its size
- * unread. Racy across CPUs: a few more may pass than the limit says. */
-static __always_inline bool stack_copy_allowed(volatile __u64 *tat, __u64 interval_ns, __u64 burst)
-{
-	__u64 now = bpf_ktime_get_ns(), t = *tat;
-	if (t > now + burst * interval_ns ||
-	    bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > bpf_ringbuf_query(&events, BPF_RB_RING_SIZE) / 2)
-		return false;
-	*tat = (t > now ? t : now) + interval_ns;
-	return true;
-}
-
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);

@@ -40,10 +40,13 @@ volatile __u64 host_alloc_copies_tat;
 
 static __always_inline bool host_alloc_copy_allowed(void)
 {
-	if (!stack_copy_allowed(&host_alloc_copies_tat, HOST_ALLOC_COPY_INTERVAL_NS, GS_HOST_ALLOC_COPIES_PER_S)) {
+	__u64 now = bpf_ktime_get_ns(), tat = host_alloc_copies_tat;
+	if (tat > now + GS_HOST_ALLOC_COPIES_PER_S * HOST_ALLOC_COPY_INTERVAL_NS ||
+	    bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > bpf_ringbuf_query(&events, BPF_RB_RING_SIZE) / 2) {
 		count_lost(GS_LOST_HOST_ALLOC_STACK);
 		return false;
 	}
+	host_alloc_copies_tat = (tat > now ? tat : now) + HOST_ALLOC_COPY_INTERVAL_NS;
 	return true;
 }
 

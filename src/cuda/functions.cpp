@@ -419,10 +419,7 @@ uint64_t probe_cookie(const FunctionSpec& f) {
   if (f.return_out_size) c |= uint64_t(1) << 41;
   if (f.api == Runtime) c |= uint64_t(1) << 36;
   // The hooks chose the launch's stack already: always walked, not sampled again; charged.
-  // NCCL's collectives and sends take their stacks within the budget too: a job may make
-  // thousands a second (FSDP's per-layer gathers), each stack a walk of microseconds.
   if (is_high_rate(f.kind)) c |= uint64_t(1) << (in_process ? 42 : 37);
-  else if (f.kind == Collective || f.kind == PeerToPeer) c |= uint64_t(1) << 37;
   return c;
 }
 

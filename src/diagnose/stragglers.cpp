@@ -6,7 +6,6 @@
 #include <map>
 
 #include "diagnose/findings.h"
-#include "report/nccl_collectives.h"
 #include "store/record_reader.h"
 
 namespace gpuscope::diagnose {
@@ -70,38 +69,26 @@ std::vector<CommunicatorSkew> read_rank_skew(store::RecordReader& rec) {
       "c.id JOIN functions f ON f.id = c.func WHERE f.kind = 'comm_init' AND n.comm IS NOT NULL AND n.comm_id IS NOT "
       "NULL AND n.rank IS NOT NULL");
   while (q.step()) made[{q.i64(0), q.i64(1)}] = {q.str(2), q.i64(3), q.i64(4)};
-  // Each rank's successful collectives (a failed call reached no one), in its order, with its
-  // kernels' start where they were tied to it: a GPU-bound rank's host enqueues ahead of its GPU.
+  // Each rank's successful collectives (a failed call reached no one), in its order.
   std::map<std::string, std::map<std::pair<int64_t, uint32_t>, RankCalls>> by_comm;  // id -> (rank, pid)
-  std::map<std::string, std::map<std::pair<int64_t, uint32_t>, RankCalls>> on_gpu;   // the same, kernels' starts
-  std::map<std::string, bool> all_on_gpu;
   std::map<std::string, int64_t> nranks;
-  const report::NcclCollectives nccl = report::read_nccl_collectives(db);
-  for (const auto& call : nccl.calls) {
-    if (call.ret != 0 || call.function == "ncclSend" || call.function == "ncclRecv") continue;
-    auto it = made.find({call.pid, call.comm});
+  auto c = db.prepare(
+      "SELECT c.pid, n.comm, c.ts_ns FROM calls c JOIN nccl_calls n ON n.call_id = c.id JOIN functions f ON f.id = "
+      "c.func WHERE f.kind = 'collective' AND coalesce(c.ret, 0) = 0 ORDER BY c.pid, c.ts_ns");
+  while (c.step()) {
+    auto it = made.find({c.i64(0), c.i64(1)});
     if (it == made.end()) continue;
-    const std::pair key{it->second.rank, uint32_t(call.pid)};
-    for (auto* m : {&by_comm, &on_gpu}) {
-      auto& r = (*m)[it->second.id][key];
-      r.pid = uint32_t(call.pid);
-      r.rank = it->second.rank;
-    }
-    by_comm[it->second.id][key].ts_ns.push_back(uint64_t(call.ts_ns));
-    const bool timed = call.gpu_end_ns > call.gpu_start_ns;
-    if (timed) on_gpu[it->second.id][key].ts_ns.push_back(uint64_t(call.gpu_start_ns));
-    all_on_gpu.try_emplace(it->second.id, true).first->second &= timed;
+    auto& r = by_comm[it->second.id][{it->second.rank, uint32_t(c.i64(0))}];
+    r.pid = uint32_t(c.i64(0));
+    r.rank = it->second.rank;
+    r.ts_ns.push_back(uint64_t(c.i64(2)));
     nranks[it->second.id] = it->second.nranks;
   }
   for (auto& [id, ranks] : by_comm) {
     if (ranks.size() < 2) continue;
-    // By the GPU's arrivals where every call of every rank has them (as many of them as the
-    // calls: matched by order, one missing would shift the rest).
-    const bool gpu = all_on_gpu[id];
     std::vector<RankCalls> v;
-    for (auto& [key, r] : gpu ? on_gpu[id] : ranks) v.push_back(std::move(r));
+    for (auto& [key, r] : ranks) v.push_back(std::move(r));
     auto s = rank_skew(id, nranks[id], std::move(v));
-    s.gpu_arrival = gpu;
     if (s.collectives > 0) out.push_back(std::move(s));
   }
   return out;
@@ -128,10 +115,9 @@ void add_straggler_findings(const std::vector<CommunicatorSkew>& comms, const Pr
       f.evidence = fmt::format(
           "rank {} ({}) reached {} of the {} collectives of communicator {} last, {:.2f} ms after the first rank on "
           "average; this rank ({}) waited {:.1f} ms for the last rank in all ({} of its time from its first "
-          "collective to its last; arrival is {})",
+          "collective to its last; arrival is when a rank called NCCL)",
           slow.rank, names.of(slow.pid), slow.last, s.collectives, s.comm_id, slow.mean_lag_ms, r.rank, r.waited_ms,
-          pct(share),
-          s.gpu_arrival ? "when a rank's GPU started the collective's kernel" : "when a rank called NCCL");
+          pct(share));
       f.fix = fmt::format(
           "Find what slows rank {} (its own findings: `gpuscope diagnose` lists its process, pid {}): its data "
           "loading, CPU or GPU; balance the work across ranks, or take its node or GPU out of the job",

@@ -1,9 +1,8 @@
 // The ranks of one NCCL communicator seen together (a job whose processes one record holds): each
 // collective matched across its ranks by order (NCCL requires every rank to issue a
 // communicator's collectives in the same order), who reached it last and what that cost the
-// others. A rank reaches a collective when its GPU does, its kernel's start, where the record has
-// the kernels (--gpu-times), else when it calls NCCL for it; its kernel moves data once every
-// rank's has started, so the others wait for the last to come.
+// others. A rank reaches a collective when it calls NCCL for it; its kernel runs once every rank
+// has, so the others wait for the last to come.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +35,6 @@ struct RankSkew {
 
 struct CommunicatorSkew {
   std::string comm_id;     // the identity its ranks' records share
-  bool gpu_arrival = false;  // arrivals are the kernels' starts, not the calls'
   int64_t nranks = 0;      // as its ranks were made (0: unknown)
   size_t collectives = 0;  // matched across every rank seen
   std::vector<RankSkew> ranks;  // by rank

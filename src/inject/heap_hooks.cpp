@@ -168,20 +168,6 @@ void note_alloc(void* p, size_t n) {
   errno = saved;
 }
 
-// A tombstone followed by an empty cell ends no chain: it is emptied, and the tombstones before
-// it likewise. Without this every cell would soon hold one, and every free of the program (while
-// any block handed over lives) would look through all its probes. (A block inserted just past the
-// cell as it is emptied is not found at its free: its slot stays taken, its freeing unsaid.)
-void tidy(size_t i) {
-  for (size_t k = 0; k < kProbes; ++k) {
-    if (g_live[(i + 1) & (kSlots - 1)].load(std::memory_order_relaxed) != 0) return;
-    uintptr_t t = kTombstone;
-    if (!g_live[i].compare_exchange_strong(t, 0, std::memory_order_relaxed)) return;
-    i = (i - 1) & (kSlots - 1);
-    if (g_live[i].load(std::memory_order_relaxed) != kTombstone) return;
-  }
-}
-
 // Before the block goes back to its allocator: after, another thread may be given its address.
 void note_free(void* p) {
   if (g_live_count.load(std::memory_order_relaxed) <= 0) return;
@@ -190,7 +176,6 @@ void note_free(void* p) {
   if (cell && cell->compare_exchange_strong(v, kTombstone, std::memory_order_relaxed)) {
     g_live_count.fetch_sub(1, std::memory_order_relaxed);
     gpuscope_heap_free(p);
-    tidy(size_t(cell - g_live));
   }
 }
 
